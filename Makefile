@@ -1,0 +1,192 @@
+# qshard Makefile
+#
+# How flags compose: CFLAGS_BASE (language, warnings, includes) + OPT (optimisation) + SAN
+# (sanitizers, set by `make check`) + EXTRA_CFLAGS (yours). Dependencies come from pkg-config
+# (libcjson, libxxhash, zlib) and CUDA_HOME (nvcc, cuBLAS, NCCL). Everything goes to $(BUILD)/,
+# flat: file names are unique across the tree. `make help` lists the targets.
+#
+# Host code: C11, gcc, -Wall -Wextra clean (-Werror with WERROR=1, as CI does).
+# Kernels: nvcc, real code for sm_80, sm_89, sm_90a plus PTX. Without nvcc the CPU parts still
+# build and test; the CUDA backend is replaced by a stub that says so at run time.
+
+CC         ?= gcc
+CUDA_HOME  ?= /usr/local/cuda
+NVCC       ?= $(CUDA_HOME)/bin/nvcc
+BUILD      ?= build
+PKG_CONFIG ?= pkg-config
+DEBUG      ?= 0
+DEBUG_SYNC ?= 0
+WERROR     ?= 0
+V          ?= 0
+# NO_CUDA=1 forces a CPU-only build even where nvcc exists.
+NO_CUDA    ?= 0
+
+ifeq ($(filter $(DEBUG),0 1),)
+$(error DEBUG must be 0 or 1, got '$(DEBUG)')
+endif
+ifeq ($(filter $(NO_CUDA),0 1),)
+$(error NO_CUDA must be 0 or 1, got '$(NO_CUDA)')
+endif
+
+Q := @
+ifeq ($(V),1)
+Q :=
+endif
+
+# --- dependencies --------------------------------------------------------------------------
+PKGS := libcjson libxxhash zlib
+ifneq ($(shell $(PKG_CONFIG) --exists $(PKGS) && echo ok),ok)
+$(error missing libraries: install them with `apt-get install -y libcjson-dev libxxhash-dev zlib1g-dev pkg-config` (see README))
+endif
+DEP_CFLAGS := $(shell $(PKG_CONFIG) --cflags $(PKGS))
+# xxHash is linked statically so binaries carried to the GPU machine need only libcjson.so.1,
+# which is copied next to them (rpath $ORIGIN).
+DEP_LIBS   := -lcjson -l:libxxhash.a -lz -lpthread -lm
+
+HAVE_CUDA := 0
+ifeq ($(NO_CUDA),0)
+ifneq ($(wildcard $(NVCC)),)
+HAVE_CUDA := 1
+endif
+endif
+
+# --- flags ---------------------------------------------------------------------------------
+INCLUDES    := -Iformat -Ikernels -Iconvert -Iruntime -Itools
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wstrict-prototypes \
+               -Wpointer-arith -Wundef -Wcast-align -g -MMD -MP $(INCLUDES) $(DEP_CFLAGS)
+ifeq ($(DEBUG),1)
+OPT ?= -O0
+else
+OPT ?= -O2 -march=x86-64-v2
+endif
+ifeq ($(WERROR),1)
+CFLAGS_BASE += -Werror
+endif
+SAN ?=
+ALL_CFLAGS = $(CFLAGS_BASE) $(OPT) $(SAN) $(EXTRA_CFLAGS)
+LDFLAGS_ALL = $(SAN) -Wl,-rpath,'$$ORIGIN' $(LDFLAGS)
+
+CUDA_ARCHS  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_89,code=sm_89 \
+               -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90
+NVCCFLAGS   ?= -std=c++17 -O3 -lineinfo $(CUDA_ARCHS) -Xcompiler -Wall,-Wextra \
+               $(INCLUDES) -DK_DEBUG_SYNC=$(DEBUG_SYNC) -MMD -MP
+CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lnccl -lstdc++
+
+# --- sources -------------------------------------------------------------------------------
+# Library: every .c in format/ convert/ runtime/ kernels/ (fuzz targets live in tests/).
+# Files named *_nocuda.c stand in for the CUDA backend when there is no nvcc.
+LIB_C_ALL := $(wildcard format/*.c convert/*.c runtime/*.c kernels/*.c)
+CU_SRC    := $(wildcard kernels/*.cu runtime/*.cu)
+ifeq ($(HAVE_CUDA),1)
+LIB_C     := $(filter-out %_nocuda.c,$(LIB_C_ALL))
+LIB_CU    := $(CU_SRC)
+else
+LIB_C     := $(LIB_C_ALL)
+LIB_CU    :=
+endif
+TOOL_C    := $(wildcard tools/*.c)
+TEST_C    := $(wildcard tests/test_*.c)
+FUZZ_C    := $(wildcard tests/fuzz_*.c)
+GPU_TEST_CU := $(wildcard tests/gpu_test_*.cu)
+
+LIB_OBJ   := $(patsubst %.c,$(BUILD)/%.o,$(notdir $(LIB_C))) \
+             $(patsubst %.cu,$(BUILD)/%.cu.o,$(notdir $(LIB_CU)))
+TOOL_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(notdir $(TOOL_C)))
+TEST_BIN  := $(patsubst tests/%.c,$(BUILD)/%,$(TEST_C))
+GPU_TEST_BIN := $(patsubst tests/%.cu,$(BUILD)/%,$(GPU_TEST_CU))
+LIBQS     := $(BUILD)/libqshard.a
+QSHARD    := $(BUILD)/qshard
+LINK_LIBS  = $(DEP_LIBS) $(if $(filter 1,$(HAVE_CUDA)),$(CUDA_LIBS))
+
+vpath %.c format convert runtime kernels tools tests
+vpath %.cu kernels runtime tests
+
+.PHONY: all help test check fuzz fuzz-run bench test-gpu bench-gpu demo sass clean info tests
+.DEFAULT_GOAL := all
+.SECONDARY:
+
+all: $(QSHARD) tests ## build the qshard binary and the test programs
+
+info:
+	@echo "CUDA backend: $(if $(filter 1,$(HAVE_CUDA)),ON ($(NVCC)),OFF (no nvcc at $(NVCC): CPU-only build, CUDA backend stubbed))"
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | awk -F'\t' '{printf "  %-12s %s\n", $$1, $$2}'
+
+$(BUILD):
+	$(Q)mkdir -p $(BUILD)
+
+$(BUILD)/%.o: %.c | $(BUILD)
+	@[ "$(V)" = 1 ] || echo "  CC    $<"
+	$(Q)$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(BUILD)/%.cu.o: %.cu | $(BUILD)
+	@[ "$(V)" = 1 ] || echo "  NVCC  $<"
+	$(Q)$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(LIBQS): $(LIB_OBJ)
+	@[ "$(V)" = 1 ] || echo "  AR    $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/libcjson.so.1: | $(BUILD)
+	$(Q)cp -L $$($(PKG_CONFIG) --variable=libdir libcjson)/libcjson.so.1 $@ 2>/dev/null || true
+
+$(QSHARD): $(TOOL_OBJ) $(LIBQS) $(BUILD)/libcjson.so.1
+	@[ "$(V)" = 1 ] || echo "  LD    $@"
+	$(Q)$(CC) $(LDFLAGS_ALL) -o $@ $(TOOL_OBJ) $(LIBQS) $(LINK_LIBS)
+
+$(BUILD)/test_%: $(BUILD)/test_%.o $(LIBQS)
+	@[ "$(V)" = 1 ] || echo "  LD    $@"
+	$(Q)$(CC) $(LDFLAGS_ALL) -o $@ $< $(LIBQS) $(LINK_LIBS)
+
+$(BUILD)/gpu_test_%: tests/gpu_test_%.cu $(LIBQS)
+	@[ "$(V)" = 1 ] || echo "  NVCC  $<"
+	$(Q)$(NVCC) $(NVCCFLAGS) -o $@ $< $(LIBQS) $(DEP_LIBS) -lcublas -lnccl -Xlinker -rpath,'$$ORIGIN'
+
+tests: $(TEST_BIN) $(QSHARD)
+
+test: info tests ## build and run every CPU test (what CI runs)
+	$(Q)QSHARD=$(QSHARD) BUILD=$(BUILD) sh tests/run_tests.sh $(TEST_BIN)
+
+check: ## run the CPU tests under AddressSanitizer + UndefinedBehaviorSanitizer
+	$(Q)$(MAKE) --no-print-directory BUILD=build-san NO_CUDA=1 OPT="-O1 -fno-omit-frame-pointer" \
+	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined" test
+
+# --- fuzzing (clang + libFuzzer) -------------------------------------------------------------
+FUZZ_BUILD := build-fuzz
+FUZZ_SECONDS ?= 60
+fuzz: ## build the libFuzzer targets and run each for FUZZ_SECONDS (default 60) on its seed corpus
+	$(Q)$(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) NO_CUDA=1 CC=clang OPT="-O1 -g" \
+	    SAN="-fsanitize=address,undefined,fuzzer-no-link" fuzz-run
+
+FUZZ_BIN := $(patsubst tests/%.c,$(BUILD)/%,$(FUZZ_C))
+$(BUILD)/fuzz_%: $(BUILD)/fuzz_%.o $(LIBQS)
+	@[ "$(V)" = 1 ] || echo "  LD    $@"
+	$(Q)$(CC) $(SAN) -fsanitize=fuzzer -o $@ $< $(LIBQS) $(DEP_LIBS)
+
+fuzz-run: $(FUZZ_BIN)
+	$(Q)QSHARD_FUZZ_SECONDS=$(FUZZ_SECONDS) BUILD=$(BUILD) sh tests/run_fuzz.sh $(FUZZ_BIN)
+
+# --- GPU -----------------------------------------------------------------------------------
+test-gpu: ## on the GPU machine: run every GPU test (kernels vs references, end to end)
+	$(Q)test "$(HAVE_CUDA)" = 1 || { echo "test-gpu needs nvcc (CUDA_HOME=$(CUDA_HOME))"; exit 1; }
+	$(Q)$(MAKE) --no-print-directory $(GPU_TEST_BIN) $(QSHARD)
+	$(Q)QSHARD=$(QSHARD) BUILD=$(BUILD) sh tests/run_gpu_tests.sh $(GPU_TEST_BIN)
+
+bench: $(QSHARD) ## CPU benchmarks (format open/verify, converter throughput)
+	$(Q)QSHARD=$(QSHARD) sh tools/bench_cpu.sh
+
+bench-gpu: $(QSHARD) ## on the GPU machine: kernel and load benchmarks
+	$(Q)QSHARD=$(QSHARD) sh tools/bench_gpu.sh
+
+demo: $(QSHARD) ## convert the bundled demo model and generate text from it
+	$(Q)QSHARD=$(QSHARD) sh tools/demo.sh
+
+sass: $(LIB_OBJ) ## dump register use and SASS of the kernels into $(BUILD)/sass/
+	$(Q)mkdir -p $(BUILD)/sass && for o in $(filter %.cu.o,$(LIB_OBJ)); do \
+	    $(CUDA_HOME)/bin/cuobjdump --dump-sass $$o > $(BUILD)/sass/$$(basename $$o .cu.o).sass; done
+
+clean: ## remove every build directory
+	rm -rf build build-san build-fuzz
+
+-include $(wildcard $(BUILD)/*.d)

@@ -1,0 +1,29 @@
+/*
+ * cmd.h - the qshard subcommands. tools/qshard.c dispatches argv[1] to one of these.
+ * Each takes the subcommand's own argv (argv[0] = subcommand name), parses it with getopt_long,
+ * prints --help, and returns a process exit code (docs/DESIGN.md section 2):
+ *   0 ok, 1 usage, 2 bad input, 3 runtime/GPU failure, 4 I/O or system error, 5 verify failed.
+ * None of them calls exit().
+ */
+#ifndef QS_CMD_H
+#define QS_CMD_H
+
+enum qs_exit {
+    QS_EXIT_OK = 0,
+    QS_EXIT_USAGE = 1,
+    QS_EXIT_BAD_INPUT = 2,
+    QS_EXIT_RUNTIME = 3,
+    QS_EXIT_IO = 4,
+    QS_EXIT_VERIFY = 5,
+};
+
+int cmd_convert(int argc, char **argv);    /* convert/cvt_main.c */
+int cmd_run(int argc, char **argv);        /* runtime/rt_main.c */
+int cmd_logits(int argc, char **argv);     /* runtime/rt_main.c */
+int cmd_perplexity(int argc, char **argv); /* runtime/rt_main.c */
+int cmd_tokenize(int argc, char **argv);   /* runtime/rt_main.c */
+int cmd_inspect(int argc, char **argv);    /* tools/cmd_inspect.c */
+int cmd_verify(int argc, char **argv);     /* tools/cmd_inspect.c */
+int cmd_bench(int argc, char **argv);      /* tools/cmd_bench.c */
+
+#endif /* QS_CMD_H */

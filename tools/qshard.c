@@ -1,0 +1,65 @@
+/*
+ * qshard.c - the one main() of the qshard binary: dispatch to a subcommand (tools/cmd.h).
+ *
+ *   qshard convert MODEL_DIR OUT_DIR --tp N     HF AWQ directory -> per-rank .qshard files
+ *   qshard run MODEL_DIR -p "text"              generate text (CPU or CUDA)
+ *   qshard inspect|verify FILE|DIR              look at / check .qshard files
+ *   qshard logits|perplexity|tokenize|bench ...
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cmd.h" /* cmd_* entry points, QS_EXIT_* */
+
+#ifndef QSHARD_VERSION
+#define QSHARD_VERSION "0.1.0"
+#endif
+
+struct subcommand {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *summary;
+};
+
+static const struct subcommand commands[] = {
+    {"convert", cmd_convert, "convert a HuggingFace AWQ model directory into per-rank .qshard files"},
+    {"run", cmd_run, "generate text from a converted model (CPU or CUDA)"},
+    {"logits", cmd_logits, "write float32 logits [T, vocab] of a prompt as .npy"},
+    {"perplexity", cmd_perplexity, "perplexity of a text file (llama.cpp style)"},
+    {"tokenize", cmd_tokenize, "encode text to token ids, or decode ids to text"},
+    {"inspect", cmd_inspect, "print the header, config and tensor table of .qshard files"},
+    {"verify", cmd_verify, "check structure, every checksum and the manifest of .qshard files"},
+    {"bench", cmd_bench, "benchmarks (kernels, load, verify)"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "qshard %s - 4-bit AWQ models: convert once, map, run\n\n", QSHARD_VERSION);
+    fprintf(f, "usage: qshard <command> [options]   (qshard <command> --help for details)\n\n");
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\nexit codes: 0 ok, 1 usage, 2 bad input, 3 runtime/GPU failure, 4 I/O error, "
+               "5 verification failed\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return QS_EXIT_USAGE;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return QS_EXIT_OK;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("qshard %s\n", QSHARD_VERSION);
+        return QS_EXIT_OK;
+    }
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "qshard: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return QS_EXIT_USAGE;
+}
