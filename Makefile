@@ -74,11 +74,14 @@ CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcub
 
 # --- sources -------------------------------------------------------------------------------
 # Library: every .c in format/ convert/ runtime/ kernels/ (fuzz targets live in tests/).
-# Files named *_nocuda.c stand in for the CUDA backend when there is no nvcc.
+# A file X_nocuda.c stands in for X.cu (same directory) when there is no nvcc, or when X.cu
+# does not exist yet.
 LIB_C_ALL := $(wildcard format/*.c convert/*.c runtime/*.c kernels/*.c)
 CU_SRC    := $(wildcard kernels/*.cu runtime/*.cu)
+NOCUDA_C  := $(filter %_nocuda.c,$(LIB_C_ALL))
 ifeq ($(HAVE_CUDA),1)
-LIB_C     := $(filter-out %_nocuda.c,$(LIB_C_ALL))
+NOCUDA_REPLACED := $(foreach f,$(NOCUDA_C),$(if $(wildcard $(f:_nocuda.c=.cu)),$(f)))
+LIB_C     := $(filter-out $(NOCUDA_REPLACED),$(LIB_C_ALL))
 LIB_CU    := $(CU_SRC)
 else
 LIB_C     := $(LIB_C_ALL)

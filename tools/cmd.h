@@ -26,4 +26,7 @@ int cmd_inspect(int argc, char **argv);    /* tools/cmd_inspect.c */
 int cmd_verify(int argc, char **argv);     /* tools/cmd_inspect.c */
 int cmd_bench(int argc, char **argv);      /* tools/cmd_bench.c */
 
+/* `qshard bench kernel ...`: kernels/k_bench.cu (kernels/k_bench_nocuda.c without nvcc). */
+int bench_kernel_main(int argc, char **argv);
+
 #endif /* QS_CMD_H */

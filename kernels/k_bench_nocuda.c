@@ -1,0 +1,12 @@
+/* k_bench_nocuda.c - stands in for k_bench.cu in builds without nvcc. */
+#include <stdio.h>
+
+#include "cmd.h" /* bench_kernel_main, QS_EXIT_RUNTIME */
+
+int bench_kernel_main(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    fprintf(stderr, "qshard bench kernel: this qshard was built without CUDA (no nvcc)\n");
+    return QS_EXIT_RUNTIME;
+}
