@@ -1,0 +1,318 @@
+/*
+ * ref_pack.c - the packed int4 layout of docs/DESIGN.md section 4 (qweight tiles, scales and
+ * zeros orders), its inverses, exact dequantisation, and fp16/bf16 <-> fp32 conversion.
+ *
+ * Entry points: ref_pack_w4 / ref_unpack_w4 / ref_w4_locate (4.1), ref_pack_scales /
+ * ref_unpack_scales (4.2), ref_pack_zeros / ref_unpack_zeros (4.3), ref_dequant_w4,
+ * ref_f16_to_f32 / ref_f32_to_f16 / ref_bf16_to_f32, ref_err_str.
+ * Test: ./build/test_ref
+ */
+#include <string.h>
+
+#include "qs_log.h" /* qs_log_error */
+#include "ref.h"
+
+const char *ref_err_str(enum ref_err e)
+{
+    switch (e) {
+#define REF_X_STR(name, val, msg) \
+    case name:                    \
+        return msg;
+        REF_ERR_LIST(REF_X_STR)
+#undef REF_X_STR
+    }
+    return "unknown ref_err";
+}
+
+// --- fp16 / bf16 ------------------------------------------------------------------------------
+
+static inline uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    return u;
+}
+
+static inline float bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+float ref_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+
+    if (exp == 0x1f) /* inf or NaN: keep the payload in the top mantissa bits */
+        return bits_f32(sign | 0x7f800000u | (mant << 13));
+    if (exp != 0) /* normal: rebias 15 -> 127 */
+        return bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
+    if (mant == 0)
+        return bits_f32(sign);
+    /* subnormal: mant * 2^-24; normalise so the leading 1 reaches bit 10 */
+    uint32_t e = 113; /* fp32 biased exponent of 2^-14 */
+    while (!(mant & 0x400u)) {
+        mant <<= 1;
+        e--;
+    }
+    return bits_f32(sign | (e << 23) | ((mant & 0x3ffu) << 13));
+}
+
+uint16_t ref_f32_to_f16(float f)
+{
+    uint32_t x = f32_bits(f);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    x &= 0x7fffffffu;
+
+    if (x > 0x7f800000u) { /* NaN: keep the top payload bits, make sure it stays a NaN */
+        uint16_t payload = (uint16_t)(x >> 13) & 0x3ffu;
+        return sign | 0x7c00u | (payload ? payload : 0x200u);
+    }
+    /* 65520 = 65504 + half an ulp; the tie rounds to the even neighbour, 2^16 = inf */
+    if (x >= 0x477ff000u)
+        return sign | 0x7c00u;
+    if (x >= 0x38800000u) { /* result is a normal half (>= 2^-14) */
+        uint32_t h = ((x >> 23) - 112u) << 10 | ((x >> 13) & 0x3ffu);
+        uint32_t rest = x & 0x1fffu;
+        if (rest > 0x1000u || (rest == 0x1000u && (h & 1u)))
+            h++; /* a mantissa carry moves into the exponent, which is what we want */
+        return sign | (uint16_t)h;
+    }
+    if (x <= 0x33000000u) /* <= 2^-25: the tie with 2^-24 goes to even (0) */
+        return sign;
+    /* subnormal half: value / 2^-24 = m * 2^(e - 150 + 24), rounded to nearest even */
+    uint32_t e = x >> 23;
+    uint32_t m = (x & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126u - e; /* 14..24 */
+    uint32_t h = m >> shift;
+    uint32_t rest = m & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1u);
+    if (rest > half || (rest == half && (h & 1u)))
+        h++; /* 0x3ff + 1 = 0x400 is the smallest normal: correct */
+    return sign | (uint16_t)h;
+}
+
+float ref_bf16_to_f32(uint16_t b)
+{
+    return bits_f32((uint32_t)b << 16);
+}
+
+// --- packed layout -------------------------------------------------------------------------------
+
+int ref_w4_shape_ok(int K, int N, int G)
+{
+    if (K <= 0 || N <= 0 || K % REF_W4_TILE_K || N % REF_W4_TILE_N)
+        return 0;
+    if (G == 0)
+        return 1;
+    return G > 0 && G % 16 == 0 && K % G == 0;
+}
+
+/*
+ * DESIGN 4.1, from the tile side: thread t, word w, nibble i of tile (kt, nt) holds q[k][n] with
+ *   a = i % 4, b = i / 4, j = 2w + a/2, k = kt*16 + (t%4)*2 + (a%2)*8 + b, n = nt*64 + j*8 + t/4.
+ * Below is the inverse, used by ref_w4_locate; the forward form is used by pack/unpack and the
+ * test derives positions a third way, from the PTX fragment tables.
+ */
+void ref_w4_locate(int K, int N, int k, int n, size_t *byte_off, int *shift)
+{
+    (void)N;
+    int kt = k / 16, nt = n / 64;
+    int kr = k % 16, nc = n % 64;
+    int j = nc / 8;
+    int t = (nc % 8) * 4 + (kr % 8) / 2;
+    int b = kr % 2;
+    int a = (j % 2) * 2 + kr / 8;
+    int w = j / 2;
+    int i = a + 4 * b;
+    size_t tile = (size_t)nt * (size_t)(K / 16) + (size_t)kt;
+    *byte_off = tile * REF_W4_TILE_BYTES + (size_t)t * 16 + (size_t)w * 4 + (size_t)(i / 2);
+    *shift = (i % 2) * 4;
+}
+
+/* The (k, n) held by nibble i of word w of thread t in tile (kt, nt) (DESIGN 4.1). */
+static inline void w4_coord(int kt, int nt, int t, int w, int i, int *k, int *n)
+{
+    int a = i % 4, b = i / 4;
+    int j = 2 * w + a / 2;
+    *k = kt * 16 + (t % 4) * 2 + (a % 2) * 8 + b;
+    *n = nt * 64 + j * 8 + t / 4;
+}
+
+static enum ref_err check_shape(const char *where, int K, int N)
+{
+    if (!ref_w4_shape_ok(K, N, 0)) {
+        qs_log_error(where, "packed int4 shape [K=%d, N=%d]: need K %% 16 == 0 and N %% 64 == 0",
+                     K, N);
+        return REF_ERR_SHAPE;
+    }
+    return REF_ERR_NONE;
+}
+
+enum ref_err ref_pack_w4(const uint8_t *q, int K, int N, uint8_t *qweight)
+{
+    enum ref_err e = check_shape(__func__, K, N);
+    if (e)
+        return e;
+    for (size_t idx = 0; idx < (size_t)K * (size_t)N; idx++) {
+        if (q[idx] > 15) {
+            qs_log_error(__func__, "code q[%zu][%zu] = %u is not a 4-bit value",
+                         idx / (size_t)N, idx % (size_t)N, q[idx]);
+            return REF_ERR_RANGE;
+        }
+    }
+    uint8_t *p = qweight;
+    for (int nt = 0; nt < N / 64; nt++)
+        for (int kt = 0; kt < K / 16; kt++)
+            for (int t = 0; t < 32; t++)
+                for (int w = 0; w < 4; w++) {
+                    uint32_t word = 0;
+                    for (int i = 0; i < 8; i++) {
+                        int k, n;
+                        w4_coord(kt, nt, t, w, i, &k, &n);
+                        word |= (uint32_t)q[(size_t)k * (size_t)N + (size_t)n] << (4 * i);
+                    }
+                    for (int byte = 0; byte < 4; byte++)
+                        *p++ = (uint8_t)(word >> (8 * byte));
+                }
+    return REF_ERR_NONE;
+}
+
+enum ref_err ref_unpack_w4(const uint8_t *qweight, int K, int N, uint8_t *q)
+{
+    enum ref_err e = check_shape(__func__, K, N);
+    if (e)
+        return e;
+    const uint8_t *p = qweight;
+    for (int nt = 0; nt < N / 64; nt++)
+        for (int kt = 0; kt < K / 16; kt++)
+            for (int t = 0; t < 32; t++)
+                for (int w = 0; w < 4; w++, p += 4) {
+                    uint32_t word = (uint32_t)p[0] | (uint32_t)p[1] << 8 |
+                                    (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+                    for (int i = 0; i < 8; i++) {
+                        int k, n;
+                        w4_coord(kt, nt, t, w, i, &k, &n);
+                        q[(size_t)k * (size_t)N + (size_t)n] = (word >> (4 * i)) & 0xfu;
+                    }
+                }
+    return REF_ERR_NONE;
+}
+
+static enum ref_err check_groups(const char *where, int n_groups, int N)
+{
+    if (n_groups < 1 || N <= 0 || N % 64) {
+        qs_log_error(where, "packed group tensor shape [K/G=%d, N=%d]: need K/G >= 1 and "
+                     "N %% 64 == 0", n_groups, N);
+        return REF_ERR_SHAPE;
+    }
+    return REF_ERR_NONE;
+}
+
+/* Packed index of s[g][n] in DESIGN 4.2: [N/64][n_groups][64], p = c*8 + j for n%64 = j*8 + c. */
+static inline size_t scale_pos(int n_groups, int g, int n)
+{
+    int nt = n / 64, j = (n % 64) / 8, c = n % 8;
+    return ((size_t)nt * (size_t)n_groups + (size_t)g) * 64 + (size_t)(c * 8 + j);
+}
+
+enum ref_err ref_pack_scales(const uint16_t *s, int n_groups, int N, uint16_t *out)
+{
+    enum ref_err e = check_groups(__func__, n_groups, N);
+    if (e)
+        return e;
+    for (int g = 0; g < n_groups; g++)
+        for (int n = 0; n < N; n++)
+            out[scale_pos(n_groups, g, n)] = s[(size_t)g * (size_t)N + (size_t)n];
+    return REF_ERR_NONE;
+}
+
+enum ref_err ref_unpack_scales(const uint16_t *packed, int n_groups, int N, uint16_t *s)
+{
+    enum ref_err e = check_groups(__func__, n_groups, N);
+    if (e)
+        return e;
+    for (int g = 0; g < n_groups; g++)
+        for (int n = 0; n < N; n++)
+            s[(size_t)g * (size_t)N + (size_t)n] = packed[scale_pos(n_groups, g, n)];
+    return REF_ERR_NONE;
+}
+
+/* Byte and shift of z[g][n] in DESIGN 4.3: word c = n%8 nibble j = (n%64)/8 of row (nt, g). */
+static inline size_t zero_pos(int n_groups, int g, int n, int *shift)
+{
+    int nt = n / 64, j = (n % 64) / 8, c = n % 8;
+    size_t word = ((size_t)nt * (size_t)n_groups + (size_t)g) * 8 + (size_t)c;
+    *shift = (j % 2) * 4;
+    return word * 4 + (size_t)(j / 2);
+}
+
+enum ref_err ref_pack_zeros(const uint8_t *z, int n_groups, int N, uint8_t *out)
+{
+    enum ref_err e = check_groups(__func__, n_groups, N);
+    if (e)
+        return e;
+    size_t total = (size_t)n_groups * (size_t)N;
+    for (size_t idx = 0; idx < total; idx++) {
+        if (z[idx] > 15) {
+            qs_log_error(__func__, "zero z[%zu][%zu] = %u is not a 4-bit value",
+                         idx / (size_t)N, idx % (size_t)N, z[idx]);
+            return REF_ERR_RANGE;
+        }
+    }
+    memset(out, 0, total / 2);
+    for (int g = 0; g < n_groups; g++)
+        for (int n = 0; n < N; n++) {
+            int shift;
+            size_t pos = zero_pos(n_groups, g, n, &shift);
+            out[pos] |= (uint8_t)(z[(size_t)g * (size_t)N + (size_t)n] << shift);
+        }
+    return REF_ERR_NONE;
+}
+
+enum ref_err ref_unpack_zeros(const uint8_t *packed, int n_groups, int N, uint8_t *z)
+{
+    enum ref_err e = check_groups(__func__, n_groups, N);
+    if (e)
+        return e;
+    for (int g = 0; g < n_groups; g++)
+        for (int n = 0; n < N; n++) {
+            int shift;
+            size_t pos = zero_pos(n_groups, g, n, &shift);
+            z[(size_t)g * (size_t)N + (size_t)n] = (packed[pos] >> shift) & 0xfu;
+        }
+    return REF_ERR_NONE;
+}
+
+enum ref_err ref_dequant_w4(const uint8_t *qweight, const uint8_t *qzeros,
+                            const uint16_t *scales, int K, int N, int G, float *w)
+{
+    if (!ref_w4_shape_ok(K, N, G)) {
+        qs_log_error(__func__, "shape [K=%d, N=%d] group_size %d: need K %% 16 == 0, "
+                     "N %% 64 == 0, G %% 16 == 0, K %% G == 0", K, N, G);
+        return REF_ERR_SHAPE;
+    }
+    int n_groups = K / G;
+    const uint8_t *p = qweight;
+    for (int nt = 0; nt < N / 64; nt++)
+        for (int kt = 0; kt < K / 16; kt++)
+            for (int t = 0; t < 32; t++)
+                for (int wd = 0; wd < 4; wd++, p += 4) {
+                    uint32_t word = (uint32_t)p[0] | (uint32_t)p[1] << 8 |
+                                    (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+                    for (int i = 0; i < 8; i++) {
+                        int k, n, shift;
+                        w4_coord(kt, nt, t, wd, i, &k, &n);
+                        int g = k / G;
+                        size_t zp = zero_pos(n_groups, g, n, &shift);
+                        int q = (int)((word >> (4 * i)) & 0xfu);
+                        int z = (qzeros[zp] >> shift) & 0xf;
+                        float s = ref_f16_to_f32(scales[scale_pos(n_groups, g, n)]);
+                        w[(size_t)k * (size_t)N + (size_t)n] = (float)(q - z) * s;
+                    }
+                }
+    return REF_ERR_NONE;
+}
