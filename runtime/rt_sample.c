@@ -1,0 +1,365 @@
+/*
+ * rt_sample.c - next-token sampling (see rt_sample.h for the semantics and their sources).
+ *
+ * Entry points: rt_sampler_init / rt_sampler_free / rt_sampler_reset / rt_sampler_accept /
+ * rt_sampler_next / rt_sampler_candidates. Test: ./build/test_sample.
+ *
+ * Cost per token: O(V) for the penalty and the top-k threshold (a k-entry min-heap), then one
+ * sort of the survivors, O(S log S) (S = V without top-k). For V = 128k that is a few ms on one
+ * core, small next to a CPU forward pass.
+ */
+#include "rt_sample.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qs_log.h" /* qs_log_error */
+
+struct rt_sample_pair {
+    float logit;
+    int32_t id;
+};
+
+const char *rt_sample_err_str(enum rt_sample_err e)
+{
+    switch (e) {
+#define RT_SAMPLE_X_STR(name, value, msg) \
+    case name:                            \
+        return msg;
+        RT_SAMPLE_ERR_LIST(RT_SAMPLE_X_STR)
+#undef RT_SAMPLE_X_STR
+    }
+    return "unknown error";
+}
+
+struct rt_sample_params rt_sample_params_default(void)
+{
+    struct rt_sample_params p = {
+        .temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f,
+        .repeat_penalty = 1.0f, .seed = 0,
+    };
+    return p;
+}
+
+enum rt_sample_err rt_sample_params_check(const struct rt_sample_params *p)
+{
+    if (!(p->temperature >= 0.0f && isfinite(p->temperature))) {
+        qs_log_error(__func__, "temperature must be a finite number >= 0 (0 = greedy), got %g",
+                     (double)p->temperature);
+        return RT_SAMPLE_ERR_PARAM;
+    }
+    if (p->top_k < 0) {
+        qs_log_error(__func__, "top-k must be >= 0 (0 = off), got %d", (int)p->top_k);
+        return RT_SAMPLE_ERR_PARAM;
+    }
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f)) {
+        qs_log_error(__func__, "top-p must be in (0, 1] (1 = off), got %g", (double)p->top_p);
+        return RT_SAMPLE_ERR_PARAM;
+    }
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f)) {
+        qs_log_error(__func__, "min-p must be in [0, 1] (0 = off), got %g", (double)p->min_p);
+        return RT_SAMPLE_ERR_PARAM;
+    }
+    if (!(p->repeat_penalty > 0.0f && isfinite(p->repeat_penalty))) {
+        qs_log_error(__func__, "repetition penalty must be > 0 (1 = off), got %g",
+                     (double)p->repeat_penalty);
+        return RT_SAMPLE_ERR_PARAM;
+    }
+    return RT_SAMPLE_ERR_NONE;
+}
+
+// --- PRNG: splitmix64 seeding, xoshiro256** 1.0 (Blackman & Vigna, prng.di.unimi.it) -------
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t rotl64(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t xoshiro_next(uint64_t s[4])
+{
+    const uint64_t result = rotl64(s[1] * 5, 7) * 9;
+    const uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl64(s[3], 45);
+    return result;
+}
+
+static void rng_seed(uint64_t s[4], uint64_t seed)
+{
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++)
+        s[i] = splitmix64(&x); /* never all zero: splitmix64 is a bijection of distinct inputs */
+}
+
+double rt_sampler_uniform(struct rt_sampler *s)
+{
+    return (double)(xoshiro_next(s->rng) >> 11) * 0x1.0p-53;
+}
+
+// --- life cycle ----------------------------------------------------------------------------
+
+enum rt_sample_err rt_sampler_init(struct rt_sampler *s, const struct rt_sample_params *p,
+                                   int32_t vocab_size)
+{
+    memset(s, 0, sizeof(*s));
+    if (vocab_size < 1) {
+        qs_log_error(__func__, "vocab_size must be >= 1, got %d", (int)vocab_size);
+        return RT_SAMPLE_ERR_PARAM;
+    }
+    enum rt_sample_err e = rt_sample_params_check(p);
+    if (e)
+        return e;
+    size_t v = (size_t)vocab_size;
+    s->seen = calloc((v + 7) / 8, 1);
+    s->work = malloc(v * sizeof(*s->work));
+    s->cand = malloc(v * sizeof(*s->cand));
+    s->prob = malloc(v * sizeof(*s->prob));
+    s->pairs = malloc(v * sizeof(*s->pairs));
+    if (!s->seen || !s->work || !s->cand || !s->prob || !s->pairs) {
+        qs_log_error(__func__, "out of memory for a sampler over %d ids", (int)vocab_size);
+        rt_sampler_free(s);
+        return RT_SAMPLE_ERR_NOMEM;
+    }
+    s->p = *p;
+    s->vocab_size = vocab_size;
+    rng_seed(s->rng, p->seed);
+    return RT_SAMPLE_ERR_NONE;
+}
+
+void rt_sampler_free(struct rt_sampler *s)
+{
+    if (!s)
+        return;
+    free(s->seen);
+    free(s->work);
+    free(s->cand);
+    free(s->prob);
+    free(s->pairs);
+    s->seen = NULL;
+    s->work = NULL;
+    s->cand = NULL;
+    s->prob = NULL;
+    s->pairs = NULL;
+    s->vocab_size = 0;
+}
+
+void rt_sampler_reset(struct rt_sampler *s)
+{
+    if (s->seen)
+        memset(s->seen, 0, ((size_t)s->vocab_size + 7) / 8);
+    rng_seed(s->rng, s->p.seed);
+}
+
+enum rt_sample_err rt_sampler_accept(struct rt_sampler *s, int32_t id)
+{
+    if (id < 0 || id >= s->vocab_size) {
+        qs_log_error(__func__, "token id %d outside the vocabulary [0, %d)", (int)id,
+                     (int)s->vocab_size);
+        return RT_SAMPLE_ERR_TOKEN;
+    }
+    s->seen[id >> 3] |= (uint8_t)(1u << (id & 7));
+    return RT_SAMPLE_ERR_NONE;
+}
+
+// --- the processors ------------------------------------------------------------------------
+
+/* Step 0 + 1: copy the real vocabulary, NaN -> -inf, repetition penalty on seen ids. */
+static void load_logits(struct rt_sampler *s, const float *logits)
+{
+    const float r = s->p.repeat_penalty;
+    for (int32_t i = 0; i < s->vocab_size; i++) {
+        float x = logits[i];
+        if (isnan(x))
+            x = -INFINITY;
+        if (r != 1.0f && (s->seen[i >> 3] >> (i & 7)) & 1)
+            x = x > 0.0f ? x / r : x * r;
+        s->work[i] = x;
+    }
+}
+
+/* Sift-down for a min-heap of floats. */
+static void heap_down(float *h, int32_t n, int32_t i)
+{
+    for (;;) {
+        int32_t l = 2 * i + 1, m = i;
+        if (l < n && h[l] < h[m])
+            m = l;
+        if (l + 1 < n && h[l + 1] < h[m])
+            m = l + 1;
+        if (m == i)
+            return;
+        float t = h[i];
+        h[i] = h[m];
+        h[m] = t;
+        i = m;
+    }
+}
+
+/* The k-th largest finite value of x[0..n) (k >= 1), or -inf when fewer than k are finite.
+ * heap: scratch of k floats. */
+static float kth_largest(const float *x, int32_t n, int32_t k, float *heap)
+{
+    int32_t h = 0;
+    for (int32_t i = 0; i < n; i++) {
+        float v = x[i];
+        if (v == -INFINITY)
+            continue;
+        if (h < k) {
+            heap[h++] = v;
+            if (h == k)
+                for (int32_t j = k / 2 - 1; j >= 0; j--)
+                    heap_down(heap, k, j);
+        } else if (v > heap[0]) {
+            heap[0] = v;
+            heap_down(heap, k, 0);
+        }
+    }
+    return h < k ? -INFINITY : heap[0];
+}
+
+/* Descending logit, then ascending id: a total order, so the result is platform-independent. */
+static int pair_cmp(const void *a, const void *b)
+{
+    const struct rt_sample_pair *x = a, *y = b;
+    if (x->logit != y->logit)
+        return x->logit > y->logit ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* Greedy: argmax of work[], lowest id on ties; -1 if nothing is finite. */
+static int32_t argmax_lowest(const float *x, int32_t n)
+{
+    int32_t best = -1;
+    for (int32_t i = 0; i < n; i++)
+        if (x[i] != -INFINITY && (best < 0 || x[i] > x[best]))
+            best = i;
+    return best;
+}
+
+/* Renormalised softmax of the first n sorted pairs into prob[]; returns nothing (n >= 1). */
+static void softmax_pairs(const struct rt_sample_pair *pr, int32_t n, double *prob)
+{
+    double mx = pr[0].logit, sum = 0.0; /* sorted: pr[0] is the maximum */
+    for (int32_t i = 0; i < n; i++) {
+        prob[i] = exp((double)pr[i].logit - mx);
+        sum += prob[i];
+    }
+    for (int32_t i = 0; i < n; i++)
+        prob[i] /= sum;
+}
+
+int32_t rt_sampler_candidates(struct rt_sampler *s, const float *logits, int64_t n_logits)
+{
+    if (n_logits < s->vocab_size) {
+        qs_log_error(__func__, "logits row has %lld entries, vocabulary has %d",
+                     (long long)n_logits, (int)s->vocab_size);
+        return -1;
+    }
+    const int32_t v = s->vocab_size;
+    load_logits(s, logits);
+
+    if (s->p.temperature <= 0.0f) {
+        int32_t id = argmax_lowest(s->work, v);
+        if (id < 0)
+            goto no_candidate;
+        s->cand[0] = id;
+        s->prob[0] = 1.0;
+        return 1;
+    }
+
+    /* step 3: temperature */
+    const float t = s->p.temperature;
+    if (t != 1.0f)
+        for (int32_t i = 0; i < v; i++)
+            s->work[i] /= t;
+
+    /* step 4: top-k threshold; the heap borrows prob[] (k <= v doubles >= k floats) */
+    float thr = -INFINITY;
+    if (s->p.top_k > 0 && s->p.top_k < v)
+        thr = kth_largest(s->work, v, s->p.top_k, (float *)s->prob);
+
+    int32_t n = 0;
+    for (int32_t i = 0; i < v; i++) {
+        float x = s->work[i];
+        if (x != -INFINITY && x >= thr) {
+            s->pairs[n].logit = x;
+            s->pairs[n].id = i;
+            n++;
+        }
+    }
+    if (n == 0)
+        goto no_candidate;
+    qsort(s->pairs, (size_t)n, sizeof(*s->pairs), pair_cmp);
+    softmax_pairs(s->pairs, n, s->prob);
+
+    /* step 5: top-p: keep i iff the mass before it is < p */
+    if (s->p.top_p < 1.0f) {
+        const double p = s->p.top_p;
+        double before = 0.0;
+        int32_t keep = 0;
+        while (keep < n && (keep == 0 || before < p))
+            before += s->prob[keep++];
+        if (keep < n) {
+            n = keep;
+            softmax_pairs(s->pairs, n, s->prob);
+        }
+    }
+
+    /* step 6: min-p relative to the most probable survivor (prob[0], sorted) */
+    if (s->p.min_p > 0.0f) {
+        const double cut = (double)s->p.min_p * s->prob[0];
+        int32_t keep = 1;
+        while (keep < n && !(s->prob[keep] < cut))
+            keep++;
+        if (keep < n) {
+            n = keep;
+            softmax_pairs(s->pairs, n, s->prob);
+        }
+    }
+
+    for (int32_t i = 0; i < n; i++)
+        s->cand[i] = s->pairs[i].id;
+    return n;
+
+no_candidate:
+    qs_log_error(__func__, "every logit of the %d-id vocabulary is -inf or NaN", (int)v);
+    return -1;
+}
+
+enum rt_sample_err rt_sampler_next(struct rt_sampler *s, const float *logits, int64_t n_logits,
+                                   int32_t *out_id)
+{
+    if (n_logits < s->vocab_size) {
+        qs_log_error(__func__, "logits row has %lld entries, vocabulary has %d",
+                     (long long)n_logits, (int)s->vocab_size);
+        return RT_SAMPLE_ERR_PARAM;
+    }
+    int32_t n = rt_sampler_candidates(s, logits, n_logits);
+    if (n < 0)
+        return RT_SAMPLE_ERR_NO_CANDIDATE;
+    if (s->p.temperature <= 0.0f) {
+        *out_id = s->cand[0];
+        return RT_SAMPLE_ERR_NONE;
+    }
+    /* step 7: inverse-CDF walk; the last survivor absorbs rounding (sum may be 1 - eps) */
+    const double u = rt_sampler_uniform(s);
+    double acc = 0.0;
+    int32_t i = 0;
+    for (; i < n - 1; i++) {
+        acc += s->prob[i];
+        if (u < acc)
+            break;
+    }
+    *out_id = s->cand[i];
+    return RT_SAMPLE_ERR_NONE;
+}
