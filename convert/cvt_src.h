@@ -81,7 +81,9 @@ extern "C" {
  * Converter-core codes go here, values 64 and up (owner: converter core), e.g.
  *   X(CVT_ERR_SELF_CHECK, 64, "self-check failed: packed dequant != source dequant")
  */
-#define CVT_ERR_LIST_CORE(X)
+#define CVT_ERR_LIST_CORE(X)                                                                 \
+    X(CVT_ERR_SELF_CHECK,     64, "self-check failed: packed dequant != source dequant")     \
+    X(CVT_ERR_EXISTS,         65, "output already exists (use --force)")
 
 #define CVT_ERR_LIST(X) CVT_ERR_LIST_SRC(X) CVT_ERR_LIST_CORE(X)
 
