@@ -62,6 +62,10 @@ uint16_t ref_f32_to_f16(float f);
 /* bfloat16 bits -> fp32 (exact: bf16 is the top half of an fp32). */
 float ref_bf16_to_f32(uint16_t b);
 
+/* The 65536-entry table lut[h] = ref_f16_to_f32(h), built once on first use (thread-safe);
+ * the hot loops of the CPU references read fp16 weights through it. */
+const float *ref_f16_lut(void);
+
 /* --- the packed int4 layout (DESIGN 4.1-4.3; kernels/ref_pack.c) ---------------------------- */
 
 #define REF_W4_TILE_K 16   /* k rows per packed tile (mma m16n8k16 k) */
@@ -106,6 +110,152 @@ enum ref_err ref_unpack_zeros(const uint8_t *packed, int n_groups, int N, uint8_
  * Errors: REF_ERR_SHAPE (ref_w4_shape_ok fails). */
 enum ref_err ref_dequant_w4(const uint8_t *qweight, const uint8_t *qzeros,
                             const uint16_t *scales, int K, int N, int G, float *w);
+
+/* --- thread pool for the CPU matmuls (kernels/ref_pool.c) -------------------------------- */
+
+/*
+ * A fixed set of worker threads that run `n_tasks` independent tasks of one op and return when
+ * all are done (the caller's thread works too). The CPU runtime owns one pool; the heavy refs
+ * (ref_w4a16_linear, ref_linear_f16, ref_attention) take it as their last argument, and a NULL
+ * pool runs everything on the calling thread. Results never depend on the thread count: every
+ * output element is computed by exactly one task in a fixed order. Not reentrant: one op at a
+ * time per pool.
+ */
+struct ref_pool;
+typedef void (*ref_task_fn)(void *ctx, int task, int n_tasks);
+
+/* Start n_threads - 1 workers (n_threads <= 0: one per online CPU). REF_ERR_THREAD, NOMEM. */
+enum ref_err ref_pool_create(int n_threads, struct ref_pool **out);
+/* Stop and join the workers; NULL is fine. */
+void ref_pool_free(struct ref_pool *pool);
+/* Threads that run tasks, the caller included (1 for a NULL pool). */
+int ref_pool_threads(const struct ref_pool *pool);
+/* Run fn(ctx, task, n_tasks) for task = 0..n_tasks-1 on the pool; returns when all finished. */
+void ref_pool_run(struct ref_pool *pool, ref_task_fn fn, void *ctx, int n_tasks);
+
+/* --- linears (kernels/ref_w4a16_linear.c, kernels/ref_linear_f16.c) ---------------------- */
+
+/*
+ * W4A16 linear straight from the packed layout: y[M][N] = x[M][K] . W[K][N] + bias[N], with
+ * W = dequant(qweight, qzeros, scales) exactly as ref_dequant_w4 (DESIGN 4.1-4.3). fp32 in and
+ * out, fp32 accumulation over k in increasing order (so the result is independent of threads).
+ * Packed inputs are read in place (e.g. straight from an mmapped rank file): qweight K*N/2
+ * bytes, qzeros (K/G)*N/2 bytes, scales (K/G)*N fp16. bias may be NULL. y must not alias x.
+ * Work is split over 64-column n-tiles across the pool.
+ * Errors: REF_ERR_SHAPE (ref_w4_shape_ok(K, N, G) fails, or M < 1).
+ */
+enum ref_err ref_w4a16_linear(const float *x, const uint8_t *qweight, const uint8_t *qzeros,
+                              const uint16_t *scales, const float *bias, int M, int K, int N,
+                              int G, float *y, struct ref_pool *pool);
+
+/*
+ * Linear with fp16 weights in nn.Linear orientation: y[M][N] = x[M][K] . W^T + bias, W fp16
+ * [N][K] row-major (lm_head, tied embedding, unquantised linears; DESIGN 5). fp32 accumulation
+ * over k in increasing order; bias may be NULL; y must not alias x. Split over N on the pool.
+ */
+void ref_linear_f16(const float *x, const uint16_t *W, const float *bias, int M, int K, int N,
+                    float *y, struct ref_pool *pool);
+
+/* Same with fp32 weights W [N][K] (Mixtral router, block_sparse_moe.gate.weight [E, H]). Serial. */
+void ref_linear_f32(const float *x, const float *W, const float *bias, int M, int K, int N,
+                    float *y);
+
+/* --- elementwise and normalisation -------------------------------------------------------- */
+
+/*
+ * RMSNorm (Zhang & Sennrich 2019; transformers LlamaRMSNorm) over rows of H, fp32:
+ *   residual == NULL: out[m] = w * (x[m] * rsqrt(mean(x[m]^2) + eps))
+ *   residual != NULL: residual[m] += x[m] (the fused residual add), then out[m] =
+ *                     w * (residual[m] * rsqrt(mean(residual[m]^2) + eps))
+ * x, residual, out: [M][H]; w: [H]. The mean of squares is accumulated in double. out may
+ * alias x (not residual).
+ */
+void ref_rmsnorm(float *out, float *residual, const float *x, const float *w, int M, int H,
+                 float eps);
+
+/* out[M][I] = silu(gate) * up with gate_up[M][2*I] = [gate | up] (the fused gate_up_proj
+ * output of DESIGN 5); silu(g) = g / (1 + exp(-g)). fp32. */
+void ref_silu_mul(float *out, const float *gate_up, int M, int I);
+
+/* Numerically stable softmax of each row of x[M][N], in place (fp32, max subtracted). */
+void ref_softmax(float *x, int M, int N);
+
+/* Index of the largest logit among ids [0, min(n, vocab_size)): ids >= vocab_size are padding
+ * (DESIGN 5) and can never win. Ties go to the lowest id (torch.argmax); NaNs are skipped.
+ * Returns -1 if there is no candidate. */
+int ref_argmax(const float *logits, int n, int vocab_size);
+
+/* --- embedding ------------------------------------------------------------------------------ */
+
+/*
+ * Vocab-parallel embedding lookup: out[m][:] = table[tokens[m] - row_begin][:] (fp16 -> fp32)
+ * when row_begin <= tokens[m] < row_begin + V_r, else zeros (that row lives on another rank;
+ * the all-reduce sum assembles the full embedding). table: fp16 [V_r][H]; out: [M][H]. The
+ * caller has already checked tokens against vocab_size.
+ */
+void ref_embed(float *out, const uint16_t *table, const int32_t *tokens, int M, int64_t row_begin,
+               int V_r, int H);
+
+/* --- rotary position embedding (kernels/ref_rope.c) ------------------------------------------ */
+
+enum ref_rope_type { REF_ROPE_DEFAULT = 0, REF_ROPE_LINEAR = 1, REF_ROPE_LLAMA3 = 2 };
+
+struct ref_rope_scaling {
+    enum ref_rope_type type;
+    float factor;                        /* linear, llama3 */
+    float low_freq_factor;               /* llama3 */
+    float high_freq_factor;              /* llama3 */
+    float original_max_position_embeddings; /* llama3 ("L") */
+};
+
+/*
+ * Inverse frequencies inv_freq[hd/2], in fp32 as transformers computes them
+ * (modeling_rope_utils.py): default inv_freq[i] = 1 / theta^(2i/hd); linear: / factor;
+ * llama3 (_compute_llama3_parameters): with L = original_max_position_embeddings and
+ * wavelen = 2*pi / inv_freq: wavelen < L/high_freq_factor unchanged, wavelen > L/low_freq_factor
+ * divided by factor, else smooth = (L/wavelen - low)/(high - low) and
+ * inv_freq = (1 - smooth) * inv_freq / factor + smooth * inv_freq. scaling may be NULL (default).
+ * hd must be even.
+ */
+void ref_rope_inv_freq(float *inv_freq, int hd, double rope_theta,
+                       const struct ref_rope_scaling *scaling);
+
+/*
+ * RoPE in transformers' rotate_half form (pairs i and i + hd/2), in place, on M rows of
+ * n_heads heads of hd values: row m starts at x + m*row_stride (floats), head h at + h*hd.
+ * With a = pos[m] * inv_freq[i] (fp32 product, as HF's fp32 freqs): for i < hd/2,
+ *   x'[i]        = x[i] * cos(a) - x[i + hd/2] * sin(a)
+ *   x'[i + hd/2] = x[i + hd/2] * cos(a) + x[i] * sin(a).
+ */
+void ref_rope(float *x, int M, int n_heads, int hd, size_t row_stride, const int32_t *pos,
+              const float *inv_freq);
+
+/* --- attention (kernels/ref_attention.c) ---------------------------------------------------- */
+
+/*
+ * Causal multi-head attention with GQA over a KV cache, for prefill (M > 1) and decode (M = 1).
+ * Query row m sits at position p = start_pos + m and attends to cached positions
+ * [max(0, p - sliding_window + 1), p] (sliding_window <= 0: [0, p]; transformers' mask keeps
+ * keys with p - k < sliding_window). Query head h reads kv head h / (n_heads / n_kv_heads).
+ *   q:   row m at q + m*q_stride, [n_heads][hd] (already rotated)
+ *   k_cache, v_cache: [n_kv_heads][T_cap][hd]; positions 0 .. start_pos + M - 1 filled
+ *   out: row m at out + m*out_stride, [n_heads][hd]
+ * scores = q.k / sqrt(hd), softmax in fp32 (max subtracted), out = sum softmax * v.
+ * Errors: REF_ERR_SHAPE (n_heads % n_kv_heads, start_pos + M > T_cap, M < 1), REF_ERR_NOMEM.
+ */
+enum ref_err ref_attention(float *out, size_t out_stride, const float *q, size_t q_stride,
+                           const float *k_cache, const float *v_cache, int M, int start_pos,
+                           int n_heads, int n_kv_heads, int hd, int T_cap, int sliding_window,
+                           struct ref_pool *pool);
+
+/* --- mixture of experts (kernels/ref_moe_route.c) ------------------------------------------- */
+
+/*
+ * Mixtral routing (transformers MixtralSparseMoeBlock): for each of M tokens, softmax over the
+ * E router logits (fp32), keep the top_k largest (ties: lower expert id first), and renormalise
+ * the kept weights to sum 1. logits [M][E]; ids, weights [M][top_k], in descending weight order.
+ */
+void ref_moe_route(const float *logits, int M, int E, int top_k, int32_t *ids, float *weights);
 
 #ifdef __cplusplus
 }

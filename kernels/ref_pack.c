@@ -7,6 +7,7 @@
  * ref_f16_to_f32 / ref_f32_to_f16 / ref_bf16_to_f32, ref_err_str.
  * Test: ./build/test_ref
  */
+#include <pthread.h>
 #include <string.h>
 
 #include "qs_log.h" /* qs_log_error */
@@ -98,6 +99,21 @@ uint16_t ref_f32_to_f16(float f)
 float ref_bf16_to_f32(uint16_t b)
 {
     return bits_f32((uint32_t)b << 16);
+}
+
+static float f16_lut[65536];
+static pthread_once_t f16_lut_once = PTHREAD_ONCE_INIT;
+
+static void f16_lut_build(void)
+{
+    for (uint32_t h = 0; h < 65536; h++)
+        f16_lut[h] = ref_f16_to_f32((uint16_t)h);
+}
+
+const float *ref_f16_lut(void)
+{
+    pthread_once(&f16_lut_once, f16_lut_build);
+    return f16_lut;
 }
 
 // --- packed layout -------------------------------------------------------------------------------

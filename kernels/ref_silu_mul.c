@@ -1,0 +1,18 @@
+/*
+ * ref_silu_mul.c - the SiLU-gated MLP's elementwise step, out = silu(gate) * up, on the fused
+ * gate_up_proj output [M][2*I] = [gate | up] (DESIGN 5); reference of k_silu_mul.
+ * silu(g) = g * sigmoid(g) (Elfwing et al. 2018; torch.nn.functional.silu). Test: ./build/test_ref
+ */
+#include <math.h>
+
+#include "ref.h"
+
+void ref_silu_mul(float *out, const float *gate_up, int M, int I)
+{
+    for (int m = 0; m < M; m++) {
+        const float *g = gate_up + (size_t)m * 2 * (size_t)I, *u = g + I;
+        float *o = out + (size_t)m * (size_t)I;
+        for (int i = 0; i < I; i++)
+            o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
