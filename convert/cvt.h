@@ -1,0 +1,195 @@
+/*
+ * cvt.h - the converter core: tensor-parallel plan (cvt_plan.c) and conversion driver (cvt_run.c).
+ *
+ * Who calls it: convert/cvt_main.c (`qshard convert`), tests/test_cvt_plan.c, tests/test_cvt.c.
+ * The input side (reading HF directories, decoding AWQ variants) is convert/cvt_src.h; the file
+ * writer is format/fmt_write.h; the packed int4 layout and its references are kernels/ref.h.
+ *
+ * Flow:  cvt_source_open -> cvt_dims_from_hf -> cvt_plan_build (config + source tensor names)
+ *        -> cvt_plan_print (--dry-run) or cvt_run (stream every (rank, tensor) job through the
+ *        format writers, self-check each packed linear, then the manifest).
+ *
+ * The plan decides everything once (docs/DESIGN.md sections 5-6): which source tensors feed which
+ * output tensor of which rank, as rectangles ("segments") of the source placed into the output;
+ * whatever no segment covers is zero padding (codes 0, zeros 0, scales 0: contributes exactly 0).
+ * Coordinates are always the canonical [K][N] of a linear (K = in_features, N = out_features),
+ * also for unquantized linears (stored [N, K] on both sides; the writer transposes the indices),
+ * and [rows][cols] for other matrices ([V][H] embeddings, [E][H] router); vectors have rows = 1.
+ */
+#ifndef QS_CVT_H
+#define QS_CVT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "cvt_src.h" /* enum cvt_err, enum cvt_arch, struct cvt_hf_config, struct cvt_source */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* --- model dimensions the plan needs ------------------------------------------------------ */
+
+#define CVT_MAX_NOT_CONVERT 64
+
+/* Model dimensions, normalised from config.json (+ the AWQ quant config). Filled by
+ * cvt_dims_from_hf() or by hand (tests). Read-only once the plan is built. */
+struct cvt_dims {
+    enum cvt_arch arch;
+    int hidden;             /* H */
+    int intermediate;       /* I (per expert for Mixtral) */
+    int n_layers;
+    int n_heads;            /* query heads */
+    int n_kv_heads;         /* = n_heads when the config has none (MHA) */
+    int head_dim;           /* hd; hidden / n_heads unless the config says otherwise */
+    int vocab;              /* V = config vocab_size */
+    int n_experts;          /* Mixtral num_local_experts, 0 for dense models */
+    int n_experts_per_tok;
+    int group_size;         /* G, > 0 (per-channel G = -1 is refused earlier) */
+    bool tie_word_embeddings;
+    bool qkv_bias;          /* q/k/v carry a bias by config (qwen2 always; llama attention_bias) */
+    bool o_bias;            /* o_proj carries a bias by config (llama attention_bias) */
+    int n_not_convert;      /* modules_to_not_convert entries (substring match on module names) */
+    char not_convert[CVT_MAX_NOT_CONVERT][96];
+};
+
+/* Fill *d from a parsed HF config. Errors: CVT_ERR_UNSUPPORTED (group_size -1 or not a multiple
+ * of 16, too many modules_to_not_convert), CVT_ERR_CONFIG (a dimension out of int range);
+ * reported once with the key name. */
+enum cvt_err cvt_dims_from_hf(const struct cvt_hf_config *hf, struct cvt_dims *d);
+
+/* --- the plan ------------------------------------------------------------------------------ */
+
+/* How an output tensor is produced. */
+enum cvt_out_kind {
+    CVT_OUT_W4 = 1,         /* packed AWQ linear: `<name>.qweight/.scales/.qzeros` (DESIGN 4.1-4.3),
+                             * logical [K, N]; sources are AWQ linears (canonical q/z/s) */
+    CVT_OUT_LINEAR_F16 = 2, /* unquantized linear `<name>.weight` F16 [N, K] (nn.Linear order);
+                             * sources are float `<src>.weight` [N_src, K_src] */
+    CVT_OUT_MAT_F16 = 3,    /* float matrix F16 [rows, cols] (embedding, lm_head) */
+    CVT_OUT_VEC_F32 = 4,    /* vector F32 [cols] (norms, biases) or F32 matrix [rows, cols] (router) */
+};
+
+/* Where a source tensor comes from. */
+enum cvt_src_kind {
+    CVT_SRC_AWQ = 1,        /* quantized linear, name = module prefix (q/z/s decoded by cvt_awq_load) */
+    CVT_SRC_FLOAT = 2,      /* float tensor, name = full tensor name */
+};
+
+/* One source tensor the plan reads (deduplicated across ranks and outputs). */
+struct cvt_plan_src {
+    char name[160];         /* module prefix (AWQ) or full tensor name (float) */
+    enum cvt_src_kind kind;
+    int64_t rows, cols;     /* expected logical shape: [K, N] for linears (also float .weight,
+                             * whose file shape is [N, K]); [rows, cols] matrices; [1, n] vectors */
+};
+
+/* A rectangle of a source placed into an output: source rows [src_r0, src_r0 + n_rows) and
+ * columns [src_c0, src_c0 + n_cols) go to output rows/columns starting at dst_r0 / dst_c0. */
+struct cvt_seg {
+    int src;                /* index into plan->srcs */
+    int64_t src_r0, src_c0;
+    int64_t n_rows, n_cols;
+    int64_t dst_r0, dst_c0;
+};
+
+#define CVT_MAX_SEGS 3
+
+/* One output tensor of one rank. */
+struct cvt_out {
+    char name[160];         /* W4: module prefix (`...qkv_proj`); otherwise the full tensor name */
+    enum cvt_out_kind kind;
+    int64_t rows, cols;     /* logical [K, N] (W4 and LINEAR_F16), [rows, cols] otherwise */
+    int n_segs;
+    struct cvt_seg segs[CVT_MAX_SEGS];
+    uint64_t bytes;         /* data bytes in the rank file (W4: qweight + scales + qzeros) */
+};
+
+struct cvt_rank_plan {
+    int rank;
+    int n_outs;
+    struct cvt_out *outs;   /* owned */
+    int heads;              /* query heads on this rank (nq_r) */
+    int kv_heads;           /* kv heads on this rank (nkv_r) */
+    int kv_head_first;      /* first source kv head held */
+    uint64_t data_bytes;    /* sum of outs[].bytes */
+    uint64_t file_bytes;    /* data_bytes with every tensor aligned to CVT_FILE_ALIGN (estimate of
+                             * the rank file size without header, config and tokenizer) */
+};
+
+#define CVT_FILE_ALIGN 4096 /* tensor data alignment in a .qshard file (format/SPEC.md) */
+
+struct cvt_plan {
+    struct cvt_dims d;
+    int tp;                 /* world_size */
+    int heads_per_rank;     /* nq_r */
+    int kv_heads_per_rank;  /* nkv_r */
+    int kv_head_replicas;   /* ranks sharing one kv head (1 when tp <= n_kv_heads) */
+    int inter_unit;         /* U = lcm(G, 64) */
+    int inter_padded;       /* I_pad = ceil(I / (U*tp)) * U*tp */
+    int inter_per_rank;     /* I_r = I_pad / tp */
+    int vocab_per_rank;     /* V_r = ceil(V / tp) */
+    bool has_lm_head;       /* separate lm_head output (false when tied) */
+    int n_unquantized;      /* linears stored as F16 .weight */
+    int n_srcs;
+    struct cvt_plan_src *srcs;   /* owned */
+    struct cvt_rank_plan *ranks; /* owned, [tp] */
+};
+
+/* Which source tensors exist (from the input's tensor catalog). `names` are full tensor names as
+ * in the files; the plan only reads them during cvt_plan_build. NULL = plan from the config alone
+ * (dry-run of a bare config.json): every linear is quantized unless modules_to_not_convert names
+ * it, q/k/v biases follow dims.qkv_bias, lm_head follows tie_word_embeddings. */
+struct cvt_name_list {
+    int n;
+    const char *const *names;
+};
+
+/* Build the plan for `tp` ranks. With a name list, every name must be recognised (rotary
+ * `inv_freq` buffers are ignored explicitly) and every tensor the model needs must be present.
+ * Errors (reported once, naming the tensor or constraint and, for --tp, the valid values):
+ * CVT_ERR_TP (tp does not fit heads / kv heads / per-rank shape rules), CVT_ERR_UNKNOWN_TENSOR,
+ * CVT_ERR_MISSING_TENSOR, CVT_ERR_UNSUPPORTED (quantized lm_head or router, half-quantized fused
+ * group), CVT_ERR_CONFIG, CVT_ERR_NOMEM. On error *out is NULL. */
+enum cvt_err cvt_plan_build(const struct cvt_dims *d, const struct cvt_name_list *names, int tp,
+                            struct cvt_plan **out);
+
+/* Free a plan (NULL ok). */
+void cvt_plan_free(struct cvt_plan *p);
+
+/* The output `name` of `rank` (W4 outputs by module prefix), or NULL. */
+const struct cvt_out *cvt_plan_find(const struct cvt_plan *p, int rank, const char *name);
+
+/* Write the tp values (ascending, at most `cap`) for which cvt_plan_build would accept the model's
+ * head / kv-head / per-rank shape rules, up to max_tp. Returns how many were written. */
+int cvt_plan_valid_tp(const struct cvt_dims *d, int max_tp, int *vals, int cap);
+
+/* Human-readable plan for --dry-run: dims, per-rank heads / kv heads / sizes, every padding
+ * decision. */
+void cvt_plan_print(const struct cvt_plan *p, FILE *f);
+
+/* --- the driver (cvt_run.c) ---------------------------------------------------------------- */
+
+struct cvt_opts {
+    const char *model_dir;
+    const char *out_dir;
+    int tp;
+    int threads;            /* 0 = one per online core */
+    bool dry_run;           /* print the plan, write nothing */
+    bool no_check;          /* skip the bitwise self-check */
+    bool quiet;             /* no progress bar, no info messages */
+    bool force;             /* overwrite existing rank files / manifest in out_dir */
+};
+
+/* Convert model_dir into out_dir/rank-K-of-N.qshard + manifest (or print the plan with dry_run).
+ * Memory is bounded (one linear per worker thread, float tensors in chunks, a byte budget across
+ * workers). On any failure every writer is aborted and every file and directory this call
+ * created is removed. Errors: every cvt_err (input, plan, self-check CVT_ERR_CHECK, writer
+ * CVT_ERR_IO / CVT_ERR_FORMAT). */
+enum cvt_err cvt_run(const struct cvt_opts *o);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* QS_CVT_H */

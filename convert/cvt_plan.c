@@ -1,0 +1,948 @@
+/*
+ * cvt_plan.c - the tensor-parallel plan: which source tensor rectangles make up which output
+ * tensor of which rank (docs/DESIGN.md section 5), decided once from the config and the names of
+ * the tensors in the files.
+ *
+ * Entry points: cvt_dims_from_hf, cvt_plan_build, cvt_plan_free, cvt_plan_find,
+ * cvt_plan_valid_tp, cvt_plan_print (declared in cvt.h).
+ *
+ * The one name table is `linear_table` below plus the fixed float tensors in plan_model(): every
+ * source name the model may contain is generated from it; a file name that was not generated is
+ * an error (except rotary `inv_freq` buffers, ignored by name), a generated name the model needs
+ * that the files lack is an error.
+ *
+ * Split rules (DESIGN 5; vLLM QKVParallelLinear / MergedColumnParallelLinear / RowParallelLinear,
+ * AWQ-FORMATS.md section 5):
+ *   column-parallel (q, k, v, gate, up, w1, w3): output columns; q/k/v fused [q_r | k_r | v_r],
+ *     gate/up fused [gate_r | up_r]; kv heads replicated when tp > kv heads.
+ *   row-parallel (o, down, w2): input rows; bias on rank 0 only.
+ *   intermediate: U = lcm(G, 64), I_pad = ceil(I / (U*tp)) * U*tp, I_r = I_pad / tp, rank r holds
+ *     [r*I_r, min((r+1)*I_r, I)), the rest zero.
+ *   vocab: V_r = ceil(V / tp), rows [r*V_r, min((r+1)*V_r, V)), the rest zero.
+ *
+ * Test: ./build/test_cvt_plan (real configs, tp 1..8, impossible tp values).
+ */
+#include "cvt.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qs_log.h" /* qs_log_error, qs_log_warn */
+
+/* --- small helpers ------------------------------------------------------------------------ */
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+static int64_t gcd64(int64_t a, int64_t b)
+{
+    while (b) {
+        int64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+/* --- tp rules ----------------------------------------------------------------------------- */
+
+/* Head / kv-head rules for tp (DESIGN 5). Writes nq_r, nkv_r, replicas; returns false with a
+ * reason in why[]. */
+static bool tp_heads_ok(const struct cvt_dims *d, int tp, int *nq_r, int *nkv_r, int *replicas,
+                        char *why, size_t n_why)
+{
+    if (tp < 1) {
+        snprintf(why, n_why, "--tp must be >= 1, got %d", tp);
+        return false;
+    }
+    if (d->n_heads % tp) {
+        snprintf(why, n_why, "num_attention_heads %d is not divisible by tp %d", d->n_heads, tp);
+        return false;
+    }
+    if (tp <= d->n_kv_heads) {
+        if (d->n_kv_heads % tp) {
+            snprintf(why, n_why, "num_key_value_heads %d is not divisible by tp %d", d->n_kv_heads,
+                     tp);
+            return false;
+        }
+        *nkv_r = d->n_kv_heads / tp;
+        *replicas = 1;
+    } else {
+        if (tp % d->n_kv_heads) {
+            snprintf(why, n_why,
+                     "tp %d > num_key_value_heads %d but is not a multiple of it (kv heads can be "
+                     "neither split nor evenly replicated)",
+                     tp, d->n_kv_heads);
+            return false;
+        }
+        *nkv_r = 1;
+        *replicas = tp / d->n_kv_heads;
+    }
+    *nq_r = d->n_heads / tp;
+    return true;
+}
+
+/* Per-rank packed-layout rules of one quantized output (DESIGN 4: K % 16, N % 64, K % G). */
+static bool w4_shape_ok(int64_t K, int64_t N, int G, const char *what, char *why, size_t n_why)
+{
+    if (K % 16 || N % 64 || K % G) {
+        snprintf(why, n_why,
+                 "%s per rank is [K=%" PRId64 ", N=%" PRId64 "] but the packed int4 layout needs "
+                 "K %% 16 == 0, K %% group_size(%d) == 0 and N %% 64 == 0",
+                 what, K, N, G);
+        return false;
+    }
+    return true;
+}
+
+/* Every rule for tp assuming all decoder linears are quantized (the config-level view). */
+static bool tp_ok(const struct cvt_dims *d, int tp, char *why, size_t n_why)
+{
+    int nq_r, nkv_r, rep;
+    if (!tp_heads_ok(d, tp, &nq_r, &nkv_r, &rep, why, n_why))
+        return false;
+    int64_t hd = d->head_dim, H = d->hidden, G = d->group_size;
+    int64_t U = G / gcd64(G, 64) * 64;
+    int64_t I_r = ceil_div(d->intermediate, U * tp) * U;
+    return w4_shape_ok(H, (nq_r + 2 * (int64_t)nkv_r) * hd, (int)G, "self_attn.qkv_proj", why,
+                       n_why) &&
+           w4_shape_ok(nq_r * hd, H, (int)G, "self_attn.o_proj", why, n_why) &&
+           w4_shape_ok(H, 2 * I_r, (int)G, "mlp.gate_up_proj", why, n_why) &&
+           w4_shape_ok(I_r, H, (int)G, "mlp.down_proj", why, n_why);
+}
+
+int cvt_plan_valid_tp(const struct cvt_dims *d, int max_tp, int *vals, int cap)
+{
+    char why[256];
+    int n = 0;
+    for (int t = 1; t <= max_tp && n < cap; t++)
+        if (tp_ok(d, t, why, sizeof(why)))
+            vals[n++] = t;
+    return n;
+}
+
+/* "1 2 4 8" into buf: the valid tp values up to the head count. */
+static void valid_tp_str(const struct cvt_dims *d, char *buf, size_t n_buf)
+{
+    int vals[64];
+    int n = cvt_plan_valid_tp(d, d->n_heads, vals, 64);
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && at + 12 < n_buf; i++)
+        at += (size_t)snprintf(buf + at, n_buf - at, "%s%d", i ? " " : "", vals[i]);
+    if (n == 0)
+        snprintf(buf, n_buf, "none");
+}
+
+/* --- dims from the HF config -------------------------------------------------------------- */
+
+enum cvt_err cvt_dims_from_hf(const struct cvt_hf_config *hf, struct cvt_dims *d)
+{
+    struct {
+        const char *key;
+        int64_t v;
+        int *dst;
+    } dims[] = {{"hidden_size", hf->hidden_size, &d->hidden},
+                {"intermediate_size", hf->intermediate_size, &d->intermediate},
+                {"num_hidden_layers", hf->num_hidden_layers, &d->n_layers},
+                {"num_attention_heads", hf->num_attention_heads, &d->n_heads},
+                {"num_key_value_heads", hf->num_key_value_heads, &d->n_kv_heads},
+                {"head_dim", hf->head_dim, &d->head_dim},
+                {"vocab_size", hf->vocab_size, &d->vocab},
+                {"num_local_experts", hf->num_local_experts, &d->n_experts},
+                {"num_experts_per_tok", hf->num_experts_per_tok, &d->n_experts_per_tok},
+                {"group_size", hf->quant.group_size, &d->group_size}};
+    memset(d, 0, sizeof(*d));
+    d->arch = hf->arch;
+    for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++) {
+        if (dims[i].v < -1 || dims[i].v > (1 << 30)) {
+            qs_log_error(__func__, "config key %s: expected a value in [0, 2^30], got %" PRId64,
+                         dims[i].key, dims[i].v);
+            return CVT_ERR_CONFIG;
+        }
+        *dims[i].dst = (int)dims[i].v;
+    }
+    if (d->group_size <= 0) {
+        qs_log_error(__func__, "quant config group_size: expected a positive multiple of 16, got "
+                               "%d (per-channel group_size -1 cannot be split across ranks)",
+                     d->group_size);
+        return CVT_ERR_UNSUPPORTED;
+    }
+    d->tie_word_embeddings = hf->tie_word_embeddings;
+    d->qkv_bias = hf->qkv_bias;
+    d->o_bias = hf->o_bias;
+    if (hf->quant.n_modules_to_not_convert > CVT_MAX_NOT_CONVERT) {
+        qs_log_error(__func__, "modules_to_not_convert: at most %d entries supported, got %d",
+                     CVT_MAX_NOT_CONVERT, hf->quant.n_modules_to_not_convert);
+        return CVT_ERR_UNSUPPORTED;
+    }
+    for (int i = 0; i < hf->quant.n_modules_to_not_convert; i++) {
+        const char *m = hf->quant.modules_to_not_convert[i];
+        if (!m || strlen(m) >= sizeof(d->not_convert[0])) {
+            qs_log_error(__func__, "modules_to_not_convert[%d]: expected a string shorter than %zu "
+                                   "bytes",
+                         i, sizeof(d->not_convert[0]));
+            return CVT_ERR_UNSUPPORTED;
+        }
+        snprintf(d->not_convert[d->n_not_convert++], sizeof(d->not_convert[0]), "%s", m);
+    }
+    return CVT_ERR_NONE;
+}
+
+/* --- plan construction -------------------------------------------------------------------- */
+
+/* Source-name lookup: sorted copy of the name list + "consumed" marks to find unknown names. */
+struct name_set {
+    int n;
+    const char **names; /* sorted, borrowed strings */
+    bool *used;
+};
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static int set_find(const struct name_set *s, const char *name)
+{
+    int lo = 0, hi = s->n - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2;
+        int c = strcmp(s->names[mid], name);
+        if (c == 0)
+            return mid;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return -1;
+}
+
+/* Is `name` in the files? Marks it consumed. */
+static bool set_take(struct name_set *s, const char *name)
+{
+    int i = set_find(s, name);
+    if (i < 0)
+        return false;
+    s->used[i] = true;
+    return true;
+}
+
+static bool set_has(const struct name_set *s, const char *name) { return set_find(s, name) >= 0; }
+
+struct builder {
+    struct cvt_plan *p;
+    struct name_set set;    /* n = 0 when planning from the config alone */
+    bool have_names;
+    int cap_srcs;
+    int *cap_outs;          /* [tp] */
+    int n_warn_unlisted;    /* float linears not named in modules_to_not_convert */
+    int n_warn_listed;      /* quantized linears named in modules_to_not_convert */
+};
+
+static int add_src(struct builder *b, const char *name, enum cvt_src_kind kind, int64_t rows,
+                   int64_t cols)
+{
+    struct cvt_plan *p = b->p;
+    if (p->n_srcs == b->cap_srcs) {
+        int cap = b->cap_srcs ? 2 * b->cap_srcs : 256;
+        struct cvt_plan_src *s = realloc(p->srcs, (size_t)cap * sizeof(*s));
+        if (!s)
+            return -1;
+        p->srcs = s;
+        b->cap_srcs = cap;
+    }
+    struct cvt_plan_src *s = &p->srcs[p->n_srcs];
+    memset(s, 0, sizeof(*s));
+    snprintf(s->name, sizeof(s->name), "%s", name);
+    s->kind = kind;
+    s->rows = rows;
+    s->cols = cols;
+    return p->n_srcs++;
+}
+
+static uint64_t out_bytes(const struct cvt_out *o, int G, bool aligned)
+{
+    uint64_t K = (uint64_t)o->rows, N = (uint64_t)o->cols, a = aligned ? CVT_FILE_ALIGN : 1;
+    switch (o->kind) {
+    case CVT_OUT_W4:
+        return align_up(K * N / 2, a) + align_up(K / (uint64_t)G * N * 2, a) +
+               align_up(K / (uint64_t)G * N / 2, a);
+    case CVT_OUT_LINEAR_F16:
+    case CVT_OUT_MAT_F16:
+        return align_up(K * N * 2, a);
+    case CVT_OUT_VEC_F32:
+        return align_up(K * N * 4, a);
+    }
+    return 0;
+}
+
+/* Append an output to rank r; returns it (zeroed but for name/kind/shape) or NULL (no memory). */
+static struct cvt_out *add_out(struct builder *b, int r, const char *name, enum cvt_out_kind kind,
+                               int64_t rows, int64_t cols)
+{
+    struct cvt_rank_plan *rp = &b->p->ranks[r];
+    if (rp->n_outs == b->cap_outs[r]) {
+        int cap = b->cap_outs[r] ? 2 * b->cap_outs[r] : 64;
+        struct cvt_out *o = realloc(rp->outs, (size_t)cap * sizeof(*o));
+        if (!o)
+            return NULL;
+        rp->outs = o;
+        b->cap_outs[r] = cap;
+    }
+    struct cvt_out *o = &rp->outs[rp->n_outs++];
+    memset(o, 0, sizeof(*o));
+    snprintf(o->name, sizeof(o->name), "%s", name);
+    o->kind = kind;
+    o->rows = rows;
+    o->cols = cols;
+    return o;
+}
+
+static void add_seg(struct cvt_out *o, int src, int64_t src_r0, int64_t src_c0, int64_t n_rows,
+                    int64_t n_cols, int64_t dst_r0, int64_t dst_c0)
+{
+    if (n_rows <= 0 || n_cols <= 0)
+        return; /* all padding on this rank */
+    struct cvt_seg *s = &o->segs[o->n_segs++];
+    s->src = src;
+    s->src_r0 = src_r0;
+    s->src_c0 = src_c0;
+    s->n_rows = n_rows;
+    s->n_cols = n_cols;
+    s->dst_r0 = dst_r0;
+    s->dst_c0 = dst_c0;
+}
+
+static bool not_convert_listed(const struct cvt_dims *d, const char *module)
+{
+    for (int i = 0; i < d->n_not_convert; i++)
+        if (d->not_convert[i][0] && strstr(module, d->not_convert[i]))
+            return true;
+    return false;
+}
+
+/* One source linear as found in the files: quantized or float, with or without bias. */
+struct lin {
+    char module[160];       /* source module prefix */
+    bool quantized;
+    bool bias;
+    int src;                /* plan source index of the weight (AWQ prefix or float .weight) */
+    int src_bias;           /* plan source index of .bias, -1 if none */
+    int64_t K, N;
+};
+
+/* Decide how the source linear `module` ([K, N]) is stored and mark its tensors consumed.
+ * `bias_default` is the config's expectation when planning without names. */
+static enum cvt_err lin_resolve(struct builder *b, const char *module, int64_t K, int64_t N,
+                                bool bias_default, struct lin *l)
+{
+    static const char *const q_sfx[] = {"qweight", "qzeros", "scales", "scaled_zeros"};
+    char nm[200];
+    memset(l, 0, sizeof(*l));
+    snprintf(l->module, sizeof(l->module), "%s", module);
+    l->K = K;
+    l->N = N;
+    bool listed = not_convert_listed(&b->p->d, module);
+    if (!b->have_names) {
+        l->quantized = !listed;
+        l->bias = bias_default;
+    } else {
+        bool has_q = false, has_w;
+        for (size_t i = 0; i < sizeof(q_sfx) / sizeof(q_sfx[0]); i++) {
+            snprintf(nm, sizeof(nm), "%s.%s", module, q_sfx[i]);
+            has_q |= set_take(&b->set, nm);
+        }
+        snprintf(nm, sizeof(nm), "%s.weight", module);
+        has_w = set_take(&b->set, nm);
+        if (has_q && has_w) {
+            qs_log_error(__func__, "tensor %s.weight: linear %s has both a float .weight and "
+                                   "quantized qweight/scales/qzeros; expected one of them",
+                         module, module);
+            return CVT_ERR_UNKNOWN_TENSOR;
+        }
+        if (!has_q && !has_w) {
+            qs_log_error(__func__, "tensor %s.qweight: missing: the model needs linear %s "
+                                   "(expected %s.qweight/.scales/.qzeros, or %s.weight when it is "
+                                   "listed in modules_to_not_convert), the files have neither",
+                         module, module, module, module);
+            return CVT_ERR_MISSING_TENSOR;
+        }
+        l->quantized = has_q;
+        if (has_q && listed)
+            b->n_warn_listed++;
+        if (!has_q && !listed)
+            b->n_warn_unlisted++;
+        snprintf(nm, sizeof(nm), "%s.bias", module);
+        l->bias = set_take(&b->set, nm);
+    }
+    if (l->quantized) {
+        l->src = add_src(b, module, CVT_SRC_AWQ, K, N);
+    } else {
+        snprintf(nm, sizeof(nm), "%s.weight", module);
+        l->src = add_src(b, nm, CVT_SRC_FLOAT, K, N);
+    }
+    l->src_bias = -1;
+    if (l->src >= 0 && l->bias) {
+        snprintf(nm, sizeof(nm), "%s.bias", module);
+        l->src_bias = add_src(b, nm, CVT_SRC_FLOAT, 1, N);
+        if (l->src_bias < 0)
+            return CVT_ERR_NOMEM;
+    }
+    return l->src < 0 ? CVT_ERR_NOMEM : CVT_ERR_NONE;
+}
+
+/* A fused group (q/k/v or gate/up) must be stored one way. */
+static enum cvt_err lin_group_check(const struct lin *ls, int n, const char *out_name)
+{
+    for (int i = 1; i < n; i++) {
+        if (ls[i].quantized != ls[0].quantized) {
+            qs_log_error(__func__, "tensor %s: %s is %s but %s is %s; the fused %s needs all of "
+                                   "its parts stored the same way",
+                         ls[i].module, ls[0].module, ls[0].quantized ? "quantized" : "float",
+                         ls[i].module, ls[i].quantized ? "quantized" : "float", out_name);
+            return CVT_ERR_UNSUPPORTED;
+        }
+        if (ls[i].bias != ls[0].bias) {
+            qs_log_error(__func__, "tensor %s.bias: %s %s a bias but %s %s; expected all parts of "
+                                   "the fused %s to have one or none",
+                         ls[i].module, ls[0].module, ls[0].bias ? "has" : "has no", ls[i].module,
+                         ls[i].bias ? "has" : "has no", out_name);
+            return CVT_ERR_MISSING_TENSOR;
+        }
+    }
+    return CVT_ERR_NONE;
+}
+
+/* Column-parallel piece: source columns [c0, c0 + n) of linear l into output columns at dst. */
+struct colpiece {
+    const struct lin *l;
+    int64_t c0, n, dst;
+};
+
+/* Emit a fused column-parallel output (weight + optional bias) for rank r. */
+static enum cvt_err emit_column(struct builder *b, int r, const char *out_name, int64_t K,
+                                int64_t N_out, const struct colpiece *pc, int n_pc)
+{
+    const struct lin *l0 = pc[0].l;
+    char why[320], nm[200];
+    struct cvt_out *o;
+    if (l0->quantized) {
+        if (!w4_shape_ok(K, N_out, b->p->d.group_size, out_name, why, sizeof(why))) {
+            char valid[256];
+            valid_tp_str(&b->p->d, valid, sizeof(valid));
+            qs_log_error(__func__, "tensor %s: --tp %d: %s; valid --tp values for this model: %s",
+                         out_name, b->p->tp, why, valid);
+            return CVT_ERR_TP;
+        }
+        o = add_out(b, r, out_name, CVT_OUT_W4, K, N_out);
+    } else {
+        snprintf(nm, sizeof(nm), "%s.weight", out_name);
+        o = add_out(b, r, nm, CVT_OUT_LINEAR_F16, K, N_out);
+    }
+    if (!o)
+        return CVT_ERR_NOMEM;
+    for (int i = 0; i < n_pc; i++)
+        add_seg(o, pc[i].l->src, 0, pc[i].c0, K, pc[i].n, 0, pc[i].dst);
+    if (l0->bias) {
+        snprintf(nm, sizeof(nm), "%s.bias", out_name);
+        if (!(o = add_out(b, r, nm, CVT_OUT_VEC_F32, 1, N_out)))
+            return CVT_ERR_NOMEM;
+        for (int i = 0; i < n_pc; i++)
+            add_seg(o, pc[i].l->src_bias, 0, pc[i].c0, 1, pc[i].n, 0, pc[i].dst);
+    }
+    return CVT_ERR_NONE;
+}
+
+/* Emit a row-parallel output: source rows [k0, k0 + n_k) of l into output rows [0, n_k) of an
+ * output with K_out rows (the rest padding); bias on rank 0 only. */
+static enum cvt_err emit_row(struct builder *b, int r, const char *out_name, const struct lin *l,
+                             int64_t k0, int64_t n_k, int64_t K_out)
+{
+    char why[320], nm[200];
+    struct cvt_out *o;
+    if (l->quantized) {
+        if (!w4_shape_ok(K_out, l->N, b->p->d.group_size, out_name, why, sizeof(why))) {
+            char valid[256];
+            valid_tp_str(&b->p->d, valid, sizeof(valid));
+            qs_log_error(__func__, "tensor %s: --tp %d: %s; valid --tp values for this model: %s",
+                         out_name, b->p->tp, why, valid);
+            return CVT_ERR_TP;
+        }
+        o = add_out(b, r, out_name, CVT_OUT_W4, K_out, l->N);
+    } else {
+        snprintf(nm, sizeof(nm), "%s.weight", out_name);
+        o = add_out(b, r, nm, CVT_OUT_LINEAR_F16, K_out, l->N);
+    }
+    if (!o)
+        return CVT_ERR_NOMEM;
+    add_seg(o, l->src, k0, 0, n_k, l->N, 0, 0);
+    if (l->bias && r == 0) {
+        snprintf(nm, sizeof(nm), "%s.bias", out_name);
+        if (!(o = add_out(b, r, nm, CVT_OUT_VEC_F32, 1, l->N)))
+            return CVT_ERR_NOMEM;
+        add_seg(o, l->src_bias, 0, 0, 1, l->N, 0, 0);
+    }
+    return CVT_ERR_NONE;
+}
+
+/* Replicated float tensor (norm weight, router) on every rank. */
+static enum cvt_err emit_replicated(struct builder *b, const char *name, int64_t rows,
+                                    int64_t cols)
+{
+    if (b->have_names && !set_take(&b->set, name)) {
+        qs_log_error(__func__, "tensor %s: missing: the model needs it (shape [%" PRId64
+                               "%s%" PRId64 "]) and the files lack it",
+                     name, rows > 1 ? rows : cols, rows > 1 ? ", " : "", rows > 1 ? cols : 0);
+        return CVT_ERR_MISSING_TENSOR;
+    }
+    int s = add_src(b, name, CVT_SRC_FLOAT, rows, cols);
+    if (s < 0)
+        return CVT_ERR_NOMEM;
+    for (int r = 0; r < b->p->tp; r++) {
+        struct cvt_out *o = add_out(b, r, name, CVT_OUT_VEC_F32, rows, cols);
+        if (!o)
+            return CVT_ERR_NOMEM;
+        add_seg(o, s, 0, 0, rows, cols, 0, 0);
+    }
+    return CVT_ERR_NONE;
+}
+
+/* Vocab-parallel F16 matrix (embedding or lm_head) from source `src_name`. */
+static enum cvt_err emit_vocab(struct builder *b, const char *out_name, const char *src_name)
+{
+    const struct cvt_plan *p = b->p;
+    int64_t V = p->d.vocab, H = p->d.hidden, V_r = p->vocab_per_rank;
+    int s = add_src(b, src_name, CVT_SRC_FLOAT, V, H);
+    if (s < 0)
+        return CVT_ERR_NOMEM;
+    for (int r = 0; r < p->tp; r++) {
+        struct cvt_out *o = add_out(b, r, out_name, CVT_OUT_MAT_F16, V_r, H);
+        if (!o)
+            return CVT_ERR_NOMEM;
+        int64_t r0 = (int64_t)r * V_r;
+        add_seg(o, s, r0, 0, min64(V_r, V - r0), H, 0, 0);
+    }
+    return CVT_ERR_NONE;
+}
+
+/* Attention of layer i: q/k/v -> qkv_proj (column), o -> o_proj (row). */
+static enum cvt_err plan_attention(struct builder *b, int i)
+{
+    const struct cvt_plan *p = b->p;
+    const struct cvt_dims *d = &p->d;
+    int64_t H = d->hidden, hd = d->head_dim;
+    struct lin l[4];
+    static const char *const part[4] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+    int64_t Ns[4] = {d->n_heads * hd, d->n_kv_heads * hd, d->n_kv_heads * hd, H};
+    int64_t Ks[4] = {H, H, H, d->n_heads * hd};
+    char mod[160], out[160];
+    enum cvt_err e;
+    for (int j = 0; j < 4; j++) {
+        snprintf(mod, sizeof(mod), "model.layers.%d.self_attn.%s", i, part[j]);
+        if ((e = lin_resolve(b, mod, Ks[j], Ns[j], j < 3 ? d->qkv_bias : d->o_bias, &l[j])))
+            return e;
+    }
+    snprintf(out, sizeof(out), "model.layers.%d.self_attn.qkv_proj", i);
+    if ((e = lin_group_check(l, 3, out)))
+        return e;
+    int64_t nq = p->heads_per_rank, nkv = p->kv_heads_per_rank;
+    for (int r = 0; r < p->tp; r++) {
+        int64_t kv0 = (int64_t)p->ranks[r].kv_head_first;
+        struct colpiece pc[3] = {
+            {&l[0], r * nq * hd, nq * hd, 0},
+            {&l[1], kv0 * hd, nkv * hd, nq * hd},
+            {&l[2], kv0 * hd, nkv * hd, (nq + nkv) * hd},
+        };
+        if ((e = emit_column(b, r, out, H, (nq + 2 * nkv) * hd, pc, 3)))
+            return e;
+    }
+    snprintf(out, sizeof(out), "model.layers.%d.self_attn.o_proj", i);
+    for (int r = 0; r < p->tp; r++)
+        if ((e = emit_row(b, r, out, &l[3], r * nq * hd, nq * hd, nq * hd)))
+            return e;
+    return CVT_ERR_NONE;
+}
+
+/* Gated MLP: gate/up (or w1/w3) -> gate_up_proj, down (or w2) -> down_proj, under `base`. */
+static enum cvt_err plan_mlp(struct builder *b, const char *src_base, const char *out_base,
+                             const char *gate, const char *up, const char *down)
+{
+    const struct cvt_plan *p = b->p;
+    int64_t H = p->d.hidden, I = p->d.intermediate, I_r = p->inter_per_rank;
+    struct lin l[3];
+    const char *names[3] = {gate, up, down};
+    char mod[200], out[200];
+    enum cvt_err e;
+    for (int j = 0; j < 3; j++) {
+        snprintf(mod, sizeof(mod), "%s.%s", src_base, names[j]);
+        if ((e = lin_resolve(b, mod, j < 2 ? H : I, j < 2 ? I : H, false, &l[j])))
+            return e;
+    }
+    snprintf(out, sizeof(out), "%s.gate_up_proj", out_base);
+    if ((e = lin_group_check(l, 2, out)))
+        return e;
+    for (int r = 0; r < p->tp; r++) {
+        int64_t c0 = r * I_r, n = min64(I_r, I - c0);
+        struct colpiece pc[2] = {{&l[0], c0, n, 0}, {&l[1], c0, n, I_r}};
+        if ((e = emit_column(b, r, out, H, 2 * I_r, pc, 2)))
+            return e;
+    }
+    snprintf(out, sizeof(out), "%s.down_proj", out_base);
+    for (int r = 0; r < p->tp; r++) {
+        int64_t k0 = r * I_r;
+        if ((e = emit_row(b, r, out, &l[2], k0, min64(I_r, I - k0), I_r)))
+            return e;
+    }
+    return CVT_ERR_NONE;
+}
+
+/* Embedding, lm_head and tying (PITFALLS P08). */
+static enum cvt_err plan_vocab(struct builder *b)
+{
+    struct cvt_plan *p = b->p;
+    const char *emb = "model.embed_tokens.weight", *lm = "lm_head.weight";
+    static const char *const lmq[] = {"lm_head.qweight", "lm_head.qzeros", "lm_head.scales",
+                                      "lm_head.scaled_zeros", "lm_head.bias"};
+    bool has_q = false;
+    if (b->have_names)
+        for (size_t j = 0; j < sizeof(lmq) / sizeof(lmq[0]); j++)
+            has_q |= set_take(&b->set, lmq[j]);
+    if (!b->have_names) {
+        p->has_lm_head = !p->d.tie_word_embeddings;
+        enum cvt_err e = emit_vocab(b, emb, emb);
+        return e ? e : p->has_lm_head ? emit_vocab(b, lm, lm) : CVT_ERR_NONE;
+    }
+    bool has_emb = set_take(&b->set, emb), has_lm = set_take(&b->set, lm);
+    if (p->d.tie_word_embeddings) {
+        if (has_q)
+            qs_log_warn("tie_word_embeddings is true: ignoring the quantized lm_head "
+                        "(lm_head.qweight/scales/qzeros) found next to the tied embedding");
+        if (!has_emb && !has_lm) {
+            qs_log_error(__func__, "tensor %s: missing: tie_word_embeddings is true and the files "
+                                   "have neither %s nor %s",
+                         emb, emb, lm);
+            return CVT_ERR_MISSING_TENSOR;
+        }
+        p->has_lm_head = false;
+        /* The shared table is stored once, as the embedding; a checkpoint that kept only the
+         * lm_head name (AutoAWQ 0.2.7 tied Qwen2.5 exports) provides it under that name. */
+        return emit_vocab(b, emb, has_emb ? emb : lm);
+    }
+    if (has_q) {
+        qs_log_error(__func__, "tensor lm_head.qweight: a quantized lm_head is not supported "
+                               "(AWQ keeps lm_head in float; DESIGN 5 stores it as F16)");
+        return CVT_ERR_UNSUPPORTED;
+    }
+    if (!has_emb || !has_lm) {
+        qs_log_error(__func__, "tensor %s: missing: tie_word_embeddings is false, so the model "
+                               "needs both %s and %s",
+                     has_emb ? lm : emb, emb, lm);
+        return CVT_ERR_MISSING_TENSOR;
+    }
+    p->has_lm_head = true;
+    enum cvt_err e = emit_vocab(b, emb, emb);
+    return e ? e : emit_vocab(b, lm, lm);
+}
+
+static enum cvt_err plan_model(struct builder *b)
+{
+    const struct cvt_dims *d = &b->p->d;
+    char nm[200], base[200], out[200];
+    enum cvt_err e;
+    if ((e = plan_vocab(b)))
+        return e;
+    if ((e = emit_replicated(b, "model.norm.weight", 1, d->hidden)))
+        return e;
+    for (int i = 0; i < d->n_layers; i++) {
+        snprintf(nm, sizeof(nm), "model.layers.%d.input_layernorm.weight", i);
+        if ((e = emit_replicated(b, nm, 1, d->hidden)))
+            return e;
+        snprintf(nm, sizeof(nm), "model.layers.%d.post_attention_layernorm.weight", i);
+        if ((e = emit_replicated(b, nm, 1, d->hidden)))
+            return e;
+        if ((e = plan_attention(b, i)))
+            return e;
+        /* Old (transformers < 4.31) checkpoints carry rotary inv_freq buffers: ignored. */
+        snprintf(nm, sizeof(nm), "model.layers.%d.self_attn.rotary_emb.inv_freq", i);
+        if (b->have_names)
+            set_take(&b->set, nm);
+        if (d->arch == CVT_ARCH_MIXTRAL) {
+            snprintf(nm, sizeof(nm), "model.layers.%d.block_sparse_moe.gate", i);
+            if (b->have_names) {
+                char q[220];
+                snprintf(q, sizeof(q), "%s.qweight", nm);
+                if (set_has(&b->set, q)) {
+                    qs_log_error(__func__, "tensor %s: the Mixtral router must be float "
+                                           "(never quantized, replicated on every rank)",
+                                 q);
+                    return CVT_ERR_UNSUPPORTED;
+                }
+            }
+            snprintf(nm, sizeof(nm), "model.layers.%d.block_sparse_moe.gate.weight", i);
+            if ((e = emit_replicated(b, nm, d->n_experts, d->hidden)))
+                return e;
+            for (int x = 0; x < d->n_experts; x++) {
+                snprintf(base, sizeof(base), "model.layers.%d.block_sparse_moe.experts.%d", i, x);
+                snprintf(out, sizeof(out), "%s", base);
+                if ((e = plan_mlp(b, base, out, "w1", "w3", "w2")))
+                    return e;
+            }
+        } else {
+            snprintf(base, sizeof(base), "model.layers.%d.mlp", i);
+            if ((e = plan_mlp(b, base, base, "gate_proj", "up_proj", "down_proj")))
+                return e;
+        }
+    }
+    return CVT_ERR_NONE;
+}
+
+static enum cvt_err dims_check(const struct cvt_dims *d)
+{
+    struct {
+        const char *key;
+        int v;
+    } req[] = {{"hidden_size", d->hidden},
+               {"intermediate_size", d->intermediate},
+               {"num_hidden_layers", d->n_layers},
+               {"num_attention_heads", d->n_heads},
+               {"num_key_value_heads", d->n_kv_heads},
+               {"head_dim", d->head_dim},
+               {"vocab_size", d->vocab},
+               {"group_size", d->group_size}};
+    for (size_t i = 0; i < sizeof(req) / sizeof(req[0]); i++)
+        if (req[i].v <= 0) {
+            qs_log_error(__func__, "config key %s: expected a positive integer, got %d",
+                         req[i].key, req[i].v);
+            return CVT_ERR_CONFIG;
+        }
+    if (d->arch < CVT_ARCH_LLAMA || d->arch > CVT_ARCH_MIXTRAL) {
+        qs_log_error(__func__, "architecture %d: expected llama, mistral, qwen2 or mixtral",
+                     (int)d->arch);
+        return CVT_ERR_UNSUPPORTED;
+    }
+    if (d->group_size % 16) {
+        qs_log_error(__func__, "group_size: expected a multiple of 16 (packed int4 layout), got %d",
+                     d->group_size);
+        return CVT_ERR_UNSUPPORTED;
+    }
+    if (d->arch == CVT_ARCH_MIXTRAL && (d->n_experts <= 0 || d->n_experts_per_tok <= 0 ||
+                                        d->n_experts_per_tok > d->n_experts)) {
+        qs_log_error(__func__, "config keys num_local_experts / num_experts_per_tok: expected "
+                               "0 < per_tok <= experts, got %d / %d",
+                     d->n_experts, d->n_experts_per_tok);
+        return CVT_ERR_CONFIG;
+    }
+    return CVT_ERR_NONE;
+}
+
+enum cvt_err cvt_plan_build(const struct cvt_dims *d, const struct cvt_name_list *names, int tp,
+                            struct cvt_plan **out)
+{
+    enum cvt_err e;
+    struct builder b;
+    char why[320];
+    memset(&b, 0, sizeof(b));
+    *out = NULL;
+    if ((e = dims_check(d)))
+        return e;
+    int nq_r, nkv_r, rep;
+    if (!tp_heads_ok(d, tp, &nq_r, &nkv_r, &rep, why, sizeof(why))) {
+        char valid[256];
+        valid_tp_str(d, valid, sizeof(valid));
+        qs_log_error(__func__, "--tp %d: %s; valid --tp values for this model: %s", tp, why,
+                     valid);
+        return CVT_ERR_TP;
+    }
+    struct cvt_plan *p = calloc(1, sizeof(*p));
+    if (!p)
+        return CVT_ERR_NOMEM;
+    b.p = p;
+    p->d = *d;
+    p->tp = tp;
+    p->heads_per_rank = nq_r;
+    p->kv_heads_per_rank = nkv_r;
+    p->kv_head_replicas = rep;
+    int64_t G = d->group_size;
+    p->inter_unit = (int)(G / gcd64(G, 64) * 64);
+    p->inter_padded = (int)(ceil_div(d->intermediate, (int64_t)p->inter_unit * tp) *
+                            p->inter_unit * tp);
+    p->inter_per_rank = p->inter_padded / tp;
+    p->vocab_per_rank = (int)ceil_div(d->vocab, tp);
+    p->ranks = calloc((size_t)tp, sizeof(*p->ranks));
+    b.cap_outs = calloc((size_t)tp, sizeof(*b.cap_outs));
+    e = CVT_ERR_NOMEM;
+    if (!p->ranks || !b.cap_outs)
+        goto out_fail;
+    for (int r = 0; r < tp; r++) {
+        p->ranks[r].rank = r;
+        p->ranks[r].heads = nq_r;
+        p->ranks[r].kv_heads = nkv_r;
+        p->ranks[r].kv_head_first = tp <= d->n_kv_heads ? r * nkv_r : r / rep;
+    }
+    if (names) {
+        b.have_names = true;
+        b.set.n = names->n;
+        b.set.names = malloc((size_t)(names->n ? names->n : 1) * sizeof(*b.set.names));
+        b.set.used = calloc((size_t)(names->n ? names->n : 1), sizeof(*b.set.used));
+        if (!b.set.names || !b.set.used)
+            goto out_fail;
+        memcpy(b.set.names, names->names, (size_t)names->n * sizeof(*b.set.names));
+        qsort(b.set.names, (size_t)names->n, sizeof(*b.set.names), cmp_str);
+        for (int i = 1; i < names->n; i++)
+            if (!strcmp(b.set.names[i - 1], b.set.names[i])) {
+                qs_log_error(__func__, "tensor %s: appears twice in the checkpoint",
+                             b.set.names[i]);
+                e = CVT_ERR_UNKNOWN_TENSOR;
+                goto out_fail;
+            }
+    }
+    if ((e = plan_model(&b)))
+        goto out_fail;
+    if (b.have_names) {
+        int n_unknown = 0, first = -1;
+        for (int i = 0; i < b.set.n; i++)
+            if (!b.set.used[i] && n_unknown++ == 0)
+                first = i;
+        if (n_unknown) {
+            qs_log_error(__func__, "tensor %s: not recognised for a %s model with %d layers%s "
+                                   "(%d unrecognised tensor%s in total); refusing to drop it",
+                         b.set.names[first], cvt_arch_str(d->arch), d->n_layers,
+                         d->arch == CVT_ARCH_MIXTRAL ? " and its experts" : "", n_unknown,
+                         n_unknown == 1 ? "" : "s");
+            e = CVT_ERR_UNKNOWN_TENSOR;
+            goto out_fail;
+        }
+        if (b.n_warn_unlisted)
+            qs_log_warn("%d linear layer(s) are stored as float .weight without being listed in "
+                        "modules_to_not_convert; converting them unquantized (F16)",
+                        b.n_warn_unlisted);
+        if (b.n_warn_listed)
+            qs_log_warn("%d linear layer(s) listed in modules_to_not_convert are stored "
+                        "quantized; the tensors decide: converting them as quantized",
+                        b.n_warn_listed);
+    }
+    for (int r = 0; r < tp; r++) {
+        struct cvt_rank_plan *rp = &p->ranks[r];
+        for (int j = 0; j < rp->n_outs; j++) {
+            struct cvt_out *o = &rp->outs[j];
+            o->bytes = out_bytes(o, d->group_size, false);
+            rp->data_bytes += o->bytes;
+            rp->file_bytes += out_bytes(o, d->group_size, true);
+            if (r == 0 && o->kind == CVT_OUT_LINEAR_F16)
+                p->n_unquantized++;
+        }
+    }
+    free(b.set.names);
+    free(b.set.used);
+    free(b.cap_outs);
+    *out = p;
+    return CVT_ERR_NONE;
+
+out_fail:
+    free(b.set.names);
+    free(b.set.used);
+    free(b.cap_outs);
+    cvt_plan_free(p);
+    return e;
+}
+
+void cvt_plan_free(struct cvt_plan *p)
+{
+    if (!p)
+        return;
+    if (p->ranks)
+        for (int r = 0; r < p->tp; r++)
+            free(p->ranks[r].outs);
+    free(p->ranks);
+    free(p->srcs);
+    free(p);
+}
+
+const struct cvt_out *cvt_plan_find(const struct cvt_plan *p, int rank, const char *name)
+{
+    if (!p || rank < 0 || rank >= p->tp)
+        return NULL;
+    const struct cvt_rank_plan *rp = &p->ranks[rank];
+    for (int j = 0; j < rp->n_outs; j++)
+        if (!strcmp(rp->outs[j].name, name))
+            return &rp->outs[j];
+    return NULL;
+}
+
+/* --- dry-run printout --------------------------------------------------------------------- */
+
+static void print_bytes(FILE *f, uint64_t b)
+{
+    if (b >= (1ull << 30))
+        fprintf(f, "%.2f GiB", (double)b / (double)(1ull << 30));
+    else
+        fprintf(f, "%.1f MiB", (double)b / (double)(1ull << 20));
+    fprintf(f, " (%" PRIu64 " bytes)", b);
+}
+
+void cvt_plan_print(const struct cvt_plan *p, FILE *f)
+{
+    const struct cvt_dims *d = &p->d;
+    int64_t I = d->intermediate, I_r = p->inter_per_rank, V = d->vocab, V_r = p->vocab_per_rank;
+    int tp = p->tp;
+    fprintf(f, "plan: %s, %d layers, hidden %d, heads %d, kv heads %d, head_dim %d, "
+               "intermediate %d, vocab %d, group_size %d",
+            cvt_arch_str(d->arch), d->n_layers, d->hidden, d->n_heads, d->n_kv_heads,
+            d->head_dim, d->intermediate, d->vocab, d->group_size);
+    if (d->n_experts)
+        fprintf(f, ", %d experts (top %d)", d->n_experts, d->n_experts_per_tok);
+    fprintf(f, "\nplan: tp %d: %d query heads and %d kv heads per rank", tp, p->heads_per_rank,
+            p->kv_heads_per_rank);
+    if (p->kv_head_replicas > 1)
+        fprintf(f, "; kv heads replicated: each of the %d kv heads is held by %d ranks "
+                   "(rank r holds kv head r/%d)",
+                d->n_kv_heads, p->kv_head_replicas, p->kv_head_replicas);
+    fprintf(f, "\n");
+    fprintf(f, "plan: intermediate: U = lcm(group_size %d, 64) = %d; %" PRId64 " = %.2f groups; ",
+            d->group_size, p->inter_unit, I, (double)I / d->group_size);
+    if (p->inter_padded == I)
+        fprintf(f, "no padding, I_r = %" PRId64 " per rank\n", I_r);
+    else
+        fprintf(f, "padded to I_pad = %d (+%" PRId64 " zero columns of gate/up, zero rows of "
+                   "down, with zero scales and zeros), I_r = %" PRId64 " per rank\n",
+                p->inter_padded, p->inter_padded - I, I_r);
+    for (int r = 0; r < tp && p->inter_padded != I; r++) {
+        int64_t lo = min64(r * I_r, I), hi = min64((r + 1) * I_r, I);
+        if (hi - lo < I_r)
+            fprintf(f, "plan:   rank %d holds intermediate [%" PRId64 ", %" PRId64 ") + %" PRId64
+                       " zero padding\n",
+                    r, lo, hi, I_r - (hi - lo));
+    }
+    fprintf(f, "plan: vocab: V_r = ceil(%" PRId64 " / %d) = %" PRId64, V, tp, V_r);
+    if (V_r * tp == V)
+        fprintf(f, ", no padding\n");
+    else
+        fprintf(f, "; %" PRId64 " zero row(s) on the last rank(s) (ids >= %" PRId64
+                   " are masked to -inf at run time)\n",
+                V_r * tp - V, V);
+    fprintf(f, "plan: lm_head: %s; %d linear(s) stored unquantized (F16)\n",
+            p->has_lm_head ? "separate" : "tied to the embedding (stored once)",
+            p->n_unquantized);
+    uint64_t total = 0;
+    for (int r = 0; r < tp; r++) {
+        const struct cvt_rank_plan *rp = &p->ranks[r];
+        int n_tensors = 0;
+        for (int j = 0; j < rp->n_outs; j++)
+            n_tensors += rp->outs[j].kind == CVT_OUT_W4 ? 3 : 1;
+        fprintf(f, "plan: rank %d: %d tensors, heads [%d, %d), kv heads [%d, %d), ",
+                r, n_tensors, r * rp->heads, (r + 1) * rp->heads, rp->kv_head_first,
+                rp->kv_head_first + rp->kv_heads);
+        print_bytes(f, rp->file_bytes);
+        fprintf(f, " of aligned tensor data\n");
+        total += rp->file_bytes;
+    }
+    fprintf(f, "plan: all ranks: ");
+    print_bytes(f, total);
+    fprintf(f, "\n");
+}
