@@ -1,0 +1,756 @@
+/*
+ * cvt_config.c - read config.json, the AWQ quant config (embedded `quantization_config`,
+ * quant_config.json or quantize_config.json) and generation_config.json into one validated
+ * `struct cvt_hf_config`.
+ *
+ * Entry points: cvt_config_parse(), cvt_config_free(), cvt_config_skips_module(), the *_str()
+ * helpers for arch / rope / qcfg-file / variant (cvt_src.h).
+ *
+ * Sources of the rules: AWQ-FORMATS section 2 (spellings: bits/w_bit, group_size/q_group_size,
+ * version case, backend "llm-awq"), section 8 (architecture keys and defaults, from the
+ * transformers configuration classes LlamaConfig, MistralConfig, Qwen2Config, MixtralConfig),
+ * PITFALLS P13/P14 (w_bit, zero_point, version refused by name), P18 (Qwen2 sliding window),
+ * P21 (config locations; two quant configs that disagree are refused), P24 (eos lists).
+ *
+ * Tested by tests/test_cvt_src.c (the real configs under tests/data and hand-written bad ones)
+ * and fuzzed by tests/fuzz_config.c.
+ */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>   /* config parsing */
+
+#include "cvt_src_int.h"
+#include "qs_log.h"        /* qs_log_error, qs_log_warn */
+
+#define CFG_MAX_DIM   (1ll << 24)   /* hidden, intermediate, heads... far above any real model */
+#define CFG_MAX_VOCAB (1ll << 24)
+
+const char *cvt_arch_str(enum cvt_arch a)
+{
+    switch (a) {
+    case CVT_ARCH_LLAMA: return "llama";
+    case CVT_ARCH_MISTRAL: return "mistral";
+    case CVT_ARCH_QWEN2: return "qwen2";
+    case CVT_ARCH_MIXTRAL: return "mixtral";
+    }
+    return "?";
+}
+
+const char *cvt_rope_type_str(enum cvt_rope_type r)
+{
+    switch (r) {
+    case CVT_ROPE_NONE: return "none";
+    case CVT_ROPE_LINEAR: return "linear";
+    case CVT_ROPE_LLAMA3: return "llama3";
+    }
+    return "?";
+}
+
+const char *cvt_qcfg_file_str(enum cvt_qcfg_file f)
+{
+    switch (f) {
+    case CVT_QCFG_NONE: return "none";
+    case CVT_QCFG_CONFIG_JSON: return "config.json";
+    case CVT_QCFG_QUANT_CONFIG_JSON: return "quant_config.json";
+    case CVT_QCFG_QUANTIZE_CONFIG_JSON: return "quantize_config.json";
+    }
+    return "?";
+}
+
+const char *cvt_variant_str(enum cvt_variant v)
+{
+    switch (v) {
+    case CVT_VARIANT_UNKNOWN: return "unknown";
+    case CVT_VARIANT_GEMM: return "gemm";
+    case CVT_VARIANT_GEMV: return "gemv";
+    case CVT_VARIANT_GEMV_FAST: return "gemv_fast";
+    case CVT_VARIANT_LLMAWQ_V3: return "llm-awq-v3";
+    }
+    return "?";
+}
+
+void cvt_config_free(struct cvt_hf_config *cfg)
+{
+    if (!cfg)
+        return;
+    for (int i = 0; i < cfg->quant.n_modules_to_not_convert; i++)
+        free(cfg->quant.modules_to_not_convert[i]);
+    free(cfg->config_json);
+    free(cfg->generation_config_json);
+    memset(cfg, 0, sizeof *cfg);
+}
+
+bool cvt_config_skips_module(const struct cvt_hf_config *cfg, const char *name)
+{
+    for (int i = 0; i < cfg->quant.n_modules_to_not_convert; i++)
+        if (strstr(name, cfg->quant.modules_to_not_convert[i]))
+            return true;
+    return false;
+}
+
+/* --- typed key readers: each reports file + key + value on failure ------------------------- */
+
+struct jctx {
+    const char *where; /* directory */
+    const char *file;  /* "config.json" */
+};
+
+static cJSON *parse_obj(const struct jctx *c, const char *text, size_t size, enum cvt_err *err)
+{
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(text, size, &end, false);
+    if (!j || !cJSON_IsObject(j)) {
+        size_t at = end ? (size_t)(end - text) : 0;
+        qs_log_error("cvt_config_parse", "%s/%s: not a JSON object (parse error near byte %zu of %zu)",
+                     c->where, c->file, at, size);
+        cJSON_Delete(j);
+        *err = CVT_ERR_JSON;
+        return NULL;
+    }
+    for (const char *p = end; p < text + size; p++)
+        if (!isspace((unsigned char)*p) && *p != 0) {
+            qs_log_error("cvt_config_parse", "%s/%s: trailing garbage after the JSON object at byte %zu",
+                         c->where, c->file, (size_t)(p - text));
+            cJSON_Delete(j);
+            *err = CVT_ERR_JSON;
+            return NULL;
+        }
+    return j;
+}
+
+/* Integer key: absent -> *out = def, returns NONE; null treated as absent when allow_null. */
+static enum cvt_err get_int(const struct jctx *c, const cJSON *o, const char *key, bool required,
+                           int64_t def, int64_t lo, int64_t hi, int64_t *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) {
+        if (required) {
+            qs_log_error("cvt_config_parse", "%s/%s: required key \"%s\" is missing", c->where, c->file, key);
+            return CVT_ERR_CONFIG;
+        }
+        *out = def;
+        return CVT_ERR_NONE;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < (double)lo ||
+        v->valuedouble > (double)hi) {
+        char *s = cJSON_PrintUnformatted(v);
+        qs_log_error("cvt_config_parse", "%s/%s: \"%s\" must be an integer in [%lld, %lld], got %.60s",
+                     c->where, c->file, key, (long long)lo, (long long)hi, s ? s : "?");
+        free(s);
+        return CVT_ERR_CONFIG;
+    }
+    *out = (int64_t)v->valuedouble;
+    return CVT_ERR_NONE;
+}
+
+static enum cvt_err get_double(const struct jctx *c, const cJSON *o, const char *key, double def,
+                              double lo, double hi, double *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) {
+        *out = def;
+        return CVT_ERR_NONE;
+    }
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || !(v->valuedouble > lo) || v->valuedouble > hi) {
+        char *s = cJSON_PrintUnformatted(v);
+        qs_log_error("cvt_config_parse", "%s/%s: \"%s\" must be a number in (%g, %g], got %.60s",
+                     c->where, c->file, key, lo, hi, s ? s : "?");
+        free(s);
+        return CVT_ERR_CONFIG;
+    }
+    *out = v->valuedouble;
+    return CVT_ERR_NONE;
+}
+
+static enum cvt_err get_bool(const struct jctx *c, const cJSON *o, const char *key, bool def, bool *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) {
+        *out = def;
+        return CVT_ERR_NONE;
+    }
+    if (!cJSON_IsBool(v)) {
+        char *s = cJSON_PrintUnformatted(v);
+        qs_log_error("cvt_config_parse", "%s/%s: \"%s\" must be true or false, got %.60s", c->where,
+                     c->file, key, s ? s : "?");
+        free(s);
+        return CVT_ERR_CONFIG;
+    }
+    *out = cJSON_IsTrue(v);
+    return CVT_ERR_NONE;
+}
+
+/* String key copied (lower-cased when lower) into buf; absent/null -> "". */
+static enum cvt_err get_str(const struct jctx *c, const cJSON *o, const char *key, bool lower, char *buf,
+                           size_t cap)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    buf[0] = 0;
+    if (!v || cJSON_IsNull(v))
+        return CVT_ERR_NONE;
+    if (!cJSON_IsString(v) || strlen(v->valuestring) >= cap) {
+        char *s = cJSON_PrintUnformatted(v);
+        qs_log_error("cvt_config_parse", "%s/%s: \"%s\" must be a string of fewer than %zu bytes, got %.60s",
+                     c->where, c->file, key, cap, s ? s : "?");
+        free(s);
+        return CVT_ERR_CONFIG;
+    }
+    for (size_t i = 0; v->valuestring[i]; i++)
+        buf[i] = lower ? (char)tolower((unsigned char)v->valuestring[i]) : v->valuestring[i];
+    buf[strlen(v->valuestring)] = 0;
+    return CVT_ERR_NONE;
+}
+
+/* eos_token_id: int or list of ints; merged into cfg (no duplicates). */
+static enum cvt_err add_eos(const struct jctx *c, const cJSON *o, struct cvt_hf_config *cfg)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "eos_token_id");
+    if (!v || cJSON_IsNull(v))
+        return CVT_ERR_NONE;
+    const cJSON *one = v;
+    bool list = cJSON_IsArray(v);
+    if (list)
+        one = v->child;
+    for (; one; one = list ? one->next : NULL) {
+        if (!cJSON_IsNumber(one) || one->valuedouble != floor(one->valuedouble) || one->valuedouble < 0 ||
+            one->valuedouble >= (double)CFG_MAX_VOCAB) {
+            qs_log_error("cvt_config_parse", "%s/%s: \"eos_token_id\" must be a token id or a list of them",
+                         c->where, c->file);
+            return CVT_ERR_CONFIG;
+        }
+        int64_t id = (int64_t)one->valuedouble;
+        bool dup = false;
+        for (int i = 0; i < cfg->n_eos; i++)
+            dup = dup || cfg->eos_token_id[i] == id;
+        if (dup)
+            continue;
+        if (cfg->n_eos >= CVT_MAX_EOS) {
+            qs_log_error("cvt_config_parse", "%s/%s: more than %d eos token ids", c->where, c->file, CVT_MAX_EOS);
+            return CVT_ERR_CONFIG;
+        }
+        cfg->eos_token_id[cfg->n_eos++] = id;
+    }
+    return CVT_ERR_NONE;
+}
+
+/* --- architecture -------------------------------------------------------------------------- */
+
+static const struct {
+    const char   *cls, *model_type;
+    enum cvt_arch arch;
+} arch_table[] = {
+    {"LlamaForCausalLM", "llama", CVT_ARCH_LLAMA},
+    {"MistralForCausalLM", "mistral", CVT_ARCH_MISTRAL},
+    {"Qwen2ForCausalLM", "qwen2", CVT_ARCH_QWEN2},
+    {"MixtralForCausalLM", "mixtral", CVT_ARCH_MIXTRAL},
+};
+#define N_ARCH (sizeof arch_table / sizeof arch_table[0])
+
+static enum cvt_err parse_arch(const struct jctx *c, const cJSON *o, struct cvt_hf_config *cfg)
+{
+    char mt[64] = "";
+    const cJSON *archs = cJSON_GetObjectItemCaseSensitive(o, "architectures");
+    const cJSON *mtv = cJSON_GetObjectItemCaseSensitive(o, "model_type");
+    int from_cls = 0, from_mt = 0;
+    if (archs && !cJSON_IsNull(archs)) {
+        if (!cJSON_IsArray(archs) || !cJSON_IsString(archs->child) || cJSON_GetArraySize(archs) != 1) {
+            qs_log_error("cvt_config_parse", "%s/%s: \"architectures\" must be a list of one class name",
+                         c->where, c->file);
+            return CVT_ERR_CONFIG;
+        }
+        snprintf(cfg->architectures0, sizeof cfg->architectures0, "%s", archs->child->valuestring);
+        for (size_t i = 0; i < N_ARCH; i++)
+            if (strcmp(archs->child->valuestring, arch_table[i].cls) == 0)
+                from_cls = (int)arch_table[i].arch;
+        if (!from_cls) {
+            qs_log_error("cvt_config_parse", "%s/%s: architecture \"%.60s\" is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM)",
+                         c->where, c->file, archs->child->valuestring);
+            return CVT_ERR_UNSUPPORTED;
+        }
+    }
+    if (mtv && !cJSON_IsNull(mtv)) {
+        CVT_TRY(get_str(c, o, "model_type", false, mt, sizeof mt));
+        for (size_t i = 0; i < N_ARCH; i++)
+            if (strcmp(mt, arch_table[i].model_type) == 0)
+                from_mt = (int)arch_table[i].arch;
+        if (!from_mt) {
+            qs_log_error("cvt_config_parse", "%s/%s: model_type \"%s\" is not supported (supported: llama, mistral, qwen2, mixtral)",
+                         c->where, c->file, mt);
+            return CVT_ERR_UNSUPPORTED;
+        }
+    }
+    if (!from_cls && !from_mt) {
+        qs_log_error("cvt_config_parse", "%s/%s: neither \"architectures\" nor \"model_type\" names the model",
+                     c->where, c->file);
+        return CVT_ERR_CONFIG;
+    }
+    if (from_cls && from_mt && from_cls != from_mt) {
+        qs_log_error("cvt_config_parse", "%s/%s: architectures says %s but model_type says %s", c->where,
+                     c->file, cfg->architectures0, mt);
+        return CVT_ERR_CONFIG;
+    }
+    cfg->arch = (enum cvt_arch)(from_cls ? from_cls : from_mt);
+    return CVT_ERR_NONE;
+}
+
+static enum cvt_err parse_rope_scaling(const struct jctx *c, const cJSON *o, struct cvt_hf_config *cfg)
+{
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(o, "rope_scaling");
+    cfg->rope_scaling.type = CVT_ROPE_NONE;
+    if (!rs || cJSON_IsNull(rs))
+        return CVT_ERR_NONE;
+    if (!cJSON_IsObject(rs)) {
+        qs_log_error("cvt_config_parse", "%s/%s: \"rope_scaling\" must be null or an object", c->where, c->file);
+        return CVT_ERR_CONFIG;
+    }
+    struct jctx rc = {c->where, "config.json rope_scaling"};
+    char type[32], type2[32];
+    CVT_TRY(get_str(&rc, rs, "rope_type", true, type, sizeof type));
+    CVT_TRY(get_str(&rc, rs, "type", true, type2, sizeof type2));
+    if (!type[0])
+        memcpy(type, type2, sizeof type);
+    else if (type2[0] && strcmp(type, type2) != 0) {
+        qs_log_error("cvt_config_parse", "%s/%s: rope_scaling rope_type \"%s\" and type \"%s\" disagree",
+                     c->where, c->file, type, type2);
+        return CVT_ERR_CONFIG;
+    }
+    if (!type[0] || strcmp(type, "default") == 0)
+        return CVT_ERR_NONE;
+    if (strcmp(type, "linear") == 0) {
+        cfg->rope_scaling.type = CVT_ROPE_LINEAR;
+        CVT_TRY(get_double(&rc, rs, "factor", 0.0, 0.0, 1e6, &cfg->rope_scaling.factor));
+        if (cfg->rope_scaling.factor <= 0.0) {
+            qs_log_error("cvt_config_parse", "%s/%s: linear rope_scaling needs \"factor\" > 0", c->where, c->file);
+            return CVT_ERR_CONFIG;
+        }
+        return CVT_ERR_NONE;
+    }
+    if (strcmp(type, "llama3") == 0) {
+        cfg->rope_scaling.type = CVT_ROPE_LLAMA3;
+        CVT_TRY(get_double(&rc, rs, "factor", 0.0, 0.0, 1e6, &cfg->rope_scaling.factor));
+        CVT_TRY(get_double(&rc, rs, "low_freq_factor", 0.0, 0.0, 1e6, &cfg->rope_scaling.low_freq_factor));
+        CVT_TRY(get_double(&rc, rs, "high_freq_factor", 0.0, 0.0, 1e6, &cfg->rope_scaling.high_freq_factor));
+        CVT_TRY(get_int(&rc, rs, "original_max_position_embeddings", true, 0, 1, 1ll << 30,
+                        &cfg->rope_scaling.original_max_position_embeddings));
+        if (cfg->rope_scaling.factor <= 0.0 || cfg->rope_scaling.low_freq_factor <= 0.0 ||
+            !(cfg->rope_scaling.high_freq_factor > cfg->rope_scaling.low_freq_factor)) {
+            qs_log_error("cvt_config_parse", "%s/%s: llama3 rope_scaling needs factor > 0 and high_freq_factor > low_freq_factor > 0 (got %g, %g, %g)",
+                         c->where, c->file, cfg->rope_scaling.factor, cfg->rope_scaling.low_freq_factor,
+                         cfg->rope_scaling.high_freq_factor);
+            return CVT_ERR_CONFIG;
+        }
+        return CVT_ERR_NONE;
+    }
+    qs_log_error("cvt_config_parse", "%s/%s: rope_scaling type \"%s\" is not supported (supported: linear, llama3)",
+                 c->where, c->file, type);
+    return CVT_ERR_UNSUPPORTED;
+}
+
+/* --- quant config ---------------------------------------------------------------------------- */
+
+struct qparams {
+    bool    present;
+    int64_t bits, group;
+    bool    zero_point;
+    char    version[32], format[32], backend[32], quant_method[32];
+    const cJSON *skip;   /* modules_to_not_convert (borrowed from the tree) */
+};
+
+/* Read the spellings of one quant config object (AWQ-FORMATS 2.1, 2.2). */
+static enum cvt_err read_qparams(const struct jctx *c, const cJSON *o, bool is_quantize_config,
+                                 struct qparams *q)
+{
+    memset(q, 0, sizeof *q);
+    q->present = true;
+    CVT_TRY(get_str(c, o, "quant_method", true, q->quant_method, sizeof q->quant_method));
+    if (q->quant_method[0] && strcmp(q->quant_method, "awq") != 0) {
+        qs_log_error("cvt_config_parse", "%s/%s: quant_method \"%s\" is not AWQ: only AutoAWQ/llm-awq checkpoints (quant_method \"awq\") are supported",
+                     c->where, c->file, q->quant_method);
+        return CVT_ERR_UNSUPPORTED;
+    }
+    if (is_quantize_config && !q->quant_method[0] &&
+        (cJSON_GetObjectItemCaseSensitive(o, "desc_act") || cJSON_GetObjectItemCaseSensitive(o, "sym") ||
+         cJSON_GetObjectItemCaseSensitive(o, "damp_percent"))) {
+        qs_log_error("cvt_config_parse", "%s/%s: looks like a GPTQ config (desc_act/sym/damp_percent): only AWQ checkpoints are supported",
+                     c->where, c->file);
+        return CVT_ERR_UNSUPPORTED;
+    }
+    int64_t b1, b2, g1, g2;
+    CVT_TRY(get_int(c, o, "bits", false, -1, 1, 64, &b1));
+    CVT_TRY(get_int(c, o, "w_bit", false, -1, 1, 64, &b2));
+    if (b1 > 0 && b2 > 0 && b1 != b2) {
+        qs_log_error("cvt_config_parse", "%s/%s: \"bits\" %lld and \"w_bit\" %lld disagree", c->where, c->file,
+                     (long long)b1, (long long)b2);
+        return CVT_ERR_CONFIG;
+    }
+    q->bits = b1 > 0 ? b1 : b2;
+    CVT_TRY(get_int(c, o, "group_size", false, 0, -1, 1 << 20, &g1));
+    CVT_TRY(get_int(c, o, "q_group_size", false, 0, -1, 1 << 20, &g2));
+    if (g1 && g2 && g1 != g2) {
+        qs_log_error("cvt_config_parse", "%s/%s: \"group_size\" %lld and \"q_group_size\" %lld disagree",
+                     c->where, c->file, (long long)g1, (long long)g2);
+        return CVT_ERR_CONFIG;
+    }
+    q->group = g1 ? g1 : g2;
+    CVT_TRY(get_bool(c, o, "zero_point", true, &q->zero_point));
+    CVT_TRY(get_str(c, o, "version", true, q->version, sizeof q->version));
+    CVT_TRY(get_str(c, o, "format", true, q->format, sizeof q->format));
+    CVT_TRY(get_str(c, o, "backend", true, q->backend, sizeof q->backend));
+    q->skip = cJSON_GetObjectItemCaseSensitive(o, "modules_to_not_convert");
+    if (q->bits <= 0) {
+        qs_log_error("cvt_config_parse", "%s/%s: no bit width (\"bits\" or \"w_bit\")", c->where, c->file);
+        return CVT_ERR_CONFIG;
+    }
+    if (q->group == 0) {
+        qs_log_error("cvt_config_parse", "%s/%s: no group size (\"group_size\" or \"q_group_size\")", c->where, c->file);
+        return CVT_ERR_CONFIG;
+    }
+    return CVT_ERR_NONE;
+}
+
+/* Which variants a version/format/backend string allows (AWQ-FORMATS 0.1, 2.2, 3). */
+static enum cvt_err variant_mask(const struct jctx *c, const struct qparams *q, enum cvt_qcfg_file from,
+                                 unsigned *mask)
+{
+    const char *v = q->format[0] ? q->format : q->version;
+    if (q->format[0] && q->version[0] && strcmp(q->format, q->version) != 0 &&
+        !(strcmp(q->format, "llm-awq") == 0)) {
+        qs_log_error("cvt_config_parse", "%s/%s: \"format\" \"%s\" and \"version\" \"%s\" disagree", c->where,
+                     c->file, q->format, q->version);
+        return CVT_ERR_CONFIG;
+    }
+    if (strcmp(q->backend, "llm-awq") == 0 || strcmp(v, "llm-awq") == 0) {
+        /* llm-awq exports: gen-2 or gen-3 tensors whatever `version` says (AWQ-FORMATS 3). */
+        *mask = CVT_VARIANT_BIT(CVT_VARIANT_GEMV) | CVT_VARIANT_BIT(CVT_VARIANT_LLMAWQ_V3);
+        return CVT_ERR_NONE;
+    }
+    if (from == CVT_QCFG_QUANTIZE_CONFIG_JSON && !v[0]) {
+        *mask = CVT_VARIANT_BIT(CVT_VARIANT_GEMM); /* llm-awq gen-1 exports */
+        return CVT_ERR_NONE;
+    }
+    if (!v[0] || strcmp(v, "gemm") == 0 || strcmp(v, "exllama") == 0 || strcmp(v, "exllama_v2") == 0 ||
+        strcmp(v, "exllamav2") == 0 || strcmp(v, "ipex") == 0 || strcmp(v, "triton") == 0) {
+        *mask = CVT_VARIANT_BIT(CVT_VARIANT_GEMM); /* same on-disk layout (AWQ-FORMATS 1.2) */
+        return CVT_ERR_NONE;
+    }
+    if (strcmp(v, "gemv") == 0) {
+        *mask = CVT_VARIANT_BIT(CVT_VARIANT_GEMV);
+        return CVT_ERR_NONE;
+    }
+    if (strcmp(v, "gemv_fast") == 0) {
+        *mask = CVT_VARIANT_BIT(CVT_VARIANT_GEMV_FAST);
+        return CVT_ERR_NONE;
+    }
+    if (strcmp(v, "marlin") == 0) {
+        qs_log_error("cvt_config_parse", "%s/%s: AWQ version \"marlin\" (symmetric, Marlin-permuted layout) is not supported; re-export as GEMM",
+                     c->where, c->file);
+        return CVT_ERR_UNSUPPORTED;
+    }
+    qs_log_error("cvt_config_parse", "%s/%s: unknown AWQ version \"%s\" (supported: gemm, gemv, gemv_fast, llm-awq)",
+                 c->where, c->file, v);
+    return CVT_ERR_UNSUPPORTED;
+}
+
+static enum cvt_err fill_quant(const struct jctx *c, const struct qparams *q, enum cvt_qcfg_file from,
+                               struct cvt_hf_config *cfg)
+{
+    if (q->bits != 4) {
+        qs_log_error("cvt_config_parse", "%s/%s: w_bit %lld is not supported: qshard handles 4-bit AWQ only",
+                     c->where, c->file, (long long)q->bits);
+        return CVT_ERR_UNSUPPORTED;
+    }
+    if (!q->zero_point) {
+        qs_log_error("cvt_config_parse", "%s/%s: zero_point false (symmetric AWQ) is not supported: only zero-point AWQ",
+                     c->where, c->file);
+        return CVT_ERR_UNSUPPORTED;
+    }
+    if (q->group < -1 || q->group == 0) {
+        qs_log_error("cvt_config_parse", "%s/%s: group size %lld invalid", c->where, c->file, (long long)q->group);
+        return CVT_ERR_CONFIG;
+    }
+    CVT_TRY(variant_mask(c, q, from, &cfg->quant.variant_mask));
+    cfg->quant.from = from;
+    cfg->quant.w_bit = 4;
+    cfg->quant.group_size = q->group;
+    cfg->quant.zero_point = true;
+    memcpy(cfg->quant.version, q->version, sizeof cfg->quant.version);
+    memcpy(cfg->quant.format, q->format, sizeof cfg->quant.format);
+    memcpy(cfg->quant.backend, q->backend, sizeof cfg->quant.backend);
+    const cJSON *sk = q->skip;
+    if (sk && !cJSON_IsNull(sk)) {
+        if (!cJSON_IsArray(sk)) {
+            qs_log_error("cvt_config_parse", "%s/%s: \"modules_to_not_convert\" must be null or a list of strings",
+                         c->where, c->file);
+            return CVT_ERR_CONFIG;
+        }
+        for (const cJSON *s = sk->child; s; s = s->next) {
+            if (!cJSON_IsString(s) || !s->valuestring[0] || strlen(s->valuestring) > 256) {
+                qs_log_error("cvt_config_parse", "%s/%s: \"modules_to_not_convert\" entries must be non-empty strings",
+                             c->where, c->file);
+                return CVT_ERR_CONFIG;
+            }
+            if (cfg->quant.n_modules_to_not_convert >= CVT_MAX_SKIP_MOD) {
+                qs_log_error("cvt_config_parse", "%s/%s: more than %d modules_to_not_convert entries", c->where,
+                             c->file, CVT_MAX_SKIP_MOD);
+                return CVT_ERR_CONFIG;
+            }
+            char *d = strdup(s->valuestring);
+            if (!d) {
+                qs_log_error("cvt_config_parse", "out of memory");
+                return CVT_ERR_NOMEM;
+            }
+            cfg->quant.modules_to_not_convert[cfg->quant.n_modules_to_not_convert++] = d;
+        }
+    }
+    return CVT_ERR_NONE;
+}
+
+/* Two quant configs present: they must agree on what matters (PITFALLS P21 d). */
+static enum cvt_err check_agree(const char *where, const struct qparams *a, const char *fa,
+                                const struct qparams *b, const char *fb)
+{
+    const char *va = a->format[0] ? a->format : a->version, *vb = b->format[0] ? b->format : b->version;
+    bool v_ok = (!va[0] || !vb[0]) ? true : strcmp(va, vb) == 0;
+    if (a->bits != b->bits || a->group != b->group || a->zero_point != b->zero_point || !v_ok) {
+        qs_log_error("cvt_config_parse", "%s: %s and %s disagree (bits %lld vs %lld, group size %lld vs %lld, zero_point %d vs %d, version \"%s\" vs \"%s\"): refusing to guess",
+                     where, fa, fb, (long long)a->bits, (long long)b->bits, (long long)a->group,
+                     (long long)b->group, a->zero_point, b->zero_point, va, vb);
+        return CVT_ERR_CONFIG;
+    }
+    return CVT_ERR_NONE;
+}
+
+static enum cvt_err parse_model(const struct jctx *c, const cJSON *o, struct cvt_hf_config *cfg)
+{
+    CVT_TRY(parse_arch(c, o, cfg));
+    const enum cvt_arch a = cfg->arch;
+    CVT_TRY(get_int(c, o, "hidden_size", true, 0, 1, CFG_MAX_DIM, &cfg->hidden_size));
+    CVT_TRY(get_int(c, o, "intermediate_size", true, 0, 1, CFG_MAX_DIM, &cfg->intermediate_size));
+    CVT_TRY(get_int(c, o, "num_hidden_layers", true, 0, 1, 4096, &cfg->num_hidden_layers));
+    CVT_TRY(get_int(c, o, "num_attention_heads", true, 0, 1, 65536, &cfg->num_attention_heads));
+    CVT_TRY(get_int(c, o, "num_key_value_heads", false, cfg->num_attention_heads, 1, 65536,
+                    &cfg->num_key_value_heads));
+    CVT_TRY(get_int(c, o, "vocab_size", true, 0, 1, CFG_MAX_VOCAB, &cfg->vocab_size));
+    const int64_t H = cfg->hidden_size, nq = cfg->num_attention_heads, nkv = cfg->num_key_value_heads;
+    int64_t hd_def = H % nq == 0 ? H / nq : 0;
+    CVT_TRY(get_int(c, o, "head_dim", false, hd_def, 1, 65536, &cfg->head_dim));
+    if (cfg->head_dim == 0) {
+        qs_log_error("cvt_config_parse", "%s/%s: hidden_size %lld is not a multiple of num_attention_heads %lld and no head_dim is given",
+                     c->where, c->file, (long long)H, (long long)nq);
+        return CVT_ERR_CONFIG;
+    }
+    if (nq % nkv != 0) {
+        qs_log_error("cvt_config_parse", "%s/%s: num_attention_heads %lld is not a multiple of num_key_value_heads %lld",
+                     c->where, c->file, (long long)nq, (long long)nkv);
+        return CVT_ERR_CONFIG;
+    }
+    if (cfg->head_dim % 2 != 0) {
+        qs_log_error("cvt_config_parse", "%s/%s: head_dim %lld is odd (rotary embedding needs pairs)", c->where,
+                     c->file, (long long)cfg->head_dim);
+        return CVT_ERR_CONFIG;
+    }
+    CVT_TRY(get_double(c, o, "rms_norm_eps", 1e-6, 0.0, 1.0, &cfg->rms_norm_eps));
+    CVT_TRY(get_double(c, o, "rope_theta", a == CVT_ARCH_MIXTRAL ? 1e6 : 10000.0, 0.0, 1e12, &cfg->rope_theta));
+    CVT_TRY(parse_rope_scaling(c, o, cfg));
+    int64_t mpe_def = a == CVT_ARCH_LLAMA ? 2048 : a == CVT_ARCH_QWEN2 ? 32768 : 131072;
+    CVT_TRY(get_int(c, o, "max_position_embeddings", false, mpe_def, 1, 1ll << 30, &cfg->max_position_embeddings));
+    CVT_TRY(get_bool(c, o, "tie_word_embeddings", false, &cfg->tie_word_embeddings));
+
+    /* hidden_act: SiLU-gated MLPs only. */
+    char act[32];
+    CVT_TRY(get_str(c, o, "hidden_act", false, act, sizeof act));
+    if (act[0] && strcmp(act, "silu") != 0) {
+        qs_log_error("cvt_config_parse", "%s/%s: hidden_act \"%s\" is not supported (silu only)", c->where, c->file, act);
+        return CVT_ERR_UNSUPPORTED;
+    }
+
+    /* Sliding window (PITFALLS P18). */
+    int64_t sw = 0;
+    if (a == CVT_ARCH_MISTRAL || a == CVT_ARCH_MIXTRAL) {
+        CVT_TRY(get_int(c, o, "sliding_window", false, 0, 1, 1ll << 30, &sw));
+    } else if (a == CVT_ARCH_QWEN2) {
+        bool use_sw = false;
+        CVT_TRY(get_bool(c, o, "use_sliding_window", false, &use_sw));
+        if (use_sw) {
+            int64_t mwl;
+            CVT_TRY(get_int(c, o, "sliding_window", false, 4096, 1, 1ll << 30, &sw));
+            CVT_TRY(get_int(c, o, "max_window_layers", false, 28, 0, 4096, &mwl));
+            if (mwl >= cfg->num_hidden_layers) {
+                sw = 0; /* every layer below max_window_layers uses full attention */
+            } else if (mwl != 0) {
+                qs_log_error("cvt_config_parse", "%s/%s: Qwen2 use_sliding_window with max_window_layers %lld < num_hidden_layers %lld (per-layer windows) is not supported",
+                             c->where, c->file, (long long)mwl, (long long)cfg->num_hidden_layers);
+                return CVT_ERR_UNSUPPORTED;
+            }
+        }
+    }
+    cfg->sliding_window = sw;
+
+    /* Biases. */
+    if (a == CVT_ARCH_QWEN2) {
+        cfg->qkv_bias = true;
+        cfg->o_bias = false;
+    } else if (a == CVT_ARCH_LLAMA) {
+        bool ab = false, mb = false;
+        CVT_TRY(get_bool(c, o, "attention_bias", false, &ab));
+        CVT_TRY(get_bool(c, o, "mlp_bias", false, &mb));
+        if (mb) {
+            qs_log_error("cvt_config_parse", "%s/%s: mlp_bias true is not supported", c->where, c->file);
+            return CVT_ERR_UNSUPPORTED;
+        }
+        cfg->qkv_bias = cfg->o_bias = ab;
+    }
+
+    if (a == CVT_ARCH_MIXTRAL) {
+        CVT_TRY(get_int(c, o, "num_local_experts", false, 8, 1, 1024, &cfg->num_local_experts));
+        CVT_TRY(get_int(c, o, "num_experts_per_tok", false, 2, 1, 1024, &cfg->num_experts_per_tok));
+        if (cfg->num_experts_per_tok > cfg->num_local_experts) {
+            qs_log_error("cvt_config_parse", "%s/%s: num_experts_per_tok %lld > num_local_experts %lld", c->where,
+                         c->file, (long long)cfg->num_experts_per_tok, (long long)cfg->num_local_experts);
+            return CVT_ERR_CONFIG;
+        }
+    }
+
+    int64_t bos;
+    CVT_TRY(get_int(c, o, "bos_token_id", false, -1, 0, CFG_MAX_VOCAB - 1, &bos));
+    if (bos >= 0) {
+        cfg->has_bos = true;
+        cfg->bos_token_id = bos;
+    }
+    CVT_TRY(add_eos(c, o, cfg));
+
+    CVT_TRY(get_str(c, o, "torch_dtype", false, cfg->torch_dtype, sizeof cfg->torch_dtype));
+    if (!cfg->torch_dtype[0])
+        CVT_TRY(get_str(c, o, "dtype", false, cfg->torch_dtype, sizeof cfg->torch_dtype));
+    return CVT_ERR_NONE;
+}
+
+static enum cvt_err dup_text(const char *text, size_t size, char **out, size_t *out_size)
+{
+    *out = malloc(size + 1);
+    if (!*out) {
+        qs_log_error("cvt_config_parse", "out of memory");
+        return CVT_ERR_NOMEM;
+    }
+    memcpy(*out, text, size);
+    (*out)[size] = 0;
+    *out_size = size;
+    return CVT_ERR_NONE;
+}
+
+enum cvt_err cvt_config_parse(const char *where,
+                              const char *config_json, size_t config_size,
+                              const char *quant_config_json, size_t quant_config_size,
+                              const char *quantize_config_json, size_t quantize_config_size,
+                              const char *generation_config_json, size_t generation_config_size,
+                              struct cvt_hf_config *cfg)
+{
+    enum cvt_err err = CVT_ERR_NONE;
+    cJSON *jc = NULL, *jq = NULL, *jz = NULL, *jg = NULL;
+    struct qparams qc = {0}, qq = {0}, qz = {0};
+    memset(cfg, 0, sizeof *cfg);
+
+    struct jctx cc = {where, "config.json"}, cq = {where, "quant_config.json"},
+                cz = {where, "quantize_config.json"}, cg = {where, "generation_config.json"};
+    if (!config_json) {
+        qs_log_error(__func__, "%s: config.json is missing", where);
+        return CVT_ERR_CONFIG;
+    }
+    if (!(jc = parse_obj(&cc, config_json, config_size, &err)))
+        goto out_err;
+    if ((err = parse_model(&cc, jc, cfg)))
+        goto out_err;
+
+    const cJSON *qcj = cJSON_GetObjectItemCaseSensitive(jc, "quantization_config");
+    if (!qcj || cJSON_IsNull(qcj)) { /* VLM-style wrappers nest it (PITFALLS P21 c) */
+        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(jc, "text_config");
+        if (cJSON_IsObject(tc))
+            qcj = cJSON_GetObjectItemCaseSensitive(tc, "quantization_config");
+    }
+    if (qcj && !cJSON_IsNull(qcj)) {
+        if (!cJSON_IsObject(qcj)) {
+            qs_log_error(__func__, "%s/config.json: \"quantization_config\" is not an object", where);
+            err = CVT_ERR_CONFIG;
+            goto out_err;
+        }
+        struct jctx cqc = {where, "config.json quantization_config"};
+        if (!cJSON_GetObjectItemCaseSensitive(qcj, "quant_method")) {
+            qs_log_error(__func__, "%s/config.json: quantization_config has no \"quant_method\"", where);
+            err = CVT_ERR_CONFIG;
+            goto out_err;
+        }
+        if ((err = read_qparams(&cqc, qcj, false, &qc)))
+            goto out_err;
+    }
+    if (quant_config_json) {
+        if (!(jq = parse_obj(&cq, quant_config_json, quant_config_size, &err)) ||
+            (err = read_qparams(&cq, jq, false, &qq)))
+            goto out_err;
+    }
+    if (quantize_config_json) {
+        if (!(jz = parse_obj(&cz, quantize_config_json, quantize_config_size, &err)) ||
+            (err = read_qparams(&cz, jz, true, &qz)))
+            goto out_err;
+    }
+    if (qc.present && qq.present && (err = check_agree(where, &qc, "config.json quantization_config", &qq, "quant_config.json")))
+        goto out_err;
+    if (qc.present && qz.present && (err = check_agree(where, &qc, "config.json quantization_config", &qz, "quantize_config.json")))
+        goto out_err;
+    if (!qc.present && qq.present && qz.present && (err = check_agree(where, &qq, "quant_config.json", &qz, "quantize_config.json")))
+        goto out_err;
+    if (qc.present)
+        err = fill_quant(&cc, &qc, CVT_QCFG_CONFIG_JSON, cfg);
+    else if (qq.present)
+        err = fill_quant(&cq, &qq, CVT_QCFG_QUANT_CONFIG_JSON, cfg);
+    else if (qz.present)
+        err = fill_quant(&cz, &qz, CVT_QCFG_QUANTIZE_CONFIG_JSON, cfg);
+    if (err)
+        goto out_err;
+
+    if (generation_config_json) {
+        if (!(jg = parse_obj(&cg, generation_config_json, generation_config_size, &err)))
+            goto out_err;
+        int64_t bos;
+        if ((err = get_int(&cg, jg, "bos_token_id", false, -1, 0, CFG_MAX_VOCAB - 1, &bos)))
+            goto out_err;
+        if (bos >= 0) {
+            cfg->has_bos = true;
+            cfg->bos_token_id = bos;
+        }
+        if ((err = add_eos(&cg, jg, cfg)))
+            goto out_err;
+        if ((err = dup_text(generation_config_json, generation_config_size, &cfg->generation_config_json,
+                            &cfg->generation_config_json_size)))
+            goto out_err;
+    }
+    for (int i = 0; i < cfg->n_eos; i++)
+        if (cfg->eos_token_id[i] >= cfg->vocab_size) {
+            qs_log_error(__func__, "%s: eos_token_id %lld is outside the vocabulary (vocab_size %lld)", where,
+                         (long long)cfg->eos_token_id[i], (long long)cfg->vocab_size);
+            err = CVT_ERR_CONFIG;
+            goto out_err;
+        }
+    if (cfg->has_bos && cfg->bos_token_id >= cfg->vocab_size) {
+        qs_log_error(__func__, "%s: bos_token_id %lld is outside the vocabulary (vocab_size %lld)", where,
+                     (long long)cfg->bos_token_id, (long long)cfg->vocab_size);
+        err = CVT_ERR_CONFIG;
+        goto out_err;
+    }
+    if ((err = dup_text(config_json, config_size, &cfg->config_json, &cfg->config_json_size)))
+        goto out_err;
+    cJSON_Delete(jc);
+    cJSON_Delete(jq);
+    cJSON_Delete(jz);
+    cJSON_Delete(jg);
+    return CVT_ERR_NONE;
+out_err:
+    cJSON_Delete(jc);
+    cJSON_Delete(jq);
+    cJSON_Delete(jz);
+    cJSON_Delete(jg);
+    cvt_config_free(cfg);
+    return err;
+}

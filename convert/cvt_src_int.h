@@ -1,0 +1,140 @@
+/*
+ * cvt_src_int.h - helpers shared by the converter input side (cvt_safetensors.c, cvt_torchbin.c,
+ * cvt_config.c, cvt_source.c, cvt_awq.c). Not a public header: the API is cvt_src.h.
+ */
+#ifndef CVT_SRC_INT_H
+#define CVT_SRC_INT_H
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cvt_src.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "qshard's converter reads little-endian files by plain loads: little-endian hosts only"
+#endif
+
+/* Unaligned little-endian loads (memcpy: never cast an unaligned pointer, PITFALLS P19). */
+static inline uint16_t cvt_ld16(const void *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+static inline uint32_t cvt_ld32(const void *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline uint64_t cvt_ld64(const void *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+
+/* IEEE binary16 bits -> float (exact). */
+static inline float cvt_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ffu, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: man * 2^-24 */
+            float f = (float)man * 0x1p-24f;
+            return sign ? -f : f;
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 112u) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* bfloat16 bits -> float (exact). */
+static inline float cvt_bf16_to_f32(uint16_t b)
+{
+    uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* float -> binary16 bits, round to nearest even; overflow gives +-Inf (0x7c00), NaN a quiet NaN. */
+static inline uint16_t cvt_f32_to_f16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) /* Inf or NaN */
+        return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0));
+    if (ax >= 0x477ff000u) /* >= 65520: rounds to Inf */
+        return (uint16_t)(sign | 0x7c00u);
+    if (ax < 0x38800000u) { /* below the smallest normal 2^-14: subnormal or zero */
+        if (ax < 0x33000000u) /* < 2^-25: rounds to 0 */
+            return (uint16_t)sign;
+        uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u;
+        uint32_t shift = 126u - e; /* 14..24 -> result = m >> (shift - 10 + 13)... */
+        /* value = m * 2^(e-150); in units of 2^-24: m * 2^(e-126) = m >> (126 - e) */
+        uint32_t r = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+        if (rem > half || (rem == half && (r & 1u)))
+            r++;
+        return (uint16_t)(sign | r);
+    }
+    uint32_t r = ((ax - 0x38000000u) >> 13); /* rebias 127 -> 15 */
+    uint32_t rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u)))
+        r++;
+    return (uint16_t)(sign | r);
+}
+
+/* True if s[0..n) is valid UTF-8 (no overlongs, no surrogates, <= U+10FFFF) without NUL. */
+static inline bool cvt_utf8_valid(const uint8_t *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        uint8_t c = s[i];
+        if (c == 0)
+            return false;
+        if (c < 0x80) { i++; continue; }
+        size_t len; uint32_t cp;
+        if (c >= 0xc2 && c <= 0xdf) { len = 2; cp = c & 0x1f; }
+        else if (c >= 0xe0 && c <= 0xef) { len = 3; cp = c & 0x0f; }
+        else if (c >= 0xf0 && c <= 0xf4) { len = 4; cp = c & 0x07; }
+        else return false;
+        if (n - i < len)
+            return false;
+        for (size_t k = 1; k < len; k++) {
+            if ((s[i + k] & 0xc0) != 0x80)
+                return false;
+            cp = (cp << 6) | (s[i + k] & 0x3f);
+        }
+        if ((len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+            (len == 4 && (cp < 0x10000 || cp > 0x10ffff)))
+            return false;
+        i += len;
+    }
+    return true;
+}
+
+/* a * b into *r; false on overflow of int64 (both >= 0). */
+static inline bool cvt_mul_ok(int64_t a, int64_t b, int64_t *r)
+{
+    return !__builtin_mul_overflow(a, b, r);
+}
+
+/* Printable form of a (possibly hostile) name for messages: copies at most cap-1 bytes,
+ * replacing bytes outside printable ASCII by '?'. */
+static inline const char *cvt_printable(const char *s, size_t n, char *buf, size_t cap)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n && k + 1 < cap; i++) {
+        unsigned char c = (unsigned char)s[i];
+        buf[k++] = (c >= 0x20 && c < 0x7f) ? (char)c : '?';
+    }
+    buf[k] = 0;
+    return buf;
+}
+
+/* cvt_safetensors.c */
+enum cvt_dtype cvt_dtype_from_str(const char *s);
+
+/* cvt_torchbin.c: zip central directory lookup helpers used only there. */
+
+/* Grow helper: ensure *cap >= need for an array of elem-size items (doubling). */
+bool cvt_grow(void **ptr, size_t *cap, size_t need, size_t elem);
+
+#endif /* CVT_SRC_INT_H */
