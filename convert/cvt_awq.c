@@ -1,0 +1,566 @@
+/*
+ * cvt_awq.c - one AWQ linear from the source tensors: variant detection, shape validation,
+ * decoding into the canonical form of docs/DESIGN.md section 4, and an independent source
+ * dequantization for the converter's self-check.
+ *
+ * Entry points: cvt_awq_probe(), cvt_awq_load(), cvt_awq_linear_free(),
+ * cvt_awq_dequant_source() (cvt_src.h).
+ *
+ * Layout facts (AWQ-FORMATS 0, 1.2-1.4, 3; restated in our notation, no third-party code):
+ *   GEMM      qweight I32 [K, N/8], word c of row k: column 8c+j in nibble REV[j],
+ *             REV = {0,4,1,5,2,6,3,7} (the packer's ORDER = {0,2,4,6,1,3,5,7} inverted);
+ *             qzeros I32 [K/G, N/8] same packing; scales F16 [K/G, N].
+ *   GEMV      qweight I32 [N, K/8] sequential nibbles along K; qzeros I32 [N, Wz] sequential
+ *             along groups; scales F16 [N, 8*Wz]; Wz = ceil(ceil((K/G)/8)/m)*m,
+ *             m = 1 (G >= 128), 2 (G = 64), 4 (G = 32), other G impossible.
+ *   GEMVFast  qweight I16 [N/4, K]: element (n, k) is nibble x%4 of word
+ *             64*(k/64) + 16*(n%4) + x/4 of row n/4, with t = k%32,
+ *             x = 32*((k%64)/32) + 8*((t%8)/2) + 4*(t%2) + t/8; scales F16 [8*Wz, N];
+ *             qzeros F16 [8*Wz, N] = -(s*z) (so z = round(-qz/s)).
+ *   llm-awq gen-3: as GEMVFast, zeros named `scaled_zeros`, scales/zeros F16 or BF16.
+ * Rows/columns past K/G in GEMV/GEMVFast scales and zeros are padding and are ignored.
+ *
+ * The decoder (decode_*) gathers per output element through REV / the closed form above; the
+ * self-check dequantizer (dq_*) is written the other way round - it walks the packed words and
+ * scatters each nibble with the packer's ORDER / the inverted closed form - so a mistake in one
+ * does not repeat in the other.
+ *
+ * Tested by tests/test_cvt_src.c (worked example 0x75316420, twins decode identically, decode
+ * vs dequant on random data for every variant, NaN/missing/mismatch cases).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cvt_src_int.h"
+#include "qs_log.h"        /* qs_log_error */
+
+static const unsigned REV[8] = {0, 4, 1, 5, 2, 6, 3, 7};   /* column j -> nibble */
+static const unsigned ORDER[8] = {0, 2, 4, 6, 1, 3, 5, 7}; /* nibble i -> column */
+
+#define PREFIX_MAX 400
+
+/* --- helpers ---------------------------------------------------------------------------------- */
+
+static const char *shape_str(const struct cvt_src_tensor *t, char *buf, size_t cap)
+{
+    size_t k = 0;
+    k += (size_t)snprintf(buf + k, cap - k, "%s [", cvt_dtype_str(t->dtype));
+    for (int d = 0; d < t->n_dims && k < cap; d++)
+        k += (size_t)snprintf(buf + k, cap - k, d ? ", %lld" : "%lld", (long long)t->shape[d]);
+    if (k < cap)
+        snprintf(buf + k, cap - k, "]");
+    return buf;
+}
+
+static bool is2(const struct cvt_src_tensor *t, int64_t a, int64_t b)
+{
+    return t && t->n_dims == 2 && t->shape[0] == a && t->shape[1] == b;
+}
+
+/* GEMV/GEMVFast zero width (AWQ-FORMATS 1.3 "calculate_zeros_width"); 0 if G impossible. */
+static int64_t zeros_width(int64_t K, int64_t G)
+{
+    int64_t m = G >= 128 ? 1 : G == 64 ? 2 : G == 32 ? 4 : 0;
+    if (!m)
+        return 0;
+    int64_t groups = K / G;
+    int64_t w = (groups + 7) / 8;
+    return (w + m - 1) / m * m;
+}
+
+static const struct cvt_src_tensor *find2(const struct cvt_source *src, const char *prefix,
+                                          const char *suffix)
+{
+    char name[PREFIX_MAX + 32];
+    snprintf(name, sizeof name, "%s.%s", prefix, suffix);
+    return cvt_source_find(src, name);
+}
+
+static float load_half(const uint8_t *p, enum cvt_dtype dt)
+{
+    uint16_t h = cvt_ld16(p);
+    return dt == CVT_DT_BF16 ? cvt_bf16_to_f32(h) : cvt_f16_to_f32(h);
+}
+
+/* --- probe ------------------------------------------------------------------------------------ */
+
+enum cvt_err cvt_awq_probe(const struct cvt_source *src, const struct cvt_hf_config *cfg,
+                           const char *prefix, int64_t K, int64_t N, struct cvt_awq_info *info)
+{
+    char b1[96], b2[96], b3[96];
+    memset(info, 0, sizeof *info);
+    if (strlen(prefix) > PREFIX_MAX || K <= 0 || N <= 0) {
+        qs_log_error(__func__, "linear %.64s: bad arguments (K %lld, N %lld)", prefix, (long long)K, (long long)N);
+        return CVT_ERR_ARG;
+    }
+    const char *dir = cvt_source_dir(src);
+    const struct cvt_src_tensor *qw = find2(src, prefix, "qweight"), *sc = find2(src, prefix, "scales");
+    const struct cvt_src_tensor *qz = find2(src, prefix, "qzeros"), *sz = find2(src, prefix, "scaled_zeros");
+    const struct cvt_src_tensor *bias = find2(src, prefix, "bias");
+    if (!qw) {
+        qs_log_error(__func__, "%s: tensor %s.qweight is missing", dir, prefix);
+        return CVT_ERR_MISSING_TENSOR;
+    }
+    if (!sc) {
+        qs_log_error(__func__, "%s: %s.qweight has no %s.scales", dir, prefix, prefix);
+        return CVT_ERR_MISSING_TENSOR;
+    }
+    const int64_t G = cfg->quant.group_size == -1 ? K : cfg->quant.group_size;
+    if (G <= 0 || K % G != 0) {
+        qs_log_error(__func__, "%s: linear %s: in_features K = %lld is not a multiple of group size %lld",
+                     dir, prefix, (long long)K, (long long)G);
+        return CVT_ERR_SHAPE;
+    }
+    const int64_t KG = K / G, Wz = zeros_width(K, G);
+    enum cvt_variant v = CVT_VARIANT_UNKNOWN;
+    const struct cvt_src_tensor *zt = NULL;
+
+    if (qw->dtype == CVT_DT_I32) {
+        if (!qz) {
+            qs_log_error(__func__, "%s: %s.qweight (I32) has no %s.qzeros", dir, prefix, prefix);
+            return CVT_ERR_MISSING_TENSOR;
+        }
+        if (qz->dtype != CVT_DT_I32 || sc->dtype != CVT_DT_F16) {
+            qs_log_error(__func__, "%s: linear %s: I32 qweight needs I32 qzeros and F16 scales, got qzeros %s, scales %s",
+                         dir, prefix, cvt_dtype_str(qz->dtype), cvt_dtype_str(sc->dtype));
+            return CVT_ERR_DTYPE;
+        }
+        zt = qz;
+        bool gemm = N % 8 == 0 && is2(qw, K, N / 8) && is2(qz, KG, N / 8) && is2(sc, KG, N);
+        bool gemv = K % 8 == 0 && Wz > 0 && is2(qw, N, K / 8) && is2(qz, N, Wz) && is2(sc, N, 8 * Wz);
+        if (gemm && gemv) /* cannot happen for real shapes; let the config decide */
+            v = (cfg->quant.variant_mask & CVT_VARIANT_BIT(CVT_VARIANT_GEMV)) ? CVT_VARIANT_GEMV : CVT_VARIANT_GEMM;
+        else if (gemm)
+            v = CVT_VARIANT_GEMM;
+        else if (gemv)
+            v = CVT_VARIANT_GEMV;
+        else {
+            bool want_gemv = !(cfg->quant.variant_mask & CVT_VARIANT_BIT(CVT_VARIANT_GEMM));
+            qs_log_error(__func__, "%s: linear %s (K %lld, N %lld, group size %lld): tensors qweight %s, qzeros %s, scales %s match no AWQ layout; %s expects qweight [%lld, %lld], qzeros [%lld, %lld], scales [%lld, %lld]",
+                         dir, prefix, (long long)K, (long long)N, (long long)G, shape_str(qw, b1, sizeof b1),
+                         shape_str(qz, b2, sizeof b2), shape_str(sc, b3, sizeof b3), want_gemv ? "GEMV" : "GEMM",
+                         want_gemv ? (long long)N : (long long)K, want_gemv ? (long long)(K / 8) : (long long)(N / 8),
+                         want_gemv ? (long long)N : (long long)KG, want_gemv ? (long long)Wz : (long long)(N / 8),
+                         want_gemv ? (long long)N : (long long)KG, want_gemv ? (long long)(8 * Wz) : (long long)N);
+            return CVT_ERR_SHAPE;
+        }
+    } else if (qw->dtype == CVT_DT_I16) {
+        if (qz && sz) {
+            qs_log_error(__func__, "%s: linear %s has both qzeros and scaled_zeros: ambiguous layout", dir, prefix);
+            return CVT_ERR_VARIANT;
+        }
+        if (!qz && !sz) {
+            qs_log_error(__func__, "%s: %s.qweight (I16) has neither %s.qzeros nor %s.scaled_zeros", dir, prefix,
+                         prefix, prefix);
+            return CVT_ERR_MISSING_TENSOR;
+        }
+        v = qz ? CVT_VARIANT_GEMV_FAST : CVT_VARIANT_LLMAWQ_V3;
+        zt = qz ? qz : sz;
+        bool fp_ok = v == CVT_VARIANT_GEMV_FAST
+                         ? (sc->dtype == CVT_DT_F16 && zt->dtype == CVT_DT_F16)
+                         : ((sc->dtype == CVT_DT_F16 || sc->dtype == CVT_DT_BF16) &&
+                            (zt->dtype == CVT_DT_F16 || zt->dtype == CVT_DT_BF16));
+        if (!fp_ok) {
+            qs_log_error(__func__, "%s: linear %s (%s): scales %s / %s %s: expected F16%s", dir, prefix,
+                         cvt_variant_str(v), cvt_dtype_str(sc->dtype), qz ? "qzeros" : "scaled_zeros",
+                         cvt_dtype_str(zt->dtype), v == CVT_VARIANT_LLMAWQ_V3 ? " or BF16" : "");
+            return CVT_ERR_DTYPE;
+        }
+        if (Wz == 0) {
+            qs_log_error(__func__, "%s: linear %s: group size %lld is impossible in the %s layout (32, 64 or >= 128)",
+                         dir, prefix, (long long)G, cvt_variant_str(v));
+            return CVT_ERR_UNSUPPORTED;
+        }
+        if (N % 4 != 0 || K % 64 != 0 || !is2(qw, N / 4, K) || !is2(sc, 8 * Wz, N) || !is2(zt, 8 * Wz, N)) {
+            qs_log_error(__func__, "%s: linear %s (K %lld, N %lld, group size %lld, %s): tensors qweight %s, zeros %s, scales %s; expected qweight I16 [%lld, %lld], zeros and scales [%lld, %lld] (N %% 4 == 0, K %% 64 == 0)",
+                         dir, prefix, (long long)K, (long long)N, (long long)G, cvt_variant_str(v),
+                         shape_str(qw, b1, sizeof b1), shape_str(zt, b2, sizeof b2), shape_str(sc, b3, sizeof b3),
+                         (long long)(N / 4), (long long)K, (long long)(8 * Wz), (long long)N);
+            return CVT_ERR_SHAPE;
+        }
+    } else {
+        qs_log_error(__func__, "%s: tensor %s.qweight has dtype %s: AWQ qweight is I32 (GEMM/GEMV) or I16 (GEMVFast, llm-awq gen-3)",
+                     dir, prefix, cvt_dtype_str(qw->dtype));
+        return CVT_ERR_DTYPE;
+    }
+
+    if (!(cfg->quant.variant_mask & CVT_VARIANT_BIT(v))) {
+        const char *said = cfg->quant.format[0] ? cfg->quant.format : cfg->quant.version[0] ? cfg->quant.version : "(none: gemm)";
+        qs_log_error(__func__, "%s: linear %s is stored in the %s layout but %s says version \"%s\"%s%s: refusing the mismatch",
+                     dir, prefix, cvt_variant_str(v), cvt_qcfg_file_str(cfg->quant.from), said,
+                     cfg->quant.backend[0] ? ", backend " : "", cfg->quant.backend);
+        return CVT_ERR_VARIANT;
+    }
+    if (bias) {
+        if (bias->dtype != CVT_DT_F16 && bias->dtype != CVT_DT_BF16 && bias->dtype != CVT_DT_F32) {
+            qs_log_error(__func__, "%s: tensor %s.bias has dtype %s, expected F16, BF16 or F32", dir, prefix,
+                         cvt_dtype_str(bias->dtype));
+            return CVT_ERR_DTYPE;
+        }
+        if (bias->n_dims != 1 || bias->shape[0] != N) {
+            qs_log_error(__func__, "%s: tensor %s.bias is %s, expected [%lld]", dir, prefix,
+                         shape_str(bias, b1, sizeof b1), (long long)N);
+            return CVT_ERR_SHAPE;
+        }
+    }
+    for (const struct cvt_src_tensor *const *tp = (const struct cvt_src_tensor *const[]){qw, zt, sc, bias, NULL}; *tp; tp++)
+        if (!(*tp)->contiguous) {
+            qs_log_error(__func__, "%s: tensor %s is a non-contiguous view: not supported", dir, (*tp)->name);
+            return CVT_ERR_SHAPE;
+        }
+    info->variant = v;
+    info->K = K;
+    info->N = N;
+    info->G = G;
+    info->qweight = qw;
+    info->zeros = zt;
+    info->scales = sc;
+    info->bias = bias;
+    return CVT_ERR_NONE;
+}
+
+static enum cvt_err check_range(const char *prefix, const struct cvt_awq_info *in, int64_t k0, int64_t k1,
+                                int64_t n0, int64_t n1, const char *fn)
+{
+    if (k0 < 0 || k1 > in->K || k0 >= k1 || k0 % in->G || k1 % in->G || n0 < 0 || n1 > in->N || n0 >= n1) {
+        qs_log_error(fn, "linear %s: slice rows [%lld, %lld) x columns [%lld, %lld) invalid for K %lld, N %lld, group size %lld",
+                     prefix, (long long)k0, (long long)k1, (long long)n0, (long long)n1, (long long)in->K,
+                     (long long)in->N, (long long)in->G);
+        return CVT_ERR_ARG;
+    }
+    return CVT_ERR_NONE;
+}
+
+/* Scale value check: finite and > 0. */
+static enum cvt_err bad_scale(const struct cvt_source *src, const struct cvt_src_tensor *sc, int64_t r, int64_t c,
+                              float v)
+{
+    qs_log_error("cvt_awq", "%s: tensor %s: element [%lld, %lld] is %s%g: scales must be finite and > 0",
+                 cvt_source_dir(src), sc->name, (long long)r, (long long)c,
+                 isnan(v) ? "NaN " : isinf(v) ? "Inf " : "", v);
+    return CVT_ERR_NAN;
+}
+
+/* Integer zero point from a scaled zero -(s*z) (GEMVFast / gen-3). */
+static enum cvt_err unscale_zero(const struct cvt_source *src, const struct cvt_src_tensor *zt, int64_t r,
+                                 int64_t c, float s, float qz, uint8_t *z)
+{
+    float zf = -qz / s;
+    float zr = nearbyintf(zf);
+    if (!isfinite(qz) || !(zr >= 0.0f && zr <= 15.0f) || fabsf(zf - zr) > 0.1f) {
+        qs_log_error("cvt_awq", "%s: tensor %s: element [%lld, %lld] = %g is not -(scale * z) for an integer z in 0..15 (scale %g, -qz/s = %g)",
+                     cvt_source_dir(src), zt->name, (long long)r, (long long)c, qz, s, zf);
+        return CVT_ERR_RANGE;
+    }
+    *z = (uint8_t)zr;
+    return CVT_ERR_NONE;
+}
+
+/* Scale to canonical fp16 bits (exact) with the value checks. */
+static enum cvt_err scale_bits(const struct cvt_source *src, const struct cvt_src_tensor *sc, int64_t r, int64_t c,
+                               const uint8_t *p, uint16_t *out, float *val)
+{
+    uint16_t raw = cvt_ld16(p);
+    float v = sc->dtype == CVT_DT_BF16 ? cvt_bf16_to_f32(raw) : cvt_f16_to_f32(raw);
+    if (!isfinite(v) || !(v > 0.0f))
+        return bad_scale(src, sc, r, c, v);
+    uint16_t h = sc->dtype == CVT_DT_BF16 ? cvt_f32_to_f16(v) : raw;
+    if (sc->dtype == CVT_DT_BF16 && cvt_f16_to_f32(h) != v) {
+        qs_log_error("cvt_awq", "%s: tensor %s: element [%lld, %lld] = %g (BF16) has no exact fp16 value",
+                     cvt_source_dir(src), sc->name, (long long)r, (long long)c, v);
+        return CVT_ERR_RANGE;
+    }
+    *out = h;
+    *val = v;
+    return CVT_ERR_NONE;
+}
+
+/* --- decoder ------------------------------------------------------------------------------------ */
+
+static enum cvt_err decode_gemm(const struct cvt_source *src, const struct cvt_awq_info *in,
+                                struct cvt_awq_linear *o)
+{
+    const uint8_t *qw = cvt_source_data(src, in->qweight), *qz = cvt_source_data(src, in->zeros),
+                  *sc = cvt_source_data(src, in->scales);
+    const int64_t N = in->N, W = N / 8, Ns = o->N, G = in->G;
+    const int64_t c0 = o->n0 / 8, c1 = (o->n0 + Ns + 7) / 8;
+    for (int64_t k = o->k0; k < o->k0 + o->K; k++) {
+        const uint8_t *row = qw + (uint64_t)k * (uint64_t)W * 4;
+        uint8_t *dst = o->q + (k - o->k0) * Ns - o->n0;
+        for (int64_t c = c0; c < c1; c++) {
+            uint32_t w = cvt_ld32(row + 4 * c);
+            for (int j = 0; j < 8; j++) {
+                int64_t n = 8 * c + j;
+                if (n >= o->n0 && n < o->n0 + Ns)
+                    dst[n] = (uint8_t)((w >> (4 * REV[j])) & 0xfu);
+            }
+        }
+    }
+    for (int64_t g = o->k0 / G; g < (o->k0 + o->K) / G; g++) {
+        const int64_t gs = g - o->k0 / G;
+        const uint8_t *row = qz + (uint64_t)g * (uint64_t)W * 4;
+        for (int64_t c = c0; c < c1; c++) {
+            uint32_t w = cvt_ld32(row + 4 * c);
+            for (int j = 0; j < 8; j++) {
+                int64_t n = 8 * c + j;
+                if (n >= o->n0 && n < o->n0 + Ns)
+                    o->z[gs * Ns + n - o->n0] = (uint8_t)((w >> (4 * REV[j])) & 0xfu);
+            }
+        }
+        for (int64_t n = o->n0; n < o->n0 + Ns; n++) {
+            float v;
+            CVT_TRY(scale_bits(src, in->scales, g, n, sc + ((uint64_t)g * (uint64_t)N + (uint64_t)n) * 2,
+                               &o->s[gs * Ns + n - o->n0], &v));
+        }
+    }
+    return CVT_ERR_NONE;
+}
+
+static enum cvt_err decode_gemv(const struct cvt_source *src, const struct cvt_awq_info *in,
+                                struct cvt_awq_linear *o)
+{
+    const uint8_t *qw = cvt_source_data(src, in->qweight), *qz = cvt_source_data(src, in->zeros),
+                  *sc = cvt_source_data(src, in->scales);
+    const int64_t K = in->K, G = in->G, Ns = o->N, Wz = in->zeros->shape[1], SW = in->scales->shape[1];
+    const int64_t g0 = o->k0 / G, g1 = (o->k0 + o->K) / G;
+    for (int64_t n = o->n0; n < o->n0 + Ns; n++) {
+        const uint8_t *row = qw + (uint64_t)n * (uint64_t)(K / 8) * 4;
+        uint8_t *dst = o->q + (n - o->n0) - o->k0 * Ns;
+        for (int64_t k = o->k0; k < o->k0 + o->K; k++)
+            dst[k * Ns] = (uint8_t)((cvt_ld32(row + (k / 8) * 4) >> (4 * (k % 8))) & 0xfu);
+        const uint8_t *zrow = qz + (uint64_t)n * (uint64_t)Wz * 4;
+        const uint8_t *srow = sc + (uint64_t)n * (uint64_t)SW * 2;
+        for (int64_t g = g0; g < g1; g++) {
+            uint32_t w = cvt_ld32(zrow + (g / 8) * 4);
+            o->z[(g - g0) * Ns + n - o->n0] = (uint8_t)((w >> (4 * (g % 8))) & 0xfu);
+            float v;
+            CVT_TRY(scale_bits(src, in->scales, n, g, srow + g * 2, &o->s[(g - g0) * Ns + n - o->n0], &v));
+        }
+    }
+    return CVT_ERR_NONE;
+}
+
+static enum cvt_err decode_gemv_fast(const struct cvt_source *src, const struct cvt_awq_info *in,
+                                     struct cvt_awq_linear *o)
+{
+    const uint8_t *qw = cvt_source_data(src, in->qweight), *qz = cvt_source_data(src, in->zeros),
+                  *sc = cvt_source_data(src, in->scales);
+    const int64_t K = in->K, N = in->N, G = in->G, Ns = o->N;
+    /* Closed form (AWQ-FORMATS 1.4): per k%64, word offset (without the 16*r term) and nibble. */
+    uint8_t wofs[64], nib[64];
+    for (int kk = 0; kk < 64; kk++) {
+        int t = kk % 32;
+        int x = 32 * (kk / 32) + 8 * ((t % 8) / 2) + 4 * (t % 2) + t / 8;
+        wofs[kk] = (uint8_t)(x / 4);
+        nib[kk] = (uint8_t)(x % 4);
+    }
+    for (int64_t n = o->n0; n < o->n0 + Ns; n++) {
+        const uint8_t *row = qw + (uint64_t)(n / 4) * (uint64_t)K * 2;
+        const int64_t r = n % 4;
+        uint8_t *dst = o->q + (n - o->n0) - o->k0 * Ns;
+        for (int64_t k = o->k0; k < o->k0 + o->K; k++) {
+            int64_t word = 64 * (k / 64) + 16 * r + wofs[k % 64];
+            dst[k * Ns] = (uint8_t)((cvt_ld16(row + word * 2) >> (4 * nib[k % 64])) & 0xfu);
+        }
+    }
+    const int64_t g0 = o->k0 / G, g1 = (o->k0 + o->K) / G;
+    for (int64_t g = g0; g < g1; g++)
+        for (int64_t n = o->n0; n < o->n0 + Ns; n++) {
+            uint64_t e = ((uint64_t)g * (uint64_t)N + (uint64_t)n) * 2;
+            float s;
+            int64_t at = (g - g0) * Ns + n - o->n0;
+            CVT_TRY(scale_bits(src, in->scales, g, n, sc + e, &o->s[at], &s));
+            CVT_TRY(unscale_zero(src, in->zeros, g, n, s, load_half(qz + e, in->zeros->dtype), &o->z[at]));
+        }
+    return CVT_ERR_NONE;
+}
+
+static enum cvt_err read_bias(const struct cvt_source *src, const struct cvt_awq_info *in, int64_t n0,
+                              int64_t Ns, float *out)
+{
+    const struct cvt_src_tensor *b = in->bias;
+    const uint8_t *p = cvt_source_data(src, b);
+    size_t es = cvt_dtype_size(b->dtype);
+    for (int64_t n = 0; n < Ns; n++) {
+        const uint8_t *e = p + (uint64_t)(n0 + n) * es;
+        float v;
+        if (b->dtype == CVT_DT_F32)
+            memcpy(&v, e, 4);
+        else
+            v = load_half(e, b->dtype);
+        if (!isfinite(v)) {
+            qs_log_error("cvt_awq", "%s: tensor %s: element %lld is %s", cvt_source_dir(src), b->name,
+                         (long long)(n0 + n), isnan(v) ? "NaN" : "Inf");
+            return CVT_ERR_NAN;
+        }
+        out[n] = v;
+    }
+    return CVT_ERR_NONE;
+}
+
+static void release_all(const struct cvt_source *src, const struct cvt_awq_info *in)
+{
+    cvt_source_release(src, in->qweight);
+    cvt_source_release(src, in->zeros);
+    cvt_source_release(src, in->scales);
+    if (in->bias)
+        cvt_source_release(src, in->bias);
+}
+
+void cvt_awq_linear_free(struct cvt_awq_linear *lin)
+{
+    if (!lin)
+        return;
+    free(lin->q);
+    free(lin->z);
+    free(lin->s);
+    free(lin->bias);
+    memset(lin, 0, sizeof *lin);
+}
+
+enum cvt_err cvt_awq_load(const struct cvt_source *src, const struct cvt_hf_config *cfg,
+                          const char *prefix, int64_t K, int64_t N,
+                          int64_t k0, int64_t k1, int64_t n0, int64_t n1,
+                          struct cvt_awq_linear *out)
+{
+    struct cvt_awq_info in;
+    memset(out, 0, sizeof *out);
+    CVT_TRY(cvt_awq_probe(src, cfg, prefix, K, N, &in));
+    CVT_TRY(check_range(prefix, &in, k0, k1, n0, n1, __func__));
+    const int64_t Ks = k1 - k0, Ns = n1 - n0, Gs = Ks / in.G;
+    out->variant = in.variant;
+    out->K = Ks;
+    out->N = Ns;
+    out->G = in.G;
+    out->k0 = k0;
+    out->n0 = n0;
+    out->q = malloc((size_t)(Ks * Ns));
+    out->z = malloc((size_t)(Gs * Ns));
+    out->s = malloc((size_t)(Gs * Ns) * sizeof *out->s);
+    out->bias = in.bias ? malloc((size_t)Ns * sizeof *out->bias) : NULL;
+    enum cvt_err err = CVT_ERR_NOMEM;
+    if (!out->q || !out->z || !out->s || (in.bias && !out->bias)) {
+        qs_log_error(__func__, "linear %s: out of memory for a %lld x %lld slice", prefix, (long long)Ks, (long long)Ns);
+        goto out_err;
+    }
+    switch (in.variant) {
+    case CVT_VARIANT_GEMM: err = decode_gemm(src, &in, out); break;
+    case CVT_VARIANT_GEMV: err = decode_gemv(src, &in, out); break;
+    case CVT_VARIANT_GEMV_FAST:
+    case CVT_VARIANT_LLMAWQ_V3: err = decode_gemv_fast(src, &in, out); break;
+    default: err = CVT_ERR_VARIANT; break;
+    }
+    if (!err && in.bias)
+        err = read_bias(src, &in, n0, Ns, out->bias);
+    release_all(src, &in);
+    if (err)
+        goto out_err;
+    return CVT_ERR_NONE;
+out_err:
+    cvt_awq_linear_free(out);
+    return err;
+}
+
+/* --- independent source dequantization (self-check) ------------------------------------------- */
+
+/* GEMM: walk each packed word and scatter nibble i to column 8c + ORDER[i]. */
+static enum cvt_err dq_gemm(const struct cvt_source *src, const struct cvt_awq_info *in, int64_t k0, int64_t k1,
+                            int64_t n0, int64_t n1, float *out)
+{
+    const uint8_t *qw = cvt_source_data(src, in->qweight), *qz = cvt_source_data(src, in->zeros),
+                  *sc = cvt_source_data(src, in->scales);
+    const int64_t N = in->N, W = N / 8, Ns = n1 - n0;
+    for (int64_t k = k0; k < k1; k++) {
+        const int64_t g = k / in->G;
+        for (int64_t c = n0 / 8; c < (n1 + 7) / 8; c++) {
+            uint32_t wq = cvt_ld32(qw + ((uint64_t)k * (uint64_t)W + (uint64_t)c) * 4);
+            uint32_t wz = cvt_ld32(qz + ((uint64_t)g * (uint64_t)W + (uint64_t)c) * 4);
+            for (unsigned i = 0; i < 8; i++) {
+                int64_t col = 8 * c + ORDER[i];
+                if (col < n0 || col >= n1)
+                    continue;
+                int q = (int)((wq >> (4 * i)) & 0xfu), z = (int)((wz >> (4 * i)) & 0xfu);
+                float s = cvt_f16_to_f32(cvt_ld16(sc + ((uint64_t)g * (uint64_t)N + (uint64_t)col) * 2));
+                if (!isfinite(s) || !(s > 0.0f))
+                    return bad_scale(src, in->scales, g, col, s);
+                out[(k - k0) * Ns + (col - n0)] = (float)(q - z) * s;
+            }
+        }
+    }
+    return CVT_ERR_NONE;
+}
+
+/* GEMV: W[n][k] = (nib(qweight[n][k/8], k%8) - nib(qzeros[n][g/8], g%8)) * scales[n][g]. */
+static enum cvt_err dq_gemv(const struct cvt_source *src, const struct cvt_awq_info *in, int64_t k0, int64_t k1,
+                            int64_t n0, int64_t n1, float *out)
+{
+    const uint8_t *qw = cvt_source_data(src, in->qweight), *qz = cvt_source_data(src, in->zeros),
+                  *sc = cvt_source_data(src, in->scales);
+    const int64_t KW = in->K / 8, ZW = in->zeros->shape[1], SW = in->scales->shape[1], Ns = n1 - n0;
+    for (int64_t n = n0; n < n1; n++)
+        for (int64_t k = k0; k < k1; k++) {
+            const int64_t g = k / in->G;
+            uint32_t wq = cvt_ld32(qw + ((uint64_t)n * (uint64_t)KW + (uint64_t)(k >> 3)) * 4);
+            uint32_t wz = cvt_ld32(qz + ((uint64_t)n * (uint64_t)ZW + (uint64_t)(g >> 3)) * 4);
+            int q = (int)(wq >> ((k & 7) * 4)) & 15, z = (int)(wz >> ((g & 7) * 4)) & 15;
+            float s = cvt_f16_to_f32(cvt_ld16(sc + ((uint64_t)n * (uint64_t)SW + (uint64_t)g) * 2));
+            if (!isfinite(s) || !(s > 0.0f))
+                return bad_scale(src, in->scales, n, g, s);
+            out[(k - k0) * Ns + (n - n0)] = (float)(q - z) * s;
+        }
+    return CVT_ERR_NONE;
+}
+
+/* GEMVFast / gen-3: walk the I16 words of each interleaved row and invert the packing:
+ * word wi of row R: block b = wi/64, o = wi%64, r = o/16; nibble i: x = 4*(o%16) + i,
+ * h = x/32, p = x%32, t = 8*(p%4) + 2*(p/8) + (p/4)%2; k = 64b + 32h + t, n = 4R + r. */
+static enum cvt_err dq_gemv_fast(const struct cvt_source *src, const struct cvt_awq_info *in, int64_t k0,
+                                 int64_t k1, int64_t n0, int64_t n1, float *out)
+{
+    const uint8_t *qw = cvt_source_data(src, in->qweight), *qz = cvt_source_data(src, in->zeros),
+                  *sc = cvt_source_data(src, in->scales);
+    const int64_t K = in->K, N = in->N, Ns = n1 - n0;
+    for (int64_t R = n0 / 4; R < (n1 + 3) / 4; R++)
+        for (int64_t wi = 0; wi < K; wi++) {
+            const int64_t b = wi / 64, o = wi % 64, r = o / 16, n = 4 * R + r;
+            if (n < n0 || n >= n1)
+                continue;
+            uint16_t w = cvt_ld16(qw + ((uint64_t)R * (uint64_t)K + (uint64_t)wi) * 2);
+            for (int i = 0; i < 4; i++) {
+                const int64_t x = 4 * (o % 16) + i, h = x / 32, p = x % 32;
+                const int64_t t = 8 * (p % 4) + 2 * (p / 8) + (p / 4) % 2, k = 64 * b + 32 * h + t;
+                if (k < k0 || k >= k1)
+                    continue;
+                const int64_t g = k / in->G;
+                uint64_t e = ((uint64_t)g * (uint64_t)N + (uint64_t)n) * 2;
+                float s = load_half(sc + e, in->scales->dtype);
+                if (!isfinite(s) || !(s > 0.0f))
+                    return bad_scale(src, in->scales, g, n, s);
+                uint8_t z;
+                CVT_TRY(unscale_zero(src, in->zeros, g, n, s, load_half(qz + e, in->zeros->dtype), &z));
+                int q = (w >> (4 * i)) & 15;
+                out[(k - k0) * Ns + (n - n0)] = (float)(q - (int)z) * s;
+            }
+        }
+    return CVT_ERR_NONE;
+}
+
+enum cvt_err cvt_awq_dequant_source(const struct cvt_source *src, const struct cvt_hf_config *cfg,
+                                    const char *prefix, int64_t K, int64_t N,
+                                    int64_t k0, int64_t k1, int64_t n0, int64_t n1, float *out)
+{
+    struct cvt_awq_info in;
+    CVT_TRY(cvt_awq_probe(src, cfg, prefix, K, N, &in));
+    CVT_TRY(check_range(prefix, &in, k0, k1, n0, n1, __func__));
+    enum cvt_err err;
+    switch (in.variant) {
+    case CVT_VARIANT_GEMM: err = dq_gemm(src, &in, k0, k1, n0, n1, out); break;
+    case CVT_VARIANT_GEMV: err = dq_gemv(src, &in, k0, k1, n0, n1, out); break;
+    case CVT_VARIANT_GEMV_FAST:
+    case CVT_VARIANT_LLMAWQ_V3: err = dq_gemv_fast(src, &in, k0, k1, n0, n1, out); break;
+    default: err = CVT_ERR_VARIANT; break;
+    }
+    release_all(src, &in);
+    return err;
+}
