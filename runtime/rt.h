@@ -1,0 +1,298 @@
+/*
+ * rt.h - the qshard runtime: model config, the transformer forward pass, and the backend
+ * interface that the CPU (runtime/rt_cpu.c) and CUDA (runtime/rt_cuda.cu) backends implement.
+ *
+ * STATUS FOR OTHER ENGINEERS (kept current by the runtime-model owner):
+ *   READY and stable: struct rt_config + rt_config_parse(), struct rt_opts + rt_opts_default(),
+ *   rt_model_open / rt_model_forward / rt_model_reset / rt_model_free, the accessors
+ *   (rt_model_config, rt_model_n_ctx, rt_model_world_size, rt_model_shard), enum rt_err,
+ *   rt_err_str(), rt_err_exit_code(). The CPU backend is complete; the CUDA backend is a stub
+ *   (rt_cuda_nocuda.c) until runtime/rt_cuda.cu lands and implements struct rt_backend_ops below.
+ *   Changes to these signatures will be announced here first.
+ *
+ * Who calls it: runtime/rt_main.c (`qshard run|logits|perplexity`), tests/test_model.c, and the
+ * backends. Tokenizer and sampling live in rt_tok.h and rt_sample.h; this header knows nothing
+ * about text.
+ *
+ * What a model is: the rank files of one conversion (`qshard convert` output directory with a
+ * manifest.json, or a single TP-1 rank file). rt_model_open maps ALL ranks into this process
+ * and runs them together: every op is issued once per rank, and the row-parallel partial sums
+ * (o_proj, down_proj, embedding rows) are combined by the backend's all_reduce (a plain sum on
+ * the CPU, NCCL on GPUs). So a TP-4 set runs on one CPU and must give the same logits as TP-1.
+ *
+ * Ownership: struct rt_model owns the fmt shards (their read-only mappings), the backend, the
+ * activations and the KV cache. Weights are views: on the CPU, pointers straight into the
+ * mmapped rank files (no copy); on CUDA, views into one device allocation per rank.
+ *
+ * Errors: enum rt_err (X-macro list below). The check that fails reports once through
+ * qs_log_error (file, tensor, expected and actual values); callers forward the code.
+ *
+ * Math (docs/DESIGN.md, ../shared/AWQ-FORMATS.md section 8; transformers modeling_llama.py,
+ * modeling_qwen2.py, modeling_mixtral.py): h = embed(tokens); per layer
+ *   h += o_proj(attn(rope(q), rope(k), v))          with x = rmsnorm(h) feeding qkv
+ *   h += down(silu(gate(x)) * up(x))                 with x = rmsnorm(h), or the Mixtral MoE
+ * logits = lm_head(rmsnorm(h)). fp32 activations on the CPU.
+ *
+ * Tests: ./build/test_model (converts the fixtures with the real converter, compares with the
+ * transformers goldens and TP-N with TP-1).
+ */
+#ifndef QS_RT_H
+#define QS_RT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fmt.h" /* struct fmt_shard, struct fmt_tensor */
+#include "ref.h" /* struct ref_rope_scaling */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* --- errors --------------------------------------------------------------------------------- */
+
+/* X(name, value, exit code of DESIGN 2, description). Values are stable, never reused. */
+#define RT_ERR_LIST(X)                                                                     \
+    X(RT_ERR_NONE, 0, 0, "ok")                                                             \
+    X(RT_ERR_IO, 1, 4, "cannot read the model path")                                       \
+    X(RT_ERR_FORMAT, 2, 2, "corrupt or unsupported rank file")                             \
+    X(RT_ERR_CONFIG, 3, 2, "bad model config")                                             \
+    X(RT_ERR_RANK_MISMATCH, 4, 2, "rank files do not belong to one model and TP set")      \
+    X(RT_ERR_MISSING_TENSOR, 5, 2, "a tensor the config needs is missing")                 \
+    X(RT_ERR_LAYOUT, 6, 2, "unknown or wrong tensor layout or dtype")                      \
+    X(RT_ERR_SHAPE, 7, 2, "tensor shape disagrees with the config")                        \
+    X(RT_ERR_TOKEN, 8, 2, "token id outside the vocabulary")                               \
+    X(RT_ERR_CONTEXT, 9, 2, "context overflow")                                            \
+    X(RT_ERR_ARG, 10, 1, "invalid argument")                                               \
+    X(RT_ERR_NOMEM, 11, 3, "out of memory")                                                \
+    X(RT_ERR_NO_DEVICE, 12, 3, "no usable GPU (or built without CUDA)")                    \
+    X(RT_ERR_DEVICE, 13, 3, "GPU runtime failure")                                         \
+    X(RT_ERR_UNSUPPORTED, 14, 2, "model feature not supported")                            \
+    X(RT_ERR_THREAD, 15, 3, "could not start worker threads")
+
+enum rt_err {
+#define RT_X_ENUM(name, val, code, msg) name = val,
+    RT_ERR_LIST(RT_X_ENUM)
+#undef RT_X_ENUM
+};
+
+/* Short English text of an rt_err ("unknown rt_err" otherwise). */
+const char *rt_err_str(enum rt_err e);
+/* The process exit code of DESIGN section 2 for an error (0 ok, 1 usage, 2 bad input,
+ * 3 runtime, 4 I/O). */
+int rt_err_exit_code(enum rt_err e);
+
+/* --- model config (DESIGN section 6; runtime/rt_config.c) ------------------------------------ */
+
+enum rt_arch { RT_ARCH_LLAMA = 1, RT_ARCH_MISTRAL = 2, RT_ARCH_QWEN2 = 3, RT_ARCH_MIXTRAL = 4 };
+
+#define RT_MAX_EOS 16
+
+/* The config section of one rank file, validated once (rt_config_parse), then read-only. */
+struct rt_config {
+    enum rt_arch arch;
+    char architecture[16];          /* "llama", ... as written */
+    int hidden_size;                /* H */
+    int intermediate_size;          /* I, as in the checkpoint */
+    int intermediate_size_padded;   /* I_pad = intermediate_per_rank * world_size >= I */
+    int n_layers;
+    int n_heads;                    /* query heads, whole model */
+    int n_kv_heads;                 /* key/value heads, whole model (GQA when < n_heads) */
+    int head_dim;                   /* hd */
+    int vocab_size;                 /* V: ids [0, V) are real */
+    int vocab_size_per_rank;        /* V_r = ceil(V / world_size) rows of embedding and lm_head */
+    float rms_norm_eps;
+    double rope_theta;
+    struct ref_rope_scaling rope_scaling; /* type REF_ROPE_DEFAULT when null */
+    int max_position_embeddings;
+    bool tie_word_embeddings;       /* lm_head absent: the embedding is the output matrix */
+    int sliding_window;             /* 0 = none; else keys with p - k < sliding_window */
+    bool attention_bias;            /* qkv biases (Qwen2) */
+    int n_experts;                  /* num_local_experts; 0 = dense MLP */
+    int n_experts_per_tok;          /* top-k of the Mixtral router */
+    int w_bit;                      /* 4 */
+    int group_size;                 /* G */
+    bool zero_point;
+    int bos_token_id;               /* -1 when null */
+    int n_eos;                      /* eos ids, generation may stop on any */
+    int eos_token_ids[RT_MAX_EOS];
+    /* tensor parallel ("tp" object) */
+    int world_size;
+    int rank;
+    int heads_per_rank;             /* nq_r = n_heads / world_size */
+    int kv_heads_per_rank;          /* nkv_r */
+    int kv_head_replicas;           /* ranks sharing one kv head (1 when tp <= n_kv_heads) */
+    int intermediate_per_rank;      /* I_r */
+};
+
+/*
+ * Parse and validate a model config JSON (`json`, `len` bytes, need not be NUL-terminated).
+ * `where` names the source in messages (a file path). Checks types, ranges and every derived
+ * relation of DESIGN 5/6 (TP rules, vocab and intermediate padding, w_bit 4, group_size % 16,
+ * rope_scaling type linear|llama3, MoE counts).
+ * Errors: RT_ERR_CONFIG (names the key, expected and actual), RT_ERR_UNSUPPORTED (an
+ * architecture, rope_scaling type or w_bit we do not run), RT_ERR_NOMEM.
+ */
+enum rt_err rt_config_parse(const char *json, size_t len, const char *where,
+                            struct rt_config *out);
+
+/* --- options -------------------------------------------------------------------------------- */
+
+enum rt_device { RT_DEVICE_AUTO = 0, RT_DEVICE_CPU = 1, RT_DEVICE_CUDA = 2 };
+
+struct rt_opts {
+    enum rt_device device;  /* AUTO: CUDA when rt_cuda_available(), else CPU */
+    int n_threads;          /* CPU worker threads; <= 0: one per online core */
+    int n_ctx;              /* KV cache length in tokens; <= 0: min(max_position_embeddings,
+                               4096). Must be <= max_position_embeddings. */
+    int max_batch;          /* most tokens per internal forward step (activation buffers);
+                               <= 0: min(n_ctx, 512). Longer calls are run in chunks. */
+    int cuda_device;        /* first GPU for rank 0 (rank r uses cuda_device + r) */
+};
+
+/* Defaults: AUTO device, all cores, default context and batch, GPU 0. */
+struct rt_opts rt_opts_default(void);
+
+/* --- model ---------------------------------------------------------------------------------- */
+
+struct rt_model;
+
+/*
+ * Open a model: a directory written by `qshard convert` (manifest.json + rank-K-of-N.qshard,
+ * opened and cross-checked with fmt_model_open: same model_id, world_size, digests) or a
+ * single rank file of a TP-1 conversion. Parses and cross-checks every rank's config (all ranks
+ * equal apart from tp.rank; tp.rank and world_size match the file header), binds every tensor
+ * the config implies with dtype, layout and shape checks, creates the backend, and allocates
+ * activations and a KV cache of opts->n_ctx tokens (opts may be NULL: rt_opts_default()).
+ * Errors: RT_ERR_IO, RT_ERR_FORMAT, RT_ERR_RANK_MISMATCH (a single rank file of a TP-N set, or
+ * configs that disagree), RT_ERR_CONFIG, RT_ERR_UNSUPPORTED, RT_ERR_MISSING_TENSOR (names the
+ * tensor and file), RT_ERR_LAYOUT, RT_ERR_SHAPE, RT_ERR_CONTEXT (n_ctx too large), RT_ERR_NOMEM,
+ * RT_ERR_NO_DEVICE, RT_ERR_DEVICE. On failure *out is NULL and nothing leaks.
+ */
+enum rt_err rt_model_open(const char *path_or_dir, const struct rt_opts *opts,
+                          struct rt_model **out);
+
+/*
+ * Run n_tokens tokens at positions start_pos .. start_pos + n_tokens - 1 (prefill when
+ * n_tokens > 1, decode when 1), appending their keys/values to the KV cache. Positions
+ * [0, start_pos) must already be cached by earlier calls (start_pos <= rt_model_n_past);
+ * a smaller start_pos rewinds: later cache entries are overwritten.
+ * logits: fp32, row width vocab_size (padding rows of the vocab-parallel split are dropped, so
+ * ids >= vocab_size never appear): [n_tokens][vocab_size] when all_logits, else the last
+ * position only, [vocab_size]. logits may be NULL (prefill whose logits are not needed).
+ * Errors (nothing is run): RT_ERR_TOKEN (id < 0 or >= vocab_size; names index and id),
+ * RT_ERR_CONTEXT (start_pos + n_tokens > n_ctx), RT_ERR_ARG (n_tokens < 1,
+ * start_pos > n_past); then backend errors (RT_ERR_NOMEM, RT_ERR_DEVICE).
+ */
+enum rt_err rt_model_forward(struct rt_model *m, const int32_t *tokens, int n_tokens,
+                             int start_pos, float *logits, bool all_logits);
+
+/* Forget the KV cache (n_past = 0). */
+void rt_model_reset(struct rt_model *m);
+/* Free everything (activations, KV cache, backend, mappings); NULL is fine. */
+void rt_model_free(struct rt_model *m);
+
+const struct rt_config *rt_model_config(const struct rt_model *m); /* rank 0's config */
+int rt_model_n_ctx(const struct rt_model *m);      /* KV cache capacity in tokens */
+int rt_model_n_past(const struct rt_model *m);     /* positions currently cached */
+int rt_model_world_size(const struct rt_model *m);
+enum rt_device rt_model_device(const struct rt_model *m); /* CPU or CUDA after AUTO resolved */
+/* Rank r's open shard (borrowed): tokenizer files, generation config. NULL if r is out of range. */
+const struct fmt_shard *rt_model_shard(const struct rt_model *m, int rank);
+
+/* --- backend interface ----------------------------------------------------------------------- */
+
+/*
+ * The model code (rt_model.c) issues every op through this table, once per rank, and never
+ * dereferences activation or weight pointers itself: they are "backend addresses" (host memory
+ * on the CPU, device memory on CUDA). Only rt_backend_ops.download brings data back to the host
+ * (router logits for MoE routing, final logits). Host-side arguments are marked "host".
+ * Every op works on rank `rank`'s memory; on CUDA, ops are asynchronous on that rank's stream
+ * and download synchronises. Each op returns RT_ERR_NONE or an error it has reported.
+ * Shapes use the names of kernels/ref.h; the CPU backend calls the matching ref_* function, and
+ * the semantics (including argument order) are exactly those of that function.
+ *
+ * Row strides are in elements. Activation buffers are fp32 unless noted.
+ */
+struct rt_backend_ops {
+    const char *name; /* "cpu", "cuda" */
+    void (*destroy)(void *ctx);
+
+    /* weights: make shard `s` usable by rank `rank` (CPU: nothing; CUDA: one device allocation
+     * filled from the mapping), then translate tensors to backend addresses. */
+    enum rt_err (*load_weights)(void *ctx, int rank, const struct fmt_shard *s);
+    const void *(*tensor_ptr)(void *ctx, int rank, const struct fmt_tensor *t);
+
+    /* memory: zero-filled allocation of `bytes` on rank's device; free accepts NULL */
+    enum rt_err (*alloc)(void *ctx, int rank, size_t bytes, void **out);
+    void (*free)(void *ctx, int rank, void *p);
+    enum rt_err (*upload)(void *ctx, int rank, void *dst, const void *src_host, size_t bytes);
+    enum rt_err (*download)(void *ctx, int rank, void *dst_host, const void *src, size_t bytes);
+    enum rt_err (*zero)(void *ctx, int rank, void *dst, size_t bytes);
+
+    /* out[M][H] = embedding rows tokens[m] - row_begin of table fp16 [V_r][H], zero rows for
+     * ids another rank holds (ref_embed). tokens: host [M]. */
+    enum rt_err (*embed)(void *ctx, int rank, float *out, const uint16_t *table,
+                         const int32_t *tokens, int M, int64_t row_begin, int V_r, int H);
+    /* ref_rmsnorm: residual != NULL: residual += x; out = rmsnorm(residual) * w. */
+    enum rt_err (*rmsnorm)(void *ctx, int rank, float *out, float *residual, const float *x,
+                           const float *w, int M, int H, float eps);
+    /* ref_w4a16_linear: y[M][N] = x[M][K] . W + bias (packed DESIGN 4 tensors). */
+    enum rt_err (*linear_w4)(void *ctx, int rank, const float *x, const uint8_t *qweight,
+                             const uint8_t *qzeros, const uint16_t *scales, const float *bias,
+                             int M, int K, int N, int G, float *y);
+    /* ref_linear_f16: y[M][N] = x[M][K] . W^T + bias, W fp16 [N][K]. */
+    enum rt_err (*linear_f16)(void *ctx, int rank, const float *x, const uint16_t *W,
+                              const float *bias, int M, int K, int N, float *y);
+    /* ref_linear_f32: same with W fp32 [N][K] (router). */
+    enum rt_err (*linear_f32)(void *ctx, int rank, const float *x, const float *W,
+                              const float *bias, int M, int K, int N, float *y);
+    /* ref_rope on M rows at positions start_pos + m; inv_freq: backend [hd/2]. */
+    enum rt_err (*rope)(void *ctx, int rank, float *x, int M, int n_heads, int hd,
+                        size_t row_stride, int start_pos, const float *inv_freq);
+    /* Append keys and values of positions start_pos .. start_pos+M-1 to the cache:
+     * k_cache[h][start_pos + m][:] = k[m*row_stride + h*hd ...], same for v; caches
+     * [n_kv_heads][T_cap][hd]. */
+    enum rt_err (*kv_store)(void *ctx, int rank, float *k_cache, float *v_cache, const float *k,
+                            const float *v, size_t row_stride, int M, int start_pos,
+                            int n_kv_heads, int hd, int T_cap);
+    /* ref_attention (causal, GQA, sliding window <= 0 = none). */
+    enum rt_err (*attention)(void *ctx, int rank, float *out, size_t out_stride, const float *q,
+                             size_t q_stride, const float *k_cache, const float *v_cache, int M,
+                             int start_pos, int n_heads, int n_kv_heads, int hd, int T_cap,
+                             int sliding_window);
+    /* ref_silu_mul: out[M][I] = silu(gate) * up, gate_up [M][2I]. */
+    enum rt_err (*silu_mul)(void *ctx, int rank, float *out, const float *gate_up, int M, int I);
+    /* MoE helpers: dst[i][:] = src[rows[i]][:] and y[rows[i]][:] += weights[i] * src[i][:],
+     * rows and weights: host [n]; width = row length. */
+    enum rt_err (*gather_rows)(void *ctx, int rank, float *dst, const float *src,
+                               const int32_t *rows, int n, int width);
+    enum rt_err (*scatter_add_rows)(void *ctx, int rank, float *y, const float *src,
+                                    const int32_t *rows, const float *weights, int n, int width);
+    /* Sum bufs[0..world_size-1] (one per rank, n floats each) and leave the sum in every one. */
+    enum rt_err (*all_reduce)(void *ctx, float *const *bufs, int world_size, size_t n);
+};
+
+struct rt_backend {
+    const struct rt_backend_ops *ops;
+    void *ctx;
+};
+
+/*
+ * Backend constructors: world_size ranks in this process. On failure out->ops is NULL.
+ * rt_cpu_backend_create: RT_ERR_NOMEM, RT_ERR_THREAD.
+ * rt_cuda_backend_create: RT_ERR_NO_DEVICE (built without CUDA, no GPU, fewer GPUs than ranks,
+ * compute capability < 8.0: the message names the GPU), RT_ERR_DEVICE, RT_ERR_NOMEM.
+ */
+enum rt_err rt_cpu_backend_create(const struct rt_opts *opts, int world_size,
+                                  struct rt_backend *out);
+enum rt_err rt_cuda_backend_create(const struct rt_opts *opts, int world_size,
+                                   struct rt_backend *out);
+/* True when this build has CUDA and at least one usable GPU (no error is logged). */
+bool rt_cuda_available(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* QS_RT_H */

@@ -1,0 +1,24 @@
+/*
+ * rt_cuda_nocuda.c - stands in for runtime/rt_cuda.cu in builds without nvcc (or before the
+ * CUDA backend exists): the CUDA backend cannot be created, with a message that says why.
+ * `--device auto` then falls back to the CPU (rt_cuda_available() is false).
+ */
+#include "qs_log.h" /* qs_log_error */
+#include "rt.h"
+
+bool rt_cuda_available(void)
+{
+    return false;
+}
+
+enum rt_err rt_cuda_backend_create(const struct rt_opts *opts, int world_size,
+                                   struct rt_backend *out)
+{
+    (void)opts, (void)world_size;
+    out->ops = NULL;
+    out->ctx = NULL;
+    qs_log_error(__func__, "this qshard was built without CUDA (no nvcc at build time), so no "
+                 "GPU can be used; run with --device cpu, or rebuild on a machine with the "
+                 "CUDA toolkit");
+    return RT_ERR_NO_DEVICE;
+}

@@ -1,0 +1,856 @@
+/*
+ * rt_model.c - open a converted model (all its rank files), bind the tensors DESIGN 5 names to
+ * per-rank weight views, and run the LLaMA-family forward pass through the backend interface
+ * (rt.h). The same code drives the CPU backend (rt_cpu.c) and the CUDA backend (rt_cuda.cu).
+ *
+ * Layout of the work: every op is issued once per rank r = 0..world-1 on that rank's weights
+ * and buffers; row-parallel outputs (embedding, o_proj, down_proj / experts) are summed across
+ * ranks by all_reduce, so the residual stream h is replicated on every rank. Long inputs are run
+ * in chunks of max_batch tokens (chunked prefill) so activations stay bounded.
+ *
+ * Entry points: rt_model_open, rt_model_forward, rt_model_reset, rt_model_free and accessors,
+ * rt_err_str, rt_err_exit_code, rt_opts_default. Test: ./build/test_model
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "qs_log.h" /* qs_log_error, qs_log_info */
+#include "ref.h"    /* ref_rope_inv_freq, ref_moe_route, ref_w4_shape_ok */
+#include "rt.h"
+
+// --- errors and options ---------------------------------------------------------------------
+
+const char *rt_err_str(enum rt_err e)
+{
+    switch (e) {
+#define RT_X_STR(name, val, code, msg) \
+    case name:                         \
+        return msg;
+        RT_ERR_LIST(RT_X_STR)
+#undef RT_X_STR
+    }
+    return "unknown rt_err";
+}
+
+int rt_err_exit_code(enum rt_err e)
+{
+    switch (e) {
+#define RT_X_CODE(name, val, code, msg) \
+    case name:                          \
+        return code;
+        RT_ERR_LIST(RT_X_CODE)
+#undef RT_X_CODE
+    }
+    return 3;
+}
+
+struct rt_opts rt_opts_default(void)
+{
+    struct rt_opts o = {RT_DEVICE_AUTO, 0, 0, 0, 0};
+    return o;
+}
+
+// --- types ------------------------------------------------------------------------------------
+
+/* One linear of one rank: packed W4 (DESIGN 4) or unquantised fp16, plus an optional bias.
+ * All pointers are backend addresses borrowed from the weight memory. */
+struct rt_linear {
+    int K, N, G;                /* in_features, out_features, group_size (per rank) */
+    const uint8_t *qweight;     /* [K, N] packed 4.1, or NULL when weight_f16 is set */
+    const uint8_t *qzeros;      /* [K/G, N] packed 4.3 */
+    const uint16_t *scales;     /* [K/G, N] fp16 packed 4.2 */
+    const uint16_t *weight_f16; /* [N][K] fp16 row-major (modules_to_not_convert) */
+    const float *bias;          /* [N] or NULL */
+};
+
+struct rt_layer {
+    const float *attn_norm;          /* [H] input_layernorm */
+    const float *mlp_norm;           /* [H] post_attention_layernorm */
+    struct rt_linear qkv;            /* [H] -> [(nq_r + 2 nkv_r) * hd], columns [q | k | v] */
+    struct rt_linear o;              /* [nq_r * hd] -> [H], row-parallel */
+    struct rt_linear gate_up;        /* dense MLP: [H] -> [2 I_r], columns [gate | up] */
+    struct rt_linear down;           /* dense MLP: [I_r] -> [H], row-parallel */
+    const float *router;             /* MoE: [E][H] fp32, replicated */
+    struct rt_linear *expert_gate_up; /* owned array [E] */
+    struct rt_linear *expert_down;    /* owned array [E] */
+};
+
+/* Everything of one rank: its shard, config, weight views and activations. */
+struct rt_rank {
+    const struct fmt_shard *shard; /* borrowed from the model's fmt_model / single shard */
+    struct rt_config cfg;
+    bool *used;                    /* owned [n_tensors]: bound by the model (unused = error) */
+    const uint16_t *embed;         /* [V_r][H] fp16 */
+    const uint16_t *lm_head;       /* [V_r][H] fp16 (= embed when tied) */
+    const float *final_norm;       /* [H] */
+    struct rt_layer *layers;       /* owned [n_layers] */
+    /* activations, backend memory, owned; B = max_batch rows */
+    float *h;        /* [B][H] residual stream (replicated across ranks) */
+    float *x;        /* [B][H] normalised input of the current block */
+    float *o;        /* [B][H] block output (partial sum before all_reduce) */
+    float *qkv;      /* [B][(nq_r + 2 nkv_r) hd] */
+    float *att;      /* [B][nq_r hd] */
+    float *gu;       /* [B][2 I_r] */
+    float *act;      /* [B][I_r] */
+    float *xe, *ye;  /* MoE: [B][H] gathered expert input / expert output */
+    float *router_logits; /* MoE: [B][E] */
+    float *logits;   /* [LB][V_r] */
+    float *inv_freq; /* [hd/2] */
+    float **k_cache, **v_cache; /* owned arrays [n_layers] of backend [nkv_r][n_ctx][hd] */
+};
+
+struct rt_model {
+    struct fmt_model *fm;      /* owned, when opened from a directory */
+    struct fmt_shard *single;  /* owned, when opened from one TP-1 rank file */
+    char *path;                /* owned copy of the path given */
+    int world;
+    struct rt_rank *ranks;     /* owned [world] */
+    struct rt_backend be;      /* owned (be.ops NULL until created) */
+    enum rt_device device;
+    int n_ctx;                 /* KV cache capacity in tokens */
+    int max_batch;             /* rows of the activation buffers */
+    int logit_rows;            /* LB: rows of lm_head output per pass */
+    int n_past;                /* cached positions */
+    float **bufs;              /* owned [world]: scratch array for all_reduce arguments */
+    /* host scratch, owned */
+    float *h_logits;           /* [LB][V_r] */
+    float *h_router;           /* [B][E] */
+    int32_t *h_ids;            /* [B][top_k] */
+    float *h_w;                /* [B][top_k] */
+    int32_t *h_rows;           /* [B] */
+    float *h_roww;             /* [B] */
+};
+
+#define OPS (m->be.ops)
+#define BCTX (m->be.ctx)
+
+#define TRY(expr)                        \
+    do {                                 \
+        enum rt_err try_err_ = (expr);   \
+        if (try_err_ != RT_ERR_NONE)     \
+            return try_err_;             \
+    } while (0)
+
+// --- binding tensors --------------------------------------------------------------------------
+
+static const char *dtype_str(enum fmt_dtype d)
+{
+    const char *s = fmt_dtype_name(d);
+    return s ? s : "?";
+}
+
+static const char *layout_str(enum fmt_layout l)
+{
+    const char *s = fmt_layout_name(l);
+    return s ? s : "?";
+}
+
+/*
+ * Find tensor `name` in rank r's shard and check dtype, layout and the 1-D or 2-D shape
+ * (d1 < 0: 1-D). Missing: RT_ERR_MISSING_TENSOR unless optional (then *out = NULL).
+ */
+static enum rt_err bind(struct rt_model *m, int r, const char *name, enum fmt_dtype dtype,
+                        enum fmt_layout layout, long long d0, long long d1, bool optional,
+                        const void **out)
+{
+    const struct fmt_shard *s = m->ranks[r].shard;
+    const char *file = fmt_shard_path(s);
+    const struct fmt_tensor *t = fmt_shard_find(s, name);
+    *out = NULL;
+    if (!t) {
+        if (optional)
+            return RT_ERR_NONE;
+        qs_log_error(__func__, "file %s: tensor %s is missing (the %s config needs it)", file,
+                     name, m->ranks[r].cfg.architecture);
+        return RT_ERR_MISSING_TENSOR;
+    }
+    if (!t->layout_known) {
+        qs_log_error(__func__, "file %s: tensor %s: unknown layout tag %u (written by a newer "
+                     "converter?); expected %s", file, name, (unsigned)t->layout,
+                     layout_str(layout));
+        return RT_ERR_LAYOUT;
+    }
+    if (t->dtype != dtype || t->layout != layout) {
+        qs_log_error(__func__, "file %s: tensor %s: expected dtype %s layout %s, got %s %s", file,
+                     name, dtype_str(dtype), layout_str(layout), dtype_str(t->dtype),
+                     layout_str(t->layout));
+        return RT_ERR_LAYOUT;
+    }
+    uint32_t nd = d1 < 0 ? 1 : 2;
+    if (t->n_dims != nd || t->shape[0] != (uint64_t)d0 || (nd == 2 && t->shape[1] != (uint64_t)d1)) {
+        char want[64], got[96];
+        if (nd == 1)
+            snprintf(want, sizeof(want), "[%lld]", d0);
+        else
+            snprintf(want, sizeof(want), "[%lld, %lld]", d0, d1);
+        snprintf(got, sizeof(got), "%u dims [%llu, %llu, ...]", t->n_dims,
+                 (unsigned long long)t->shape[0], (unsigned long long)t->shape[1]);
+        qs_log_error(__func__, "file %s: tensor %s: config implies shape %s, file has %s", file,
+                     name, want, got);
+        return RT_ERR_SHAPE;
+    }
+    m->ranks[r].used[fmt_shard_tensor_index(s, t)] = true;
+    *out = OPS->tensor_ptr(BCTX, r, t);
+    return RT_ERR_NONE;
+}
+
+/* Bind linear `prefix` of rank r: packed W4 triple, else `<prefix>.weight` fp16 [N, K];
+ * `<prefix>.bias` fp32 [N] optional unless need_bias. */
+static enum rt_err bind_linear(struct rt_model *m, int r, const char *prefix, int K, int N,
+                               bool need_bias, struct rt_linear *L)
+{
+    const struct rt_config *c = &m->ranks[r].cfg;
+    char name[FMT_NAME_MAX + 1];
+    const void *p;
+    memset(L, 0, sizeof(*L));
+    L->K = K, L->N = N, L->G = c->group_size;
+
+    snprintf(name, sizeof(name), "%s.qweight", prefix);
+    if (fmt_shard_find(m->ranks[r].shard, name)) {
+        if (!ref_w4_shape_ok(K, N, c->group_size)) {
+            qs_log_error(__func__, "file %s: %s: per-rank shape [K=%d, N=%d] with group_size %d "
+                         "cannot use the packed layout (K %% 16, N %% 64, K %% G must be 0)",
+                         fmt_shard_path(m->ranks[r].shard), prefix, K, N, c->group_size);
+            return RT_ERR_SHAPE;
+        }
+        TRY(bind(m, r, name, FMT_DTYPE_Q4, FMT_LAYOUT_W4_MMA_T16X64, K, N, false, &p));
+        L->qweight = p;
+        snprintf(name, sizeof(name), "%s.qzeros", prefix);
+        TRY(bind(m, r, name, FMT_DTYPE_Q4, FMT_LAYOUT_Z4_T64, K / c->group_size, N, false, &p));
+        L->qzeros = p;
+        snprintf(name, sizeof(name), "%s.scales", prefix);
+        TRY(bind(m, r, name, FMT_DTYPE_F16, FMT_LAYOUT_S_T64, K / c->group_size, N, false, &p));
+        L->scales = p;
+    } else {
+        snprintf(name, sizeof(name), "%s.weight", prefix);
+        if (!fmt_shard_find(m->ranks[r].shard, name)) {
+            qs_log_error(__func__, "file %s: linear %s is missing (neither %s.qweight nor "
+                         "%s.weight)", fmt_shard_path(m->ranks[r].shard), prefix, prefix, prefix);
+            return RT_ERR_MISSING_TENSOR;
+        }
+        TRY(bind(m, r, name, FMT_DTYPE_F16, FMT_LAYOUT_ROW_MAJOR, N, K, false, &p));
+        L->weight_f16 = p;
+    }
+    snprintf(name, sizeof(name), "%s.bias", prefix);
+    TRY(bind(m, r, name, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR, N, -1, !need_bias, &p));
+    L->bias = p;
+    return RT_ERR_NONE;
+}
+
+static enum rt_err bind_layer(struct rt_model *m, int r, int l)
+{
+    struct rt_rank *R = &m->ranks[r];
+    const struct rt_config *c = &R->cfg;
+    struct rt_layer *ly = &R->layers[l];
+    int H = c->hidden_size, hd = c->head_dim;
+    int nq = c->heads_per_rank, nkv = c->kv_heads_per_rank, Ir = c->intermediate_per_rank;
+    char pre[256], name[FMT_NAME_MAX + 1];
+    const void *p;
+
+    snprintf(name, sizeof(name), "model.layers.%d.input_layernorm.weight", l);
+    TRY(bind(m, r, name, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR, H, -1, false, &p));
+    ly->attn_norm = p;
+    snprintf(name, sizeof(name), "model.layers.%d.post_attention_layernorm.weight", l);
+    TRY(bind(m, r, name, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR, H, -1, false, &p));
+    ly->mlp_norm = p;
+    snprintf(pre, sizeof(pre), "model.layers.%d.self_attn.qkv_proj", l);
+    TRY(bind_linear(m, r, pre, H, (nq + 2 * nkv) * hd, c->attention_bias, &ly->qkv));
+    snprintf(pre, sizeof(pre), "model.layers.%d.self_attn.o_proj", l);
+    TRY(bind_linear(m, r, pre, nq * hd, H, false, &ly->o));
+
+    if (c->n_experts == 0) {
+        snprintf(pre, sizeof(pre), "model.layers.%d.mlp.gate_up_proj", l);
+        TRY(bind_linear(m, r, pre, H, 2 * Ir, false, &ly->gate_up));
+        snprintf(pre, sizeof(pre), "model.layers.%d.mlp.down_proj", l);
+        TRY(bind_linear(m, r, pre, Ir, H, false, &ly->down));
+        return RT_ERR_NONE;
+    }
+    int E = c->n_experts;
+    snprintf(name, sizeof(name), "model.layers.%d.block_sparse_moe.gate.weight", l);
+    TRY(bind(m, r, name, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR, E, H, false, &p));
+    ly->router = p;
+    ly->expert_gate_up = calloc((size_t)E, sizeof(struct rt_linear));
+    ly->expert_down = calloc((size_t)E, sizeof(struct rt_linear));
+    if (!ly->expert_gate_up || !ly->expert_down) {
+        qs_log_error(__func__, "out of memory for %d experts", E);
+        return RT_ERR_NOMEM;
+    }
+    for (int e = 0; e < E; e++) {
+        snprintf(pre, sizeof(pre), "model.layers.%d.block_sparse_moe.experts.%d.gate_up_proj", l,
+                 e);
+        TRY(bind_linear(m, r, pre, H, 2 * Ir, false, &ly->expert_gate_up[e]));
+        snprintf(pre, sizeof(pre), "model.layers.%d.block_sparse_moe.experts.%d.down_proj", l, e);
+        TRY(bind_linear(m, r, pre, Ir, H, false, &ly->expert_down[e]));
+    }
+    return RT_ERR_NONE;
+}
+
+static enum rt_err bind_rank(struct rt_model *m, int r)
+{
+    struct rt_rank *R = &m->ranks[r];
+    const struct rt_config *c = &R->cfg;
+    const void *p;
+    uint32_t nt = fmt_shard_n_tensors(R->shard);
+
+    R->used = calloc(nt ? nt : 1, sizeof(bool));
+    R->layers = calloc((size_t)c->n_layers, sizeof(*R->layers));
+    if (!R->used || !R->layers) {
+        qs_log_error(__func__, "out of memory for %d layers", c->n_layers);
+        return RT_ERR_NOMEM;
+    }
+    TRY(bind(m, r, "model.embed_tokens.weight", FMT_DTYPE_F16, FMT_LAYOUT_ROW_MAJOR,
+             c->vocab_size_per_rank, c->hidden_size, false, &p));
+    R->embed = p;
+    if (c->tie_word_embeddings) {
+        R->lm_head = R->embed;
+    } else {
+        TRY(bind(m, r, "lm_head.weight", FMT_DTYPE_F16, FMT_LAYOUT_ROW_MAJOR,
+                 c->vocab_size_per_rank, c->hidden_size, false, &p));
+        R->lm_head = p;
+    }
+    TRY(bind(m, r, "model.norm.weight", FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR, c->hidden_size, -1,
+             false, &p));
+    R->final_norm = p;
+    for (int l = 0; l < c->n_layers; l++)
+        TRY(bind_layer(m, r, l));
+    /* a tensor we do not use means a model feature we would silently ignore */
+    for (uint32_t i = 0; i < nt; i++)
+        if (!R->used[i]) {
+            qs_log_error(__func__, "file %s: tensor %s is not used by the %s forward pass (a model "
+                         "feature this runtime does not implement?)", fmt_shard_path(R->shard),
+                         fmt_shard_tensor(R->shard, i)->name, c->architecture);
+            return RT_ERR_UNSUPPORTED;
+        }
+    return RT_ERR_NONE;
+}
+
+// --- buffers ------------------------------------------------------------------------------------
+
+static enum rt_err balloc(struct rt_model *m, int r, size_t n_floats, float **out)
+{
+    void *p = NULL;
+    enum rt_err e = OPS->alloc(BCTX, r, n_floats * sizeof(float), &p);
+    *out = p;
+    return e;
+}
+
+static enum rt_err alloc_rank(struct rt_model *m, int r)
+{
+    struct rt_rank *R = &m->ranks[r];
+    const struct rt_config *c = &R->cfg;
+    size_t B = (size_t)m->max_batch, H = (size_t)c->hidden_size, hd = (size_t)c->head_dim;
+    size_t nq = (size_t)c->heads_per_rank, nkv = (size_t)c->kv_heads_per_rank;
+    size_t Ir = (size_t)c->intermediate_per_rank;
+
+    TRY(balloc(m, r, B * H, &R->h));
+    TRY(balloc(m, r, B * H, &R->x));
+    TRY(balloc(m, r, B * H, &R->o));
+    TRY(balloc(m, r, B * (nq + 2 * nkv) * hd, &R->qkv));
+    TRY(balloc(m, r, B * nq * hd, &R->att));
+    TRY(balloc(m, r, B * 2 * Ir, &R->gu));
+    TRY(balloc(m, r, B * Ir, &R->act));
+    if (c->n_experts) {
+        TRY(balloc(m, r, B * H, &R->xe));
+        TRY(balloc(m, r, B * H, &R->ye));
+        TRY(balloc(m, r, B * (size_t)c->n_experts, &R->router_logits));
+    }
+    TRY(balloc(m, r, (size_t)m->logit_rows * (size_t)c->vocab_size_per_rank, &R->logits));
+    TRY(balloc(m, r, hd / 2, &R->inv_freq));
+
+    float *inv = malloc(hd / 2 * sizeof(float));
+    if (!inv) {
+        qs_log_error(__func__, "out of memory");
+        return RT_ERR_NOMEM;
+    }
+    ref_rope_inv_freq(inv, c->head_dim, c->rope_theta, &c->rope_scaling);
+    enum rt_err e = OPS->upload(BCTX, r, R->inv_freq, inv, hd / 2 * sizeof(float));
+    free(inv);
+    TRY(e);
+
+    R->k_cache = calloc((size_t)c->n_layers, sizeof(float *));
+    R->v_cache = calloc((size_t)c->n_layers, sizeof(float *));
+    if (!R->k_cache || !R->v_cache) {
+        qs_log_error(__func__, "out of memory");
+        return RT_ERR_NOMEM;
+    }
+    size_t kv = nkv * (size_t)m->n_ctx * hd;
+    for (int l = 0; l < c->n_layers; l++) {
+        TRY(balloc(m, r, kv, &R->k_cache[l]));
+        TRY(balloc(m, r, kv, &R->v_cache[l]));
+    }
+    return RT_ERR_NONE;
+}
+
+static void free_rank(struct rt_model *m, int r)
+{
+    struct rt_rank *R = &m->ranks[r];
+    if (R->layers) {
+        for (int l = 0; l < R->cfg.n_layers; l++) {
+            free(R->layers[l].expert_gate_up);
+            free(R->layers[l].expert_down);
+        }
+        free(R->layers);
+    }
+    free(R->used);
+    if (m->be.ops) {
+        float *bufs[] = {R->h, R->x, R->o, R->qkv, R->att, R->gu, R->act, R->xe, R->ye,
+                         R->router_logits, R->logits, R->inv_freq};
+        for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+            OPS->free(BCTX, r, bufs[i]);
+        for (int l = 0; l < R->cfg.n_layers; l++) {
+            if (R->k_cache)
+                OPS->free(BCTX, r, R->k_cache[l]);
+            if (R->v_cache)
+                OPS->free(BCTX, r, R->v_cache[l]);
+        }
+    }
+    free(R->k_cache);
+    free(R->v_cache);
+    memset(R, 0, sizeof(*R));
+}
+
+// --- open -------------------------------------------------------------------------------------
+
+static enum rt_err from_fmt(enum fmt_err e)
+{
+    switch (e) {
+    case FMT_ERR_NONE:
+        return RT_ERR_NONE;
+    case FMT_ERR_IO:
+        return RT_ERR_IO;
+    case FMT_ERR_NOMEM:
+        return RT_ERR_NOMEM;
+    case FMT_ERR_RANK_MISMATCH:
+    case FMT_ERR_MISSING_RANK:
+    case FMT_ERR_DIGEST:
+    case FMT_ERR_RANK:
+        return RT_ERR_RANK_MISMATCH;
+    default:
+        return RT_ERR_FORMAT;
+    }
+}
+
+/* Configs of all ranks must describe the same model and TP set (only tp.rank differs). */
+static enum rt_err check_same_config(const struct rt_model *m, int r)
+{
+    const struct rt_config *a = &m->ranks[0].cfg, *b = &m->ranks[r].cfg;
+#define SAME(f)                                                                               \
+    if (a->f != b->f) {                                                                       \
+        qs_log_error(__func__, "rank files %s and %s disagree on config field %s",            \
+                     fmt_shard_path(m->ranks[0].shard), fmt_shard_path(m->ranks[r].shard), #f); \
+        return RT_ERR_RANK_MISMATCH;                                                          \
+    }
+    SAME(arch) SAME(hidden_size) SAME(intermediate_size) SAME(intermediate_size_padded)
+    SAME(n_layers) SAME(n_heads) SAME(n_kv_heads) SAME(head_dim) SAME(vocab_size)
+    SAME(vocab_size_per_rank) SAME(rms_norm_eps) SAME(rope_theta) SAME(rope_scaling.type)
+    SAME(rope_scaling.factor) SAME(rope_scaling.low_freq_factor)
+    SAME(rope_scaling.high_freq_factor) SAME(rope_scaling.original_max_position_embeddings)
+    SAME(max_position_embeddings) SAME(tie_word_embeddings) SAME(sliding_window)
+    SAME(attention_bias) SAME(n_experts) SAME(n_experts_per_tok) SAME(group_size)
+    SAME(zero_point) SAME(world_size) SAME(heads_per_rank) SAME(kv_heads_per_rank)
+    SAME(kv_head_replicas) SAME(intermediate_per_rank)
+#undef SAME
+    return RT_ERR_NONE;
+}
+
+static enum rt_err open_files(struct rt_model *m, const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        qs_log_error(__func__, "%s: %s", path, strerror(errno));
+        return RT_ERR_IO;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        TRY(from_fmt(fmt_model_open(path, &m->fm)));
+        m->world = (int)fmt_model_world_size(m->fm);
+    } else {
+        TRY(from_fmt(fmt_shard_open(path, &m->single)));
+        const struct fmt_header *hd = fmt_shard_header(m->single);
+        if (hd->world_size != 1) {
+            qs_log_error(__func__, "%s is rank %u of a TP-%u set: open the directory that holds "
+                         "all its rank files and manifest.json instead", path, hd->tp_rank,
+                         hd->world_size);
+            return RT_ERR_RANK_MISMATCH;
+        }
+        m->world = 1;
+    }
+    m->ranks = calloc((size_t)m->world, sizeof(*m->ranks));
+    m->bufs = calloc((size_t)m->world, sizeof(*m->bufs));
+    if (!m->ranks || !m->bufs) {
+        qs_log_error(__func__, "out of memory for %d ranks", m->world);
+        return RT_ERR_NOMEM;
+    }
+    for (int r = 0; r < m->world; r++) {
+        struct rt_rank *R = &m->ranks[r];
+        R->shard = m->fm ? fmt_model_shard(m->fm, (uint32_t)r) : m->single;
+        const char *json;
+        size_t len;
+        TRY(from_fmt(fmt_shard_config_json(R->shard, &json, &len)));
+        TRY(rt_config_parse(json, len, fmt_shard_path(R->shard), &R->cfg));
+        const struct fmt_header *hd = fmt_shard_header(R->shard);
+        if (R->cfg.world_size != m->world || R->cfg.rank != r || (int)hd->tp_rank != r ||
+            (int)hd->world_size != m->world) {
+            qs_log_error(__func__, "file %s: header says rank %u of %u, config says rank %d of "
+                         "%d, expected rank %d of %d", fmt_shard_path(R->shard), hd->tp_rank,
+                         hd->world_size, R->cfg.rank, R->cfg.world_size, r, m->world);
+            return RT_ERR_RANK_MISMATCH;
+        }
+        if (r > 0)
+            TRY(check_same_config(m, r));
+    }
+    return RT_ERR_NONE;
+}
+
+static enum rt_err create_backend(struct rt_model *m, const struct rt_opts *o)
+{
+    enum rt_device d = o->device;
+    if (d == RT_DEVICE_AUTO)
+        d = rt_cuda_available() ? RT_DEVICE_CUDA : RT_DEVICE_CPU;
+    if (d != RT_DEVICE_CPU && d != RT_DEVICE_CUDA) {
+        qs_log_error(__func__, "unknown device %d", (int)o->device);
+        return RT_ERR_ARG;
+    }
+    m->device = d;
+    if (d == RT_DEVICE_CUDA)
+        return rt_cuda_backend_create(o, m->world, &m->be);
+    return rt_cpu_backend_create(o, m->world, &m->be);
+}
+
+static enum rt_err size_context(struct rt_model *m, const struct rt_opts *o)
+{
+    const struct rt_config *c = &m->ranks[0].cfg;
+    int maxpos = c->max_position_embeddings;
+    m->n_ctx = o->n_ctx > 0 ? o->n_ctx : (maxpos < 4096 ? maxpos : 4096);
+    if (m->n_ctx > maxpos) {
+        qs_log_error(__func__, "context of %d tokens asked for, but the model was trained for at "
+                     "most max_position_embeddings = %d", m->n_ctx, maxpos);
+        return RT_ERR_CONTEXT;
+    }
+    m->max_batch = o->max_batch > 0 ? o->max_batch : 512;
+    if (m->max_batch > m->n_ctx)
+        m->max_batch = m->n_ctx;
+    m->logit_rows = m->max_batch < 64 ? m->max_batch : 64;
+    return RT_ERR_NONE;
+}
+
+static enum rt_err alloc_host(struct rt_model *m)
+{
+    const struct rt_config *c = &m->ranks[0].cfg;
+    size_t B = (size_t)m->max_batch, k = (size_t)(c->n_experts_per_tok ? c->n_experts_per_tok : 1);
+    m->h_logits = malloc((size_t)m->logit_rows * (size_t)c->vocab_size_per_rank * sizeof(float));
+    m->h_router = malloc(B * (size_t)(c->n_experts ? c->n_experts : 1) * sizeof(float));
+    m->h_ids = malloc(B * k * sizeof(int32_t));
+    m->h_w = malloc(B * k * sizeof(float));
+    m->h_rows = malloc(B * sizeof(int32_t));
+    m->h_roww = malloc(B * sizeof(float));
+    if (!m->h_logits || !m->h_router || !m->h_ids || !m->h_w || !m->h_rows || !m->h_roww) {
+        qs_log_error(__func__, "out of host memory for %zu logit rows of %d", (size_t)m->logit_rows,
+                     c->vocab_size_per_rank);
+        return RT_ERR_NOMEM;
+    }
+    return RT_ERR_NONE;
+}
+
+static enum rt_err model_open(struct rt_model *m, const char *path, const struct rt_opts *o)
+{
+    TRY(open_files(m, path));
+    TRY(size_context(m, o));
+    TRY(create_backend(m, o));
+    for (int r = 0; r < m->world; r++) {
+        TRY(OPS->load_weights(BCTX, r, m->ranks[r].shard));
+        TRY(bind_rank(m, r));
+        TRY(alloc_rank(m, r));
+    }
+    TRY(alloc_host(m));
+    const struct rt_config *c = &m->ranks[0].cfg;
+    double kv_mib = 2.0 * c->n_layers * c->kv_heads_per_rank * (double)m->n_ctx * c->head_dim *
+                    4.0 * m->world / (1 << 20);
+    qs_log_info("model %s: %s, %d layers, hidden %d, heads %d (kv %d, head_dim %d), vocab %d, "
+                "group_size %d%s; TP %d on %s; KV cache %d tokens (%.1f MiB)",
+                path, c->architecture, c->n_layers, c->hidden_size, c->n_heads, c->n_kv_heads,
+                c->head_dim, c->vocab_size, c->group_size,
+                c->n_experts ? ", mixture of experts" : "", m->world, OPS->name, m->n_ctx, kv_mib);
+    return RT_ERR_NONE;
+}
+
+enum rt_err rt_model_open(const char *path_or_dir, const struct rt_opts *opts,
+                          struct rt_model **out)
+{
+    *out = NULL;
+    struct rt_opts o = opts ? *opts : rt_opts_default();
+    struct rt_model *m = calloc(1, sizeof(*m));
+    if (!m) {
+        qs_log_error(__func__, "out of memory");
+        return RT_ERR_NOMEM;
+    }
+    m->path = strdup(path_or_dir);
+    enum rt_err e = m->path ? model_open(m, path_or_dir, &o) : RT_ERR_NOMEM;
+    if (e) {
+        rt_model_free(m);
+        return e;
+    }
+    *out = m;
+    return RT_ERR_NONE;
+}
+
+void rt_model_free(struct rt_model *m)
+{
+    if (!m)
+        return;
+    if (m->ranks)
+        for (int r = 0; r < m->world; r++)
+            free_rank(m, r);
+    if (m->be.ops)
+        OPS->destroy(BCTX);
+    free(m->ranks);
+    free(m->bufs);
+    free(m->h_logits);
+    free(m->h_router);
+    free(m->h_ids);
+    free(m->h_w);
+    free(m->h_rows);
+    free(m->h_roww);
+    fmt_model_close(m->fm);
+    fmt_shard_close(m->single);
+    free(m->path);
+    free(m);
+}
+
+void rt_model_reset(struct rt_model *m)
+{
+    m->n_past = 0;
+}
+
+const struct rt_config *rt_model_config(const struct rt_model *m)
+{
+    return &m->ranks[0].cfg;
+}
+
+int rt_model_n_ctx(const struct rt_model *m)
+{
+    return m->n_ctx;
+}
+
+int rt_model_n_past(const struct rt_model *m)
+{
+    return m->n_past;
+}
+
+int rt_model_world_size(const struct rt_model *m)
+{
+    return m->world;
+}
+
+enum rt_device rt_model_device(const struct rt_model *m)
+{
+    return m->device;
+}
+
+const struct fmt_shard *rt_model_shard(const struct rt_model *m, int rank)
+{
+    return rank >= 0 && rank < m->world ? m->ranks[rank].shard : NULL;
+}
+
+// --- forward ----------------------------------------------------------------------------------
+
+static enum rt_err linear(struct rt_model *m, int r, const struct rt_linear *L, const float *x,
+                          int M, float *y)
+{
+    if (L->qweight)
+        return OPS->linear_w4(BCTX, r, x, L->qweight, L->qzeros, L->scales, L->bias, M, L->K,
+                              L->N, L->G, y);
+    return OPS->linear_f16(BCTX, r, x, L->weight_f16, L->bias, M, L->K, L->N, y);
+}
+
+enum which_buf { BUF_H, BUF_O };
+
+/* Sum the first n floats of every rank's h (or o) buffer; the sum lands in all of them. */
+static enum rt_err all_reduce_buf(struct rt_model *m, enum which_buf which, size_t n)
+{
+    for (int r = 0; r < m->world; r++)
+        m->bufs[r] = which == BUF_H ? m->ranks[r].h : m->ranks[r].o;
+    return OPS->all_reduce(BCTX, m->bufs, m->world, n);
+}
+
+/* Attention block of layer l on rank r: x -> o (partial sum of o_proj). */
+static enum rt_err attn_block(struct rt_model *m, int r, int l, int M, int p0)
+{
+    struct rt_rank *R = &m->ranks[r];
+    const struct rt_config *c = &R->cfg;
+    const struct rt_layer *ly = &R->layers[l];
+    int hd = c->head_dim, nq = c->heads_per_rank, nkv = c->kv_heads_per_rank;
+    size_t stride = (size_t)(nq + 2 * nkv) * (size_t)hd;
+    float *q = R->qkv, *k = R->qkv + (size_t)nq * hd, *v = R->qkv + (size_t)(nq + nkv) * hd;
+
+    TRY(linear(m, r, &ly->qkv, R->x, M, R->qkv));
+    TRY(OPS->rope(BCTX, r, q, M, nq, hd, stride, p0, R->inv_freq));
+    TRY(OPS->rope(BCTX, r, k, M, nkv, hd, stride, p0, R->inv_freq));
+    TRY(OPS->kv_store(BCTX, r, R->k_cache[l], R->v_cache[l], k, v, stride, M, p0, nkv, hd,
+                      m->n_ctx));
+    TRY(OPS->attention(BCTX, r, R->att, (size_t)nq * hd, q, stride, R->k_cache[l],
+                       R->v_cache[l], M, p0, nq, nkv, hd, m->n_ctx, c->sliding_window));
+    return linear(m, r, &ly->o, R->att, M, R->o);
+}
+
+static enum rt_err dense_mlp(struct rt_model *m, int r, int l, int M)
+{
+    struct rt_rank *R = &m->ranks[r];
+    const struct rt_layer *ly = &R->layers[l];
+    TRY(linear(m, r, &ly->gate_up, R->x, M, R->gu));
+    TRY(OPS->silu_mul(BCTX, r, R->act, R->gu, M, R->cfg.intermediate_per_rank));
+    return linear(m, r, &ly->down, R->act, M, R->o);
+}
+
+/* Mixtral sparse MoE of layer l over all ranks: route on the host with rank 0's router logits
+ * (the router is replicated, so every rank would compute the same), then run each selected
+ * expert on the tokens routed to it and add its weighted output (experts in id order, as
+ * transformers' index_add_ loop). Leaves partial sums in every rank's o. */
+static enum rt_err moe(struct rt_model *m, int l, int M)
+{
+    const struct rt_config *c = &m->ranks[0].cfg;
+    int E = c->n_experts, k = c->n_experts_per_tok, H = c->hidden_size;
+    struct rt_rank *R0 = &m->ranks[0];
+
+    TRY(OPS->linear_f32(BCTX, 0, R0->x, R0->layers[l].router, NULL, M, H, E, R0->router_logits));
+    TRY(OPS->download(BCTX, 0, m->h_router, R0->router_logits, (size_t)M * E * sizeof(float)));
+    ref_moe_route(m->h_router, M, E, k, m->h_ids, m->h_w);
+    for (int r = 0; r < m->world; r++)
+        TRY(OPS->zero(BCTX, r, m->ranks[r].o, (size_t)M * H * sizeof(float)));
+    for (int e = 0; e < E; e++) {
+        int n = 0;
+        for (int t = 0; t < M; t++)
+            for (int j = 0; j < k; j++)
+                if (m->h_ids[t * k + j] == e) {
+                    m->h_rows[n] = t;
+                    m->h_roww[n++] = m->h_w[t * k + j];
+                }
+        if (n == 0)
+            continue;
+        for (int r = 0; r < m->world; r++) {
+            struct rt_rank *R = &m->ranks[r];
+            const struct rt_layer *ly = &R->layers[l];
+            TRY(OPS->gather_rows(BCTX, r, R->xe, R->x, m->h_rows, n, H));
+            TRY(linear(m, r, &ly->expert_gate_up[e], R->xe, n, R->gu));
+            TRY(OPS->silu_mul(BCTX, r, R->act, R->gu, n, R->cfg.intermediate_per_rank));
+            TRY(linear(m, r, &ly->expert_down[e], R->act, n, R->ye));
+            TRY(OPS->scatter_add_rows(BCTX, r, R->o, R->ye, m->h_rows, m->h_roww, n, H));
+        }
+    }
+    return RT_ERR_NONE;
+}
+
+/* lm_head on rows [row0, row0 + n) of x, assembled across ranks into out[n][vocab_size]. */
+static enum rt_err logits_rows(struct rt_model *m, int row0, int n, float *out)
+{
+    const struct rt_config *c = &m->ranks[0].cfg;
+    int H = c->hidden_size, Vr = c->vocab_size_per_rank, V = c->vocab_size;
+    for (int r = 0; r < m->world; r++) {
+        struct rt_rank *R = &m->ranks[r];
+        TRY(OPS->linear_f16(BCTX, r, R->x + (size_t)row0 * H, R->lm_head, NULL, n, H, Vr,
+                            R->logits));
+        TRY(OPS->download(BCTX, r, m->h_logits, R->logits, (size_t)n * Vr * sizeof(float)));
+        int64_t col0 = (int64_t)r * Vr;
+        int64_t cols = V - col0 < Vr ? V - col0 : Vr; /* padding rows past vocab_size dropped */
+        for (int i = 0; cols > 0 && i < n; i++)
+            memcpy(out + (size_t)i * V + col0, m->h_logits + (size_t)i * Vr,
+                   (size_t)cols * sizeof(float));
+    }
+    return RT_ERR_NONE;
+}
+
+/* One chunk of M <= max_batch tokens at positions p0..p0+M-1. */
+static enum rt_err step(struct rt_model *m, const int32_t *tokens, int M, int p0, float *logits,
+                        bool all_logits)
+{
+    const struct rt_config *c = &m->ranks[0].cfg;
+    size_t MH = (size_t)M * (size_t)c->hidden_size;
+
+    for (int r = 0; r < m->world; r++) {
+        struct rt_rank *R = &m->ranks[r];
+        TRY(OPS->embed(BCTX, r, R->h, R->embed, tokens, M, (int64_t)r * c->vocab_size_per_rank,
+                       c->vocab_size_per_rank, c->hidden_size));
+    }
+    TRY(all_reduce_buf(m, BUF_H, MH));
+    for (int l = 0; l < c->n_layers; l++) {
+        for (int r = 0; r < m->world; r++) {
+            struct rt_rank *R = &m->ranks[r];
+            const float *w = R->layers[l].attn_norm;
+            if (l == 0)
+                TRY(OPS->rmsnorm(BCTX, r, R->x, NULL, R->h, w, M, c->hidden_size,
+                                 c->rms_norm_eps));
+            else /* h += previous MLP output, then normalise */
+                TRY(OPS->rmsnorm(BCTX, r, R->x, R->h, R->o, w, M, c->hidden_size,
+                                 c->rms_norm_eps));
+            TRY(attn_block(m, r, l, M, p0));
+        }
+        TRY(all_reduce_buf(m, BUF_O, MH));
+        for (int r = 0; r < m->world; r++) {
+            struct rt_rank *R = &m->ranks[r];
+            TRY(OPS->rmsnorm(BCTX, r, R->x, R->h, R->o, R->layers[l].mlp_norm, M,
+                             c->hidden_size, c->rms_norm_eps));
+            if (!c->n_experts)
+                TRY(dense_mlp(m, r, l, M));
+        }
+        if (c->n_experts)
+            TRY(moe(m, l, M));
+        TRY(all_reduce_buf(m, BUF_O, MH));
+    }
+    for (int r = 0; r < m->world; r++) {
+        struct rt_rank *R = &m->ranks[r];
+        TRY(OPS->rmsnorm(BCTX, r, R->x, R->h, R->o, R->final_norm, M, c->hidden_size,
+                         c->rms_norm_eps));
+    }
+    if (!logits)
+        return RT_ERR_NONE;
+    if (!all_logits)
+        return logits_rows(m, M - 1, 1, logits);
+    for (int row = 0; row < M; row += m->logit_rows) {
+        int n = M - row < m->logit_rows ? M - row : m->logit_rows;
+        TRY(logits_rows(m, row, n, logits + (size_t)row * c->vocab_size));
+    }
+    return RT_ERR_NONE;
+}
+
+enum rt_err rt_model_forward(struct rt_model *m, const int32_t *tokens, int n_tokens,
+                             int start_pos, float *logits, bool all_logits)
+{
+    const struct rt_config *c = &m->ranks[0].cfg;
+    if (n_tokens < 1 || !tokens) {
+        qs_log_error(__func__, "no tokens to run (n_tokens = %d)", n_tokens);
+        return RT_ERR_ARG;
+    }
+    if (start_pos < 0 || start_pos > m->n_past) {
+        qs_log_error(__func__, "start_pos %d: only positions [0, %d) are in the KV cache",
+                     start_pos, m->n_past);
+        return RT_ERR_ARG;
+    }
+    if ((int64_t)start_pos + n_tokens > m->n_ctx) {
+        qs_log_error(__func__, "context overflow: positions %d..%lld do not fit the KV cache of "
+                     "%d tokens (n_ctx; the model allows up to %d)", start_pos,
+                     (long long)start_pos + n_tokens - 1, m->n_ctx, c->max_position_embeddings);
+        return RT_ERR_CONTEXT;
+    }
+    for (int i = 0; i < n_tokens; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->vocab_size) {
+            qs_log_error(__func__, "token %d (at index %d) is outside the vocabulary [0, %d)",
+                         tokens[i], i, c->vocab_size);
+            return RT_ERR_TOKEN;
+        }
+    m->n_past = start_pos;
+    for (int done = 0; done < n_tokens;) {
+        int M = n_tokens - done < m->max_batch ? n_tokens - done : m->max_batch;
+        bool last = done + M == n_tokens;
+        float *out = NULL;
+        if (logits && all_logits)
+            out = logits + (size_t)done * c->vocab_size;
+        else if (logits && last)
+            out = logits;
+        TRY(step(m, tokens + done, M, start_pos + done, out, all_logits));
+        done += M;
+        m->n_past = start_pos + done;
+    }
+    return RT_ERR_NONE;
+}
