@@ -71,6 +71,14 @@ enum cvt_out_kind {
     CVT_OUT_VEC_F32 = 4,    /* vector F32 [cols] (norms, biases) or F32 matrix [rows, cols] (router) */
 };
 
+/* The tensor-parallel split that produced an output (recorded in the rank file's table). */
+enum cvt_split {
+    CVT_SPLIT_NONE = 0,     /* replicated (norms, router, row-parallel bias on rank 0) */
+    CVT_SPLIT_COLUMN = 1,   /* output features: axis 1 of [K, N], axis 0 of a [N, K] F16 linear */
+    CVT_SPLIT_ROW = 2,      /* input features: axis 0 of [K, N], axis 1 of a [N, K] F16 linear */
+    CVT_SPLIT_VOCAB = 3,    /* vocabulary rows (axis 0) */
+};
+
 /* Where a source tensor comes from. */
 enum cvt_src_kind {
     CVT_SRC_AWQ = 1,        /* quantized linear, name = module prefix (q/z/s decoded by cvt_awq_load) */
@@ -83,6 +91,7 @@ struct cvt_plan_src {
     enum cvt_src_kind kind;
     int64_t rows, cols;     /* expected logical shape: [K, N] for linears (also float .weight,
                              * whose file shape is [N, K]); [rows, cols] matrices; [1, n] vectors */
+    bool file_transposed;   /* float linear .weight: the file holds [cols, rows] = [N, K] */
 };
 
 /* A rectangle of a source placed into an output: source rows [src_r0, src_r0 + n_rows) and
@@ -100,6 +109,7 @@ struct cvt_seg {
 struct cvt_out {
     char name[160];         /* W4: module prefix (`...qkv_proj`); otherwise the full tensor name */
     enum cvt_out_kind kind;
+    enum cvt_split split;
     int64_t rows, cols;     /* logical [K, N] (W4 and LINEAR_F16), [rows, cols] otherwise */
     int n_segs;
     struct cvt_seg segs[CVT_MAX_SEGS];

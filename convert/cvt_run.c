@@ -1,0 +1,951 @@
+/*
+ * cvt_run.c - the conversion driver: HF AWQ directory -> OUT_DIR/rank-K-of-N.qshard + manifest.
+ *
+ * Entry point: cvt_run() (cvt.h), called by `qshard convert` (cvt_main.c) and tests/test_cvt.c.
+ *
+ * Steps:
+ *   1. open the source (cvt_src.h), normalise the config, build the TP plan (cvt_plan.c);
+ *   2. validate every source tensor the plan reads before writing anything: AWQ linears through
+ *      cvt_awq_probe (variant + shapes vs config), float tensors by catalog shape;
+ *   3. open one format writer per rank (config JSON of DESIGN 6 with that rank's tp block,
+ *      tokenizer files, generation config), declare every tensor, begin_data;
+ *   4. a pthreads work queue over (output tensor, rank) jobs. Quantized outputs are produced in
+ *      column chunks of whole 64-wide n-tiles: in the packed layouts (DESIGN 4.1-4.3) the bytes of
+ *      n-tiles [a, b) of qweight, scales and qzeros are each one contiguous range, in order, so
+ *      a chunk is packed on its own and streamed with fmt_writer_put_tensor_part(). Each chunk:
+ *      decode the source slices (cvt_awq_load), place them (zero padding elsewhere), pack
+ *      (ref_pack_*), then the SELF-CHECK: ref_dequant_w4 of our packed chunk must equal
+ *      cvt_awq_dequant_source of the same source slice bit for bit, and padding must dequantize to
+ *      +0.0. Float tensors are converted in row chunks. Memory per worker is bounded by the
+ *      chunk budget, so peak RSS does not grow with model size;
+ *   5. finish every writer (fsync + rename), then the manifest. On any failure: abort every
+ *      writer (temp files removed), unlink rank files already renamed and the manifest, rmdir the
+ *      output directory if this call created it.
+ *
+ * Test: ./build/test_cvt (fixtures of tests/data/models, bad inputs, PITFALLS cases).
+ */
+#include "cvt.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "fmt_write.h" /* fmt_writer_*, fmt_rank_file_name, fmt_manifest_write */
+#include "qs_log.h"    /* qs_log_error, qs_log_warn, qs_log_info */
+#include "ref.h"       /* ref_pack_w4, ref_pack_scales, ref_pack_zeros, ref_dequant_w4 */
+
+/* Memory budget for all workers' chunk buffers together (bytes). With the input side dropping
+ * mapped pages after each read, this is what bounds peak RSS (plus the plan and the catalog). */
+#define CVT_CHUNK_BUDGET (256ull << 20)
+/* Bytes of working memory per element of a quantized chunk: codes 1, packed 0.5, two fp32
+ * dequantized copies 8, the decoder's slice 1, slack. */
+#define CVT_BYTES_PER_CODE 12
+/* Float tensors are converted in pieces of at most this many elements. */
+#define CVT_FLOAT_CHUNK (1u << 20)
+
+/* --- state --------------------------------------------------------------------------------- */
+
+struct job {
+    int rank;
+    int out;                /* index into plan->ranks[rank].outs */
+};
+
+struct run {
+    const struct cvt_opts *o;
+    struct cvt_source *src;
+    const struct cvt_hf_config *cfg;
+    struct cvt_plan *plan;
+    struct fmt_writer **w;  /* [tp], NULL once finished or aborted */
+    uint32_t **idx;         /* [tp][n_outs]: first tensor index of each output (W4: q, s, z) */
+    const struct cvt_src_tensor **src_t; /* [n_srcs]: catalog entry of float sources */
+    char variant[64];       /* "gemm", or "gemm+gemv" when linears disagree */
+
+    struct job *jobs;
+    size_t n_jobs;
+    atomic_size_t next_job;
+    atomic_int failed;      /* first failure stops every worker */
+    enum cvt_err err;       /* first error (under lock) */
+    pthread_mutex_t lock;
+    uint64_t chunk_bytes;   /* working-memory budget per worker */
+
+    /* progress */
+    atomic_uint_fast64_t done_bytes;
+    uint64_t total_bytes;
+    double t0;
+    bool bar;
+    pthread_mutex_t bar_lock;
+    double last_draw;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void run_fail(struct run *R, enum cvt_err e)
+{
+    pthread_mutex_lock(&R->lock);
+    if (!atomic_load(&R->failed)) {
+        R->err = e;
+        atomic_store(&R->failed, 1);
+    }
+    pthread_mutex_unlock(&R->lock);
+}
+
+/* --- progress bar -------------------------------------------------------------------------- */
+
+static void fmt_size(char *buf, size_t n, double b)
+{
+    if (b >= 1024.0 * 1024 * 1024)
+        snprintf(buf, n, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+    else
+        snprintf(buf, n, "%.1f MiB", b / (1024.0 * 1024));
+}
+
+static void progress_draw(struct run *R, bool final)
+{
+    double t = now_s(), el = t - R->t0;
+    uint64_t done = atomic_load(&R->done_bytes);
+    double frac = R->total_bytes ? (double)done / (double)R->total_bytes : 1.0;
+    double rate = el > 0 ? (double)done / el : 0;
+    double eta = rate > 0 ? (double)(R->total_bytes - done) / rate : 0;
+    char a[32], b[32], c[32];
+    int width = 30, fill = (int)(frac * width);
+    char bar[64];
+    for (int i = 0; i < width; i++)
+        bar[i] = i < fill ? '=' : (i == fill ? '>' : ' ');
+    bar[width] = '\0';
+    fmt_size(a, sizeof(a), (double)done);
+    fmt_size(b, sizeof(b), (double)R->total_bytes);
+    fmt_size(c, sizeof(c), rate);
+    fprintf(stderr, "\r[%s] %3d%% %s / %s  %s/s  ETA %d:%02d ", bar, (int)(frac * 100), a, b, c,
+            (int)eta / 60, (int)eta % 60);
+    if (final)
+        fputc('\n', stderr);
+    fflush(stderr);
+}
+
+static void progress_add(struct run *R, uint64_t bytes)
+{
+    atomic_fetch_add(&R->done_bytes, bytes);
+    if (!R->bar || pthread_mutex_trylock(&R->bar_lock))
+        return;
+    double t = now_s();
+    if (t - R->last_draw >= 0.2) {
+        R->last_draw = t;
+        progress_draw(R, false);
+    }
+    pthread_mutex_unlock(&R->bar_lock);
+}
+
+/* --- writing helpers ----------------------------------------------------------------------- */
+
+static enum cvt_err put_part(struct run *R, int rank, uint32_t index, uint64_t off, const void *data,
+                             size_t n)
+{
+    enum fmt_err fe = fmt_writer_put_tensor_part(R->w[rank], index, off, data, n);
+    if (fe)
+        return fe == FMT_ERR_NOMEM ? CVT_ERR_NOMEM : CVT_ERR_IO; /* reported by the writer */
+    progress_add(R, n);
+    return CVT_ERR_NONE;
+}
+
+/* Columns per chunk of a quantized output with K rows: whole n-tiles within the budget. */
+static int64_t chunk_cols(const struct run *R, int64_t K, int64_t N)
+{
+    int64_t c = (int64_t)(R->chunk_bytes / CVT_BYTES_PER_CODE) / K / 64 * 64;
+    if (c < 64)
+        c = 64;
+    return c < N ? c : N;
+}
+
+/* --- quantized outputs --------------------------------------------------------------------- */
+
+/* First differing element of the self-check, reported with every coordinate. */
+static enum cvt_err check_fail(const struct run *R, int rank, const struct cvt_out *o,
+                               const char *src_name, int64_t k, int64_t n, float want, float got)
+{
+    qs_log_error(__func__, "rank %d: tensor %s.qweight: self-check failed at [k=%" PRId64
+                           ", n=%" PRId64 "] (source %s): expected %.9g (dequantized source), "
+                           "got %.9g (dequantized packed output)",
+                 rank, o->name, k, n, src_name ? src_name : "(zero padding)", (double)want,
+                 (double)got);
+    (void)R;
+    return CVT_ERR_SELF_CHECK;
+}
+
+struct w4_bufs {
+    uint8_t *q, *z, *qp, *zp;
+    uint16_t *s, *sp;
+    float *wq, *ws;
+};
+
+static void w4_bufs_free(struct w4_bufs *b)
+{
+    free(b->q);
+    free(b->z);
+    free(b->qp);
+    free(b->zp);
+    free(b->s);
+    free(b->sp);
+    free(b->wq);
+    free(b->ws);
+    memset(b, 0, sizeof(*b));
+}
+
+/* One chunk [c0, c0 + cw) of output columns of W4 output o on `rank`. */
+static enum cvt_err w4_chunk(struct run *R, int rank, const struct cvt_out *o, int64_t c0,
+                             int64_t cw, struct w4_bufs *b, uint64_t offs[3])
+{
+    const struct cvt_plan *p = R->plan;
+    int64_t K = o->rows, G = p->d.group_size, ng = K / G;
+    enum cvt_err e = CVT_ERR_NONE;
+    memset(b->q, 0, (size_t)(K * cw));
+    memset(b->z, 0, (size_t)(ng * cw));
+    memset(b->s, 0, (size_t)(ng * cw) * sizeof(uint16_t));
+    /* decode each overlapping source slice into place */
+    for (int si = 0; si < o->n_segs; si++) {
+        const struct cvt_seg *sg = &o->segs[si];
+        int64_t a = sg->dst_c0 > c0 ? sg->dst_c0 : c0;
+        int64_t z = sg->dst_c0 + sg->n_cols < c0 + cw ? sg->dst_c0 + sg->n_cols : c0 + cw;
+        if (a >= z)
+            continue;
+        const struct cvt_plan_src *ps = &p->srcs[sg->src];
+        int64_t n0 = sg->src_c0 + (a - sg->dst_c0), n1 = n0 + (z - a);
+        int64_t k0 = sg->src_r0, k1 = k0 + sg->n_rows;
+        struct cvt_awq_linear lin;
+        if ((e = cvt_awq_load(R->src, R->cfg, ps->name, ps->rows, ps->cols, k0, k1, n0, n1,
+                              &lin)))
+            return e;
+        int64_t w = z - a, dc = a - c0, dr = sg->dst_r0;
+        for (int64_t k = 0; k < k1 - k0; k++)
+            memcpy(b->q + (dr + k) * cw + dc, lin.q + k * w, (size_t)w);
+        for (int64_t g = 0; g < (k1 - k0) / G; g++) {
+            memcpy(b->z + (dr / G + g) * cw + dc, lin.z + g * w, (size_t)w);
+            memcpy(b->s + (dr / G + g) * cw + dc, lin.s + g * w, (size_t)w * sizeof(uint16_t));
+        }
+        cvt_awq_linear_free(&lin);
+    }
+    if (ref_pack_w4(b->q, (int)K, (int)cw, b->qp) || ref_pack_scales(b->s, (int)ng, (int)cw, b->sp) ||
+        ref_pack_zeros(b->z, (int)ng, (int)cw, b->zp)) {
+        qs_log_error(__func__, "rank %d: tensor %s: packing failed (reported above)", rank,
+                     o->name);
+        return CVT_ERR_RANGE;
+    }
+    if (!R->o->no_check) {
+        if (ref_dequant_w4(b->qp, b->zp, b->sp, (int)K, (int)cw, (int)G, b->wq))
+            return CVT_ERR_RANGE;
+        for (int si = 0; si < o->n_segs; si++) {
+            const struct cvt_seg *sg = &o->segs[si];
+            int64_t a = sg->dst_c0 > c0 ? sg->dst_c0 : c0;
+            int64_t z = sg->dst_c0 + sg->n_cols < c0 + cw ? sg->dst_c0 + sg->n_cols : c0 + cw;
+            if (a >= z)
+                continue;
+            const struct cvt_plan_src *ps = &p->srcs[sg->src];
+            int64_t n0 = sg->src_c0 + (a - sg->dst_c0), n1 = n0 + (z - a);
+            int64_t k0 = sg->src_r0, k1 = k0 + sg->n_rows, w = z - a, dc = a - c0;
+            if ((e = cvt_awq_dequant_source(R->src, R->cfg, ps->name, ps->rows, ps->cols, k0, k1,
+                                            n0, n1, b->ws)))
+                return e;
+            for (int64_t k = 0; k < k1 - k0; k++) {
+                float *ours = b->wq + (sg->dst_r0 + k) * cw + dc;
+                const float *want = b->ws + k * w;
+                if (memcmp(ours, want, (size_t)w * sizeof(float)))
+                    for (int64_t n = 0; n < w; n++)
+                        if (memcmp(&ours[n], &want[n], sizeof(float)))
+                            return check_fail(R, rank, o, ps->name, k0 + k, n0 + n, want[n],
+                                              ours[n]);
+                memset(ours, 0, (size_t)w * sizeof(float)); /* covered: padding check skips it */
+            }
+        }
+        /* everything not covered by a source is padding and must dequantize to +0.0 */
+        for (int64_t i = 0; i < K * cw; i++) {
+            uint32_t bits;
+            memcpy(&bits, &b->wq[i], sizeof(bits));
+            if (bits)
+                return check_fail(R, rank, o, NULL, i / cw, c0 + i % cw, 0.0f, b->wq[i]);
+        }
+    }
+    uint32_t i0 = R->idx[rank][o - p->ranks[rank].outs];
+    size_t nq = (size_t)(K * cw / 2), ns = (size_t)(ng * cw) * 2, nz = (size_t)(ng * cw / 2);
+    if ((e = put_part(R, rank, i0, offs[0], b->qp, nq)) ||
+        (e = put_part(R, rank, i0 + 1, offs[1], b->sp, ns)) ||
+        (e = put_part(R, rank, i0 + 2, offs[2], b->zp, nz)))
+        return e;
+    offs[0] += nq;
+    offs[1] += ns;
+    offs[2] += nz;
+    return CVT_ERR_NONE;
+}
+
+static enum cvt_err job_w4(struct run *R, int rank, const struct cvt_out *o)
+{
+    int64_t K = o->rows, N = o->cols, G = R->plan->d.group_size, ng = K / G;
+    int64_t C = chunk_cols(R, K, N);
+    struct w4_bufs b = {0};
+    enum cvt_err e = CVT_ERR_NONE;
+    uint64_t offs[3] = {0, 0, 0};
+    b.q = malloc((size_t)(K * C));
+    b.z = malloc((size_t)(ng * C));
+    b.s = malloc((size_t)(ng * C) * sizeof(uint16_t));
+    b.qp = malloc((size_t)(K * C / 2));
+    b.sp = malloc((size_t)(ng * C) * sizeof(uint16_t));
+    b.zp = malloc((size_t)(ng * C / 2));
+    if (!R->o->no_check) {
+        b.wq = malloc((size_t)(K * C) * sizeof(float));
+        b.ws = malloc((size_t)(K * C) * sizeof(float));
+    }
+    if (!b.q || !b.z || !b.s || !b.qp || !b.sp || !b.zp ||
+        (!R->o->no_check && (!b.wq || !b.ws))) {
+        qs_log_error(__func__, "rank %d: tensor %s: out of memory for a %" PRId64 " x %" PRId64
+                               " chunk",
+                     rank, o->name, K, C);
+        e = CVT_ERR_NOMEM;
+        goto out;
+    }
+    for (int64_t c0 = 0; c0 < N && !atomic_load(&R->failed); c0 += C)
+        if ((e = w4_chunk(R, rank, o, c0, C < N - c0 ? C : N - c0, &b, offs)))
+            break;
+out:
+    w4_bufs_free(&b);
+    return e;
+}
+
+/* --- float outputs ------------------------------------------------------------------------- */
+
+/* Unquantized linear: output F16 [N_out][K_out] (o->cols x o->rows) from source .weight
+ * [N_src][K_src]; output row n takes source row src_c0 + (n - dst_c0), columns [src_r0, +n_rows). */
+static enum cvt_err job_linear_f16(struct run *R, int rank, const struct cvt_out *o)
+{
+    int64_t K = o->rows, N = o->cols;
+    int64_t rows_per = (int64_t)CVT_FLOAT_CHUNK / K;
+    if (rows_per < 1)
+        rows_per = 1;
+    uint16_t *buf = malloc((size_t)(rows_per * K) * sizeof(uint16_t));
+    uint32_t index = R->idx[rank][o - R->plan->ranks[rank].outs];
+    enum cvt_err e = CVT_ERR_NONE;
+    uint64_t off = 0;
+    if (!buf)
+        return CVT_ERR_NOMEM;
+    for (int64_t n0 = 0; n0 < N && !e && !atomic_load(&R->failed); n0 += rows_per) {
+        int64_t nr = rows_per < N - n0 ? rows_per : N - n0;
+        memset(buf, 0, (size_t)(nr * K) * sizeof(uint16_t));
+        for (int si = 0; si < o->n_segs && !e; si++) {
+            const struct cvt_seg *sg = &o->segs[si];
+            const struct cvt_src_tensor *t = R->src_t[sg->src];
+            int64_t K_src = R->plan->srcs[sg->src].rows;
+            for (int64_t n = n0; n < n0 + nr && !e; n++) {
+                if (n < sg->dst_c0 || n >= sg->dst_c0 + sg->n_cols)
+                    continue;
+                int64_t sn = sg->src_c0 + (n - sg->dst_c0);
+                e = cvt_source_read_f16(R->src, t, (uint64_t)(sn * K_src + sg->src_r0),
+                                        (uint64_t)sg->n_rows, buf + (n - n0) * K + sg->dst_r0);
+            }
+            cvt_source_release(R->src, t);
+        }
+        if (!e)
+            e = put_part(R, rank, index, off, buf, (size_t)(nr * K) * sizeof(uint16_t));
+        off += (uint64_t)(nr * K) * sizeof(uint16_t);
+    }
+    free(buf);
+    return e;
+}
+
+/* F16 matrix [rows][cols] (embedding, lm_head) or F32 [rows][cols] (vectors, router) from
+ * row-contiguous source pieces. */
+static enum cvt_err job_float(struct run *R, int rank, const struct cvt_out *o)
+{
+    bool f16 = o->kind == CVT_OUT_MAT_F16;
+    size_t es = f16 ? 2 : 4;
+    int64_t C = o->cols;
+    int64_t rows_per = (int64_t)CVT_FLOAT_CHUNK / C;
+    if (rows_per < 1)
+        rows_per = 1;
+    void *buf = malloc((size_t)(rows_per * C) * es);
+    uint32_t index = R->idx[rank][o - R->plan->ranks[rank].outs];
+    enum cvt_err e = CVT_ERR_NONE;
+    uint64_t off = 0;
+    if (!buf)
+        return CVT_ERR_NOMEM;
+    for (int64_t r0 = 0; r0 < o->rows && !e && !atomic_load(&R->failed); r0 += rows_per) {
+        int64_t nr = rows_per < o->rows - r0 ? rows_per : o->rows - r0;
+        memset(buf, 0, (size_t)(nr * C) * es);
+        for (int si = 0; si < o->n_segs && !e; si++) {
+            const struct cvt_seg *sg = &o->segs[si];
+            const struct cvt_src_tensor *t = R->src_t[sg->src];
+            int64_t src_cols = R->plan->srcs[sg->src].cols;
+            int64_t a = sg->dst_r0 > r0 ? sg->dst_r0 : r0;
+            int64_t z = sg->dst_r0 + sg->n_rows < r0 + nr ? sg->dst_r0 + sg->n_rows : r0 + nr;
+            for (int64_t r = a; r < z && !e; r++) {
+                uint64_t first = (uint64_t)((sg->src_r0 + r - sg->dst_r0) * src_cols + sg->src_c0);
+                size_t at = (size_t)((r - r0) * C + sg->dst_c0);
+                /* whole rows are contiguous in the source: read them in one call */
+                if (sg->src_c0 == 0 && sg->n_cols == src_cols && sg->dst_c0 == 0 &&
+                    C == src_cols) {
+                    int64_t nrow = z - r;
+                    uint64_t cnt = (uint64_t)(nrow * C);
+                    e = f16 ? cvt_source_read_f16(R->src, t, first, cnt, (uint16_t *)buf + at)
+                            : cvt_source_read_f32(R->src, t, first, cnt, (float *)buf + at);
+                    break;
+                }
+                e = f16 ? cvt_source_read_f16(R->src, t, first, (uint64_t)sg->n_cols,
+                                              (uint16_t *)buf + at)
+                        : cvt_source_read_f32(R->src, t, first, (uint64_t)sg->n_cols,
+                                              (float *)buf + at);
+            }
+            cvt_source_release(R->src, t);
+        }
+        if (!e)
+            e = put_part(R, rank, index, off, buf, (size_t)(nr * C) * es);
+        off += (uint64_t)(nr * C) * es;
+    }
+    free(buf);
+    return e;
+}
+
+static void *worker(void *arg)
+{
+    struct run *R = arg;
+    for (;;) {
+        if (atomic_load(&R->failed))
+            break;
+        size_t j = atomic_fetch_add(&R->next_job, 1);
+        if (j >= R->n_jobs)
+            break;
+        int rank = R->jobs[j].rank;
+        const struct cvt_out *o = &R->plan->ranks[rank].outs[R->jobs[j].out];
+        enum cvt_err e;
+        switch (o->kind) {
+        case CVT_OUT_W4: e = job_w4(R, rank, o); break;
+        case CVT_OUT_LINEAR_F16: e = job_linear_f16(R, rank, o); break;
+        default: e = job_float(R, rank, o); break;
+        }
+        if (e)
+            run_fail(R, e);
+    }
+    return NULL;
+}
+
+/* --- validation before writing ------------------------------------------------------------- */
+
+static void shape_str(char *buf, size_t n, const int64_t *shape, int n_dims)
+{
+    size_t at = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < n_dims && at < n; i++)
+        at += (size_t)snprintf(buf + at, n - at, "%s%" PRId64, i ? ", " : "", shape[i]);
+    if (at < n)
+        snprintf(buf + at, n - at, "]");
+}
+
+/* Every source the plan reads: AWQ linears probed (variant, shapes vs config), float tensors
+ * found with the expected shape and a float dtype. */
+static enum cvt_err validate_sources(struct run *R)
+{
+    const struct cvt_plan *p = R->plan;
+    unsigned seen = 0;
+    R->src_t = calloc((size_t)(p->n_srcs ? p->n_srcs : 1), sizeof(*R->src_t));
+    if (!R->src_t)
+        return CVT_ERR_NOMEM;
+    for (int i = 0; i < p->n_srcs; i++) {
+        const struct cvt_plan_src *s = &p->srcs[i];
+        if (s->kind == CVT_SRC_AWQ) {
+            struct cvt_awq_info info;
+            CVT_TRY(cvt_awq_probe(R->src, R->cfg, s->name, s->rows, s->cols, &info));
+            seen |= CVT_VARIANT_BIT(info.variant);
+            continue;
+        }
+        const struct cvt_src_tensor *t = cvt_source_find(R->src, s->name);
+        if (!t) { /* the plan checked presence; a NULL here is a catalog/plan disagreement */
+            qs_log_error(__func__, "tensor %s: missing from the catalog", s->name);
+            return CVT_ERR_MISSING_TENSOR;
+        }
+        int64_t want[2];
+        int nd;
+        if (s->rows == 1 && !s->file_transposed) {
+            want[0] = s->cols;
+            nd = 1;
+        } else {
+            want[0] = s->file_transposed ? s->cols : s->rows;
+            want[1] = s->file_transposed ? s->rows : s->cols;
+            nd = 2;
+        }
+        bool ok = t->n_dims == nd && t->shape[0] == want[0] && (nd == 1 || t->shape[1] == want[1]);
+        if (!ok) {
+            char a[96], b[96];
+            shape_str(a, sizeof(a), want, nd);
+            shape_str(b, sizeof(b), t->shape, t->n_dims);
+            qs_log_error(__func__, "file %s: tensor %s: expected shape %s from config.json, got %s",
+                         cvt_source_file(R->src, t->file)->name, s->name, a, b);
+            return CVT_ERR_SHAPE;
+        }
+        if (t->dtype != CVT_DT_F16 && t->dtype != CVT_DT_BF16 && t->dtype != CVT_DT_F32 &&
+            t->dtype != CVT_DT_F64) {
+            qs_log_error(__func__, "file %s: tensor %s: expected a float dtype (F16, BF16, F32), "
+                                   "got %s",
+                         cvt_source_file(R->src, t->file)->name, s->name, cvt_dtype_str(t->dtype));
+            return CVT_ERR_DTYPE;
+        }
+        R->src_t[i] = t;
+    }
+    size_t at = 0;
+    R->variant[0] = '\0';
+    for (int v = CVT_VARIANT_GEMM; v <= CVT_VARIANT_LLMAWQ_V3; v++)
+        if (seen & CVT_VARIANT_BIT(v))
+            at += (size_t)snprintf(R->variant + at, sizeof(R->variant) - at, "%s%s",
+                                   at ? "+" : "", cvt_variant_str((enum cvt_variant)v));
+    if (!seen)
+        snprintf(R->variant, sizeof(R->variant), "none");
+    return CVT_ERR_NONE;
+}
+
+/* --- config JSON (DESIGN 6) and model id --------------------------------------------------- */
+
+static char *config_json(const struct run *R, int rank)
+{
+    const struct cvt_hf_config *c = R->cfg;
+    const struct cvt_plan *p = R->plan;
+    cJSON *j = cJSON_CreateObject(), *q, *t, *a;
+    char *out = NULL;
+    if (!j)
+        return NULL;
+    cJSON_AddNumberToObject(j, "qshard_config_version", 1);
+    cJSON_AddStringToObject(j, "architecture", cvt_arch_str(c->arch));
+    cJSON_AddNumberToObject(j, "hidden_size", (double)c->hidden_size);
+    cJSON_AddNumberToObject(j, "intermediate_size", (double)c->intermediate_size);
+    cJSON_AddNumberToObject(j, "intermediate_size_padded", p->inter_padded);
+    cJSON_AddNumberToObject(j, "num_hidden_layers", (double)c->num_hidden_layers);
+    cJSON_AddNumberToObject(j, "num_attention_heads", (double)c->num_attention_heads);
+    cJSON_AddNumberToObject(j, "num_key_value_heads", (double)c->num_key_value_heads);
+    cJSON_AddNumberToObject(j, "head_dim", (double)c->head_dim);
+    cJSON_AddNumberToObject(j, "vocab_size", (double)c->vocab_size);
+    cJSON_AddNumberToObject(j, "vocab_size_per_rank", p->vocab_per_rank);
+    cJSON_AddNumberToObject(j, "rms_norm_eps", c->rms_norm_eps);
+    cJSON_AddNumberToObject(j, "rope_theta", c->rope_theta);
+    if (c->rope_scaling.type == CVT_ROPE_NONE) {
+        cJSON_AddNullToObject(j, "rope_scaling");
+    } else {
+        cJSON *rs = cJSON_AddObjectToObject(j, "rope_scaling");
+        cJSON_AddStringToObject(rs, "rope_type", cvt_rope_type_str(c->rope_scaling.type));
+        cJSON_AddNumberToObject(rs, "factor", c->rope_scaling.factor);
+        if (c->rope_scaling.type == CVT_ROPE_LLAMA3) {
+            cJSON_AddNumberToObject(rs, "low_freq_factor", c->rope_scaling.low_freq_factor);
+            cJSON_AddNumberToObject(rs, "high_freq_factor", c->rope_scaling.high_freq_factor);
+            cJSON_AddNumberToObject(rs, "original_max_position_embeddings",
+                                    (double)c->rope_scaling.original_max_position_embeddings);
+        }
+    }
+    cJSON_AddNumberToObject(j, "max_position_embeddings", (double)c->max_position_embeddings);
+    cJSON_AddBoolToObject(j, "tie_word_embeddings", c->tie_word_embeddings);
+    if (c->sliding_window > 0)
+        cJSON_AddNumberToObject(j, "sliding_window", (double)c->sliding_window);
+    else
+        cJSON_AddNullToObject(j, "sliding_window");
+    /* from the files, not the config: the plan knows whether q/k/v carry biases */
+    bool qkv_bias = false;
+    for (int i = 0; i < p->ranks[0].n_outs && !qkv_bias; i++)
+        qkv_bias = strstr(p->ranks[0].outs[i].name, "qkv_proj.bias") != NULL;
+    cJSON_AddBoolToObject(j, "attention_bias", qkv_bias);
+    cJSON_AddNumberToObject(j, "num_local_experts", (double)c->num_local_experts);
+    cJSON_AddNumberToObject(j, "num_experts_per_tok", (double)c->num_experts_per_tok);
+    q = cJSON_AddObjectToObject(j, "quant");
+    cJSON_AddNumberToObject(q, "w_bit", c->quant.w_bit);
+    cJSON_AddNumberToObject(q, "group_size", p->d.group_size);
+    cJSON_AddBoolToObject(q, "zero_point", c->quant.zero_point);
+    cJSON_AddStringToObject(q, "source_variant", R->variant);
+    cJSON_AddStringToObject(q, "source_container", cvt_container_str(cvt_source_container(R->src)));
+    a = cJSON_AddArrayToObject(q, "modules_to_not_convert");
+    for (int i = 0; i < c->quant.n_modules_to_not_convert; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateString(c->quant.modules_to_not_convert[i]));
+    if (c->has_bos)
+        cJSON_AddNumberToObject(j, "bos_token_id", (double)c->bos_token_id);
+    else
+        cJSON_AddNullToObject(j, "bos_token_id");
+    a = cJSON_AddArrayToObject(j, "eos_token_id");
+    for (int i = 0; i < c->n_eos; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber((double)c->eos_token_id[i]));
+    t = cJSON_AddObjectToObject(j, "tp");
+    cJSON_AddNumberToObject(t, "world_size", p->tp);
+    cJSON_AddNumberToObject(t, "rank", rank);
+    cJSON_AddNumberToObject(t, "heads_per_rank", p->heads_per_rank);
+    cJSON_AddNumberToObject(t, "kv_heads_per_rank", p->kv_heads_per_rank);
+    cJSON_AddNumberToObject(t, "kv_head_replicas", p->kv_head_replicas);
+    cJSON_AddNumberToObject(t, "intermediate_per_rank", p->inter_per_rank);
+    out = cJSON_Print(j);
+    cJSON_Delete(j);
+    return out;
+}
+
+/* XXH3-128 of config.json bytes + the tensor catalog (names, dtypes, shapes) + tp: identical for
+ * every rank of one conversion, different for another model or split. */
+static void model_id(const struct run *R, uint8_t id[16])
+{
+    XXH3_state_t *st = XXH3_createState();
+    uint32_t tp = (uint32_t)R->plan->tp;
+    XXH128_canonical_t can;
+    if (!st) { /* fall back to a one-shot hash of the config */
+        XXH128_canonicalFromHash(&can, XXH3_128bits(R->cfg->config_json, R->cfg->config_json_size));
+        memcpy(id, &can, 16);
+        return;
+    }
+    XXH3_128bits_reset(st);
+    XXH3_128bits_update(st, R->cfg->config_json, R->cfg->config_json_size);
+    for (size_t i = 0; i < cvt_source_n_tensors(R->src); i++) {
+        const struct cvt_src_tensor *t = cvt_source_tensor(R->src, i);
+        int32_t dt = (int32_t)t->dtype;
+        XXH3_128bits_update(st, t->name, strlen(t->name) + 1);
+        XXH3_128bits_update(st, &dt, sizeof(dt));
+        XXH3_128bits_update(st, t->shape, sizeof(t->shape[0]) * (size_t)t->n_dims);
+    }
+    XXH3_128bits_update(st, &tp, sizeof(tp));
+    XXH128_canonicalFromHash(&can, XXH3_128bits_digest(st));
+    memcpy(id, &can, 16);
+    XXH3_freeState(st);
+}
+
+/* --- writers ------------------------------------------------------------------------------- */
+
+static enum fmt_split fmt_split_of(enum cvt_split s, int tp)
+{
+    if (tp == 1)
+        return FMT_SPLIT_NONE;
+    switch (s) {
+    case CVT_SPLIT_COLUMN: return FMT_SPLIT_COLUMN;
+    case CVT_SPLIT_ROW: return FMT_SPLIT_ROW;
+    case CVT_SPLIT_VOCAB: return FMT_SPLIT_VOCAB;
+    case CVT_SPLIT_NONE: break;
+    }
+    return FMT_SPLIT_NONE;
+}
+
+/* Declare output o of a rank: 3 tensors for W4, 1 otherwise. */
+static enum cvt_err declare_out(struct run *R, int rank, const struct cvt_out *o, uint32_t *first)
+{
+    struct fmt_writer *w = R->w[rank];
+    enum fmt_split sp = fmt_split_of(o->split, R->plan->tp);
+    uint64_t K = (uint64_t)o->rows, N = (uint64_t)o->cols, G = (uint64_t)R->plan->d.group_size;
+    char nm[200];
+    enum fmt_err fe = FMT_ERR_NONE;
+    uint32_t idx;
+    if (o->kind == CVT_OUT_W4) {
+        /* [K, N] and [K/G, N]: column split on axis 1, row split on axis 0 */
+        uint32_t ax = o->split == CVT_SPLIT_COLUMN ? 1 : 0;
+        uint64_t sq[2] = {K, N}, sg[2] = {K / G, N};
+        snprintf(nm, sizeof(nm), "%s.qweight", o->name);
+        fe = fmt_writer_add_tensor(w, nm, FMT_DTYPE_Q4, FMT_LAYOUT_W4_MMA_T16X64, 2, sq, sp,
+                                   sp ? ax : 0, first);
+        snprintf(nm, sizeof(nm), "%s.scales", o->name);
+        if (!fe)
+            fe = fmt_writer_add_tensor(w, nm, FMT_DTYPE_F16, FMT_LAYOUT_S_T64, 2, sg, sp,
+                                       sp ? ax : 0, &idx);
+        snprintf(nm, sizeof(nm), "%s.qzeros", o->name);
+        if (!fe)
+            fe = fmt_writer_add_tensor(w, nm, FMT_DTYPE_Q4, FMT_LAYOUT_Z4_T64, 2, sg, sp,
+                                       sp ? ax : 0, &idx);
+    } else if (o->kind == CVT_OUT_LINEAR_F16) {
+        uint64_t sh[2] = {N, K}; /* nn.Linear order */
+        uint32_t ax = o->split == CVT_SPLIT_COLUMN ? 0 : 1;
+        fe = fmt_writer_add_tensor(w, o->name, FMT_DTYPE_F16, FMT_LAYOUT_ROW_MAJOR, 2, sh, sp,
+                                   sp ? ax : 0, first);
+    } else {
+        bool vec = o->rows == 1;
+        uint64_t sh[2] = {vec ? N : K, N};
+        /* a vector's column split (bias) is along its only axis */
+        fe = fmt_writer_add_tensor(w, o->name,
+                                   o->kind == CVT_OUT_MAT_F16 ? FMT_DTYPE_F16 : FMT_DTYPE_F32,
+                                   FMT_LAYOUT_ROW_MAJOR, vec ? 1 : 2, sh, sp, 0, first);
+    }
+    if (fe)
+        return fe == FMT_ERR_NOMEM ? CVT_ERR_NOMEM : CVT_ERR_ARG; /* reported by the writer */
+    return CVT_ERR_NONE;
+}
+
+static enum cvt_err open_writer(struct run *R, int rank, const uint8_t id[16])
+{
+    const struct cvt_plan *p = R->plan;
+    char path[4096], file[64];
+    struct fmt_writer_opts wo;
+    memset(&wo, 0, sizeof(wo));
+    wo.tp_rank = (uint32_t)rank;
+    wo.world_size = (uint32_t)p->tp;
+    memcpy(wo.model_id, id, 16);
+    fmt_rank_file_name(file, sizeof(file), (uint32_t)rank, (uint32_t)p->tp);
+    snprintf(path, sizeof(path), "%s/%s", R->o->out_dir, file);
+    if (fmt_writer_open(path, &wo, &R->w[rank]))
+        return CVT_ERR_IO;
+    char *js = config_json(R, rank);
+    if (!js)
+        return CVT_ERR_NOMEM;
+    enum fmt_err fe = fmt_writer_set_section(R->w[rank], FMT_SECTION_CONFIG, js, strlen(js));
+    free(js);
+    if (!fe) {
+        const char *g = R->cfg->generation_config_json;
+        fe = fmt_writer_set_section(R->w[rank], FMT_SECTION_GENERATION_CONFIG, g ? g : "{}",
+                                    g ? R->cfg->generation_config_json_size : 2);
+    }
+    size_t nt = cvt_source_n_tokenizer_files(R->src);
+    if (!fe && nt) {
+        const char *names[16];
+        const void *datas[16];
+        size_t sizes[16];
+        uint32_t n = 0;
+        for (size_t i = 0; i < nt && n < 16; i++, n++) {
+            const struct cvt_src_blob *bl = cvt_source_tokenizer_file(R->src, i);
+            names[n] = bl->name;
+            datas[n] = bl->data;
+            sizes[n] = bl->size;
+        }
+        fe = fmt_writer_set_tokenizer_files(R->w[rank], names, datas, sizes, n);
+    }
+    if (fe)
+        return fe == FMT_ERR_NOMEM ? CVT_ERR_NOMEM : CVT_ERR_IO;
+    const struct cvt_rank_plan *rp = &p->ranks[rank];
+    for (int i = 0; i < rp->n_outs; i++)
+        CVT_TRY(declare_out(R, rank, &rp->outs[i], &R->idx[rank][i]));
+    if (fmt_writer_begin_data(R->w[rank]))
+        return CVT_ERR_IO;
+    return CVT_ERR_NONE;
+}
+
+/* --- output directory ---------------------------------------------------------------------- */
+
+static bool path_exists(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+/* Create out_dir if needed (*created says whether we did); refuse existing outputs without
+ * --force, and with --force remove a stale manifest first (it would describe other files). */
+static enum cvt_err prepare_out_dir(const struct cvt_opts *o, int tp, bool *created)
+{
+    char path[4096], file[64];
+    *created = false;
+    if (mkdir(o->out_dir, 0777) == 0) {
+        *created = true;
+    } else if (errno != EEXIST) {
+        qs_log_error(__func__, "output directory %s: cannot create: %s", o->out_dir,
+                     strerror(errno));
+        return CVT_ERR_IO;
+    } else {
+        struct stat st;
+        if (stat(o->out_dir, &st) || !S_ISDIR(st.st_mode)) {
+            qs_log_error(__func__, "output path %s: exists and is not a directory", o->out_dir);
+            return CVT_ERR_IO;
+        }
+    }
+    snprintf(path, sizeof(path), "%s/%s", o->out_dir, FMT_MANIFEST_NAME);
+    bool exists = path_exists(path);
+    for (int r = 0; r < tp && !exists; r++) {
+        fmt_rank_file_name(file, sizeof(file), (uint32_t)r, (uint32_t)tp);
+        snprintf(path, sizeof(path), "%s/%s", o->out_dir, file);
+        exists = path_exists(path);
+    }
+    if (exists && !o->force) {
+        qs_log_error(__func__, "output directory %s: already holds %s; pass --force to replace "
+                               "it",
+                     o->out_dir, path);
+        return CVT_ERR_EXISTS;
+    }
+    if (exists) {
+        snprintf(path, sizeof(path), "%s/%s", o->out_dir, FMT_MANIFEST_NAME);
+        if (unlink(path) && errno != ENOENT) {
+            qs_log_error(__func__, "file %s: cannot remove: %s", path, strerror(errno));
+            return CVT_ERR_IO;
+        }
+    }
+    return CVT_ERR_NONE;
+}
+
+/* Remove what a failed run left: renamed rank files (finished[r]), the manifest, the directory
+ * if we created it. Writers still open are aborted by the caller. */
+static void cleanup_outputs(const struct cvt_opts *o, int tp, const bool *finished, bool created)
+{
+    char path[4096], file[64];
+    for (int r = 0; r < tp; r++) {
+        if (!finished || !finished[r])
+            continue;
+        fmt_rank_file_name(file, sizeof(file), (uint32_t)r, (uint32_t)tp);
+        snprintf(path, sizeof(path), "%s/%s", o->out_dir, file);
+        unlink(path);
+    }
+    snprintf(path, sizeof(path), "%s/%s", o->out_dir, FMT_MANIFEST_NAME);
+    if (finished)
+        unlink(path);
+    if (created)
+        rmdir(o->out_dir);
+}
+
+/* --- entry point --------------------------------------------------------------------------- */
+
+static enum cvt_err names_of(const struct cvt_source *src, const char ***out, int *n)
+{
+    size_t nt = cvt_source_n_tensors(src);
+    const char **v = malloc((nt ? nt : 1) * sizeof(*v));
+    if (!v)
+        return CVT_ERR_NOMEM;
+    for (size_t i = 0; i < nt; i++)
+        v[i] = cvt_source_tensor(src, i)->name;
+    *out = v;
+    *n = (int)nt;
+    return CVT_ERR_NONE;
+}
+
+static void run_free(struct run *R)
+{
+    if (R->w)
+        for (int r = 0; r < (R->plan ? R->plan->tp : 0); r++)
+            fmt_writer_abort(R->w[r]);
+    free(R->w);
+    if (R->idx)
+        for (int r = 0; r < (R->plan ? R->plan->tp : 0); r++)
+            free(R->idx[r]);
+    free(R->idx);
+    free(R->src_t);
+    free(R->jobs);
+    cvt_plan_free(R->plan);
+    cvt_source_close(R->src);
+}
+
+enum cvt_err cvt_run(const struct cvt_opts *o)
+{
+    struct run R;
+    enum cvt_err e;
+    bool created = false, *finished = NULL;
+    const char **names = NULL;
+    int n_names = 0;
+    memset(&R, 0, sizeof(R));
+    R.o = o;
+    pthread_mutex_init(&R.lock, NULL);
+    pthread_mutex_init(&R.bar_lock, NULL);
+
+    if ((e = cvt_source_open(o->model_dir, &R.src)))
+        goto out;
+    R.cfg = cvt_source_config(R.src);
+    struct cvt_dims d;
+    if ((e = cvt_dims_from_hf(R.cfg, &d)) || (e = names_of(R.src, &names, &n_names)))
+        goto out;
+    struct cvt_name_list nl = {n_names, names};
+    if ((e = cvt_plan_build(&d, &nl, o->tp, &R.plan)))
+        goto out;
+    if ((e = validate_sources(&R)))
+        goto out;
+    qs_log_info("%s: AWQ variant %s, container %s, quant config from %s; %s, %" PRId64
+                " layers, tp %d",
+                o->model_dir, R.variant, cvt_container_str(cvt_source_container(R.src)),
+                cvt_qcfg_file_str(R.cfg->quant.from), cvt_arch_str(R.cfg->arch),
+                R.cfg->num_hidden_layers, o->tp);
+    if (o->dry_run) {
+        cvt_plan_print(R.plan, stdout);
+        goto out;
+    }
+
+    int tp = R.plan->tp;
+    if ((e = prepare_out_dir(o, tp, &created)))
+        goto out;
+    R.w = calloc((size_t)tp, sizeof(*R.w));
+    R.idx = calloc((size_t)tp, sizeof(*R.idx));
+    finished = calloc((size_t)tp, sizeof(*finished));
+    e = CVT_ERR_NOMEM;
+    if (!R.w || !R.idx || !finished)
+        goto out_fail;
+    for (int r = 0; r < tp; r++)
+        if (!(R.idx[r] = calloc((size_t)R.plan->ranks[r].n_outs + 1, sizeof(uint32_t))))
+            goto out_fail;
+    uint8_t id[16];
+    model_id(&R, id);
+    for (int r = 0; r < tp; r++)
+        if ((e = open_writer(&R, r, id)))
+            goto out_fail;
+
+    /* jobs: output j of every rank, in plan order (ranks of one source close in time) */
+    for (int r = 0; r < tp; r++)
+        R.n_jobs += (size_t)R.plan->ranks[r].n_outs;
+    R.jobs = malloc(R.n_jobs * sizeof(*R.jobs));
+    e = CVT_ERR_NOMEM;
+    if (!R.jobs)
+        goto out_fail;
+    size_t nj = 0;
+    for (int j = 0;; j++) {
+        bool any = false;
+        for (int r = 0; r < tp; r++)
+            if (j < R.plan->ranks[r].n_outs) {
+                R.jobs[nj].rank = r;
+                R.jobs[nj++].out = j;
+                any = true;
+            }
+        if (!any)
+            break;
+    }
+    int threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (threads < 1)
+        threads = 1;
+    if ((size_t)threads > R.n_jobs)
+        threads = (int)(R.n_jobs ? R.n_jobs : 1);
+    R.chunk_bytes = CVT_CHUNK_BUDGET / (uint64_t)threads;
+    for (int r = 0; r < tp; r++)
+        R.total_bytes += R.plan->ranks[r].data_bytes;
+    R.bar = !o->quiet && isatty(STDERR_FILENO);
+    R.t0 = now_s();
+    pthread_t *th = calloc((size_t)threads, sizeof(*th));
+    int started = 0;
+    if (!th)
+        goto out_fail;
+    for (; started < threads; started++)
+        if (pthread_create(&th[started], NULL, worker, &R)) {
+            qs_log_error(__func__, "cannot start worker thread %d of %d", started + 1, threads);
+            run_fail(&R, CVT_ERR_NOMEM);
+            break;
+        }
+    for (int i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    free(th);
+    if (R.bar)
+        progress_draw(&R, true);
+    if ((e = atomic_load(&R.failed) ? R.err : CVT_ERR_NONE))
+        goto out_fail;
+
+    for (int r = 0; r < tp; r++) {
+        enum fmt_err fe = fmt_writer_finish(R.w[r]);
+        R.w[r] = NULL;
+        if (fe) {
+            e = CVT_ERR_IO;
+            goto out_fail;
+        }
+        finished[r] = true;
+    }
+    if (fmt_manifest_write(o->out_dir, (uint32_t)tp)) {
+        e = CVT_ERR_IO;
+        goto out_fail;
+    }
+    double el = now_s() - R.t0;
+    qs_log_info("wrote %d rank file(s) and %s to %s: %.1f MiB of tensors in %.2f s (%.0f MiB/s "
+                "of input)",
+                tp, FMT_MANIFEST_NAME, o->out_dir, (double)R.total_bytes / (1 << 20), el,
+                el > 0 ? (double)cvt_source_total_bytes(R.src) / (1 << 20) / el : 0.0);
+    goto out;
+
+out_fail:
+    if (R.w)
+        for (int r = 0; r < tp; r++) {
+            fmt_writer_abort(R.w[r]);
+            R.w[r] = NULL;
+        }
+    cleanup_outputs(o, tp, finished, created);
+out:
+    run_free(&R);
+    free(finished);
+    free(names);
+    pthread_mutex_destroy(&R.lock);
+    pthread_mutex_destroy(&R.bar_lock);
+    return e;
+}
