@@ -1,4 +1,307 @@
-/* tools/cmd_bench.c - STUB: to be replaced by the module owner. */
+/*
+ * cmd_bench.c - `qshard bench ...`: format benchmarks, and the entry to the kernel benchmarks.
+ *
+ *   qshard bench synth FILE --size-mb N [--tensor-mb M]   write a synthetic .qshard (the writer,
+ *                                                           chunked puts), report write GB/s
+ *   qshard bench open FILE [--repeat N]                    open+validate+close time (min, median)
+ *   qshard bench verify FILE [--repeat N] [--cold]         plain read() of the file vs
+ *                                                           fmt_shard_verify_all, GB/s, same run
+ *   qshard bench kernel ...                                 kernels (bench_kernel_main)
+ *
+ * --cold drops the file's pages from the page cache (posix_fadvise DONTNEED, this file only)
+ * before every timed pass, so both passes read from the disk. tools/bench_cpu.sh (`make bench`)
+ * drives these; docs/BENCHMARKS.md records the numbers.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
 #include <stdio.h>
-#include "cmd.h"
-int cmd_bench(int argc, char **argv) { (void)argc; (void)argv; fprintf(stderr, "qshard bench: not implemented yet\n"); return QS_EXIT_RUNTIME; }
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <xxhash.h> /* XXH3_64bits: in-memory hash speed, the ceiling for verify */
+
+#include "cmd.h"       /* QS_EXIT_*, bench_kernel_main */
+#include "fmt.h"       /* fmt_shard_open, fmt_shard_verify_all */
+#include "fmt_write.h" /* fmt_writer_* */
+#include "qs_log.h"    /* qs_log_error */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int exit_for(enum fmt_err e)
+{
+    if (e == FMT_ERR_NONE)
+        return QS_EXIT_OK;
+    return (e == FMT_ERR_IO || e == FMT_ERR_NOMEM) ? QS_EXIT_IO : QS_EXIT_BAD_INPUT;
+}
+
+/* Drop `path` from the page cache (advisory: warns and continues). */
+static void drop_cache(const char *path)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0 || posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) != 0)
+        qs_log_warn("bench: could not drop %s from the page cache", path);
+    if (fd >= 0)
+        close(fd);
+}
+
+static void bench_usage(FILE *f)
+{
+    fprintf(f, "usage: qshard bench synth FILE --size-mb N [--tensor-mb M]\n"
+               "       qshard bench open FILE [--repeat N]\n"
+               "       qshard bench verify FILE [--repeat N] [--cold]\n"
+               "       qshard bench kernel ...   (qshard bench kernel --help)\n"
+               "exit: 0 ok, 1 usage, 2 bad file, 4 I/O error\n");
+}
+
+/* --- synth --------------------------------------------------------------------------------- */
+
+#define SYNTH_CHUNK (4u << 20)
+
+static int bench_synth(const char *path, uint64_t size_mb, uint64_t tensor_mb)
+{
+    uint64_t total = size_mb << 20, tsize = tensor_mb << 20;
+    uint32_t n = (uint32_t)((total + tsize - 1) / tsize);
+    struct fmt_writer_opts o = {0, 1, {0}};
+    for (int i = 0; i < 16; i++)
+        o.model_id[i] = (uint8_t)(0xA0 + i);
+    struct fmt_writer *w;
+    enum fmt_err e = fmt_writer_open(path, &o, &w);
+    if (e)
+        return exit_for(e);
+    uint64_t *buf = malloc(SYNTH_CHUNK);
+    if (!buf) {
+        fmt_writer_abort(w);
+        return QS_EXIT_IO;
+    }
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (size_t i = 0; i < SYNTH_CHUNK / 8; i++) { /* xorshift64: incompressible bytes */
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        buf[i] = x;
+    }
+    static const char cfg[] = "{\"qshard_config_version\":1,\"architecture\":\"synthetic\"}";
+    e = fmt_writer_set_section(w, FMT_SECTION_CONFIG, cfg, sizeof(cfg) - 1);
+    for (uint32_t i = 0; i < n && !e; i++) {
+        char name[64];
+        uint64_t sz = i + 1 < n ? tsize : total - (uint64_t)i * tsize;
+        snprintf(name, sizeof(name), "synthetic.%05u.weight", i);
+        e = fmt_writer_add_tensor(w, name, FMT_DTYPE_U8, FMT_LAYOUT_ROW_MAJOR, 1, &sz,
+                                  FMT_SPLIT_NONE, 0, NULL);
+    }
+    double t0 = now_s();
+    if (!e)
+        e = fmt_writer_begin_data(w);
+    for (uint32_t i = 0; i < n && !e; i++) {
+        uint64_t sz = fmt_writer_tensor_size(w, i);
+        for (uint64_t off = 0; off < sz && !e; off += SYNTH_CHUNK) {
+            buf[0] = i;
+            buf[1] = off; /* no two chunks alike */
+            size_t c = sz - off < SYNTH_CHUNK ? (size_t)(sz - off) : SYNTH_CHUNK;
+            e = fmt_writer_put_tensor_part(w, i, off, buf, c);
+        }
+    }
+    free(buf);
+    if (e) {
+        fmt_writer_abort(w);
+        return exit_for(e);
+    }
+    e = fmt_writer_finish(w);
+    double dt = now_s() - t0;
+    if (e)
+        return exit_for(e);
+    printf("synth: %s: %u tensors, %" PRIu64 " MiB, written+fsync'd in %.2f s (%.2f GB/s)\n", path,
+           n, size_mb, dt, (double)total / dt / 1e9);
+    return QS_EXIT_OK;
+}
+
+/* --- open ---------------------------------------------------------------------------------- */
+
+static int bench_open(const char *path, int repeat)
+{
+    double *t = calloc((size_t)repeat, sizeof(double));
+    uint64_t size = 0;
+    uint32_t n = 0;
+    if (!t)
+        return QS_EXIT_IO;
+    for (int r = 0; r < repeat; r++) {
+        struct fmt_shard *s;
+        double t0 = now_s();
+        enum fmt_err e = fmt_shard_open(path, &s);
+        if (!e) {
+            size = fmt_shard_header(s)->file_size;
+            n = fmt_shard_n_tensors(s);
+        }
+        fmt_shard_close(s);
+        t[r] = now_s() - t0;
+        if (e) {
+            free(t);
+            return exit_for(e);
+        }
+    }
+    qsort(t, (size_t)repeat, sizeof(double), cmp_double);
+    printf("open: %s: %.3f GiB, %u tensors: open+validate+close min %.1f us, median %.1f us "
+           "(%d runs)\n", path, (double)size / (1 << 30), n, t[0] * 1e6, t[repeat / 2] * 1e6,
+           repeat);
+    free(t);
+    return QS_EXIT_OK;
+}
+
+/* --- verify vs read ------------------------------------------------------------------------ */
+
+#define READ_BUF (8u << 20)
+
+/* Plain sequential read() of the whole file into one 8 MiB buffer; returns bytes or -1. */
+static int64_t plain_read(const char *path, uint8_t *buf)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) {
+        qs_log_error(__func__, "file %s: %s", path, strerror(errno));
+        return -1;
+    }
+    posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    int64_t total = 0;
+    for (;;) {
+        ssize_t r = read(fd, buf, READ_BUF);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            qs_log_error(__func__, "file %s: read: %s", path, strerror(errno));
+            close(fd);
+            return -1;
+        }
+        if (r == 0)
+            break;
+        total += r;
+    }
+    close(fd);
+    return total;
+}
+
+static int bench_verify(const char *path, int repeat, bool cold)
+{
+    uint8_t *buf = malloc(READ_BUF);
+    if (!buf)
+        return QS_EXIT_IO;
+    double best_read = 1e30, best_verify = 1e30, best_hash = 1e30;
+    int64_t bytes = 0;
+    uint64_t data_bytes = 0;
+    int rc = QS_EXIT_OK;
+    /* XXH3 over a buffer already in cache: the ceiling verify can reach */
+    memset(buf, 0x5A, READ_BUF);
+    for (int r = 0; r < 5; r++) {
+        double t0 = now_s();
+        volatile uint64_t h = 0;
+        for (int k = 0; k < 32; k++)
+            h ^= XXH3_64bits(buf, READ_BUF);
+        (void)h;
+        double dt = now_s() - t0;
+        best_hash = dt < best_hash ? dt : best_hash;
+    }
+    for (int r = 0; r < repeat; r++) {
+        if (cold)
+            drop_cache(path);
+        double t0 = now_s();
+        bytes = plain_read(path, buf);
+        double dt = now_s() - t0;
+        if (bytes < 0) {
+            rc = QS_EXIT_IO;
+            goto out;
+        }
+        best_read = dt < best_read ? dt : best_read;
+
+        if (cold)
+            drop_cache(path);
+        struct fmt_shard *s;
+        t0 = now_s();
+        enum fmt_err e = fmt_shard_open(path, &s);
+        if (!e)
+            e = fmt_shard_verify_all(s, NULL, NULL);
+        if (s)
+            data_bytes = fmt_shard_header(s)->file_size - fmt_shard_header(s)->meta_size;
+        fmt_shard_close(s);
+        dt = now_s() - t0;
+        if (e) {
+            rc = exit_for(e);
+            goto out;
+        }
+        best_verify = dt < best_verify ? dt : best_verify;
+    }
+    double rd = (double)bytes / best_read / 1e9, vf = (double)bytes / best_verify / 1e9;
+    printf("verify: %s: %.3f GiB (%s page cache, best of %d)\n", path, (double)bytes / (1 << 30),
+           cold ? "cold" : "warm", repeat);
+    printf("  plain read()        %8.3f s  %6.2f GB/s\n", best_read, rd);
+    printf("  open+verify_all     %8.3f s  %6.2f GB/s  (%.0f%% of read; %" PRIu64 " data bytes)\n",
+           best_verify, vf, 100.0 * vf / rd, data_bytes);
+    printf("  XXH3 in memory                 %6.2f GB/s  (hash ceiling, 8 MiB buffer)\n",
+           32.0 * READ_BUF / best_hash / 1e9);
+out:
+    free(buf);
+    return rc;
+}
+
+/* --- dispatch ------------------------------------------------------------------------------ */
+
+int cmd_bench(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        bench_usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? QS_EXIT_USAGE : QS_EXIT_OK;
+    }
+    const char *what = argv[1];
+    if (!strcmp(what, "kernel"))
+        return bench_kernel_main(argc - 1, argv + 1);
+    static const struct option opts[] = {
+        {"size-mb", required_argument, NULL, 's'}, {"tensor-mb", required_argument, NULL, 't'},
+        {"repeat", required_argument, NULL, 'r'},  {"cold", no_argument, NULL, 'c'},
+        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
+    uint64_t size_mb = 0, tensor_mb = 64;
+    int repeat = -1, c;
+    bool cold = false;
+    char *end;
+    optind = 1;
+    while ((c = getopt_long(argc - 1, argv + 1, "s:t:r:ch", opts, NULL)) != -1) {
+        switch (c) {
+        case 's': size_mb = strtoull(optarg, &end, 10); if (*end) size_mb = 0; break;
+        case 't': tensor_mb = strtoull(optarg, &end, 10); if (*end) tensor_mb = 0; break;
+        case 'r': repeat = (int)strtol(optarg, &end, 10); if (*end || repeat < 1) repeat = 0; break;
+        case 'c': cold = true; break;
+        case 'h': bench_usage(stdout); return QS_EXIT_OK;
+        default: bench_usage(stderr); return QS_EXIT_USAGE;
+        }
+    }
+    if (optind + 1 != argc - 1 || repeat == 0) {
+        bench_usage(stderr);
+        return QS_EXIT_USAGE;
+    }
+    const char *path = argv[optind + 1];
+    if (!strcmp(what, "synth")) {
+        if (size_mb == 0 || tensor_mb == 0 || size_mb > (1u << 24)) {
+            fprintf(stderr, "qshard bench synth: --size-mb N (1..16777216) is required\n");
+            return QS_EXIT_USAGE;
+        }
+        return bench_synth(path, size_mb, tensor_mb);
+    }
+    if (!strcmp(what, "open"))
+        return bench_open(path, repeat > 0 ? repeat : 50);
+    if (!strcmp(what, "verify"))
+        return bench_verify(path, repeat > 0 ? repeat : 3, cold);
+    fprintf(stderr, "qshard bench: unknown benchmark '%s'\n", what);
+    bench_usage(stderr);
+    return QS_EXIT_USAGE;
+}

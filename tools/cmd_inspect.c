@@ -1,5 +1,461 @@
-/* tools/cmd_inspect.c - STUB: to be replaced by the module owner. */
+/*
+ * cmd_inspect.c - `qshard inspect FILE|DIR... [--json]` and `qshard verify FILE|DIR...`.
+ *
+ * inspect: open (validate metadata only, O(header)) and print header, sections, tokenizer files,
+ *          model config and tensor table, as a table or as JSON (--json). A DIR with a
+ *          manifest.json is shown through the manifest (and its ranks are checked against it);
+ *          a DIR without one shows every *.qshard file in it.
+ * verify:  structure + every tensor checksum + zero padding + tokenizer archive, and for a DIR
+ *          the manifest: every rank present, same model, sizes and digests as recorded.
+ *
+ * Exit codes (docs/DESIGN.md section 2): 0 ok, 1 usage, 2 bad or corrupt file, 4 I/O error,
+ * 5 verification failed (checksum, padding, tokenizer archive, manifest, missing or foreign rank).
+ * Messages naming the file and tensor come from format/ (qs_log_error); this file adds one
+ * summary line per input.
+ *
+ * Test: ./build/test_fmt (section 6, "the qshard binary").
+ */
+#include <dirent.h>
+#include <getopt.h>
+#include <inttypes.h>
 #include <stdio.h>
-#include "cmd.h"
-int cmd_inspect(int argc, char **argv) { (void)argc; (void)argv; fprintf(stderr, "qshard inspect: not implemented yet\n"); return QS_EXIT_RUNTIME; }
-int cmd_verify(int argc, char **argv) { (void)argc; (void)argv; fprintf(stderr, "qshard verify: not implemented yet\n"); return QS_EXIT_RUNTIME; }
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include <cjson/cJSON.h> /* --json output */
+
+#include "cmd.h"    /* QS_EXIT_* */
+#include "fmt.h"    /* fmt_shard_*, fmt_model_*, fmt_manifest_* */
+#include "qs_log.h" /* qs_log_error */
+
+/* --- exit codes ---------------------------------------------------------------------------- */
+
+static int exit_open(enum fmt_err e)
+{
+    switch (e) {
+    case FMT_ERR_NONE: return QS_EXIT_OK;
+    case FMT_ERR_IO: case FMT_ERR_NOMEM: return QS_EXIT_IO;
+    default: return QS_EXIT_BAD_INPUT;
+    }
+}
+
+static int exit_verify(enum fmt_err e)
+{
+    switch (e) {
+    case FMT_ERR_CHECKSUM: case FMT_ERR_PADDING: case FMT_ERR_ZLIB: case FMT_ERR_DIGEST:
+    case FMT_ERR_MANIFEST: case FMT_ERR_MISSING_RANK: case FMT_ERR_RANK_MISMATCH:
+        return QS_EXIT_VERIFY;
+    default:
+        return exit_open(e);
+    }
+}
+
+static int worse(int a, int b) { return a > b ? a : b; }
+
+static bool is_dir(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static void shape_str(const struct fmt_tensor *t, char *buf, size_t n)
+{
+    size_t k = (size_t)snprintf(buf, n, "[");
+    for (uint32_t d = 0; d < t->n_dims && k < n; d++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%" PRIu64, d ? ", " : "", t->shape[d]);
+    if (k < n)
+        snprintf(buf + k, n - k, "]");
+}
+
+static void hex_id(const uint8_t id[16], char out[33])
+{
+    for (int i = 0; i < 16; i++)
+        snprintf(out + 2 * i, 3, "%02x", id[i]);
+}
+
+/* Files to look at for a DIR without manifest: every *.qshard, sorted. */
+static int list_qshard_files(const char *dir, char ***out)
+{
+    DIR *d = opendir(dir);
+    int n = 0, cap = 0;
+    char **v = NULL;
+    *out = NULL;
+    if (!d)
+        return -1;
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t l = strlen(e->d_name);
+        if (l < 8 || strcmp(e->d_name + l - 7, ".qshard") != 0)
+            continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            char **nv = realloc(v, (size_t)cap * sizeof(*v));
+            if (!nv)
+                break;
+            v = nv;
+        }
+        size_t pl = strlen(dir) + l + 2;
+        if (!(v[n] = malloc(pl)))
+            break;
+        snprintf(v[n], pl, "%s/%s", dir, e->d_name);
+        n++;
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++) /* insertion sort: a handful of files */
+        for (int j = i; j > 0 && strcmp(v[j - 1], v[j]) > 0; j--) {
+            char *t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    *out = v;
+    return n;
+}
+
+static void free_list(char **v, int n)
+{
+    for (int i = 0; i < n; i++)
+        free(v[i]);
+    free(v);
+}
+
+/* --- inspect ------------------------------------------------------------------------------- */
+
+static void tok_print(void *ctx, const char *name, uint64_t size)
+{
+    (void)ctx;
+    printf("  tokenizer file  %-28s %10" PRIu64 " bytes\n", name, size);
+}
+
+static void tok_json(void *ctx, const char *name, uint64_t size)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", name);
+    cJSON_AddNumberToObject(o, "size", (double)size);
+    cJSON_AddItemToArray((cJSON *)ctx, o);
+}
+
+static void print_shard(const struct fmt_shard *s)
+{
+    const struct fmt_header *h = fmt_shard_header(s);
+    char id[33];
+    hex_id(h->model_id, id);
+    printf("%s\n", fmt_shard_path(s));
+    printf("  format %u.%u  rank %u of %u  model_id %s\n", h->version_major, h->version_minor,
+           h->tp_rank, h->world_size, id);
+    printf("  file %" PRIu64 " bytes (%.3f GiB), metadata %" PRIu64 " bytes, digest %016" PRIx64
+           ", %u tensors\n", h->file_size, (double)h->file_size / (1 << 30), h->meta_size,
+           fmt_shard_digest(s), fmt_shard_n_tensors(s));
+    for (int k = FMT_SECTION_CONFIG; k <= FMT_SECTION_TENSOR_TABLE; k++) {
+        const void *d;
+        uint64_t n;
+        if (fmt_shard_section(s, (enum fmt_section_kind)k, &d, &n) == FMT_ERR_NONE)
+            printf("  section %-18s %10" PRIu64 " bytes\n", fmt_section_name((enum fmt_section_kind)k), n);
+    }
+    if (fmt_shard_tokenizer_list(s, tok_print, NULL) != FMT_ERR_NONE)
+        printf("  tokenizer archive: CORRUPT (see error above)\n");
+    const char *cfg;
+    size_t cl;
+    if (fmt_shard_config_json(s, &cfg, &cl) == FMT_ERR_NONE)
+        printf("  config %.*s%s\n", (int)(cl > 400 ? 400 : cl), cfg, cl > 400 ? " ..." : "");
+    printf("  %5s  %-52s %-5s %-14s %-20s %-12s %14s %12s  %s\n", "#", "name", "dtype", "layout",
+           "shape", "split", "offset", "size", "xxh3");
+    for (uint32_t i = 0; i < fmt_shard_n_tensors(s); i++) {
+        const struct fmt_tensor *t = fmt_shard_tensor(s, i);
+        char shape[128], split[32], layout[32];
+        shape_str(t, shape, sizeof(shape));
+        if (t->split == FMT_SPLIT_NONE)
+            snprintf(split, sizeof(split), "none");
+        else
+            snprintf(split, sizeof(split), "%s/%u", fmt_split_name(t->split), t->split_axis);
+        if (t->layout_known)
+            snprintf(layout, sizeof(layout), "%s", fmt_layout_name(t->layout));
+        else
+            snprintf(layout, sizeof(layout), "UNKNOWN(%u)", (unsigned)t->layout);
+        printf("  %5u  %-52s %-5s %-14s %-20s %-12s %14" PRIu64 " %12" PRIu64 "  %016" PRIx64 "\n",
+               i, t->name, fmt_dtype_name(t->dtype), layout, shape, split, t->offset, t->size,
+               t->xxh3);
+    }
+}
+
+static cJSON *shard_json(const struct fmt_shard *s)
+{
+    const struct fmt_header *h = fmt_shard_header(s);
+    char id[33], buf[64];
+    hex_id(h->model_id, id);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "path", fmt_shard_path(s));
+    snprintf(buf, sizeof(buf), "%u.%u", h->version_major, h->version_minor);
+    cJSON_AddStringToObject(o, "version", buf);
+    cJSON_AddNumberToObject(o, "tp_rank", h->tp_rank);
+    cJSON_AddNumberToObject(o, "world_size", h->world_size);
+    cJSON_AddStringToObject(o, "model_id", id);
+    cJSON_AddNumberToObject(o, "file_size", (double)h->file_size);
+    cJSON_AddNumberToObject(o, "meta_size", (double)h->meta_size);
+    snprintf(buf, sizeof(buf), "%016" PRIx64, fmt_shard_digest(s));
+    cJSON_AddStringToObject(o, "digest", buf);
+    cJSON *secs = cJSON_AddArrayToObject(o, "sections");
+    for (int k = FMT_SECTION_CONFIG; k <= FMT_SECTION_TENSOR_TABLE; k++) {
+        const void *d;
+        uint64_t n;
+        if (fmt_shard_section(s, (enum fmt_section_kind)k, &d, &n) != FMT_ERR_NONE)
+            continue;
+        cJSON *so = cJSON_CreateObject();
+        cJSON_AddStringToObject(so, "kind", fmt_section_name((enum fmt_section_kind)k));
+        cJSON_AddNumberToObject(so, "size", (double)n);
+        cJSON_AddItemToArray(secs, so);
+    }
+    cJSON *tok = cJSON_AddArrayToObject(o, "tokenizer_files");
+    if (fmt_shard_tokenizer_list(s, tok_json, tok) != FMT_ERR_NONE)
+        cJSON_AddBoolToObject(o, "tokenizer_corrupt", 1);
+    const char *cfg;
+    size_t cl;
+    if (fmt_shard_config_json(s, &cfg, &cl) == FMT_ERR_NONE) {
+        cJSON *c = cJSON_ParseWithLength(cfg, cl);
+        if (c)
+            cJSON_AddItemToObject(o, "config", c);
+        else
+            cJSON_AddNullToObject(o, "config");
+    }
+    cJSON *ts = cJSON_AddArrayToObject(o, "tensors");
+    for (uint32_t i = 0; i < fmt_shard_n_tensors(s); i++) {
+        const struct fmt_tensor *t = fmt_shard_tensor(s, i);
+        cJSON *to = cJSON_CreateObject();
+        cJSON_AddStringToObject(to, "name", t->name);
+        cJSON_AddStringToObject(to, "dtype", fmt_dtype_name(t->dtype));
+        if (t->layout_known)
+            cJSON_AddStringToObject(to, "layout", fmt_layout_name(t->layout));
+        else
+            cJSON_AddNumberToObject(to, "layout", (double)t->layout);
+        cJSON *sh = cJSON_AddArrayToObject(to, "shape");
+        for (uint32_t d = 0; d < t->n_dims; d++)
+            cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->shape[d]));
+        cJSON_AddStringToObject(to, "split", fmt_split_name(t->split));
+        cJSON_AddNumberToObject(to, "split_axis", t->split_axis);
+        cJSON_AddNumberToObject(to, "offset", (double)t->offset);
+        cJSON_AddNumberToObject(to, "size", (double)t->size);
+        snprintf(buf, sizeof(buf), "%016" PRIx64, t->xxh3);
+        cJSON_AddStringToObject(to, "xxh3", buf);
+        cJSON_AddItemToArray(ts, to);
+    }
+    return o;
+}
+
+/* Inspect one file: print it (or add it to files[]), return the exit code. */
+static int inspect_file(const char *path, cJSON *files)
+{
+    struct fmt_shard *s;
+    enum fmt_err e = fmt_shard_open(path, &s);
+    if (e) {
+        fprintf(stderr, "qshard inspect: %s: %s\n", path, fmt_err_str(e));
+        return exit_open(e);
+    }
+    if (files)
+        cJSON_AddItemToArray(files, shard_json(s));
+    else
+        print_shard(s);
+    fmt_shard_close(s);
+    return QS_EXIT_OK;
+}
+
+static int inspect_dir(const char *dir, cJSON *files)
+{
+    struct fmt_model *m;
+    struct fmt_manifest *man;
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/%s", dir, FMT_MANIFEST_NAME);
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        char **v;
+        int n = list_qshard_files(dir, &v);
+        if (n <= 0) {
+            qs_log_error(__func__, "directory %s: no %s and no .qshard files", dir,
+                         FMT_MANIFEST_NAME);
+            free_list(v, n < 0 ? 0 : n);
+            return n < 0 ? QS_EXIT_IO : QS_EXIT_BAD_INPUT;
+        }
+        if (!files)
+            printf("%s: no %s; %d .qshard file(s)\n\n", dir, FMT_MANIFEST_NAME, n);
+        int rc = QS_EXIT_OK;
+        for (int i = 0; i < n; i++)
+            rc = worse(rc, inspect_file(v[i], files));
+        free_list(v, n);
+        return rc;
+    }
+    enum fmt_err e = fmt_model_open(dir, &m);
+    if (e) {
+        fprintf(stderr, "qshard inspect: %s: %s\n", dir, fmt_err_str(e));
+        return exit_open(e);
+    }
+    man = (struct fmt_manifest *)fmt_model_manifest(m);
+    if (!files) {
+        char id[33];
+        hex_id(man->model_id, id);
+        printf("%s: manifest: model_id %s, world_size %u\n", dir, id, man->world_size);
+        for (uint32_t k = 0; k < man->world_size; k++)
+            printf("  rank %u  %-28s %14" PRIu64 " bytes  digest %016" PRIx64 "\n", k,
+                   man->ranks[k].file, man->ranks[k].size, man->ranks[k].digest);
+        printf("\n");
+    }
+    for (uint32_t k = 0; k < fmt_model_world_size(m); k++) {
+        if (files) {
+            cJSON_AddItemToArray(files, shard_json(fmt_model_shard(m, k)));
+        } else {
+            print_shard(fmt_model_shard(m, k));
+            printf("\n");
+        }
+    }
+    fmt_model_close(m);
+    return QS_EXIT_OK;
+}
+
+static void inspect_usage(FILE *f)
+{
+    fprintf(f, "usage: qshard inspect [--json] FILE|DIR...\n"
+               "  Print the header, sections, tokenizer files, model config and tensor table of\n"
+               "  .qshard files (a DIR: through its manifest.json, or every *.qshard in it).\n"
+               "  Validates the structure only; `qshard verify` checks the data.\n"
+               "  --json     one JSON document {\"files\": [...]} on stdout\n"
+               "  -h, --help this text\n"
+               "exit: 0 ok, 1 usage, 2 bad or corrupt file, 4 I/O error\n");
+}
+
+int cmd_inspect(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"json", no_argument, NULL, 'j'}, {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
+    bool json = false;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "jh", opts, NULL)) != -1) {
+        switch (c) {
+        case 'j': json = true; break;
+        case 'h': inspect_usage(stdout); return QS_EXIT_OK;
+        default: inspect_usage(stderr); return QS_EXIT_USAGE;
+        }
+    }
+    if (optind >= argc) {
+        inspect_usage(stderr);
+        return QS_EXIT_USAGE;
+    }
+    cJSON *root = json ? cJSON_CreateObject() : NULL;
+    cJSON *files = json ? cJSON_AddArrayToObject(root, "files") : NULL;
+    int rc = QS_EXIT_OK;
+    for (int i = optind; i < argc; i++)
+        rc = worse(rc, is_dir(argv[i]) ? inspect_dir(argv[i], files) : inspect_file(argv[i], files));
+    if (json) {
+        char *text = cJSON_Print(root);
+        if (text)
+            printf("%s\n", text);
+        free(text);
+        cJSON_Delete(root);
+    }
+    return rc;
+}
+
+/* --- verify -------------------------------------------------------------------------------- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+struct progress {
+    bool on;
+    double t0, last;
+};
+
+static void progress_fn(void *ctx, uint32_t done, uint32_t n, uint64_t bytes, uint64_t total)
+{
+    struct progress *p = ctx;
+    double t = now_s();
+    if (!p->on || (t - p->last < 0.5 && done != n))
+        return;
+    p->last = t;
+    fprintf(stderr, "\r  %u/%u tensors, %.2f/%.2f GiB", done, n, (double)bytes / (1 << 30),
+            (double)total / (1 << 30));
+    if (done == n)
+        fputc('\n', stderr);
+}
+
+/* Verify one open shard; prints the summary line; returns the exit code. */
+static int verify_shard(const struct fmt_shard *s, bool verbose)
+{
+    struct progress p = {verbose, now_s(), 0};
+    enum fmt_err e = fmt_shard_verify_all(s, progress_fn, &p);
+    double dt = now_s() - p.t0;
+    const struct fmt_header *h = fmt_shard_header(s);
+    if (e) {
+        fprintf(stderr, "qshard verify: FAILED: %s: %s\n", fmt_shard_path(s), fmt_err_str(e));
+        return exit_verify(e);
+    }
+    printf("ok: %s: %u tensors, %" PRIu64 " bytes, %.2f GB/s\n", fmt_shard_path(s),
+           fmt_shard_n_tensors(s), h->file_size, dt > 0 ? (double)h->file_size / dt / 1e9 : 0.0);
+    return QS_EXIT_OK;
+}
+
+static int verify_path(const char *path, bool verbose)
+{
+    if (!is_dir(path)) {
+        struct fmt_shard *s;
+        enum fmt_err e = fmt_shard_open(path, &s);
+        if (e) {
+            fprintf(stderr, "qshard verify: FAILED: %s: %s\n", path, fmt_err_str(e));
+            return exit_open(e);
+        }
+        int rc = verify_shard(s, verbose);
+        fmt_shard_close(s);
+        return rc;
+    }
+    struct fmt_model *m;
+    enum fmt_err e = fmt_model_open(path, &m);
+    if (e) {
+        fprintf(stderr, "qshard verify: FAILED: %s: %s\n", path, fmt_err_str(e));
+        return exit_verify(e);
+    }
+    printf("ok: %s: manifest, %u ranks present, same model, sizes and digests match\n", path,
+           fmt_model_world_size(m));
+    int rc = QS_EXIT_OK;
+    for (uint32_t k = 0; k < fmt_model_world_size(m); k++)
+        rc = worse(rc, verify_shard(fmt_model_shard(m, k), verbose));
+    fmt_model_close(m);
+    return rc;
+}
+
+static void verify_usage(FILE *f)
+{
+    fprintf(f, "usage: qshard verify [-v] FILE|DIR...\n"
+               "  Check structure, every tensor checksum (XXH3-64), zero padding and the tokenizer\n"
+               "  archive of .qshard files; for a DIR also its manifest.json: every rank present,\n"
+               "  same model_id and world_size, sizes and digests as recorded.\n"
+               "  -v, --verbose  progress on stderr\n"
+               "  -h, --help     this text\n"
+               "exit: 0 ok, 1 usage, 2 bad or corrupt file, 4 I/O error, 5 verification failed\n");
+}
+
+int cmd_verify(int argc, char **argv)
+{
+    static const struct option opts[] = {{"verbose", no_argument, NULL, 'v'},
+                                          {"help", no_argument, NULL, 'h'},
+                                          {NULL, 0, NULL, 0}};
+    bool verbose = false;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "vh", opts, NULL)) != -1) {
+        switch (c) {
+        case 'v': verbose = true; break;
+        case 'h': verify_usage(stdout); return QS_EXIT_OK;
+        default: verify_usage(stderr); return QS_EXIT_USAGE;
+        }
+    }
+    if (optind >= argc) {
+        verify_usage(stderr);
+        return QS_EXIT_USAGE;
+    }
+    int rc = QS_EXIT_OK;
+    for (int i = optind; i < argc; i++)
+        rc = worse(rc, verify_path(argv[i], verbose));
+    return rc;
+}
