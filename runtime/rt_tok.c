@@ -1,0 +1,1486 @@
+/*
+ * rt_tok.c - tokenizer loading (tokenizer.json, tokenizer_config.json, special-token map),
+ * the encode driver (added-token matching, BOS/EOS), decoding and streaming decoding.
+ * The model half of encoding is rt_tok_bpe.c; tokenizer.model parsing is rt_tok_spm.c; chat
+ * formatting is rt_chat.c. API and contracts: rt_tok.h. Test: ./build/test_tok.
+ *
+ * Sources for the behaviour followed (facts, not code): huggingface/tokenizers
+ * (models/bpe/model.rs, normalizers/{prepend,replace}.rs, pre_tokenizers/{split,byte_level,
+ * metaspace}.rs, decoders/{byte_fallback,strip,fuse}.rs, processors/template.rs,
+ * tokenizer/added_vocabulary.rs), transformers tokenization_utils_base.py (tokenizer_config keys),
+ * google/sentencepiece (bpe_model.cc, normalizer.cc, sentencepiece_model.proto).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h> /* tokenizer.json, tokenizer_config.json */
+#include <xxhash.h>      /* XXH3_64bits: piece hash */
+#include <zlib.h>        /* gzopen: tokenizer.json.gz */
+
+#include "qs_log.h"     /* qs_log_error */
+#include "rt_tok_int.h" /* struct rt_tok */
+
+const char *rt_tok_err_str(enum rt_tok_err err)
+{
+    switch (err) {
+#define RT_TOK_X_STR(name, value, msg) \
+    case name:                         \
+        return msg;
+        RT_TOK_ERR_LIST(RT_TOK_X_STR)
+#undef RT_TOK_X_STR
+    }
+    return "unknown error";
+}
+
+// --- arena, maps, allocation ----------------------------------------------------------------
+
+enum rt_tok_err rt_tok_arena_put(struct rt_tok *tok, const void *s, size_t n, uint32_t *off)
+{
+    if (n > UINT32_MAX / 2 || tok->arena_len + n + 1 > UINT32_MAX) {
+        qs_log_error(__func__, "tokenizer strings exceed 4 GiB");
+        return RT_TOK_ERR_TOO_LONG;
+    }
+    if (tok->arena_len + n + 1 > tok->arena_cap) {
+        size_t cap = tok->arena_cap ? tok->arena_cap : 4096;
+        while (cap < tok->arena_len + n + 1)
+            cap *= 2;
+        char *a = realloc(tok->arena, cap);
+        if (!a) {
+            qs_log_error(__func__, "out of memory for %zu bytes of tokenizer strings", cap);
+            return RT_TOK_ERR_NOMEM;
+        }
+        tok->arena = a, tok->arena_cap = cap;
+    }
+    if (n)
+        memcpy(tok->arena + tok->arena_len, s, n);
+    tok->arena[tok->arena_len + n] = '\0'; /* every string is NUL-terminated */
+    *off = (uint32_t)tok->arena_len;
+    tok->arena_len += n + 1;
+    return RT_TOK_ERR_NONE;
+}
+
+static uint32_t hash_str(const char *s, size_t n)
+{
+    return (uint32_t)XXH3_64bits(s, n);
+}
+
+enum rt_tok_err rt_tok_strmap_build(struct rt_tok *tok)
+{
+    size_t cap = 16;
+    while (cap < 2 * (size_t)tok->n_vocab)
+        cap *= 2;
+    free(tok->model_map.slot);
+    tok->model_map.slot = malloc(cap * sizeof(int32_t));
+    if (!tok->model_map.slot) {
+        qs_log_error(__func__, "out of memory for the vocabulary hash (%zu slots)", cap);
+        return RT_TOK_ERR_NOMEM;
+    }
+    memset(tok->model_map.slot, 0xFF, cap * sizeof(int32_t));
+    tok->model_map.mask = (uint32_t)(cap - 1);
+    for (int32_t id = 0; id < tok->n_vocab; id++) {
+        const struct rt_tok_entry *e = &tok->ent[id];
+        if (!(e->attr & RT_TOKA_MODEL))
+            continue;
+        const char *s = tok->arena + e->model_off;
+        uint32_t h = hash_str(s, e->model_len) & tok->model_map.mask;
+        for (;; h = (h + 1) & tok->model_map.mask) {
+            int32_t o = tok->model_map.slot[h];
+            if (o < 0) {
+                tok->model_map.slot[h] = id;
+                break;
+            }
+            if (tok->ent[o].model_len == e->model_len &&
+                memcmp(tok->arena + tok->ent[o].model_off, s, e->model_len) == 0) {
+                qs_log_error(__func__, "vocabulary piece \"%s\" appears twice (ids %d and %d)", s,
+                             (int)o, (int)id);
+                return RT_TOK_ERR_JSON;
+            }
+        }
+    }
+    return RT_TOK_ERR_NONE;
+}
+
+int32_t rt_tok_strmap_get(const struct rt_tok *tok, const char *s, size_t n)
+{
+    const struct rt_tok_strmap *m = &tok->model_map;
+    if (!m->slot)
+        return -1;
+    for (uint32_t h = hash_str(s, n) & m->mask;; h = (h + 1) & m->mask) {
+        int32_t id = m->slot[h];
+        if (id < 0)
+            return -1;
+        const struct rt_tok_entry *e = &tok->ent[id];
+        if (e->model_len == n && memcmp(tok->arena + e->model_off, s, n) == 0)
+            return id;
+    }
+}
+
+static uint64_t pair_key(int32_t l, int32_t r)
+{
+    return ((uint64_t)(uint32_t)(l + 1) << 32) | (uint32_t)(r + 1);
+}
+
+static uint32_t pair_hash(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdULL; /* murmur3 fmix64 */
+    k ^= k >> 33;
+    return (uint32_t)k;
+}
+
+enum rt_tok_err rt_tok_pairmap_init(struct rt_tok_pairmap *m, size_t n_expected)
+{
+    size_t cap = 16;
+    while (cap < 2 * n_expected + 16)
+        cap *= 2;
+    free(m->slot);
+    m->slot = calloc(cap, sizeof(*m->slot));
+    if (!m->slot) {
+        qs_log_error(__func__, "out of memory for the merge table (%zu slots)", cap);
+        return RT_TOK_ERR_NOMEM;
+    }
+    m->mask = (uint32_t)(cap - 1);
+    m->n = 0;
+    return RT_TOK_ERR_NONE;
+}
+
+/* Insert or overwrite (a later duplicate merge wins, as in HF's HashMap collect). The caller
+ * sized the map for every insertion, so it is never more than half full. */
+void rt_tok_pairmap_put(struct rt_tok_pairmap *m, int32_t l, int32_t r, int32_t rank,
+                        int32_t result)
+{
+    uint64_t k = pair_key(l, r);
+    for (uint32_t h = pair_hash(k) & m->mask;; h = (h + 1) & m->mask) {
+        if (m->slot[h].key == 0 || m->slot[h].key == k) {
+            if (m->slot[h].key == 0)
+                m->n++;
+            m->slot[h] = (struct rt_tok_merge){k, rank, result};
+            return;
+        }
+    }
+}
+
+const struct rt_tok_merge *rt_tok_pairmap_get(const struct rt_tok_pairmap *m, int32_t l, int32_t r)
+{
+    if (!m->slot)
+        return NULL;
+    uint64_t k = pair_key(l, r);
+    for (uint32_t h = pair_hash(k) & m->mask;; h = (h + 1) & m->mask) {
+        if (m->slot[h].key == k)
+            return &m->slot[h];
+        if (m->slot[h].key == 0)
+            return NULL;
+    }
+}
+
+struct rt_tok *rt_tok_alloc(int32_t n_vocab)
+{
+    struct rt_tok *tok = calloc(1, sizeof(*tok));
+    if (!tok)
+        return NULL;
+    tok->ent = calloc(n_vocab > 0 ? (size_t)n_vocab : 1, sizeof(*tok->ent));
+    if (!tok->ent) {
+        free(tok);
+        return NULL;
+    }
+    tok->n_vocab = n_vocab;
+    for (int32_t i = 0; i < n_vocab; i++)
+        tok->ent[i].split_l = tok->ent[i].split_r = -1;
+    for (int i = 0; i < 256; i++)
+        tok->byte_id[i] = -1;
+    tok->unk_id = tok->bos_id = -1;
+    rt_tok_bytelevel_map(tok->bl_cp);
+    return tok;
+}
+
+void rt_tok_free(struct rt_tok *tok)
+{
+    if (!tok)
+        return;
+    free(tok->ent);
+    free(tok->arena);
+    free(tok->model_map.slot);
+    free(tok->merges.slot);
+    free(tok->added);
+    free(tok->chat_template);
+    free(tok);
+}
+
+// --- small JSON helpers ---------------------------------------------------------------------
+
+/* An integer-valued JSON number in [lo, hi], else false. */
+static bool json_int(const cJSON *v, long lo, long hi, long *out)
+{
+    if (!cJSON_IsNumber(v))
+        return false;
+    double d = v->valuedouble;
+    if (!(d >= (double)lo && d <= (double)hi) || d != (double)(long)d)
+        return false;
+    *out = (long)d;
+    return true;
+}
+
+/* Optional boolean member: absent/null -> dflt; other types -> error. */
+static bool json_bool(const cJSON *obj, const char *key, bool dflt, bool *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v || cJSON_IsNull(v)) {
+        *out = dflt;
+        return true;
+    }
+    if (!cJSON_IsBool(v))
+        return false;
+    *out = cJSON_IsTrue(v);
+    return true;
+}
+
+static const char *json_str(const cJSON *obj, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+/* The id of an exact vocabulary string: an added token's content first, then a model piece. */
+int32_t rt_tok_find(const struct rt_tok *tok, const char *piece)
+{
+    if (!tok || !piece)
+        return -1;
+    size_t n = strlen(piece);
+    for (size_t i = 0; i < tok->n_added; i++) {
+        const struct rt_tok_entry *e = &tok->ent[tok->added[i]];
+        if (e->piece_len == n && memcmp(tok->arena + e->piece_off, piece, n) == 0)
+            return tok->added[i];
+    }
+    if (tok->added == NULL) { /* during loading, before the added index exists */
+        for (int32_t id = 0; id < tok->n_vocab; id++) {
+            const struct rt_tok_entry *e = &tok->ent[id];
+            if ((e->attr & RT_TOKA_ADDED) && e->piece_len == n &&
+                memcmp(tok->arena + e->piece_off, piece, n) == 0)
+                return id;
+        }
+    }
+    return rt_tok_strmap_get(tok, piece, n);
+}
+
+// --- tokenizer.json -------------------------------------------------------------------------
+
+static const char RE_LLAMA3[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char RE_QWEN2[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char RE_GPT2[] =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+static const char SPM_SPACE[] = "\xE2\x96\x81"; /* U+2581 "▁" */
+
+/* Result of reading tokenizer.json's pre-tokenizer/normalizer/decoder/post-processor. */
+struct json_opts {
+    bool bytelevel;
+    int32_t tmpl_bos, tmpl_eos; /* TemplateProcessing: special token before / after $A, or -1 */
+    bool have_tmpl;
+};
+
+static enum rt_tok_err json_normalizer(struct rt_tok *tok, const cJSON *n)
+{
+    if (!n || cJSON_IsNull(n))
+        return RT_TOK_ERR_NONE;
+    const char *type = json_str(n, "type");
+    if (!type)
+        goto bad;
+    if (strcmp(type, "Sequence") == 0) {
+        const cJSON *list = cJSON_GetObjectItemCaseSensitive(n, "normalizers");
+        if (!cJSON_IsArray(list))
+            goto bad;
+        const cJSON *it;
+        cJSON_ArrayForEach(it, list) {
+            enum rt_tok_err err = json_normalizer(tok, it);
+            if (err)
+                return err;
+        }
+        return RT_TOK_ERR_NONE;
+    }
+    if (strcmp(type, "Prepend") == 0) {
+        const char *p = json_str(n, "prepend");
+        if (!p || strcmp(p, SPM_SPACE) != 0)
+            goto unsupported;
+        tok->dummy_prefix = true;
+        return RT_TOK_ERR_NONE;
+    }
+    if (strcmp(type, "Replace") == 0) {
+        const cJSON *pat = cJSON_GetObjectItemCaseSensitive(n, "pattern");
+        const char *from = json_str(pat, "String"), *to = json_str(n, "content");
+        if (!from || !to || strcmp(from, " ") != 0 || strcmp(to, SPM_SPACE) != 0)
+            goto unsupported;
+        tok->escape_spaces = true;
+        return RT_TOK_ERR_NONE;
+    }
+    if (strcmp(type, "NFC") == 0) {
+        tok->nfc = true;
+        return RT_TOK_ERR_NONE;
+    }
+unsupported:
+    qs_log_error(__func__, "tokenizer.json: normalizer \"%s\" (with these options) is not supported", type);
+    return RT_TOK_ERR_UNSUPPORTED;
+bad:
+    qs_log_error(__func__, "tokenizer.json: normalizer is not an object with a \"type\"");
+    return RT_TOK_ERR_JSON;
+}
+
+static enum rt_tok_err json_pretok(struct rt_tok *tok, const cJSON *p, struct json_opts *o)
+{
+    if (!p || cJSON_IsNull(p))
+        return RT_TOK_ERR_NONE;
+    const char *type = json_str(p, "type");
+    if (!type) {
+        qs_log_error(__func__, "tokenizer.json: pre_tokenizer is not an object with a \"type\"");
+        return RT_TOK_ERR_JSON;
+    }
+    if (strcmp(type, "Sequence") == 0) {
+        const cJSON *list = cJSON_GetObjectItemCaseSensitive(p, "pretokenizers");
+        if (!cJSON_IsArray(list)) {
+            qs_log_error(__func__, "tokenizer.json: pre_tokenizer Sequence without \"pretokenizers\" array");
+            return RT_TOK_ERR_JSON;
+        }
+        const cJSON *it;
+        cJSON_ArrayForEach(it, list) {
+            enum rt_tok_err err = json_pretok(tok, it, o);
+            if (err)
+                return err;
+        }
+        return RT_TOK_ERR_NONE;
+    }
+    if (strcmp(type, "Split") == 0) {
+        const char *re = json_str(cJSON_GetObjectItemCaseSensitive(p, "pattern"), "Regex");
+        const char *beh = json_str(p, "behavior");
+        bool invert;
+        if (!re || !beh || strcmp(beh, "Isolated") != 0 || !json_bool(p, "invert", false, &invert) ||
+            invert || tok->pretok != RT_TOK_PRETOK_NONE)
+            goto unsupported;
+        if (strcmp(re, RE_LLAMA3) == 0)
+            tok->pretok = RT_TOK_PRETOK_LLAMA3;
+        else if (strcmp(re, RE_QWEN2) == 0)
+            tok->pretok = RT_TOK_PRETOK_QWEN2;
+        else if (strcmp(re, RE_GPT2) == 0)
+            tok->pretok = RT_TOK_PRETOK_GPT2;
+        else {
+            qs_log_error(__func__, "tokenizer.json: Split regex is not one of the implemented patterns (Llama-3, Qwen2, GPT-2): %.120s", re);
+            return RT_TOK_ERR_UNSUPPORTED;
+        }
+        return RT_TOK_ERR_NONE;
+    }
+    if (strcmp(type, "ByteLevel") == 0) {
+        bool prefix, regex;
+        if (!json_bool(p, "add_prefix_space", false, &prefix) ||
+            !json_bool(p, "use_regex", true, &regex) || prefix)
+            goto unsupported;
+        if (regex) {
+            if (tok->pretok != RT_TOK_PRETOK_NONE)
+                goto unsupported;
+            tok->pretok = RT_TOK_PRETOK_GPT2;
+        }
+        o->bytelevel = true;
+        return RT_TOK_ERR_NONE;
+    }
+    if (strcmp(type, "Metaspace") == 0) {
+        const char *rep = json_str(p, "replacement"), *scheme = json_str(p, "prepend_scheme");
+        bool split, add_prefix;
+        if (!rep || strcmp(rep, SPM_SPACE) != 0 || !json_bool(p, "split", false, &split) || split ||
+            !json_bool(p, "add_prefix_space", true, &add_prefix))
+            goto unsupported;
+        tok->escape_spaces = true;
+        if (scheme) {
+            tok->dummy_prefix = strcmp(scheme, "never") != 0;
+            tok->prefix_first_only = strcmp(scheme, "first") == 0;
+        } else {
+            tok->dummy_prefix = add_prefix;
+        }
+        return RT_TOK_ERR_NONE;
+    }
+unsupported:
+    qs_log_error(__func__, "tokenizer.json: pre_tokenizer \"%s\" (with these options) is not supported", type);
+    return RT_TOK_ERR_UNSUPPORTED;
+}
+
+/* Decoder: only whether it strips a leading space (Strip{" ", start>=1} or Metaspace). */
+static void json_decoder(struct rt_tok *tok, const cJSON *d)
+{
+    const char *type = json_str(d, "type");
+    if (!type)
+        return;
+    if (strcmp(type, "Sequence") == 0) {
+        const cJSON *it;
+        cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(d, "decoders"))
+            json_decoder(tok, it);
+    } else if (strcmp(type, "Strip") == 0) {
+        const char *c = json_str(d, "content");
+        long start;
+        if (c && strcmp(c, " ") == 0 &&
+            json_int(cJSON_GetObjectItemCaseSensitive(d, "start"), 1, 1 << 20, &start))
+            tok->strip_space = true;
+    } else if (strcmp(type, "Metaspace") == 0) {
+        const char *scheme = json_str(d, "prepend_scheme");
+        bool add_prefix = true;
+        json_bool(d, "add_prefix_space", true, &add_prefix);
+        tok->strip_space = scheme ? strcmp(scheme, "never") != 0 : add_prefix;
+    }
+}
+
+/* TemplateProcessing "single": the special tokens around $A give the default BOS/EOS. */
+static enum rt_tok_err json_postproc(const cJSON *p, struct json_opts *o)
+{
+    const char *type = json_str(p, "type");
+    if (!type)
+        return RT_TOK_ERR_NONE;
+    if (strcmp(type, "Sequence") == 0) {
+        const cJSON *it;
+        cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(p, "processors")) {
+            enum rt_tok_err err = json_postproc(it, o);
+            if (err)
+                return err;
+        }
+        return RT_TOK_ERR_NONE;
+    }
+    if (strcmp(type, "TemplateProcessing") != 0)
+        return RT_TOK_ERR_NONE;
+    const cJSON *single = cJSON_GetObjectItemCaseSensitive(p, "single");
+    const cJSON *specials = cJSON_GetObjectItemCaseSensitive(p, "special_tokens");
+    if (!cJSON_IsArray(single))
+        goto bad;
+    o->have_tmpl = true;
+    bool seen_a = false;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, single) {
+        const cJSON *st = cJSON_GetObjectItemCaseSensitive(it, "SpecialToken");
+        if (cJSON_GetObjectItemCaseSensitive(it, "Sequence")) {
+            seen_a = true;
+            continue;
+        }
+        const char *name = json_str(st, "id");
+        if (!name)
+            goto bad;
+        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(specials, name), "ids");
+        long id;
+        if (cJSON_GetArraySize(ids) != 1 || !json_int(cJSON_GetArrayItem(ids, 0), 0, RT_TOK_MAX_VOCAB, &id)) {
+            qs_log_error(__func__, "tokenizer.json: post_processor special token \"%s\" has no single valid id", name);
+            return RT_TOK_ERR_JSON;
+        }
+        if (seen_a)
+            o->tmpl_eos = (int32_t)id;
+        else
+            o->tmpl_bos = (int32_t)id;
+    }
+    return RT_TOK_ERR_NONE;
+bad:
+    qs_log_error(__func__, "tokenizer.json: TemplateProcessing \"single\" is malformed");
+    return RT_TOK_ERR_JSON;
+}
+
+/* Split a merge "a b" (or ["a", "b"]) into its two pieces. */
+static bool merge_parts(const cJSON *m, const char **a, size_t *na, const char **b, size_t *nb)
+{
+    if (cJSON_IsString(m)) {
+        const char *s = m->valuestring, *sp = strchr(s, ' ');
+        if (!sp || sp == s || sp[1] == '\0' || strchr(sp + 1, ' '))
+            return false;
+        *a = s, *na = (size_t)(sp - s), *b = sp + 1, *nb = strlen(sp + 1);
+        return true;
+    }
+    if (cJSON_IsArray(m) && cJSON_GetArraySize(m) == 2) {
+        const cJSON *x = cJSON_GetArrayItem(m, 0), *y = cJSON_GetArrayItem(m, 1);
+        if (!cJSON_IsString(x) || !cJSON_IsString(y) || !*x->valuestring || !*y->valuestring)
+            return false;
+        *a = x->valuestring, *na = strlen(*a), *b = y->valuestring, *nb = strlen(*b);
+        return true;
+    }
+    return false;
+}
+
+static enum rt_tok_err json_merges(struct rt_tok *tok, const cJSON *merges)
+{
+    enum rt_tok_err err = rt_tok_pairmap_init(&tok->merges, (size_t)cJSON_GetArraySize(merges));
+    if (err)
+        return err;
+    char *buf = NULL;
+    size_t cap = 0;
+    int32_t rank = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, merges) {
+        const char *a, *b;
+        size_t na, nb;
+        if (!merge_parts(m, &a, &na, &b, &nb)) {
+            qs_log_error(__func__, "tokenizer.json: merge %d is not \"a b\" or [\"a\", \"b\"]", (int)rank);
+            err = RT_TOK_ERR_JSON;
+            goto out;
+        }
+        if (na + nb > cap) {
+            cap = 2 * (na + nb);
+            char *nbuf = realloc(buf, cap);
+            if (!nbuf) {
+                qs_log_error(__func__, "out of memory");
+                err = RT_TOK_ERR_NOMEM;
+                goto out;
+            }
+            buf = nbuf;
+        }
+        memcpy(buf, a, na);
+        memcpy(buf + na, b, nb);
+        int32_t l = rt_tok_strmap_get(tok, a, na), r = rt_tok_strmap_get(tok, b, nb);
+        int32_t res = rt_tok_strmap_get(tok, buf, na + nb);
+        if (l < 0 || r < 0 || res < 0) {
+            qs_log_error(__func__, "tokenizer.json: merge %d (\"%.*s\" + \"%.*s\") names a piece not in the vocabulary",
+                         (int)rank, (int)na, a, (int)nb, b);
+            err = RT_TOK_ERR_JSON;
+            goto out;
+        }
+        rt_tok_pairmap_put(&tok->merges, l, r, rank, res);
+        rank++;
+    }
+out:
+    free(buf);
+    return err;
+}
+
+/* Mark an added token: content replaces the piece string; attrs from the HF fields. */
+static enum rt_tok_err set_added(struct rt_tok *tok, int32_t id, const char *content, bool special,
+                                 bool lstrip, bool rstrip)
+{
+    struct rt_tok_entry *e = &tok->ent[id];
+    size_t n = strlen(content);
+    if (!(e->piece_len == n && (e->attr & (RT_TOKA_MODEL | RT_TOKA_ADDED)) &&
+          memcmp(tok->arena + e->piece_off, content, n) == 0)) {
+        enum rt_tok_err err = rt_tok_arena_put(tok, content, n, &e->piece_off);
+        if (err)
+            return err;
+        e->piece_len = (uint32_t)n;
+    }
+    e->attr &= ~(uint32_t)(RT_TOKA_SPECIAL | RT_TOKA_LSTRIP | RT_TOKA_RSTRIP);
+    e->attr |= RT_TOKA_ADDED | (special ? RT_TOKA_SPECIAL : 0) | (lstrip ? RT_TOKA_LSTRIP : 0) |
+               (rstrip ? RT_TOKA_RSTRIP : 0);
+    return RT_TOK_ERR_NONE;
+}
+
+static enum rt_tok_err json_added(struct rt_tok *tok, const cJSON *added)
+{
+    const cJSON *a;
+    cJSON_ArrayForEach(a, added) {
+        long id;
+        const char *content = json_str(a, "content");
+        bool special, lstrip, rstrip;
+        if (!json_int(cJSON_GetObjectItemCaseSensitive(a, "id"), 0, tok->n_vocab - 1, &id) ||
+            !content || !*content || !json_bool(a, "special", false, &special) ||
+            !json_bool(a, "lstrip", false, &lstrip) || !json_bool(a, "rstrip", false, &rstrip)) {
+            qs_log_error(__func__, "tokenizer.json: added_tokens entry %s is malformed (needs id in [0, %d), non-empty content, boolean flags)",
+                         content ? content : "(no content)", (int)tok->n_vocab);
+            return RT_TOK_ERR_JSON;
+        }
+        enum rt_tok_err err = set_added(tok, (int32_t)id, content, special, lstrip, rstrip);
+        if (err)
+            return err;
+    }
+    return RT_TOK_ERR_NONE;
+}
+
+/* Largest id in the vocabulary object and added_tokens array (-1 when empty), checking types. */
+static enum rt_tok_err json_max_id(const cJSON *vocab, const cJSON *added, long *max_id)
+{
+    *max_id = -1;
+    const cJSON *v;
+    cJSON_ArrayForEach(v, vocab) {
+        long id;
+        if (!json_int(v, 0, RT_TOK_MAX_VOCAB - 1, &id)) {
+            qs_log_error(__func__, "tokenizer.json: vocab entry \"%s\" is not an id in [0, %d)", v->string, RT_TOK_MAX_VOCAB);
+            return RT_TOK_ERR_JSON;
+        }
+        if (id > *max_id)
+            *max_id = id;
+    }
+    cJSON_ArrayForEach(v, added) {
+        long id;
+        if (!json_int(cJSON_GetObjectItemCaseSensitive(v, "id"), 0, RT_TOK_MAX_VOCAB - 1, &id)) {
+            qs_log_error(__func__, "tokenizer.json: an added_tokens entry has no id in [0, %d)", RT_TOK_MAX_VOCAB);
+            return RT_TOK_ERR_JSON;
+        }
+        if (id > *max_id)
+            *max_id = id;
+    }
+    return RT_TOK_ERR_NONE;
+}
+
+static enum rt_tok_err load_json(const char *text, size_t len, struct rt_tok **out,
+                                 struct json_opts *o)
+{
+    enum rt_tok_err err = RT_TOK_ERR_JSON;
+    struct rt_tok *tok = NULL;
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    if (!cJSON_IsObject(root)) {
+        qs_log_error(__func__, "tokenizer.json: not a JSON object (syntax error or truncated, %zu bytes)", len);
+        goto out;
+    }
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
+    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+    const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
+    const char *type = json_str(model, "type");
+    if (type && strcmp(type, "BPE") != 0) {
+        qs_log_error(__func__, "tokenizer.json: model type \"%s\" is not supported (only BPE)", type);
+        err = RT_TOK_ERR_UNSUPPORTED;
+        goto out;
+    }
+    if (!cJSON_IsObject(vocab) || !cJSON_IsArray(merges) || (added && !cJSON_IsNull(added) && !cJSON_IsArray(added))) {
+        qs_log_error(__func__, "tokenizer.json: model.vocab must be an object, model.merges and added_tokens arrays");
+        goto out;
+    }
+    long max_id;
+    if ((err = json_max_id(vocab, added, &max_id)))
+        goto out;
+    if (max_id < 0) {
+        qs_log_error(__func__, "tokenizer.json: empty vocabulary");
+        err = RT_TOK_ERR_JSON;
+        goto out;
+    }
+    tok = rt_tok_alloc((int32_t)max_id + 1);
+    if (!tok) {
+        qs_log_error(__func__, "out of memory for %ld tokens", max_id + 1);
+        err = RT_TOK_ERR_NOMEM;
+        goto out;
+    }
+    const cJSON *v;
+    cJSON_ArrayForEach(v, vocab) {
+        struct rt_tok_entry *e = &tok->ent[(int32_t)v->valuedouble];
+        if (e->attr & RT_TOKA_MODEL) {
+            qs_log_error(__func__, "tokenizer.json: vocab id %d is used by \"%s\" and \"%s\"",
+                         (int)v->valuedouble, tok->arena + e->model_off, v->string);
+            err = RT_TOK_ERR_JSON;
+            goto out;
+        }
+        size_t n = strlen(v->string);
+        if ((err = rt_tok_arena_put(tok, v->string, n, &e->model_off)))
+            goto out;
+        e->model_len = e->piece_len = (uint32_t)n;
+        e->piece_off = e->model_off;
+        e->attr = RT_TOKA_MODEL;
+    }
+    if ((err = rt_tok_strmap_build(tok)) || (err = json_merges(tok, merges)))
+        goto out;
+
+    bool ok = json_bool(model, "byte_fallback", false, &tok->byte_fallback) &&
+              json_bool(model, "fuse_unk", false, &tok->fuse_unk) &&
+              json_bool(model, "ignore_merges", false, &tok->ignore_merges);
+    const cJSON *dropout = cJSON_GetObjectItemCaseSensitive(model, "dropout");
+    const char *csp = json_str(model, "continuing_subword_prefix");
+    const char *eow = json_str(model, "end_of_word_suffix");
+    if (!ok) {
+        qs_log_error(__func__, "tokenizer.json: model byte_fallback/fuse_unk/ignore_merges must be booleans");
+        err = RT_TOK_ERR_JSON;
+        goto out;
+    }
+    if ((dropout && !cJSON_IsNull(dropout) && !(cJSON_IsNumber(dropout) && dropout->valuedouble == 0.0)) ||
+        (csp && *csp) || (eow && *eow)) {
+        qs_log_error(__func__, "tokenizer.json: BPE dropout / continuing_subword_prefix / end_of_word_suffix are not supported");
+        err = RT_TOK_ERR_UNSUPPORTED;
+        goto out;
+    }
+    const char *unk = json_str(model, "unk_token");
+    if (unk && (tok->unk_id = rt_tok_strmap_get(tok, unk, strlen(unk))) < 0) {
+        qs_log_error(__func__, "tokenizer.json: unk_token \"%s\" is not in the vocabulary", unk);
+        err = RT_TOK_ERR_JSON;
+        goto out;
+    }
+    if ((err = json_added(tok, added)) ||
+        (err = json_normalizer(tok, cJSON_GetObjectItemCaseSensitive(root, "normalizer"))) ||
+        (err = json_pretok(tok, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), o)))
+        goto out;
+    json_decoder(tok, cJSON_GetObjectItemCaseSensitive(root, "decoder"));
+    if ((err = json_postproc(cJSON_GetObjectItemCaseSensitive(root, "post_processor"), o)))
+        goto out;
+    tok->kind = o->bytelevel ? RT_TOK_KIND_BYTELEVEL : RT_TOK_KIND_SPM;
+    if (tok->kind == RT_TOK_KIND_BYTELEVEL && (tok->dummy_prefix || tok->escape_spaces || tok->byte_fallback)) {
+        qs_log_error(__func__, "tokenizer.json: byte-level pre-tokenizer mixed with SentencePiece options");
+        err = RT_TOK_ERR_UNSUPPORTED;
+        goto out;
+    }
+    if (tok->kind == RT_TOK_KIND_SPM && (tok->nfc || tok->pretok != RT_TOK_PRETOK_NONE)) {
+        qs_log_error(__func__, "tokenizer.json: NFC or a Split pre-tokenizer without ByteLevel is not supported");
+        err = RT_TOK_ERR_UNSUPPORTED;
+        goto out;
+    }
+    err = RT_TOK_ERR_NONE;
+out:
+    cJSON_Delete(root);
+    if (err) {
+        rt_tok_free(tok);
+        tok = NULL;
+    }
+    *out = tok;
+    return err;
+}
+
+// --- tokenizer_config.json and the special-token map ----------------------------------------
+
+/* bos_token / eos_token: a string, an object with "content", or null (-> *content NULL). */
+static bool config_token(const cJSON *v, const char **content)
+{
+    *content = NULL;
+    if (!v || cJSON_IsNull(v))
+        return true;
+    if (cJSON_IsString(v)) {
+        *content = v->valuestring;
+        return true;
+    }
+    *content = json_str(v, "content");
+    return *content != NULL;
+}
+
+static enum rt_tok_err apply_config(struct rt_tok *tok, const char *text, size_t len,
+                                    bool *have_bos_flag, bool *have_eos_flag)
+{
+    enum rt_tok_err err = RT_TOK_ERR_CONFIG;
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    if (!cJSON_IsObject(root)) {
+        qs_log_error(__func__, "tokenizer_config.json: not a JSON object (syntax error or truncated, %zu bytes)", len);
+        goto out;
+    }
+    const cJSON *ab = cJSON_GetObjectItemCaseSensitive(root, "add_bos_token");
+    const cJSON *ae = cJSON_GetObjectItemCaseSensitive(root, "add_eos_token");
+    if ((ab && !cJSON_IsBool(ab) && !cJSON_IsNull(ab)) || (ae && !cJSON_IsBool(ae) && !cJSON_IsNull(ae))) {
+        qs_log_error(__func__, "tokenizer_config.json: add_bos_token/add_eos_token must be booleans");
+        goto out;
+    }
+    if (cJSON_IsBool(ab))
+        tok->add_bos = cJSON_IsTrue(ab), *have_bos_flag = true;
+    if (cJSON_IsBool(ae))
+        tok->add_eos = cJSON_IsTrue(ae), *have_eos_flag = true;
+    const cJSON *bt = cJSON_GetObjectItemCaseSensitive(root, "bos_token");
+    const cJSON *et = cJSON_GetObjectItemCaseSensitive(root, "eos_token");
+    const char *bos, *eos;
+    if (!config_token(bt, &bos) || !config_token(et, &eos)) {
+        qs_log_error(__func__, "tokenizer_config.json: bos_token/eos_token must be a string, {\"content\": ...} or null");
+        goto out;
+    }
+    if (bt) {
+        tok->bos_id = bos ? rt_tok_find(tok, bos) : -1;
+        if (bos && tok->bos_id < 0) {
+            qs_log_error(__func__, "tokenizer_config.json: bos_token \"%s\" is not in the vocabulary", bos);
+            goto out;
+        }
+    }
+    if (et) {
+        int32_t id = eos ? rt_tok_find(tok, eos) : -1;
+        if (eos && id < 0) {
+            qs_log_error(__func__, "tokenizer_config.json: eos_token \"%s\" is not in the vocabulary", eos);
+            goto out;
+        }
+        tok->n_eos = 0;
+        if (id >= 0)
+            tok->eos_ids[tok->n_eos++] = id;
+    }
+    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(root, "chat_template");
+    const char *tmpl = NULL;
+    if (cJSON_IsString(ct)) {
+        tmpl = ct->valuestring;
+    } else if (cJSON_IsArray(ct)) { /* [{"name": "default", "template": "..."}, ...] */
+        const cJSON *it;
+        cJSON_ArrayForEach(it, ct) {
+            const char *name = json_str(it, "name"), *t = json_str(it, "template");
+            if (t && (!tmpl || (name && strcmp(name, "default") == 0)))
+                tmpl = t;
+        }
+    }
+    if (tmpl && !(tok->chat_template = strdup(tmpl))) {
+        qs_log_error(__func__, "out of memory");
+        err = RT_TOK_ERR_NOMEM;
+        goto out;
+    }
+    err = RT_TOK_ERR_NONE;
+out:
+    cJSON_Delete(root);
+    return err;
+}
+
+static enum rt_tok_err apply_special_map(struct rt_tok *tok, const char *text, size_t len)
+{
+    enum rt_tok_err err = RT_TOK_ERR_SPECIAL_MAP;
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    if (!cJSON_IsObject(root)) {
+        qs_log_error(__func__, "special-token map: not a JSON object {\"content\": id}");
+        goto out;
+    }
+    const cJSON *v;
+    cJSON_ArrayForEach(v, root) {
+        long id;
+        if (!json_int(v, 0, tok->n_vocab - 1, &id) || !v->string[0]) {
+            qs_log_error(__func__, "special-token map: \"%s\" needs an id in [0, %d)", v->string, (int)tok->n_vocab);
+            goto out;
+        }
+        if ((err = set_added(tok, (int32_t)id, v->string, true, false, false)))
+            goto out;
+        err = RT_TOK_ERR_SPECIAL_MAP;
+    }
+    err = RT_TOK_ERR_NONE;
+out:
+    cJSON_Delete(root);
+    return err;
+}
+
+// --- finishing a load -----------------------------------------------------------------------
+
+static int added_cmp(const void *pa, const void *pb, void *ctx)
+{
+    const struct rt_tok *tok = ctx;
+    const struct rt_tok_entry *a = &tok->ent[*(const int32_t *)pa];
+    const struct rt_tok_entry *b = &tok->ent[*(const int32_t *)pb];
+    unsigned char fa = (unsigned char)tok->arena[a->piece_off];
+    unsigned char fb = (unsigned char)tok->arena[b->piece_off];
+    if (fa != fb)
+        return fa < fb ? -1 : 1;
+    if (a->piece_len != b->piece_len)
+        return a->piece_len > b->piece_len ? -1 : 1;
+    return memcmp(tok->arena + a->piece_off, tok->arena + b->piece_off, a->piece_len);
+}
+
+/* Index the added tokens by first byte, longest first. Two added tokens with the same content
+ * are an error (`dup_err`): which one a match meant would be ambiguous. */
+static enum rt_tok_err build_added(struct rt_tok *tok, enum rt_tok_err dup_err)
+{
+    size_t n = 0;
+    for (int32_t id = 0; id < tok->n_vocab; id++)
+        n += (tok->ent[id].attr & RT_TOKA_ADDED) != 0;
+    free(tok->added);
+    tok->added = malloc((n ? n : 1) * sizeof(int32_t));
+    if (!tok->added) {
+        qs_log_error(__func__, "out of memory");
+        return RT_TOK_ERR_NOMEM;
+    }
+    tok->n_added = 0;
+    for (int32_t id = 0; id < tok->n_vocab; id++)
+        if (tok->ent[id].attr & RT_TOKA_ADDED)
+            tok->added[tok->n_added++] = id;
+    qsort_r(tok->added, n, sizeof(int32_t), added_cmp, tok);
+    for (size_t i = 1; i < n; i++) {
+        if (added_cmp(&tok->added[i - 1], &tok->added[i], tok) == 0) {
+            qs_log_error(__func__, "added token \"%s\" is given to ids %d and %d",
+                         tok->arena + tok->ent[tok->added[i]].piece_off, (int)tok->added[i - 1],
+                         (int)tok->added[i]);
+            return dup_err;
+        }
+    }
+    memset(tok->added_first, 0, sizeof(tok->added_first));
+    for (size_t i = 0; i < n; i++)
+        tok->added_first[(unsigned char)tok->arena[tok->ent[tok->added[i]].piece_off] + 1]++;
+    for (int b = 0; b < 256; b++)
+        tok->added_first[b + 1] += tok->added_first[b];
+    return RT_TOK_ERR_NONE;
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if ((c | 0x20) >= 'a' && (c | 0x20) <= 'f')
+        return (c | 0x20) - 'a' + 10;
+    return -1;
+}
+
+/* "<0xXX>" -> XX, else -1 (HF decoders/byte_fallback.rs accepts either hex case). */
+static int byte_piece(const char *s, size_t n)
+{
+    if (n != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>' || hexval(s[3]) < 0 || hexval(s[4]) < 0)
+        return -1;
+    return hexval(s[3]) * 16 + hexval(s[4]);
+}
+
+/* The bytes each id decodes to (struct rt_tok_entry.dec_*). */
+static enum rt_tok_err build_dec(struct rt_tok *tok)
+{
+    int16_t rev[0x144]; /* byte-level code point -> byte */
+    for (int i = 0; i < 0x144; i++)
+        rev[i] = -1;
+    for (int b = 0; b < 256; b++)
+        rev[tok->bl_cp[b]] = (int16_t)b;
+    char *buf = NULL;
+    size_t cap = 0;
+    enum rt_tok_err err = RT_TOK_ERR_NONE;
+    for (int32_t id = 0; id < tok->n_vocab && !err; id++) {
+        struct rt_tok_entry *e = &tok->ent[id];
+        e->dec_off = e->piece_off, e->dec_len = e->piece_len;
+        if ((e->attr & RT_TOKA_ADDED) || e->piece_len == 0)
+            continue;
+        if (e->piece_len + 1 > cap) {
+            cap = 2 * e->piece_len + 16;
+            char *nb = realloc(buf, cap);
+            if (!nb) {
+                qs_log_error(__func__, "out of memory");
+                err = RT_TOK_ERR_NOMEM;
+                break;
+            }
+            buf = nb;
+        }
+        const char *p = tok->arena + e->piece_off;
+        size_t n = e->piece_len, m = 0;
+        if (tok->kind == RT_TOK_KIND_SPM) {
+            int b = byte_piece(p, n);
+            if (b >= 0) {
+                buf[m++] = (char)b;
+            } else {
+                for (size_t i = 0; i < n; i++) {
+                    if (i + 3 <= n && memcmp(p + i, SPM_SPACE, 3) == 0) {
+                        buf[m++] = ' ';
+                        i += 2;
+                    } else {
+                        buf[m++] = p[i];
+                    }
+                }
+            }
+        } else {
+            for (size_t i = 0; i < n;) {
+                uint32_t cp;
+                int len = rt_tok_utf8_seq((const unsigned char *)p + i, n - i, &cp);
+                if (len <= 0 || cp >= 0x144 || rev[cp] < 0) {
+                    m = 0; /* not a byte-level string: decode to its raw bytes */
+                    break;
+                }
+                buf[m++] = (char)rev[cp];
+                i += (size_t)len;
+            }
+            if (m == 0)
+                continue;
+        }
+        if (m == n && memcmp(buf, p, n) == 0)
+            continue;
+        err = rt_tok_arena_put(tok, buf, m, &e->dec_off);
+        e->dec_len = (uint32_t)m;
+    }
+    free(buf);
+    return err;
+}
+
+/* Byte ids: SentencePiece <0xXX> pieces; byte-level single mapped characters (all required). */
+static enum rt_tok_err build_byte_ids(struct rt_tok *tok)
+{
+    for (int b = 0; b < 256; b++) {
+        char s[8];
+        size_t n;
+        if (tok->kind == RT_TOK_KIND_SPM) {
+            if (tok->byte_id[b] >= 0)
+                continue; /* set by the tokenizer.model reader */
+            n = (size_t)snprintf(s, sizeof(s), "<0x%02X>", b);
+        } else {
+            uint16_t cp = tok->bl_cp[b];
+            if (cp < 0x80) {
+                s[0] = (char)cp, n = 1;
+            } else {
+                s[0] = (char)(0xC0 | (cp >> 6)), s[1] = (char)(0x80 | (cp & 0x3F)), n = 2;
+            }
+        }
+        tok->byte_id[b] = rt_tok_strmap_get(tok, s, n);
+        if (tok->kind == RT_TOK_KIND_BYTELEVEL && tok->byte_id[b] < 0) {
+            qs_log_error(__func__, "tokenizer.json: byte-level vocabulary lacks the token for byte 0x%02X", b);
+            return RT_TOK_ERR_JSON;
+        }
+    }
+    return RT_TOK_ERR_NONE;
+}
+
+enum rt_tok_err rt_tok_load(const struct rt_tok_files *files, struct rt_tok **out)
+{
+    if (!out)
+        return RT_TOK_ERR_ARG;
+    *out = NULL;
+    if (!files) {
+        qs_log_error(__func__, "no files given");
+        return RT_TOK_ERR_ARG;
+    }
+    struct rt_tok *tok = NULL;
+    enum rt_tok_err err;
+    bool have_bos_flag = false, have_eos_flag = false;
+    if (files->json) {
+        struct json_opts o = {.tmpl_bos = -1, .tmpl_eos = -1};
+        if ((err = load_json(files->json, files->json_len, &tok, &o)))
+            return err;
+        tok->bos_id = o.tmpl_bos;
+        tok->add_bos = o.tmpl_bos >= 0;
+        tok->add_eos = o.tmpl_eos >= 0;
+        if (o.tmpl_eos >= 0)
+            tok->eos_ids[tok->n_eos++] = o.tmpl_eos;
+        if (tok->kind == RT_TOK_KIND_SPM) { /* LlamaTokenizer defaults */
+            if (tok->bos_id < 0)
+                tok->bos_id = rt_tok_find(tok, "<s>");
+            if (tok->n_eos == 0 && rt_tok_find(tok, "</s>") >= 0)
+                tok->eos_ids[tok->n_eos++] = rt_tok_find(tok, "</s>");
+        }
+    } else if (files->model) {
+        if ((err = rt_tok_spm_load(files->model, files->model_len, &tok)))
+            return err;
+    } else {
+        qs_log_error(__func__, "neither tokenizer.json nor tokenizer.model was given");
+        return RT_TOK_ERR_NO_MODEL;
+    }
+    if (files->config &&
+        (err = apply_config(tok, files->config, files->config_len, &have_bos_flag, &have_eos_flag)))
+        goto fail;
+    if (files->special_map &&
+        (err = apply_special_map(tok, files->special_map, files->special_map_len)))
+        goto fail;
+    if ((err = build_added(tok, files->special_map ? RT_TOK_ERR_SPECIAL_MAP : RT_TOK_ERR_JSON)) ||
+        (err = build_byte_ids(tok)) || (err = build_dec(tok)))
+        goto fail;
+    /* BOS and EOS always count as special, whatever the files say about them. */
+    if (tok->bos_id >= 0)
+        tok->ent[tok->bos_id].attr |= RT_TOKA_SPECIAL;
+    for (size_t i = 0; i < tok->n_eos; i++)
+        tok->ent[tok->eos_ids[i]].attr |= RT_TOKA_SPECIAL;
+    if (tok->add_bos && tok->bos_id < 0) {
+        qs_log_error(__func__, "the tokenizer adds BOS but has no bos token");
+        err = files->config ? RT_TOK_ERR_CONFIG : RT_TOK_ERR_JSON;
+        goto fail;
+    }
+    if (tok->add_eos && tok->n_eos == 0) {
+        qs_log_error(__func__, "the tokenizer adds EOS but has no eos token");
+        err = files->config ? RT_TOK_ERR_CONFIG : RT_TOK_ERR_JSON;
+        goto fail;
+    }
+    *out = tok;
+    return RT_TOK_ERR_NONE;
+fail:
+    rt_tok_free(tok);
+    return err;
+}
+
+// --- encoding -------------------------------------------------------------------------------
+
+static bool is_ws_at(const char *s, size_t n, size_t i, size_t *len)
+{
+    uint32_t cp;
+    int k = rt_tok_utf8_seq((const unsigned char *)s + i, n - i, &cp);
+    if (k <= 0 || !rt_tok_uni_in(cp, rt_tok_uni_space, rt_tok_uni_space_n))
+        return false;
+    *len = (size_t)k;
+    return true;
+}
+
+/* The longest eligible added token starting at s[p], or -1. */
+static int32_t match_added(const struct rt_tok *tok, const char *s, size_t n, size_t p,
+                           unsigned flags)
+{
+    unsigned char b = (unsigned char)s[p];
+    for (uint32_t k = tok->added_first[b]; k < tok->added_first[b + 1]; k++) {
+        int32_t id = tok->added[k];
+        const struct rt_tok_entry *e = &tok->ent[id];
+        if ((e->attr & RT_TOKA_SPECIAL) && !(flags & RT_TOK_PARSE_SPECIAL))
+            continue;
+        if (e->piece_len <= n - p && memcmp(tok->arena + e->piece_off, s + p, e->piece_len) == 0)
+            return id;
+    }
+    return -1;
+}
+
+/* Reject text that is not UTF-8, and (NFC tokenizers) text that NFC could change. */
+static enum rt_tok_err check_text(const struct rt_tok *tok, const char *text, size_t len)
+{
+    for (size_t i = 0; i < len;) {
+        uint32_t cp;
+        int k = rt_tok_utf8_seq((const unsigned char *)text + i, len - i, &cp);
+        if (k <= 0) {
+            qs_log_error(__func__, "text is not valid UTF-8 at byte %zu (0x%02X)", i, (unsigned char)text[i]);
+            return RT_TOK_ERR_UTF8;
+        }
+        if (tok->nfc && cp >= 0x300 && rt_tok_uni_in(cp, rt_tok_uni_nfc_unsafe, rt_tok_uni_nfc_unsafe_n)) {
+            qs_log_error(__func__, "text at byte %zu (U+%04X) may change under the tokenizer's NFC normalizer, which is not implemented", i, (unsigned)cp);
+            return RT_TOK_ERR_UNSUPPORTED;
+        }
+        i += (size_t)k;
+    }
+    return RT_TOK_ERR_NONE;
+}
+
+enum rt_tok_err rt_tok_encode(const struct rt_tok *tok, const char *text, size_t len,
+                              unsigned flags, int32_t **ids, size_t *n)
+{
+    if (ids)
+        *ids = NULL;
+    if (n)
+        *n = 0;
+    if (!tok || !ids || !n || (!text && len)) {
+        qs_log_error(__func__, "NULL argument");
+        return RT_TOK_ERR_ARG;
+    }
+    if (len >= RT_TOK_MAX_TEXT) {
+        qs_log_error(__func__, "text of %zu bytes is longer than the limit of %zu", len, RT_TOK_MAX_TEXT);
+        return RT_TOK_ERR_TOO_LONG;
+    }
+    enum rt_tok_err err = check_text(tok, text, len);
+    if (err)
+        return err;
+    bool bos = (flags & RT_TOK_DEFAULT_SPECIAL) ? tok->add_bos : (flags & RT_TOK_ADD_BOS) != 0;
+    bool eos = (flags & RT_TOK_DEFAULT_SPECIAL) ? tok->add_eos : (flags & RT_TOK_ADD_EOS) != 0;
+    struct rt_tok_ids out = {0};
+    if (bos && tok->bos_id < 0) {
+        qs_log_error(__func__, "BOS requested but the tokenizer has no bos token");
+        return RT_TOK_ERR_ARG;
+    }
+    if (eos && tok->n_eos == 0) {
+        qs_log_error(__func__, "EOS requested but the tokenizer has no eos token");
+        return RT_TOK_ERR_ARG;
+    }
+    if (bos && (err = rt_tok_ids_push(&out, tok->bos_id)))
+        goto fail;
+    size_t seg = 0; /* start of the text not yet encoded */
+    for (size_t p = 0; p <= len; p++) {
+        int32_t id = p < len ? match_added(tok, text, len, p, flags) : -1;
+        if (id < 0 && p < len)
+            continue;
+        size_t end = p, next = p;
+        if (id >= 0) {
+            const struct rt_tok_entry *e = &tok->ent[id];
+            next = p + e->piece_len;
+            if (e->attr & RT_TOKA_LSTRIP) { /* swallow whitespace on the left */
+                while (end > seg) {
+                    size_t q = end - 1, k;
+                    while (q > seg && ((unsigned char)text[q] & 0xC0) == 0x80)
+                        q--;
+                    if (!is_ws_at(text, len, q, &k))
+                        break;
+                    end = q;
+                }
+            }
+            if (e->attr & RT_TOKA_RSTRIP) {
+                size_t k;
+                while (next < len && is_ws_at(text, len, next, &k))
+                    next += k;
+            }
+        }
+        if ((err = rt_tok_encode_segment(tok, text + seg, end - seg, seg == 0, &out)))
+            goto fail;
+        if (id >= 0) {
+            /* never a second BOS: a text that starts with the BOS token already has it */
+            bool dup_bos = bos && id == tok->bos_id && out.n == 1 && end == 0;
+            if (!dup_bos && (err = rt_tok_ids_push(&out, id)))
+                goto fail;
+        }
+        seg = next;
+        p = next - 1; /* loop increment moves to next */
+        if (id < 0)
+            break;
+    }
+    if (eos && (err = rt_tok_ids_push(&out, tok->eos_ids[0])))
+        goto fail;
+    if (!out.v && !(out.v = malloc(sizeof(int32_t)))) {
+        qs_log_error(__func__, "out of memory");
+        err = RT_TOK_ERR_NOMEM;
+        goto fail;
+    }
+    *ids = out.v;
+    *n = out.n;
+    return RT_TOK_ERR_NONE;
+fail:
+    free(out.v);
+    return err;
+}
+
+// --- decoding -------------------------------------------------------------------------------
+
+static const char REPLACEMENT[] = "\xEF\xBF\xBD"; /* U+FFFD */
+
+/* Copy s[0..n) to dst (capacity >= 3n + 3) replacing each maximal ill-formed subpart by U+FFFD.
+ * A trailing incomplete sequence is left out and its length stored in *held when held is
+ * non-NULL, else replaced. Returns the bytes written. */
+static size_t utf8_sanitize(const unsigned char *s, size_t n, char *dst, size_t *held)
+{
+    size_t m = 0;
+    if (held)
+        *held = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        int k = rt_tok_utf8_seq(s + i, n - i, &cp);
+        if (k > 0) {
+            memcpy(dst + m, s + i, (size_t)k);
+            m += (size_t)k, i += (size_t)k;
+        } else if (k < 0) {
+            memcpy(dst + m, REPLACEMENT, 3);
+            m += 3, i += (size_t)-k;
+        } else {
+            if (held) {
+                *held = n - i;
+            } else {
+                memcpy(dst + m, REPLACEMENT, 3);
+                m += 3;
+            }
+            break;
+        }
+    }
+    dst[m] = '\0';
+    return m;
+}
+
+static bool decode_skips(const struct rt_tok *tok, int32_t id, unsigned flags)
+{
+    return (flags & RT_TOK_DECODE_SKIP_SPECIAL) && (tok->ent[id].attr & RT_TOKA_SPECIAL);
+}
+
+enum rt_tok_err rt_tok_decode(const struct rt_tok *tok, const int32_t *ids, size_t n,
+                              unsigned flags, char **text, size_t *len)
+{
+    if (text)
+        *text = NULL;
+    if (len)
+        *len = 0;
+    if (!tok || !text || !len || (!ids && n)) {
+        qs_log_error(__func__, "NULL argument");
+        return RT_TOK_ERR_ARG;
+    }
+    size_t raw_len = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= tok->n_vocab) {
+            qs_log_error(__func__, "token id %d at position %zu is outside [0, %d)", (int)ids[i], i, (int)tok->n_vocab);
+            return RT_TOK_ERR_ID;
+        }
+        if (!decode_skips(tok, ids[i], flags))
+            raw_len += tok->ent[ids[i]].dec_len;
+    }
+    unsigned char *raw = malloc(raw_len + 1);
+    char *dst = malloc(3 * raw_len + 4);
+    if (!raw || !dst) {
+        free(raw);
+        free(dst);
+        qs_log_error(__func__, "out of memory decoding %zu ids", n);
+        return RT_TOK_ERR_NOMEM;
+    }
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (decode_skips(tok, ids[i], flags))
+            continue;
+        const struct rt_tok_entry *e = &tok->ent[ids[i]];
+        memcpy(raw + m, tok->arena + e->dec_off, e->dec_len);
+        m += e->dec_len;
+    }
+    size_t start = (tok->strip_space && !(flags & RT_TOK_DECODE_KEEP_SPACE) && m > 0 && raw[0] == ' ');
+    *len = utf8_sanitize(raw + start, m - start, dst, NULL);
+    *text = dst;
+    free(raw);
+    return RT_TOK_ERR_NONE;
+}
+
+void rt_tok_stream_init(struct rt_tok_stream *s, const struct rt_tok *tok, unsigned flags)
+{
+    memset(s, 0, sizeof(*s));
+    s->tok = tok;
+    s->flags = flags;
+}
+
+static enum rt_tok_err stream_reserve(struct rt_tok_stream *s, size_t need)
+{
+    if (need <= s->out_cap)
+        return RT_TOK_ERR_NONE;
+    size_t cap = need < 64 ? 64 : 2 * need;
+    char *o = realloc(s->out, cap);
+    if (!o) {
+        qs_log_error(__func__, "out of memory");
+        return RT_TOK_ERR_NOMEM;
+    }
+    s->out = o, s->out_cap = cap;
+    return RT_TOK_ERR_NONE;
+}
+
+enum rt_tok_err rt_tok_stream_push(struct rt_tok_stream *s, int32_t id, const char **text,
+                                   size_t *len)
+{
+    *text = "", *len = 0;
+    const struct rt_tok *tok = s->tok;
+    if (id < 0 || id >= tok->n_vocab) {
+        qs_log_error(__func__, "token id %d is outside [0, %d)", (int)id, (int)tok->n_vocab);
+        return RT_TOK_ERR_ID;
+    }
+    const struct rt_tok_entry *e = &tok->ent[id];
+    size_t blen = decode_skips(tok, id, s->flags) ? 0 : e->dec_len;
+    const unsigned char *bytes = (const unsigned char *)tok->arena + e->dec_off;
+    size_t need = s->n_hold + blen;
+    unsigned char local[256], *comb = local;
+    if (need > sizeof(local) && !(comb = malloc(need))) {
+        qs_log_error(__func__, "out of memory");
+        return RT_TOK_ERR_NOMEM;
+    }
+    memcpy(comb, s->hold, s->n_hold);
+    memcpy(comb + s->n_hold, bytes, blen);
+    size_t start = 0;
+    if (!s->started && need > 0) {
+        s->started = true;
+        start = tok->strip_space && !(s->flags & RT_TOK_DECODE_KEEP_SPACE) && comb[0] == ' ';
+    }
+    enum rt_tok_err err = stream_reserve(s, 3 * need + 4);
+    if (!err) {
+        size_t held;
+        *len = utf8_sanitize(comb + start, need - start, s->out, &held);
+        memcpy(s->hold, comb + need - held, held); /* held <= 3: an incomplete character */
+        s->n_hold = held;
+        *text = s->out;
+    }
+    if (comb != local)
+        free(comb);
+    return err;
+}
+
+enum rt_tok_err rt_tok_stream_flush(struct rt_tok_stream *s, const char **text, size_t *len)
+{
+    *text = "", *len = 0;
+    enum rt_tok_err err = stream_reserve(s, 3 * s->n_hold + 4);
+    if (err)
+        return err;
+    *len = utf8_sanitize(s->hold, s->n_hold, s->out, NULL);
+    *text = s->out;
+    s->n_hold = 0;
+    s->started = false;
+    return RT_TOK_ERR_NONE;
+}
+
+void rt_tok_stream_free(struct rt_tok_stream *s)
+{
+    if (!s)
+        return;
+    free(s->out);
+    s->out = NULL;
+    s->out_cap = 0;
+}
+
+// --- accessors ------------------------------------------------------------------------------
+
+const char *rt_tok_piece(const struct rt_tok *tok, int32_t id)
+{
+    if (!tok || id < 0 || id >= tok->n_vocab)
+        return NULL;
+    return tok->arena ? tok->arena + tok->ent[id].piece_off : "";
+}
+
+const char *rt_tok_bytes(const struct rt_tok *tok, int32_t id, size_t *len)
+{
+    if (!tok || id < 0 || id >= tok->n_vocab)
+        return NULL;
+    *len = tok->ent[id].dec_len;
+    return tok->arena ? tok->arena + tok->ent[id].dec_off : "";
+}
+
+int32_t rt_tok_n_vocab(const struct rt_tok *tok)
+{
+    return tok ? tok->n_vocab : 0;
+}
+
+int32_t rt_tok_bos_id(const struct rt_tok *tok)
+{
+    return tok ? tok->bos_id : -1;
+}
+
+const int32_t *rt_tok_eos_ids(const struct rt_tok *tok, size_t *n)
+{
+    *n = tok ? tok->n_eos : 0;
+    return tok ? tok->eos_ids : NULL;
+}
+
+bool rt_tok_is_special(const struct rt_tok *tok, int32_t id)
+{
+    return tok && id >= 0 && id < tok->n_vocab && (tok->ent[id].attr & RT_TOKA_SPECIAL);
+}
+
+// --- reading a model directory --------------------------------------------------------------
+
+/* Read a whole file (gzip-compressed when gz) into a malloc'd buffer. Returns 0 on success,
+ * ENOENT when it does not exist, another errno value on failure (reported). */
+static int read_file(const char *path, bool gz, char **buf, size_t *len)
+{
+    const size_t max = (size_t)1 << 30;
+    *buf = NULL, *len = 0;
+    (void)gz;                      /* gzread passes plain files through unchanged */
+    errno = 0;
+    gzFile f = gzopen(path, "rb");
+    if (!f) {
+        if (errno == ENOENT)
+            return ENOENT;
+        qs_log_error(__func__, "%s: cannot open: %s", path, strerror(errno));
+        return EIO;
+    }
+    gzbuffer(f, 1 << 16);
+    size_t cap = 1 << 20, n = 0;
+    char *b = malloc(cap);
+    int rc = 0;
+    for (;;) {
+        if (!b) {
+            qs_log_error(__func__, "%s: out of memory", path);
+            rc = ENOMEM;
+            break;
+        }
+        if (n == cap) {
+            if (cap >= max) {
+                qs_log_error(__func__, "%s: larger than %zu bytes", path, max);
+                rc = EFBIG;
+                break;
+            }
+            char *nb = realloc(b, cap * 2);
+            if (!nb) {
+                free(b);
+                b = NULL;
+                continue;
+            }
+            b = nb, cap *= 2;
+        }
+        int k = gzread(f, b + n, (unsigned)(cap - n > (1u << 30) ? (1u << 30) : cap - n));
+        if (k < 0) {
+            int e;
+            qs_log_error(__func__, "%s: read error: %s", path, gzerror(f, &e));
+            rc = EIO;
+            break;
+        }
+        if (k == 0)
+            break;
+        n += (size_t)k;
+    }
+    gzclose(f);
+    if (rc) {
+        free(b);
+        return rc;
+    }
+    *buf = b, *len = n;
+    return 0;
+}
+
+enum rt_tok_err rt_tok_load_dir(const char *dir, struct rt_tok **out)
+{
+    static const char *const names[] = {"tokenizer.json", "tokenizer.json.gz", "tokenizer.model",
+                                        "tokenizer_config.json"};
+    char *buf[4] = {0};
+    size_t len[4] = {0};
+    enum rt_tok_err err = RT_TOK_ERR_NONE;
+    if (out)
+        *out = NULL;
+    if (!dir || !out)
+        return RT_TOK_ERR_ARG;
+    for (int i = 0; i < 4; i++) {
+        char path[4096];
+        if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, names[i]) >= sizeof(path)) {
+            qs_log_error(__func__, "path too long: %s", dir);
+            err = RT_TOK_ERR_ARG;
+            goto out;
+        }
+        if (i == 1 && buf[0])
+            continue; /* tokenizer.json found: no need for the .gz */
+        int rc = read_file(path, i == 1, &buf[i], &len[i]);
+        if (rc && rc != ENOENT) {
+            err = rc == ENOMEM ? RT_TOK_ERR_NOMEM : RT_TOK_ERR_IO;
+            goto out;
+        }
+    }
+    if (!buf[0] && !buf[1] && !buf[2]) {
+        qs_log_error(__func__, "%s: no tokenizer.json, tokenizer.json.gz or tokenizer.model", dir);
+        err = RT_TOK_ERR_NO_MODEL;
+        goto out;
+    }
+    struct rt_tok_files f = {
+        .json = buf[0] ? buf[0] : buf[1], .json_len = buf[0] ? len[0] : len[1],
+        .model = (const unsigned char *)buf[2], .model_len = len[2],
+        .config = buf[3], .config_len = len[3],
+    };
+    err = rt_tok_load(&f, out);
+out:
+    for (int i = 0; i < 4; i++)
+        free(buf[i]);
+    return err;
+}

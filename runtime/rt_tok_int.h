@@ -1,0 +1,154 @@
+/*
+ * rt_tok_int.h - private to the tokenizer files (rt_tok.c, rt_tok_spm.c, rt_tok_bpe.c,
+ * rt_chat.c, rt_tok_unicode.c): the layout of struct rt_tok and the helpers they share.
+ * Nothing outside runtime/rt_tok*.c and runtime/rt_chat.c includes this.
+ */
+#ifndef RT_TOK_INT_H
+#define RT_TOK_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rt_tok.h" /* enum rt_tok_err, public types */
+
+/* Largest vocabulary accepted (ids must fit comfortably in int32 arithmetic). */
+#define RT_TOK_MAX_VOCAB (1 << 22)
+/* Largest input text (bytes) accepted by rt_tok_encode. */
+#define RT_TOK_MAX_TEXT ((size_t)1 << 30)
+
+/* Unicode range tables, generated into rt_tok_unicode.c by tools/gen_unicode_tables.py. */
+struct rt_tok_range {
+    uint32_t lo, hi; /* inclusive code point range */
+};
+extern const struct rt_tok_range rt_tok_uni_letter[];     /* \p{L} */
+extern const size_t rt_tok_uni_letter_n;
+extern const struct rt_tok_range rt_tok_uni_number[];     /* \p{N} */
+extern const size_t rt_tok_uni_number_n;
+extern const struct rt_tok_range rt_tok_uni_space[];      /* \s = White_Space */
+extern const size_t rt_tok_uni_space_n;
+extern const struct rt_tok_range rt_tok_uni_nfc_unsafe[]; /* may change under NFC */
+extern const size_t rt_tok_uni_nfc_unsafe_n;
+
+enum rt_tok_kind {
+    RT_TOK_KIND_SPM = 1,       /* SentencePiece-style BPE on "▁"-escaped characters */
+    RT_TOK_KIND_BYTELEVEL = 2, /* GPT-2 byte-level BPE after a regex split */
+};
+
+enum rt_tok_pretok {
+    RT_TOK_PRETOK_NONE = 0,   /* the whole segment is one word */
+    RT_TOK_PRETOK_LLAMA3 = 1, /* ... |\p{N}{1,3}| ... (Llama 3) */
+    RT_TOK_PRETOK_QWEN2 = 2,  /* ... |\p{N}| ... (Qwen2) */
+    RT_TOK_PRETOK_GPT2 = 3,   /* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
+};
+
+/* Token attribute bits (struct rt_tok_entry.attr). */
+enum {
+    RT_TOKA_MODEL = 1u << 0,   /* a model piece: BPE may produce it */
+    RT_TOKA_ADDED = 1u << 1,   /* an added token: matched in text before the model */
+    RT_TOKA_SPECIAL = 1u << 2, /* special: matched only with PARSE_SPECIAL, skipped by SKIP_SPECIAL */
+    RT_TOKA_LSTRIP = 1u << 3,  /* added token swallows whitespace on its left */
+    RT_TOKA_RSTRIP = 1u << 4,  /* ... and on its right */
+    RT_TOKA_BYTE = 1u << 5,    /* SentencePiece byte piece <0xXX> */
+    RT_TOKA_UNUSED = 1u << 6,  /* SentencePiece UNUSED piece: resegmented after merging */
+};
+
+/* One token id. Offsets index tok->arena. */
+struct rt_tok_entry {
+    uint32_t piece_off, piece_len; /* vocabulary string (model piece, or added content) */
+    uint32_t dec_off, dec_len;     /* bytes it decodes to */
+    uint32_t model_off, model_len; /* model piece string (key of model_map), if RT_TOKA_MODEL */
+    int32_t split_l, split_r;      /* RT_TOKA_UNUSED: the pair it was merged from, else -1 */
+    uint32_t attr;                 /* RT_TOKA_* */
+};
+
+/* String -> id hash map over model pieces; open addressing, slots hold ids (-1 empty). */
+struct rt_tok_strmap {
+    int32_t *slot;
+    uint32_t mask;
+};
+
+/* (left id, right id) -> merge rank and result id; open addressing, key 0 = empty. */
+struct rt_tok_merge {
+    uint64_t key; /* (left + 1) << 32 | (right + 1) */
+    int32_t rank; /* lower merges first; equal ranks merge leftmost first */
+    int32_t result;
+};
+struct rt_tok_pairmap {
+    struct rt_tok_merge *slot;
+    uint32_t mask;
+    size_t n;
+};
+
+struct rt_tok {
+    enum rt_tok_kind kind;
+    int32_t n_vocab;
+    struct rt_tok_entry *ent; /* owned, [n_vocab] */
+    char *arena;              /* owned: all strings */
+    size_t arena_len, arena_cap;
+
+    struct rt_tok_strmap model_map; /* model piece -> id */
+    struct rt_tok_pairmap merges;
+
+    int32_t byte_id[256]; /* SPM: id of <0xXX> (-1 none); byte-level: id of the mapped char */
+    uint16_t bl_cp[256];  /* byte-level: GPT-2 bytes_to_unicode, byte -> code point (< 0x144) */
+    bool byte_fallback;   /* SPM: unknown characters become byte tokens */
+    bool fuse_unk;        /* SPM: consecutive unknowns become one unk */
+    bool ignore_merges;   /* byte-level: a word found whole in the vocabulary is one token */
+    bool dummy_prefix;    /* SPM: prepend "▁" to each segment (or only the first, below) */
+    bool prefix_first_only;
+    bool escape_spaces;   /* SPM: " " -> "▁" */
+    bool remove_extra_ws; /* SPM model normalizer: strip and collapse spaces */
+    bool strip_space;     /* decoder strips one leading space of the output */
+    bool nfc;             /* normalizer NFC: only NFC-stable text is accepted */
+    enum rt_tok_pretok pretok;
+
+    int32_t unk_id, bos_id; /* -1 when absent */
+    int32_t eos_ids[4];
+    size_t n_eos;
+    bool add_bos, add_eos;  /* defaults for RT_TOK_DEFAULT_SPECIAL */
+
+    int32_t *added;         /* owned: added-token ids sorted by (first byte, length desc) */
+    size_t n_added;
+    uint32_t added_first[257]; /* added[added_first[b] .. added_first[b+1]) start with byte b */
+
+    char *chat_template;    /* owned, NUL-terminated, or NULL */
+};
+
+/* --- shared helpers (rt_tok.c) --- */
+enum rt_tok_err rt_tok_arena_put(struct rt_tok *tok, const void *s, size_t n, uint32_t *off);
+enum rt_tok_err rt_tok_strmap_build(struct rt_tok *tok);
+int32_t rt_tok_strmap_get(const struct rt_tok *tok, const char *s, size_t n);
+enum rt_tok_err rt_tok_pairmap_init(struct rt_tok_pairmap *m, size_t n_expected);
+void rt_tok_pairmap_put(struct rt_tok_pairmap *m, int32_t l, int32_t r, int32_t rank,
+                        int32_t result);
+const struct rt_tok_merge *rt_tok_pairmap_get(const struct rt_tok_pairmap *m, int32_t l,
+                                              int32_t r);
+struct rt_tok *rt_tok_alloc(int32_t n_vocab);
+
+/* --- SentencePiece model (rt_tok_spm.c) --- */
+/* Build a tokenizer from a tokenizer.model buffer (SentencePiece ModelProto, model_type BPE). */
+enum rt_tok_err rt_tok_spm_load(const unsigned char *buf, size_t len, struct rt_tok **out);
+
+/* --- UTF-8 and Unicode (rt_tok_bpe.c) --- */
+/* Length of the UTF-8 sequence at s[0..n): > 0 a valid character of that length; -k an
+ * ill-formed maximal subpart of k >= 1 bytes (replace by one U+FFFD); 0 a valid but incomplete
+ * prefix that runs past n. */
+int rt_tok_utf8_seq(const unsigned char *s, size_t n, uint32_t *cp);
+bool rt_tok_uni_in(uint32_t cp, const struct rt_tok_range *r, size_t n);
+/* GPT-2 bytes_to_unicode (openai/gpt-2 encoder.py): printable Latin-1 bytes map to themselves,
+ * the other 68 to 256, 257, ... in byte order. */
+void rt_tok_bytelevel_map(uint16_t cp[256]);
+
+/* --- BPE (rt_tok_bpe.c) --- */
+/* Output vector of ids. */
+struct rt_tok_ids {
+    int32_t *v;
+    size_t n, cap;
+};
+enum rt_tok_err rt_tok_ids_push(struct rt_tok_ids *ids, int32_t id);
+/* Encode one segment (text between added tokens) with the model; `first` = it starts the text. */
+enum rt_tok_err rt_tok_encode_segment(const struct rt_tok *tok, const char *s, size_t n, bool first,
+                                      struct rt_tok_ids *out);
+
+#endif /* RT_TOK_INT_H */
