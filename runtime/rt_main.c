@@ -1,7 +1,1374 @@
-/* runtime/rt_main.c - STUB: to be replaced by the module owner. */
+/*
+ * rt_main.c - the user-facing runtime commands: `qshard run`, `logits`, `perplexity`,
+ * `tokenize` (tools/cmd.h entry points cmd_run, cmd_logits, cmd_perplexity, cmd_tokenize).
+ *
+ *   qshard run MODEL -p "text" [-n 128] [sampling flags] [--chat] [--stop STR]...
+ *   qshard run MODEL --tokens 1,2,3 --temp 0 -n 16 --print-ids
+ *   qshard logits MODEL (--tokens 1,2,3 | --text "...") --out logits.npy
+ *   qshard perplexity MODEL --file text.txt [--ctx 512]
+ *   qshard tokenize MODEL --text "..." | --decode 1,2,3
+ *
+ * MODEL is a directory written by `qshard convert` (every TP rank; on the CPU they run in one
+ * process) or a single TP-1 rank file. The tokenizer comes from the files embedded in rank 0
+ * (fmt_shard_tokenizer_file); a model converted without one works with --tokens only.
+ *
+ * Policies (also in each --help):
+ *   - Context: the limit is --ctx (default: the model's max_position_embeddings, capped by what
+ *     the backend allows). A prompt that does not fit (prompt tokens >= ctx, one position must
+ *     stay free to generate) is refused with exit 2 naming both numbers; --truncate keeps the
+ *     last ctx-1 prompt tokens instead. Generation that reaches the limit stops with a note.
+ *   - Stops: any eos id (the model config's list, which includes generation_config.json's
+ *     eos_token_id list, plus the tokenizer's eos) and any --stop string; the stop token or
+ *     string is not printed.
+ *   - Special tokens: prompts are encoded as HF's tokenizer(text) does: BOS per the tokenizer
+ *     files, special added tokens ("<|eot_id|>") recognised in the text; --chat formats the
+ *     prompt with the model's chat template family (rt_chat_format), never a double BOS.
+ *   - Streaming: text is printed as tokens arrive, never half a UTF-8 character, and never a
+ *     partial match of a --stop string that might still complete.
+ *   - Exit codes (docs/DESIGN.md section 2): 1 usage, 2 bad input (bad model file, prompt, token
+ *     id, UTF-8), 3 runtime failure (GPU, out of memory), 4 I/O.
+ *
+ * Tests: ./build/test_cli (runs build/qshard on converted fixtures), ./build/test_sample,
+ * ./build/test_io.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
-#include "cmd.h"
-int cmd_run(int argc, char **argv) { (void)argc; (void)argv; fprintf(stderr, "qshard run: not implemented yet\n"); return QS_EXIT_RUNTIME; }
-int cmd_logits(int argc, char **argv) { (void)argc; (void)argv; fprintf(stderr, "qshard logits: not implemented yet\n"); return QS_EXIT_RUNTIME; }
-int cmd_perplexity(int argc, char **argv) { (void)argc; (void)argv; fprintf(stderr, "qshard perplexity: not implemented yet\n"); return QS_EXIT_RUNTIME; }
-int cmd_tokenize(int argc, char **argv) { (void)argc; (void)argv; fprintf(stderr, "qshard tokenize: not implemented yet\n"); return QS_EXIT_RUNTIME; }
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h> /* generation_config.json eos_token_id */
+
+#include "cmd.h"       /* QS_EXIT_*, cmd_* prototypes */
+#include "fmt.h"       /* fmt_shard_open, fmt_manifest_open_rank, fmt_shard_tokenizer_file */
+#include "qs_log.h"    /* qs_log_error, qs_log_set_level */
+#include "rt.h"        /* rt_model_open, rt_model_forward, rt_model_config */
+#include "rt_io.h"     /* rt_npy_write_f32, rt_file_read, rt_ids_parse */
+#include "rt_sample.h" /* struct rt_sampler */
+#include "rt_tok.h"    /* rt_tok_load, rt_tok_encode, rt_tok_stream, rt_chat_format */
+
+#define MAX_STOPS 16
+#define MAX_TEXT_FILE (1ull << 30) /* perplexity input bound */
+
+// --- small helpers -------------------------------------------------------------------------
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Parse a whole decimal integer option; false on junk or out of [lo, hi]. */
+static bool parse_int(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_float(const char *s, float *out)
+{
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end || !isfinite(v))
+        return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_u64(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    if (*s == '-')
+        return false;
+    unsigned long long v = strtoull(s, &end, 0);
+    if (errno || end == s || *end)
+        return false;
+    *out = v;
+    return true;
+}
+
+/* Structural UTF-8 check (RFC 3629: no overlongs, surrogates or > U+10FFFF); returns the byte
+ * offset of the first invalid sequence or -1. */
+static long utf8_invalid_at(const char *s, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = p[i];
+        size_t len;
+        unsigned lo = 0x80, hi = 0xBF;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if (c >= 0xC2 && c <= 0xDF) {
+            len = 2;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            len = 3;
+            if (c == 0xE0)
+                lo = 0xA0;
+            if (c == 0xED)
+                hi = 0x9F;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            len = 4;
+            if (c == 0xF0)
+                lo = 0x90;
+            if (c == 0xF4)
+                hi = 0x8F;
+        } else {
+            return (long)i;
+        }
+        if (i + len > n || p[i + 1] < lo || p[i + 1] > hi)
+            return (long)i;
+        for (size_t k = 2; k < len; k++)
+            if (p[i + k] < 0x80 || p[i + k] > 0xBF)
+                return (long)i;
+        i += len;
+    }
+    return -1;
+}
+
+static int exit_for_tok_err(enum rt_tok_err e)
+{
+    return e == RT_TOK_ERR_NOMEM ? QS_EXIT_RUNTIME : QS_EXIT_BAD_INPUT;
+}
+
+static int exit_for_io_err(enum rt_io_err e)
+{
+    switch (e) {
+    case RT_IO_ERR_NONE:
+        return QS_EXIT_OK;
+    case RT_IO_ERR_FORMAT:
+    case RT_IO_ERR_PARSE:
+    case RT_IO_ERR_TOO_BIG:
+        return QS_EXIT_BAD_INPUT;
+    case RT_IO_ERR_NOMEM:
+        return QS_EXIT_RUNTIME;
+    default:
+        return QS_EXIT_IO;
+    }
+}
+
+// --- options common to every model command ------------------------------------------------
+
+struct model_opts {
+    const char *path;   /* MODEL_DIR or rank file */
+    const char *device; /* "cpu", "cuda" or NULL (auto) */
+    long threads;       /* 0: all online CPUs */
+    long ctx;           /* 0: the model's maximum */
+    bool verbose;
+};
+
+enum {
+    OPT_DEVICE = 1000, OPT_THREADS, OPT_CTX, OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P,
+    OPT_REPEAT, OPT_SEED, OPT_CHAT, OPT_SYSTEM, OPT_STOP, OPT_TOKENS, OPT_PRINT_IDS, OPT_TEXT,
+    OPT_OUT, OPT_FILE, OPT_DECODE, OPT_TRUNCATE, OPT_CHAT_TEMPLATE, OPT_NO_ECHO, OPT_NO_BOS,
+    OPT_NO_PARSE_SPECIAL, OPT_CHUNKS, OPT_IDS, OPT_IGNORE_EOS,
+};
+
+/* Handles the options shared by run/logits/perplexity; returns 1 if `c` was one of them, 0 if
+ * not, -1 on a bad value (reported). */
+static int model_opt(int c, const char *arg, struct model_opts *mo, const char *cmd)
+{
+    switch (c) {
+    case OPT_DEVICE:
+        if (strcmp(arg, "cpu") && strcmp(arg, "cuda")) {
+            fprintf(stderr, "qshard %s: --device must be cpu or cuda, got '%s'\n", cmd, arg);
+            return -1;
+        }
+        mo->device = arg;
+        return 1;
+    case OPT_THREADS:
+        if (!parse_int(arg, 1, 4096, &mo->threads)) {
+            fprintf(stderr, "qshard %s: --threads must be an integer in [1, 4096]\n", cmd);
+            return -1;
+        }
+        return 1;
+    case OPT_CTX:
+        if (!parse_int(arg, 1, 1L << 24, &mo->ctx)) {
+            fprintf(stderr, "qshard %s: --ctx must be a positive integer\n", cmd);
+            return -1;
+        }
+        return 1;
+    case 'v':
+        mo->verbose = true;
+        qs_log_set_level(QS_LOG_DEBUG);
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+#define MODEL_OPTS_HELP                                                                      \
+    "  --device cpu|cuda   where to run (default: cuda when the binary has CUDA and a GPU is\n" \
+    "                      present, else cpu)\n"                                             \
+    "  --threads N         CPU threads (default: all online CPUs)\n"                         \
+    "  -v, --verbose       print the resolved config and debug messages\n"                   \
+    "  -h, --help          this text\n"
+
+#define MODEL_LONGOPTS                                                                       \
+    {"device", required_argument, NULL, OPT_DEVICE},                                         \
+        {"threads", required_argument, NULL, OPT_THREADS},                                   \
+        {"ctx", required_argument, NULL, OPT_CTX}, {"verbose", no_argument, NULL, 'v'},      \
+        {"help", no_argument, NULL, 'h'}
+
+// --- the model (runtime/rt.h) --------------------------------------------------------------
+
+/* An opened model plus what the commands need from its config. */
+struct session {
+    struct rt_model *model;
+    int32_t vocab_size;     /* real vocabulary: ids [0, vocab_size) */
+    int64_t logits_stride;  /* floats per logits row written by rt_model_forward */
+    int64_t ctx;            /* context limit in tokens */
+    int32_t eos[64];        /* model eos ids (config/generation_config) + tokenizer eos */
+    int n_eos;
+    int32_t bos;            /* -1: none */
+    struct rt_tok *tok;     /* NULL: the model carries no tokenizer */
+};
+
+static void add_eos(struct session *s, int32_t id)
+{
+    if (id < 0)
+        return;
+    for (int i = 0; i < s->n_eos; i++)
+        if (s->eos[i] == id)
+            return;
+    if (s->n_eos < (int)(sizeof(s->eos) / sizeof(s->eos[0])))
+        s->eos[s->n_eos++] = id;
+}
+
+static bool is_eos(const struct session *s, int32_t id)
+{
+    for (int i = 0; i < s->n_eos; i++)
+        if (s->eos[i] == id)
+            return true;
+    return false;
+}
+
+/* Load the tokenizer embedded in shard `sh` (rank 0). *tok = NULL and exit 0 when the model
+ * has none. */
+static int tok_from_shard(const struct fmt_shard *sh, struct rt_tok **tok)
+{
+    *tok = NULL;
+    const char *names[3] = {"tokenizer.json", "tokenizer.model", "tokenizer_config.json"};
+    void *buf[3] = {NULL, NULL, NULL};
+    size_t len[3] = {0, 0, 0};
+    int rc = QS_EXIT_OK;
+    for (int i = 0; i < 3; i++) {
+        enum fmt_err fe = fmt_shard_tokenizer_file(sh, names[i], &buf[i], &len[i]);
+        if (fe == FMT_ERR_NOT_FOUND) {
+            buf[i] = NULL;
+            continue;
+        }
+        if (fe != FMT_ERR_NONE) {
+            rc = fe == FMT_ERR_NOMEM ? QS_EXIT_RUNTIME : QS_EXIT_BAD_INPUT;
+            goto out;
+        }
+    }
+    if (!buf[0] && !buf[1])
+        goto out; /* no tokenizer: fine until text is needed */
+    struct rt_tok_files files = {
+        .json = buf[0], .json_len = len[0],
+        .model = buf[1], .model_len = len[1],
+        .config = buf[2], .config_len = len[2],
+    };
+    enum rt_tok_err te = rt_tok_load(&files, tok);
+    if (te != RT_TOK_ERR_NONE)
+        rc = exit_for_tok_err(te);
+out:
+    for (int i = 0; i < 3; i++)
+        free(buf[i]);
+    return rc;
+}
+
+/* Open rank 0 of `path` (a directory or a rank file) for its tokenizer only. */
+static int tok_open_path(const char *path, struct rt_tok **tok)
+{
+    *tok = NULL;
+    struct fmt_shard *sh = NULL;
+    struct stat st;
+    enum fmt_err fe;
+    if (stat(path, &st) != 0) {
+        qs_log_error(__func__, "cannot open model %s: %s", path, strerror(errno));
+        return QS_EXIT_IO;
+    }
+    if (S_ISDIR(st.st_mode))
+        fe = fmt_manifest_open_rank(path, 0, &sh);
+    else
+        fe = fmt_shard_open(path, &sh);
+    if (fe != FMT_ERR_NONE)
+        return fe == FMT_ERR_IO ? QS_EXIT_IO
+                                : fe == FMT_ERR_NOMEM ? QS_EXIT_RUNTIME : QS_EXIT_BAD_INPUT;
+    int rc = tok_from_shard(sh, tok);
+    fmt_shard_close(sh);
+    return rc;
+}
+
+/* eos_token_id of generation_config.json (an int or a list of ints) into the session's set;
+ * anything else there is ignored (the converter validated the JSON when it embedded it). */
+static void add_generation_eos(struct session *s, const struct fmt_shard *sh)
+{
+    const char *json;
+    size_t len;
+    if (fmt_shard_generation_config_json(sh, &json, &len) != FMT_ERR_NONE)
+        return;
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id");
+    if (cJSON_IsNumber(e)) {
+        add_eos(s, (int32_t)e->valuedouble);
+    } else if (cJSON_IsArray(e)) {
+        const cJSON *it;
+        cJSON_ArrayForEach(it, e)
+            if (cJSON_IsNumber(it) && it->valuedouble >= 0 && it->valuedouble < INT32_MAX)
+                add_eos(s, (int32_t)it->valuedouble);
+    }
+    cJSON_Delete(root);
+}
+
+static void session_close(struct session *s)
+{
+    rt_tok_free(s->tok);
+    rt_model_free(s->model);
+    memset(s, 0, sizeof(*s));
+}
+
+/* Open model and tokenizer. need_model = false opens the tokenizer only (tokenize). */
+static int session_open(struct session *s, const struct model_opts *mo, bool need_model)
+{
+    memset(s, 0, sizeof(*s));
+    s->bos = -1;
+    int rc;
+    if (!need_model) {
+        rc = tok_open_path(mo->path, &s->tok);
+        if (rc == QS_EXIT_OK && s->tok) {
+            s->vocab_size = rt_tok_n_vocab(s->tok);
+            s->bos = rt_tok_bos_id(s->tok);
+        }
+        return rc;
+    }
+    struct rt_opts ro = rt_opts_default();
+    if (mo->device)
+        ro.device = !strcmp(mo->device, "cuda") ? RT_DEVICE_CUDA : RT_DEVICE_CPU;
+    if (mo->threads > 0)
+        ro.n_threads = (int)mo->threads;
+    if (mo->ctx > 0)
+        ro.n_ctx = (int)mo->ctx;
+    enum rt_err e = rt_model_open(mo->path, &ro, &s->model);
+    if (e != RT_ERR_NONE)
+        return rt_err_exit_code(e);
+    const struct rt_config *cfg = rt_model_config(s->model);
+    const struct fmt_shard *sh = rt_model_shard(s->model, 0);
+    s->vocab_size = cfg->vocab_size;
+    s->logits_stride = cfg->vocab_size; /* rt_model_forward drops the padded columns */
+    s->ctx = rt_model_n_ctx(s->model);
+    s->bos = cfg->bos_token_id;
+    for (int i = 0; i < cfg->n_eos; i++)
+        add_eos(s, cfg->eos_token_ids[i]);
+    add_generation_eos(s, sh);
+    rc = tok_from_shard(sh, &s->tok);
+    if (rc)
+        goto fail;
+    if (s->tok) {
+        size_t n = 0;
+        const int32_t *te = rt_tok_eos_ids(s->tok, &n);
+        for (size_t i = 0; i < n; i++)
+            add_eos(s, te[i]);
+        if (s->bos < 0)
+            s->bos = rt_tok_bos_id(s->tok);
+        if (rt_tok_n_vocab(s->tok) > s->vocab_size) {
+            qs_log_error(__func__,
+                         "model %s: the tokenizer has %d ids but the model's vocab_size is %d",
+                         mo->path, (int)rt_tok_n_vocab(s->tok), (int)s->vocab_size);
+            rc = QS_EXIT_BAD_INPUT;
+            goto fail;
+        }
+    }
+    qs_log_debug("model %s: %s, device %s, world_size %d, vocab %d, context %lld, %d eos id(s), "
+                 "bos %d, tokenizer %s",
+                 mo->path, cfg->architecture,
+                 rt_model_device(s->model) == RT_DEVICE_CUDA ? "cuda" : "cpu",
+                 rt_model_world_size(s->model), (int)s->vocab_size, (long long)s->ctx, s->n_eos,
+                 (int)s->bos, s->tok ? "yes" : "no");
+    return QS_EXIT_OK;
+fail:
+    session_close(s);
+    return rc;
+}
+
+/* Every id must be in [0, vocab_size). */
+static int check_ids(const struct session *s, const int32_t *ids, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= s->vocab_size) {
+            qs_log_error(__func__, "token id %d at position %zu is outside the vocabulary [0, %d)",
+                         (int)ids[i], i, (int)s->vocab_size);
+            return QS_EXIT_BAD_INPUT;
+        }
+    return QS_EXIT_OK;
+}
+
+/* Run the model on ids [n] starting at position pos; logits [n, logits_stride] when all_rows,
+ * else only the last row's [logits_stride]. */
+static int forward(struct session *s, const int32_t *ids, size_t n, int64_t pos, float *logits,
+                   bool all_rows)
+{
+    enum rt_err e = rt_model_forward(s->model, ids, (int)n, (int)pos, logits, all_rows);
+    return e == RT_ERR_NONE ? QS_EXIT_OK : rt_err_exit_code(e);
+}
+
+// --- prompts -------------------------------------------------------------------------------
+
+struct prompt_opts {
+    const char *text;        /* -p / --text */
+    const char *tokens;      /* --tokens list */
+    bool chat;               /* --chat */
+    const char *system;      /* --system */
+    const char *chat_family; /* --chat-template */
+    bool no_bos;             /* --no-bos */
+    bool no_parse_special;   /* --no-parse-special */
+};
+
+/* Turn the prompt options into ids (*ids malloc'd [*n]); every failure reported. */
+static int prompt_ids(const struct session *s, const struct prompt_opts *po, int32_t **ids,
+                      size_t *n)
+{
+    *ids = NULL;
+    *n = 0;
+    if (po->tokens) {
+        enum rt_io_err ie = rt_ids_parse(po->tokens, ids, n);
+        if (ie)
+            return exit_for_io_err(ie);
+        return check_ids(s, *ids, *n);
+    }
+    if (!po->text) {
+        qs_log_error(__func__, "no prompt: give -p/--text \"...\" or --tokens 1,2,3");
+        return QS_EXIT_USAGE;
+    }
+    size_t len = strlen(po->text);
+    if (len == 0 && !po->chat) {
+        qs_log_error(__func__, "empty prompt: give some text, or token ids with --tokens");
+        return QS_EXIT_BAD_INPUT;
+    }
+    long bad = utf8_invalid_at(po->text, len);
+    if (bad >= 0) {
+        qs_log_error(__func__, "the prompt is not valid UTF-8 (byte offset %ld)", bad);
+        return QS_EXIT_BAD_INPUT;
+    }
+    if (!s->tok) {
+        qs_log_error(__func__, "the model carries no tokenizer, so text cannot be encoded");
+        fprintf(stderr, "hint: give token ids with --tokens 1,2,3 (and --print-ids for output)\n");
+        return QS_EXIT_BAD_INPUT;
+    }
+    unsigned flags = RT_TOK_DEFAULT_SPECIAL | (po->no_parse_special ? 0 : RT_TOK_PARSE_SPECIAL);
+    if (po->no_bos)
+        flags = po->no_parse_special ? 0 : RT_TOK_PARSE_SPECIAL;
+    char *chat = NULL;
+    const char *text = po->text;
+    enum rt_tok_err te;
+    if (po->chat) {
+        enum rt_chat_family fam = RT_CHAT_NONE;
+        if (po->chat_family) {
+            fam = rt_chat_family_parse(po->chat_family);
+            if (fam == RT_CHAT_NONE) {
+                qs_log_error(__func__, "unknown --chat-template '%s' (llama2, llama3, chatml)",
+                             po->chat_family);
+                return QS_EXIT_USAGE;
+            }
+        }
+        struct rt_chat_msg msgs[2];
+        size_t nm = 0;
+        if (po->system)
+            msgs[nm++] = (struct rt_chat_msg){"system", po->system};
+        msgs[nm++] = (struct rt_chat_msg){"user", po->text};
+        te = rt_chat_format(s->tok, fam, msgs, nm, true, &chat, &len);
+        if (te) {
+            if (te == RT_TOK_ERR_CHAT && fam == RT_CHAT_NONE)
+                fprintf(stderr, "hint: name the family with --chat-template llama2|llama3|chatml\n");
+            return exit_for_tok_err(te);
+        }
+        text = chat;
+        flags |= RT_TOK_PARSE_SPECIAL; /* the template's own special tokens */
+    }
+    te = rt_tok_encode(s->tok, text, len, flags, ids, n);
+    free(chat);
+    if (te)
+        return exit_for_tok_err(te);
+    if (*n == 0) {
+        free(*ids);
+        *ids = NULL;
+        qs_log_error(__func__, "the prompt encodes to no tokens");
+        return QS_EXIT_BAD_INPUT;
+    }
+    return check_ids(s, *ids, *n);
+}
+
+// --- qshard run ----------------------------------------------------------------------------
+
+/* Text printer for `run`: holds back what could still become a --stop string. */
+struct printer {
+    char *pending; /* text not printed yet (whole UTF-8 characters) */
+    size_t n, cap;
+    const char *const *stops;
+    int n_stops;
+    bool print; /* false with --print-ids: track text for stops only */
+};
+
+/* Append text; print what can no longer be part of a stop string. Returns true when a stop
+ * string completed (the text before it has been printed, the stop string not). */
+static bool printer_push(struct printer *p, const char *t, size_t len)
+{
+    if (p->n + len + 1 > p->cap) {
+        size_t nc = (p->n + len + 1) * 2;
+        char *np = realloc(p->pending, nc);
+        if (!np)
+            abort(); /* a few bytes per token: out of memory here is not recoverable */
+        p->pending = np;
+        p->cap = nc;
+    }
+    memcpy(p->pending + p->n, t, len);
+    p->n += len;
+    p->pending[p->n] = '\0';
+    /* earliest complete stop string */
+    size_t cut = p->n;
+    bool stopped = false;
+    for (int i = 0; i < p->n_stops; i++) {
+        const char *hit = strstr(p->pending, p->stops[i]);
+        if (hit && (size_t)(hit - p->pending) < cut) {
+            cut = (size_t)(hit - p->pending);
+            stopped = true;
+        }
+    }
+    if (!stopped) {
+        /* keep the longest suffix that is a proper prefix of a stop string */
+        size_t keep = 0;
+        for (int i = 0; i < p->n_stops; i++) {
+            size_t sl = strlen(p->stops[i]);
+            for (size_t k = sl - 1; k > keep; k--)
+                if (k <= p->n && !memcmp(p->pending + p->n - k, p->stops[i], k)) {
+                    keep = k;
+                    break;
+                }
+        }
+        cut = p->n - keep;
+    }
+    if (p->print && cut > 0) {
+        fwrite(p->pending, 1, cut, stdout);
+        fflush(stdout);
+    }
+    memmove(p->pending, p->pending + cut, p->n - cut);
+    p->n -= cut;
+    return stopped;
+}
+
+static void printer_flush(struct printer *p)
+{
+    if (p->print && p->n)
+        fwrite(p->pending, 1, p->n, stdout);
+    p->n = 0;
+    fflush(stdout);
+}
+
+static void run_usage(FILE *f)
+{
+    fprintf(f,
+        "usage: qshard run MODEL (-p \"text\" | --tokens 1,2,3) [options]\n"
+        "\n"
+        "Generate from a converted model (a directory written by `qshard convert`, or a TP-1\n"
+        "rank file). Text streams to stdout; speed (prefill and decode tokens/s) goes to\n"
+        "stderr. Without --chat the prompt is echoed first.\n"
+        "\n"
+        "  -p, --prompt TEXT       prompt text (UTF-8), encoded as HF tokenizer(text) does\n"
+        "  --tokens 1,2,3          prompt as token ids instead of text\n"
+        "  -n, --n-predict N       tokens to generate (default 128)\n"
+        "  --print-ids             print the generated ids (comma-separated, one line) instead\n"
+        "                          of text: works for models without a tokenizer\n"
+        "  --chat                  format the prompt with the model's chat template (Llama-2,\n"
+        "                          Llama-3 or ChatML family, from tokenizer_config.json)\n"
+        "  --chat-template F       force the family: llama2, llama3, chatml\n"
+        "  --system TEXT           system message for --chat\n"
+        "  --stop STR              stop when the text contains STR (repeatable, up to %d);\n"
+        "                          generation also stops on every eos id of the model\n"
+        "  --ignore-eos            keep generating past eos ids (for comparisons)\n"
+        "  --no-echo               do not print the prompt before the continuation\n"
+        "  --no-bos                do not add BOS\n"
+        "  --no-parse-special      treat \"<s>\", \"<|eot_id|>\"... in the prompt as plain text\n"
+        "\n"
+        "Sampling (HF transformers order: repetition penalty, temperature, top-k, top-p, min-p):\n"
+        "  --temp T                temperature (default 0.8); 0 = greedy (argmax)\n"
+        "  --top-k K               keep the K most likely tokens (default 40; 0 = off)\n"
+        "  --top-p P               nucleus: smallest set with mass >= P (default 0.95; 1 = off)\n"
+        "  --min-p P               drop tokens below P x the top probability (default 0 = off)\n"
+        "  --repeat-penalty R      CTRL penalty on tokens already seen (default 1 = off)\n"
+        "  --seed S                PRNG seed: the same seed gives the same output (default:\n"
+        "                          from the clock, printed with -v)\n"
+        "\n"
+        "Context:\n"
+        "  --ctx N                 context limit in tokens (default: the model's maximum)\n"
+        "  --truncate              keep the last ctx-1 prompt tokens of a prompt that does not\n"
+        "                          fit (default: refuse it, exit 2)\n"
+        MODEL_OPTS_HELP
+        "\nexit codes: 0 ok, 1 usage, 2 bad input (model file, prompt, token id), 3 runtime\n"
+        "failure (GPU, memory), 4 I/O error\n",
+        MAX_STOPS);
+}
+
+int cmd_run(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        MODEL_LONGOPTS,
+        {"prompt", required_argument, NULL, 'p'},
+        {"n-predict", required_argument, NULL, 'n'},
+        {"temp", required_argument, NULL, OPT_TEMP},
+        {"top-k", required_argument, NULL, OPT_TOP_K},
+        {"top-p", required_argument, NULL, OPT_TOP_P},
+        {"min-p", required_argument, NULL, OPT_MIN_P},
+        {"repeat-penalty", required_argument, NULL, OPT_REPEAT},
+        {"seed", required_argument, NULL, OPT_SEED},
+        {"chat", no_argument, NULL, OPT_CHAT},
+        {"chat-template", required_argument, NULL, OPT_CHAT_TEMPLATE},
+        {"system", required_argument, NULL, OPT_SYSTEM},
+        {"stop", required_argument, NULL, OPT_STOP},
+        {"tokens", required_argument, NULL, OPT_TOKENS},
+        {"print-ids", no_argument, NULL, OPT_PRINT_IDS},
+        {"truncate", no_argument, NULL, OPT_TRUNCATE},
+        {"no-echo", no_argument, NULL, OPT_NO_ECHO},
+        {"no-bos", no_argument, NULL, OPT_NO_BOS},
+        {"no-parse-special", no_argument, NULL, OPT_NO_PARSE_SPECIAL},
+        {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
+        {NULL, 0, NULL, 0},
+    };
+    struct model_opts mo = {0};
+    struct prompt_opts po = {0};
+    struct rt_sample_params sp = rt_sample_params_default();
+    sp.temperature = 0.8f;
+    sp.top_k = 40;
+    sp.top_p = 0.95f;
+    bool seed_given = false, print_ids = false, truncate = false, no_echo = false;
+    bool ignore_eos = false;
+    long n_predict = 128;
+    const char *stops[MAX_STOPS];
+    int n_stops = 0;
+    long lv;
+    int c;
+    optind = 1;
+    opterr = 1;
+    while ((c = getopt_long(argc, argv, "p:n:vh", longopts, NULL)) != -1) {
+        int m = model_opt(c, optarg, &mo, "run");
+        if (m < 0)
+            return QS_EXIT_USAGE;
+        if (m > 0)
+            continue;
+        switch (c) {
+        case 'h':
+            run_usage(stdout);
+            return QS_EXIT_OK;
+        case 'p':
+            po.text = optarg;
+            break;
+        case 'n':
+            if (!parse_int(optarg, 0, 1L << 24, &n_predict)) {
+                fprintf(stderr, "qshard run: -n must be an integer >= 0\n");
+                return QS_EXIT_USAGE;
+            }
+            break;
+        case OPT_TEMP:
+            if (!parse_float(optarg, &sp.temperature) || sp.temperature < 0) {
+                fprintf(stderr, "qshard run: --temp must be a number >= 0 (0 = greedy)\n");
+                return QS_EXIT_USAGE;
+            }
+            break;
+        case OPT_TOP_K:
+            if (!parse_int(optarg, 0, INT32_MAX, &lv)) {
+                fprintf(stderr, "qshard run: --top-k must be an integer >= 0\n");
+                return QS_EXIT_USAGE;
+            }
+            sp.top_k = (int32_t)lv;
+            break;
+        case OPT_TOP_P:
+            if (!parse_float(optarg, &sp.top_p) || !(sp.top_p > 0 && sp.top_p <= 1)) {
+                fprintf(stderr, "qshard run: --top-p must be in (0, 1]\n");
+                return QS_EXIT_USAGE;
+            }
+            break;
+        case OPT_MIN_P:
+            if (!parse_float(optarg, &sp.min_p) || !(sp.min_p >= 0 && sp.min_p <= 1)) {
+                fprintf(stderr, "qshard run: --min-p must be in [0, 1]\n");
+                return QS_EXIT_USAGE;
+            }
+            break;
+        case OPT_REPEAT:
+            if (!parse_float(optarg, &sp.repeat_penalty) || !(sp.repeat_penalty > 0)) {
+                fprintf(stderr, "qshard run: --repeat-penalty must be > 0 (1 = off)\n");
+                return QS_EXIT_USAGE;
+            }
+            break;
+        case OPT_SEED:
+            if (!parse_u64(optarg, &sp.seed)) {
+                fprintf(stderr, "qshard run: --seed must be a non-negative integer\n");
+                return QS_EXIT_USAGE;
+            }
+            seed_given = true;
+            break;
+        case OPT_CHAT:
+            po.chat = true;
+            break;
+        case OPT_CHAT_TEMPLATE:
+            po.chat_family = optarg;
+            po.chat = true;
+            break;
+        case OPT_SYSTEM:
+            po.system = optarg;
+            break;
+        case OPT_STOP:
+            if (n_stops == MAX_STOPS) {
+                fprintf(stderr, "qshard run: at most %d --stop strings\n", MAX_STOPS);
+                return QS_EXIT_USAGE;
+            }
+            if (!*optarg) {
+                fprintf(stderr, "qshard run: --stop needs a non-empty string\n");
+                return QS_EXIT_USAGE;
+            }
+            stops[n_stops++] = optarg;
+            break;
+        case OPT_TOKENS:
+            po.tokens = optarg;
+            break;
+        case OPT_PRINT_IDS:
+            print_ids = true;
+            break;
+        case OPT_TRUNCATE:
+            truncate = true;
+            break;
+        case OPT_NO_ECHO:
+            no_echo = true;
+            break;
+        case OPT_IGNORE_EOS:
+            ignore_eos = true;
+            break;
+        case OPT_NO_BOS:
+            po.no_bos = true;
+            break;
+        case OPT_NO_PARSE_SPECIAL:
+            po.no_parse_special = true;
+            break;
+        default:
+            run_usage(stderr);
+            return QS_EXIT_USAGE;
+        }
+    }
+    if (optind != argc - 1) {
+        fprintf(stderr, "qshard run: expected one MODEL argument (see qshard run --help)\n");
+        return QS_EXIT_USAGE;
+    }
+    mo.path = argv[optind];
+    if (!!po.text + !!po.tokens != 1) {
+        fprintf(stderr, "qshard run: give exactly one of -p \"text\" and --tokens 1,2,3\n");
+        return QS_EXIT_USAGE;
+    }
+    if (po.tokens && po.chat) {
+        fprintf(stderr, "qshard run: --chat formats text; it cannot be used with --tokens\n");
+        return QS_EXIT_USAGE;
+    }
+    if (po.system && !po.chat) {
+        fprintf(stderr, "qshard run: --system needs --chat\n");
+        return QS_EXIT_USAGE;
+    }
+    for (int i = 0; i < n_stops; i++)
+        if (utf8_invalid_at(stops[i], strlen(stops[i])) >= 0) {
+            qs_log_error(__func__, "--stop string %d is not valid UTF-8", i + 1);
+            return QS_EXIT_BAD_INPUT;
+        }
+    if (!seed_given)
+        sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+
+    struct session s;
+    int rc = session_open(&s, &mo, true);
+    if (rc)
+        return rc;
+    int32_t *ids = NULL, *out_ids = NULL;
+    size_t n_ids = 0, n_out = 0;
+    float *logits = NULL;
+    struct rt_sampler smp = {0};
+    struct rt_tok_stream ts;
+    bool have_stream = false;
+    struct printer pr = {.stops = stops, .n_stops = n_stops, .print = !print_ids};
+
+    if (n_stops > 0 && !s.tok) {
+        qs_log_error(__func__, "--stop strings need the model's tokenizer, which it lacks");
+        rc = QS_EXIT_BAD_INPUT;
+        goto out;
+    }
+    rc = prompt_ids(&s, &po, &ids, &n_ids);
+    if (rc)
+        goto out;
+    if ((int64_t)n_ids >= s.ctx) {
+        if (!truncate) {
+            qs_log_error(__func__,
+                         "the prompt has %zu tokens, the context holds %lld (one position must "
+                         "stay free to generate)",
+                         n_ids, (long long)s.ctx);
+            fprintf(stderr, "hint: shorten the prompt, raise --ctx, or pass --truncate to keep "
+                            "the last %lld tokens\n", (long long)s.ctx - 1);
+            rc = QS_EXIT_BAD_INPUT;
+            goto out;
+        }
+        size_t keep = (size_t)s.ctx - 1;
+        qs_log_warn("prompt truncated from %zu to its last %zu tokens (--ctx %lld)", n_ids, keep,
+                    (long long)s.ctx);
+        memmove(ids, ids + (n_ids - keep), keep * sizeof(*ids));
+        n_ids = keep;
+        if (keep == 0) {
+            qs_log_error(__func__, "a context of %lld tokens leaves no room for a prompt",
+                         (long long)s.ctx);
+            rc = QS_EXIT_BAD_INPUT;
+            goto out;
+        }
+    }
+    if (rt_sampler_init(&smp, &sp, s.vocab_size) != RT_SAMPLE_ERR_NONE) {
+        rc = QS_EXIT_USAGE;
+        goto out;
+    }
+    for (size_t i = 0; i < n_ids; i++)
+        rt_sampler_accept(&smp, ids[i]);
+    if (mo.verbose) {
+        char buf[512];
+        size_t bl = 0;
+        for (size_t i = 0; i < n_ids && i < 48 && bl + 16 < sizeof(buf); i++)
+            bl += (size_t)snprintf(buf + bl, sizeof(buf) - bl, "%s%d", i ? "," : "", (int)ids[i]);
+        qs_log_debug("prompt ids: %s%s", buf, n_ids > 48 ? ",..." : "");
+    }
+    if (mo.verbose)
+        qs_log_debug("prompt: %zu tokens; sampling: temp %g, top-k %d, top-p %g, min-p %g, "
+                     "repeat-penalty %g, seed %llu", n_ids, (double)sp.temperature,
+                     (int)sp.top_k, (double)sp.top_p, (double)sp.min_p,
+                     (double)sp.repeat_penalty, (unsigned long long)sp.seed);
+    logits = malloc((size_t)s.logits_stride * sizeof(float));
+    out_ids = malloc(((size_t)n_predict + 1) * sizeof(*out_ids));
+    if (!logits || !out_ids) {
+        qs_log_error(__func__, "out of memory for the logits row (%lld floats)",
+                     (long long)s.logits_stride);
+        rc = QS_EXIT_RUNTIME;
+        goto out;
+    }
+    if (s.tok) {
+        /* continuation of a prompt keeps its leading space; a chat reply is decoded alone */
+        unsigned df = RT_TOK_DECODE_SKIP_SPECIAL | (po.chat ? 0 : RT_TOK_DECODE_KEEP_SPACE);
+        rt_tok_stream_init(&ts, s.tok, df);
+        have_stream = true;
+    }
+    if (!print_ids && !no_echo && !po.chat && po.text) {
+        fputs(po.text, stdout);
+        fflush(stdout);
+    }
+
+    double t0 = now_s();
+    rc = forward(&s, ids, n_ids, 0, logits, false);
+    if (rc)
+        goto out;
+    double t_prefill = now_s() - t0, t_decode = 0;
+    int64_t pos = (int64_t)n_ids;
+    long n_decode = 0;
+    const char *why = n_predict == 0 ? "-n 0" : "-n reached";
+    for (long i = 0; i < n_predict; i++) {
+        int32_t next;
+        if (rt_sampler_next(&smp, logits, s.logits_stride, &next) != RT_SAMPLE_ERR_NONE) {
+            rc = QS_EXIT_RUNTIME; /* every logit NaN/-inf: the model computed garbage */
+            goto out;
+        }
+        if (!ignore_eos && is_eos(&s, next)) {
+            why = "eos";
+            break;
+        }
+        out_ids[n_out++] = next;
+        rt_sampler_accept(&smp, next);
+        if (have_stream) {
+            const char *t;
+            size_t tl;
+            if (rt_tok_stream_push(&ts, next, &t, &tl) != RT_TOK_ERR_NONE) {
+                rc = QS_EXIT_RUNTIME;
+                goto out;
+            }
+            if (printer_push(&pr, t, tl)) {
+                why = "stop string";
+                break;
+            }
+        }
+        if (i + 1 == n_predict)
+            break;
+        if (pos >= s.ctx) {
+            qs_log_warn("context full (%lld tokens): generation stopped", (long long)s.ctx);
+            why = "context full";
+            break;
+        }
+        double t1 = now_s();
+        rc = forward(&s, &next, 1, pos, logits, false);
+        if (rc)
+            goto out;
+        t_decode += now_s() - t1;
+        n_decode++;
+        pos++;
+    }
+    if (have_stream && strcmp(why, "stop string") != 0) {
+        const char *t;
+        size_t tl;
+        if (rt_tok_stream_flush(&ts, &t, &tl) == RT_TOK_ERR_NONE && !printer_push(&pr, t, tl))
+            printer_flush(&pr);
+    }
+    if (print_ids) {
+        for (size_t i = 0; i < n_out; i++)
+            printf("%s%d", i ? "," : "", (int)out_ids[i]);
+    }
+    if (print_ids || !po.chat || n_out)
+        putchar('\n');
+    fflush(stdout);
+    fprintf(stderr,
+            "qshard: prefill %zu tokens in %.3f s (%.2f tok/s), decode %ld tokens in %.3f s "
+            "(%.2f tok/s), %zu generated, stopped: %s\n",
+            n_ids, t_prefill, t_prefill > 0 ? (double)n_ids / t_prefill : 0.0, n_decode,
+            t_decode, t_decode > 0 ? (double)n_decode / t_decode : 0.0, n_out, why);
+out:
+    if (have_stream)
+        rt_tok_stream_free(&ts);
+    free(pr.pending);
+    rt_sampler_free(&smp);
+    free(logits);
+    free(out_ids);
+    free(ids);
+    session_close(&s);
+    return rc;
+}
+
+// --- qshard logits -------------------------------------------------------------------------
+
+static void logits_usage(FILE *f)
+{
+    fprintf(f,
+        "usage: qshard logits MODEL (--tokens 1,2,3 | --text \"...\") --out logits.npy\n"
+        "\n"
+        "Run the prompt through the model and write the logits of every position as a float32\n"
+        ".npy array [T, vocab_size] (NumPy format 1.0, C order; padded vocabulary columns are\n"
+        "left out). --text is encoded as HF tokenizer(text) does (BOS per the tokenizer).\n"
+        "\n"
+        "  --tokens 1,2,3      prompt token ids\n"
+        "  --text TEXT         prompt text (needs the model's tokenizer)\n"
+        "  --out FILE          output .npy (written to a temp name, then renamed)\n"
+        "  --no-bos            with --text: do not add BOS\n"
+        "  --ctx N             context limit (default: the model's maximum); T must be <= N\n"
+        MODEL_OPTS_HELP);
+}
+
+int cmd_logits(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        MODEL_LONGOPTS,
+        {"tokens", required_argument, NULL, OPT_TOKENS},
+        {"text", required_argument, NULL, OPT_TEXT},
+        {"out", required_argument, NULL, OPT_OUT},
+        {"no-bos", no_argument, NULL, OPT_NO_BOS},
+        {NULL, 0, NULL, 0},
+    };
+    struct model_opts mo = {0};
+    struct prompt_opts po = {0};
+    const char *out_path = NULL;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "o:vh", longopts, NULL)) != -1) {
+        int m = model_opt(c, optarg, &mo, "logits");
+        if (m < 0)
+            return QS_EXIT_USAGE;
+        if (m > 0)
+            continue;
+        switch (c) {
+        case 'h':
+            logits_usage(stdout);
+            return QS_EXIT_OK;
+        case OPT_TOKENS:
+            po.tokens = optarg;
+            break;
+        case OPT_TEXT:
+            po.text = optarg;
+            break;
+        case 'o':
+        case OPT_OUT:
+            out_path = optarg;
+            break;
+        case OPT_NO_BOS:
+            po.no_bos = true;
+            break;
+        default:
+            logits_usage(stderr);
+            return QS_EXIT_USAGE;
+        }
+    }
+    if (optind != argc - 1 || !out_path || !!po.text + !!po.tokens != 1) {
+        fprintf(stderr, "qshard logits: need MODEL, one of --tokens/--text, and --out FILE "
+                        "(see qshard logits --help)\n");
+        return QS_EXIT_USAGE;
+    }
+    mo.path = argv[optind];
+    struct session s;
+    int rc = session_open(&s, &mo, true);
+    if (rc)
+        return rc;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    float *all = NULL;
+    rc = prompt_ids(&s, &po, &ids, &n);
+    if (rc)
+        goto out;
+    if ((int64_t)n > s.ctx) {
+        qs_log_error(__func__, "the prompt has %zu tokens, the context holds %lld", n,
+                     (long long)s.ctx);
+        rc = QS_EXIT_BAD_INPUT;
+        goto out;
+    }
+    all = malloc(n * (size_t)s.logits_stride * sizeof(float));
+    if (!all) {
+        qs_log_error(__func__, "out of memory for %zu x %lld logits", n,
+                     (long long)s.logits_stride);
+        rc = QS_EXIT_RUNTIME;
+        goto out;
+    }
+    double t0 = now_s();
+    rc = forward(&s, ids, n, 0, all, true);
+    if (rc)
+        goto out;
+    double dt = now_s() - t0;
+    /* drop padded vocabulary columns in place: row i moves to i * vocab_size */
+    for (size_t i = 0; i < n && s.logits_stride != s.vocab_size; i++)
+        memmove(all + i * (size_t)s.vocab_size, all + i * (size_t)s.logits_stride,
+                (size_t)s.vocab_size * sizeof(float));
+    enum rt_io_err ie = rt_npy_write_f32(out_path, all, (int64_t)n, s.vocab_size);
+    if (ie) {
+        rc = exit_for_io_err(ie);
+        goto out;
+    }
+    fprintf(stderr, "qshard: %zu positions x %d logits written to %s (forward %.3f s)\n", n,
+            (int)s.vocab_size, out_path, dt);
+out:
+    free(all);
+    free(ids);
+    session_close(&s);
+    return rc;
+}
+
+// --- qshard perplexity ---------------------------------------------------------------------
+
+static void perplexity_usage(FILE *f)
+{
+    fprintf(f,
+        "usage: qshard perplexity MODEL (--file text.txt | --tokens 1,2,3) [--ctx 512]\n"
+        "\n"
+        "Perplexity of a text file, computed the way llama.cpp's tools/perplexity does\n"
+        "(perplexity()): the whole file is tokenized (with BOS when the tokenizer adds one), cut\n"
+        "into non-overlapping chunks of ctx tokens (the remainder is dropped); each chunk is\n"
+        "evaluated from an empty KV cache with its first token replaced by BOS, and only the\n"
+        "second half is scored: the negative log-likelihood of token j+1 from the logits at j,\n"
+        "for j = ctx/2 .. ctx-2. Prints the running estimate after each chunk ([i]ppl) and\n"
+        "\"Final estimate: PPL = x +/- y\", where y = ppl * stddev(nll) / sqrt(count - 1) as in\n"
+        "llama.cpp. llama.cpp asks for at least 2*ctx tokens; one full chunk suffices here.\n"
+        "\n"
+        "  -f, --file FILE     UTF-8 text\n"
+        "  --tokens 1,2,3      token ids instead of text (models without a tokenizer; no BOS\n"
+        "                      replacement)\n"
+        "  --ctx N             chunk length in tokens (default 512; at most the model's)\n"
+        "  --chunks N          evaluate at most N chunks (default: all)\n"
+        MODEL_OPTS_HELP);
+}
+
+int cmd_perplexity(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        MODEL_LONGOPTS,
+        {"file", required_argument, NULL, 'f'},
+        {"chunks", required_argument, NULL, OPT_CHUNKS},
+        {"tokens", required_argument, NULL, OPT_TOKENS},
+        {NULL, 0, NULL, 0},
+    };
+    struct model_opts mo = {0};
+    const char *file = NULL, *tokens = NULL;
+    long max_chunks = -1;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "f:vh", longopts, NULL)) != -1) {
+        int m = model_opt(c, optarg, &mo, "perplexity");
+        if (m < 0)
+            return QS_EXIT_USAGE;
+        if (m > 0)
+            continue;
+        switch (c) {
+        case 'h':
+            perplexity_usage(stdout);
+            return QS_EXIT_OK;
+        case 'f':
+            file = optarg;
+            break;
+        case OPT_TOKENS:
+            tokens = optarg;
+            break;
+        case OPT_CHUNKS:
+            if (!parse_int(optarg, 1, INT32_MAX, &max_chunks)) {
+                fprintf(stderr, "qshard perplexity: --chunks must be a positive integer\n");
+                return QS_EXIT_USAGE;
+            }
+            break;
+        default:
+            perplexity_usage(stderr);
+            return QS_EXIT_USAGE;
+        }
+    }
+    if (optind != argc - 1 || !!file + !!tokens != 1) {
+        fprintf(stderr, "qshard perplexity: need MODEL and one of --file FILE and --tokens "
+                        "(see --help)\n");
+        return QS_EXIT_USAGE;
+    }
+    mo.path = argv[optind];
+    long ctx = mo.ctx > 0 ? mo.ctx : 512;
+    if (ctx < 4) {
+        fprintf(stderr, "qshard perplexity: --ctx must be at least 4 (half of it is scored)\n");
+        return QS_EXIT_USAGE;
+    }
+    mo.ctx = ctx;
+    char *text = NULL;
+    size_t text_len = 0;
+    if (file) {
+        enum rt_io_err ie = rt_file_read(file, MAX_TEXT_FILE, &text, &text_len);
+        if (ie)
+            return exit_for_io_err(ie);
+    }
+    struct session s;
+    int rc = session_open(&s, &mo, true);
+    if (rc) {
+        free(text);
+        return rc;
+    }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    float *logits = NULL;
+    int32_t *chunk = NULL;
+    struct prompt_opts po = {.text = text, .tokens = tokens};
+    if (text && strlen(text) != text_len) {
+        qs_log_error(__func__, "%s contains a NUL byte (offset %zu): not a text file", file,
+                     strlen(text));
+        rc = QS_EXIT_BAD_INPUT;
+        goto out;
+    }
+    rc = prompt_ids(&s, &po, &ids, &n);
+    if (rc)
+        goto out;
+    long n_chunks = (long)(n / (size_t)ctx);
+    if (n_chunks == 0) {
+        qs_log_error(__func__, "%s has %zu tokens, fewer than one chunk of --ctx %ld",
+                     file ? file : "--tokens", n, ctx);
+        rc = QS_EXIT_BAD_INPUT;
+        goto out;
+    }
+    if (max_chunks > 0 && max_chunks < n_chunks)
+        n_chunks = max_chunks;
+    logits = malloc((size_t)ctx * (size_t)s.logits_stride * sizeof(float));
+    chunk = malloc((size_t)ctx * sizeof(*chunk));
+    if (!logits || !chunk) {
+        qs_log_error(__func__, "out of memory for %ld x %lld logits", ctx,
+                     (long long)s.logits_stride);
+        rc = QS_EXIT_RUNTIME;
+        goto out;
+    }
+    fprintf(stderr, "qshard: %zu tokens, %ld chunks of %ld, scoring positions %ld..%ld of each\n",
+            n, n_chunks, ctx, ctx / 2, ctx - 2);
+    const long first = ctx / 2;
+    double nll = 0, nll2 = 0, t0 = now_s();
+    long count = 0;
+    for (long k = 0; k < n_chunks; k++) {
+        memcpy(chunk, ids + (size_t)k * (size_t)ctx, (size_t)ctx * sizeof(*chunk));
+        if (s.bos >= 0 && text && ids[0] == s.bos)
+            chunk[0] = s.bos; /* llama.cpp: add_bos -> first token of each chunk is BOS */
+        rt_model_reset(s.model);
+        rc = forward(&s, chunk, (size_t)ctx, 0, logits, true);
+        if (rc)
+            goto out;
+        for (long j = first; j < ctx - 1; j++) {
+            const float *row = logits + (size_t)j * (size_t)s.logits_stride;
+            double mx = -INFINITY, sum = 0;
+            for (int32_t v = 0; v < s.vocab_size; v++)
+                mx = row[v] > mx ? row[v] : mx;
+            for (int32_t v = 0; v < s.vocab_size; v++)
+                sum += exp((double)row[v] - mx);
+            double lp = (double)row[chunk[j + 1]] - mx - log(sum);
+            nll -= lp;
+            nll2 += lp * lp;
+            count++;
+        }
+        printf("[%ld]%.4f,", k + 1, exp(nll / (double)count));
+        fflush(stdout);
+    }
+    printf("\n");
+    double mean = nll / (double)count, ppl = exp(mean);
+    double var = nll2 / (double)count - mean * mean;
+    if (count > 1 && var > 0)
+        printf("Final estimate: PPL = %.4f +/- %.5f\n", ppl, ppl * sqrt(var / (double)(count - 1)));
+    else
+        printf("Final estimate: PPL = %.4f\n", ppl);
+    fprintf(stderr, "qshard: %ld chunks, %ld scored tokens in %.2f s\n", n_chunks, count,
+            now_s() - t0);
+out:
+    free(chunk);
+    free(logits);
+    free(ids);
+    free(text);
+    session_close(&s);
+    return rc;
+}
+
+// --- qshard tokenize -----------------------------------------------------------------------
+
+static void tokenize_usage(FILE *f)
+{
+    fprintf(f,
+        "usage: qshard tokenize MODEL (--text \"...\" | --file FILE | --decode 1,2,3)\n"
+        "\n"
+        "Encode text with the tokenizer embedded in the model and print the token ids one per\n"
+        "line (like llama.cpp's llama-tokenize), as HF tokenizer(text) does: BOS per the\n"
+        "tokenizer files, special tokens in the text recognised. --decode prints the text of\n"
+        "a list of ids (as HF tokenizer.decode).\n"
+        "\n"
+        "  --text TEXT         text to encode (UTF-8)\n"
+        "  -f, --file FILE     encode a file's contents\n"
+        "  --decode 1,2,3      decode ids instead\n"
+        "  --ids               print the ids on one line as [1, 2, 3]\n"
+        "  --no-bos            do not add BOS (HF add_special_tokens=False)\n"
+        "  --no-parse-special  treat special-token text as plain text\n"
+        "  -h, --help          this text\n");
+}
+
+int cmd_tokenize(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"text", required_argument, NULL, OPT_TEXT},
+        {"file", required_argument, NULL, 'f'},
+        {"decode", required_argument, NULL, OPT_DECODE},
+        {"ids", no_argument, NULL, OPT_IDS},
+        {"no-bos", no_argument, NULL, OPT_NO_BOS},
+        {"no-parse-special", no_argument, NULL, OPT_NO_PARSE_SPECIAL},
+        {"verbose", no_argument, NULL, 'v'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    struct model_opts mo = {0};
+    struct prompt_opts po = {0};
+    const char *file = NULL, *decode = NULL;
+    bool list = false;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "f:vh", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'h':
+            tokenize_usage(stdout);
+            return QS_EXIT_OK;
+        case 'v':
+            qs_log_set_level(QS_LOG_DEBUG);
+            break;
+        case OPT_TEXT:
+            po.text = optarg;
+            break;
+        case 'f':
+            file = optarg;
+            break;
+        case OPT_DECODE:
+            decode = optarg;
+            break;
+        case OPT_IDS:
+            list = true;
+            break;
+        case OPT_NO_BOS:
+            po.no_bos = true;
+            break;
+        case OPT_NO_PARSE_SPECIAL:
+            po.no_parse_special = true;
+            break;
+        default:
+            tokenize_usage(stderr);
+            return QS_EXIT_USAGE;
+        }
+    }
+    if (optind != argc - 1 || !!po.text + !!file + !!decode != 1) {
+        fprintf(stderr, "qshard tokenize: need MODEL and one of --text, --file, --decode "
+                        "(see --help)\n");
+        return QS_EXIT_USAGE;
+    }
+    mo.path = argv[optind];
+    struct session s;
+    int rc = session_open(&s, &mo, false);
+    if (rc)
+        return rc;
+    char *text = NULL, *out = NULL;
+    int32_t *ids = NULL;
+    size_t n = 0, len = 0;
+    if (!s.tok) {
+        qs_log_error(__func__, "model %s carries no tokenizer", mo.path);
+        rc = QS_EXIT_BAD_INPUT;
+        goto out;
+    }
+    if (decode) {
+        enum rt_io_err ie = rt_ids_parse(decode, &ids, &n);
+        if (ie) {
+            rc = exit_for_io_err(ie);
+            goto out;
+        }
+        rc = check_ids(&s, ids, n);
+        if (rc)
+            goto out;
+        enum rt_tok_err te = rt_tok_decode(s.tok, ids, n, 0, &out, &len);
+        if (te) {
+            rc = exit_for_tok_err(te);
+            goto out;
+        }
+        fwrite(out, 1, len, stdout);
+        putchar('\n');
+        goto out;
+    }
+    if (file) {
+        enum rt_io_err ie = rt_file_read(file, MAX_TEXT_FILE, &text, &len);
+        if (ie) {
+            rc = exit_for_io_err(ie);
+            goto out;
+        }
+        if (strlen(text) != len) {
+            qs_log_error(__func__, "%s contains a NUL byte: not a text file", file);
+            rc = QS_EXIT_BAD_INPUT;
+            goto out;
+        }
+        po.text = text;
+    }
+    rc = prompt_ids(&s, &po, &ids, &n);
+    if (rc)
+        goto out;
+    if (list) {
+        putchar('[');
+        for (size_t i = 0; i < n; i++)
+            printf("%s%d", i ? ", " : "", (int)ids[i]);
+        printf("]\n");
+    } else {
+        for (size_t i = 0; i < n; i++)
+            printf("%d\n", (int)ids[i]);
+    }
+out:
+    fflush(stdout);
+    free(out);
+    free(ids);
+    free(text);
+    session_close(&s);
+    return rc;
+}

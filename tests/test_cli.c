@@ -1,0 +1,710 @@
+/*
+ * test_cli.c - the runtime commands end to end: runs the qshard binary (env QSHARD, default
+ * build/qshard) on fixture models converted with `qshard convert` into a temp directory, and
+ * compares with references we did not write (tests/data/models/INDEX.json, goldens from HF
+ * transformers):
+ *   - `run --tokens <prompt ids> --temp 0 -n 16 --print-ids --ignore-eos` equals the golden
+ *     greedy ids (a mismatch is tolerated only from a step whose golden top1-top2 margin is
+ *     below GREEDY_TIE_MARGIN, where fp32 rounding may legitimately pick the other id);
+ *   - `logits --tokens ... --out x.npy` equals the golden [T, vocab] within relative L2 5e-3;
+ *   - the same through a TP-2 conversion (all ranks in one process);
+ *   - `tokenize --text` equals HF's ids, `tokenize --decode` gives back the text;
+ *   - `perplexity` equals the perplexity computed here from the golden logits with llama.cpp's
+ *     method (second half of the chunk scored);
+ *   - `--stop STR`: the output is exactly the unstopped output cut before STR; eos ids of
+ *     generation_config stop generation;
+ *   - errors and their exit codes (DESIGN 2): token id >= vocab, prompt longer than the
+ *     context (and --truncate), invalid UTF-8, empty prompt, a rank file from another model or
+ *     TP set, text for a model without tokenizer, bad flags, missing paths, --help.
+ * Without tests/data/models/INDEX.json only the fixture-free cases run (a line says so).
+ * Run: ./build/test_cli (from the repository root).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "qs_log.h"
+#include "rt_io.h"
+#include "t.h"
+
+#define DATA "tests/data/"
+#define REL_L2_MAX 5e-3
+#define GREEDY_TIE_MARGIN 1e-2
+#define MAX_ARGS 64
+
+static const char *g_bin;
+static char g_tmp[256];
+
+// --- running the binary --------------------------------------------------------------------
+
+struct proc {
+    int code;  /* exit status; -1 if it did not exit normally (crash) */
+    char *out; /* stdout, NUL-terminated */
+    char *err; /* stderr */
+    size_t out_len;
+};
+
+static void proc_free(struct proc *p)
+{
+    free(p->out);
+    free(p->err);
+    memset(p, 0, sizeof(*p));
+}
+
+/* Run g_bin with argv (NULL-terminated, without argv[0]); capture stdout/stderr. */
+static struct proc run_v(const char *const *args)
+{
+    struct proc p = {.code = -1};
+    char outp[300], errp[300];
+    snprintf(outp, sizeof(outp), "%s/stdout", g_tmp);
+    snprintf(errp, sizeof(errp), "%s/stderr", g_tmp);
+    const char *argv[MAX_ARGS + 2];
+    int n = 0;
+    argv[n++] = g_bin;
+    for (; args[n - 1] && n < MAX_ARGS; n++)
+        argv[n] = args[n - 1];
+    argv[n] = NULL;
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fo = open(outp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int fe = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fo < 0 || fe < 0)
+            _exit(127);
+        dup2(fo, 1);
+        dup2(fe, 2);
+        execv(g_bin, (char *const *)argv);
+        _exit(127);
+    }
+    int st = 0;
+    if (pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st))
+        p.code = WEXITSTATUS(st);
+    size_t el;
+    qs_log_set_quiet(true);
+    if (rt_file_read(outp, 1 << 26, &p.out, &p.out_len))
+        p.out = strdup("");
+    if (rt_file_read(errp, 1 << 26, &p.err, &el))
+        p.err = strdup("");
+    qs_log_set_quiet(false);
+    return p;
+}
+
+/* run(a, b, ..., NULL) */
+static struct proc run(const char *a0, ...)
+{
+    const char *args[MAX_ARGS + 1];
+    int n = 0;
+    va_list ap;
+    va_start(ap, a0);
+    for (const char *a = a0; a && n < MAX_ARGS; a = va_arg(ap, const char *))
+        args[n++] = a;
+    va_end(ap);
+    args[n] = NULL;
+    return run_v(args);
+}
+
+/* Check the exit code; print the command's stderr when it differs. */
+#define CHECK_EXIT(p, want, what)                                                          \
+    do {                                                                                   \
+        CHECK_MSG((p).code == (want), "%s: exit %d, expected %d; stderr: %.400s", (what),  \
+                  (p).code, (want), (p).err);                                              \
+    } while (0)
+
+static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+// --- small parsers -------------------------------------------------------------------------
+
+/* "1,2,3\n" -> ids; returns count (or -1 on junk). */
+static int parse_ids(const char *s, int32_t *ids, int cap)
+{
+    int n = 0;
+    while (*s) {
+        while (*s == ',' || *s == '\n' || *s == ' ')
+            s++;
+        if (!*s)
+            break;
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || n == cap)
+            return -1;
+        ids[n++] = (int32_t)v;
+        s = end;
+    }
+    return n;
+}
+
+static char *ids_csv(const cJSON *arr)
+{
+    size_t cap = 16 * (size_t)cJSON_GetArraySize(arr) + 2, len = 0;
+    char *s = malloc(cap);
+    s[0] = '\0';
+    const cJSON *it;
+    cJSON_ArrayForEach(it, arr)
+        len += (size_t)snprintf(s + len, cap - len, "%s%d", len ? "," : "", it->valueint);
+    return s;
+}
+
+static cJSON *load_index(void)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    qs_log_set_quiet(true);
+    enum rt_io_err e = rt_file_read(DATA "models/INDEX.json", 1 << 24, &buf, &len);
+    qs_log_set_quiet(false);
+    if (e)
+        return NULL;
+    cJSON *j = cJSON_ParseWithLength(buf, len);
+    free(buf);
+    return j;
+}
+
+static const char *jstr(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+// --- fixture checks ------------------------------------------------------------------------
+
+/* Convert tests/data/<model path> into g_tmp/<name>-tp<tp>; returns the output dir or NULL. */
+static char *convert(const cJSON *m, int tp)
+{
+    char src[512], *dst = malloc(512), tps[16];
+    snprintf(src, sizeof(src), DATA "%s", jstr(m, "path"));
+    snprintf(dst, 512, "%s/%s-tp%d", g_tmp, jstr(m, "name"), tp);
+    snprintf(tps, sizeof(tps), "%d", tp);
+    struct proc p = run("convert", src, dst, "--tp", tps, NULL);
+    CHECK_EXIT(p, 0, jstr(m, "name"));
+    bool ok = p.code == 0;
+    proc_free(&p);
+    if (!ok) {
+        free(dst);
+        return NULL;
+    }
+    return dst;
+}
+
+static double rel_l2(const float *a, const float *b, size_t n, double *norm_b)
+{
+    double d = 0, nb = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = (double)a[i] - (double)b[i];
+        d += e * e;
+        nb += (double)b[i] * b[i];
+    }
+    *norm_b = sqrt(nb);
+    return nb > 0 ? sqrt(d / nb) : INFINITY;
+}
+
+static void check_greedy(const char *model, const char *name, const cJSON *prompt)
+{
+    const cJSON *gold = cJSON_GetObjectItemCaseSensitive(prompt, "greedy_ids");
+    const cJSON *marg = cJSON_GetObjectItemCaseSensitive(prompt, "greedy_margins");
+    const cJSON *pids = cJSON_GetObjectItemCaseSensitive(prompt, "ids");
+    if (!cJSON_IsArray(gold) || !cJSON_IsArray(pids))
+        return;
+    char *csv = ids_csv(pids), nstr[16];
+    int ng = cJSON_GetArraySize(gold);
+    snprintf(nstr, sizeof(nstr), "%d", ng);
+    struct proc p = run("run", model, "--tokens", csv, "--temp", "0", "-n", nstr, "--print-ids",
+                        "--ignore-eos", "--device", "cpu", NULL);
+    CHECK_EXIT(p, 0, name);
+    int32_t got[256];
+    int n = parse_ids(p.out, got, 256);
+    CHECK_MSG(n == ng, "%s: %d greedy ids printed, golden has %d (stdout: %.200s)", name, n, ng,
+              p.out);
+    for (int i = 0; i < n && i < ng; i++) {
+        int want = cJSON_GetArrayItem(gold, i)->valueint;
+        if (got[i] == want)
+            continue;
+        double m = cJSON_IsArray(marg) ? cJSON_GetArrayItem(marg, i)->valuedouble : INFINITY;
+        CHECK_MSG(m < GREEDY_TIE_MARGIN,
+                  "%s: greedy step %d: got %d, golden %d (golden margin %.4g)", name, i,
+                  (int)got[i], want, m);
+        if (m < GREEDY_TIE_MARGIN)
+            fprintf(stderr, "note: %s: greedy step %d differs at a near-tie (margin %.3g)\n",
+                    name, i, m);
+        break;
+    }
+    proc_free(&p);
+    free(csv);
+}
+
+static void check_logits(const char *model, const char *name, const cJSON *prompt)
+{
+    const char *lpath = jstr(prompt, "logits");
+    const cJSON *pids = cJSON_GetObjectItemCaseSensitive(prompt, "ids");
+    if (!lpath || !cJSON_IsArray(pids))
+        return;
+    char gpath[512], out[512];
+    snprintf(gpath, sizeof(gpath), DATA "%s", lpath);
+    snprintf(out, sizeof(out), "%s/logits.npy", g_tmp);
+    char *csv = ids_csv(pids);
+    struct proc p = run("logits", model, "--tokens", csv, "--out", out, "--device", "cpu", NULL);
+    CHECK_EXIT(p, 0, name);
+    float *a = NULL, *b = NULL;
+    int64_t ra = 0, ca = 0, rb = 0, cb = 0;
+    CHECK_EQ_INT(rt_npy_read_f32(out, &a, &ra, &ca), RT_IO_ERR_NONE);
+    CHECK_EQ_INT(rt_npy_read_f32(gpath, &b, &rb, &cb), RT_IO_ERR_NONE);
+    CHECK_MSG(ra == rb && ca == cb, "%s: logits shape (%lld, %lld), golden (%lld, %lld)", name,
+              (long long)ra, (long long)ca, (long long)rb, (long long)cb);
+    if (a && b && ra == rb && ca == cb) {
+        double nb;
+        double e = rel_l2(a, b, (size_t)(ra * ca), &nb);
+        CHECK_MSG(nb > 0, "%s: golden logits are all zero", name);
+        CHECK_MSG(e <= REL_L2_MAX, "%s: logits rel L2 %.3g > %.1g", name, e, REL_L2_MAX);
+    }
+    unlink(out);
+    free(a);
+    free(b);
+    free(csv);
+    proc_free(&p);
+}
+
+/* llama.cpp's perplexity computed here from the golden logits: one chunk of T tokens, rows
+ * j = T/2 .. T-2 score ids[j+1]. Through --tokens for every golden prompt; through --file
+ * where the golden's prompt ids are HF's tokenization of its text (so the file we write
+ * tokenizes to the ids the golden logits belong to). */
+static void check_perplexity(const char *model, const char *name, const cJSON *prompt)
+{
+    const char *text = jstr(prompt, "text"), *lpath = jstr(prompt, "logits");
+    const cJSON *pids = cJSON_GetObjectItemCaseSensitive(prompt, "ids");
+    const cJSON *hf = cJSON_GetObjectItemCaseSensitive(prompt, "hf_ids_tokenizers");
+    int T = cJSON_GetArraySize(pids);
+    if (!lpath || T < 4)
+        return;
+    char gpath[512], file[512], ctx[16];
+    snprintf(gpath, sizeof(gpath), DATA "%s", lpath);
+    float *g = NULL;
+    int64_t r, c;
+    CHECK_EQ_INT(rt_npy_read_f32(gpath, &g, &r, &c), RT_IO_ERR_NONE);
+    if (!g || r != T) {
+        free(g);
+        return;
+    }
+    double nll = 0;
+    int count = 0;
+    for (int j = T / 2; j < T - 1; j++) {
+        const float *row = g + (size_t)j * (size_t)c;
+        double mx = -INFINITY, s = 0;
+        for (int64_t v = 0; v < c; v++)
+            mx = row[v] > mx ? row[v] : mx;
+        for (int64_t v = 0; v < c; v++)
+            s += exp(row[v] - mx);
+        int tgt = cJSON_GetArrayItem(pids, j + 1)->valueint;
+        nll -= row[tgt] - mx - log(s);
+        count++;
+    }
+    free(g);
+    double want = exp(nll / count);
+    snprintf(ctx, sizeof(ctx), "%d", T);
+    bool by_text = text && cJSON_IsArray(hf) && cJSON_Compare(hf, pids, 1);
+    if (text && !by_text)
+        printf("cli: note: %s: golden ids are not HF's tokenization of the text: perplexity "
+               "--file check skipped\n", name);
+    for (int mode = 0; mode < 1 + by_text; mode++) {
+        struct proc p;
+        char *csv = NULL;
+        if (mode == 0) {
+            csv = ids_csv(pids);
+            p = run("perplexity", model, "--tokens", csv, "--ctx", ctx, "--device", "cpu", NULL);
+        } else {
+            snprintf(file, sizeof(file), "%s/ppl.txt", g_tmp);
+            FILE *f = fopen(file, "wb");
+            fputs(text, f);
+            fclose(f);
+            p = run("perplexity", model, "--file", file, "--ctx", ctx, "--device", "cpu", NULL);
+        }
+        CHECK_EXIT(p, 0, name);
+        const char *fin = strstr(p.out, "Final estimate: PPL = ");
+        CHECK_MSG(fin != NULL, "%s: no final estimate in: %.200s", name, p.out);
+        if (fin) {
+            double got = strtod(fin + strlen("Final estimate: PPL = "), NULL);
+            CHECK_MSG(fabs(got - want) <= 1e-3 * want, "%s: PPL %.6g, from golden %.6g", name,
+                      got, want);
+        }
+        CHECK(strstr(p.out, "[1]") == p.out); /* the running estimate of chunk 1 comes first */
+        free(csv);
+        proc_free(&p);
+    }
+}
+
+static void check_tokenize(const char *model, const char *name, const cJSON *prompt)
+{
+    /* HF's ids: the golden's "hf_ids_tokenizers" (the HF tokenizers library's encoding of the
+     * text, stored by the fixture generator) */
+    const char *text = jstr(prompt, "text");
+    const cJSON *pids = cJSON_GetObjectItemCaseSensitive(prompt, "hf_ids_tokenizers");
+    if (!text)
+        return;
+    if (!cJSON_IsArray(pids)) {
+        printf("cli: note: %s has no HF token ids in the golden: tokenize check skipped\n", name);
+        return;
+    }
+    struct proc p = run("tokenize", model, "--text", text, NULL);
+    CHECK_EXIT(p, 0, name);
+    int32_t got[512];
+    int n = parse_ids(p.out, got, 512), ng = cJSON_GetArraySize(pids), bad = 0;
+    for (int i = 0; i < n && i < ng; i++)
+        bad += got[i] != cJSON_GetArrayItem(pids, i)->valueint;
+    CHECK_MSG(n == ng && bad == 0, "%s: tokenize \"%s\" gives %d ids (%d differ), HF has %d",
+              name, text, n, bad, ng);
+    proc_free(&p);
+    /* decode the ids without the BOS: the text comes back (HF decode, leading space stripped) */
+    if (ng > 1) {
+        cJSON *rest = cJSON_Duplicate(pids, 1);
+        cJSON_DeleteItemFromArray(rest, 0);
+        char *csv = ids_csv(rest);
+        p = run("tokenize", model, "--decode", csv, NULL);
+        CHECK_EXIT(p, 0, name);
+        size_t tl = strlen(text);
+        CHECK_MSG(p.out_len == tl + 1 && !strncmp(p.out, text, tl),
+                  "%s: decode gives \"%s\", expected \"%s\"", name, p.out, text);
+        proc_free(&p);
+        free(csv);
+        cJSON_Delete(rest);
+    }
+}
+
+/* --stop: the stopped output is the unstopped output cut right before the stop string's first
+ * occurrence in the continuation. */
+static void check_stop(const char *model, const char *name, const cJSON *prompt)
+{
+    const char *text = jstr(prompt, "text");
+    if (!text)
+        return;
+    struct proc full = run("run", model, "-p", text, "--temp", "0", "-n", "24", "--ignore-eos",
+                           "--device", "cpu", NULL);
+    CHECK_EXIT(full, 0, name);
+    size_t tl = strlen(text);
+    CHECK_MSG(full.out_len > tl && !strncmp(full.out, text, tl), "%s: prompt not echoed", name);
+    if (full.code != 0 || full.out_len <= tl + 4) {
+        proc_free(&full);
+        return;
+    }
+    /* a stop string from the middle of the continuation, starting at a UTF-8 lead byte */
+    const char *cont = full.out + tl;
+    size_t cl = strlen(cont), at;
+    if (cl > 0 && cont[cl - 1] == '\n')
+        cl--; /* the closing newline is printed by run, not generated */
+    at = cl / 3;
+    while (at < cl && ((unsigned char)cont[at] & 0xC0) == 0x80)
+        at++;
+    size_t sl = 0;
+    while (at + sl < cl && sl < 3) { /* three characters, or what is left */
+        sl++;
+        while (at + sl < cl && ((unsigned char)cont[at + sl] & 0xC0) == 0x80)
+            sl++;
+    }
+    char stop[64];
+    if (sl == 0 || sl >= sizeof(stop) || cont[at] == '\n') {
+        proc_free(&full);
+        return;
+    }
+    memcpy(stop, cont + at, sl);
+    stop[sl] = '\0';
+    size_t first = (size_t)(strstr(cont, stop) - cont);
+    struct proc p = run("run", model, "-p", text, "--temp", "0", "-n", "24", "--ignore-eos",
+                        "--stop", stop, "--stop", "\xF0\x9F\xA6\x99 never", "--device", "cpu",
+                        NULL);
+    CHECK_EXIT(p, 0, name);
+    /* expected: prompt + continuation before the stop string, then the closing newline */
+    CHECK_MSG(p.out_len == tl + first + 1 && !strncmp(p.out, full.out, tl + first),
+              "%s: --stop \"%s\": got \"%s\", expected the first %zu bytes of \"%s\"", name,
+              stop, p.out, tl + first, full.out);
+    CHECK_MSG(strstr(p.err, "stopped: stop string") != NULL, "%s: stderr: %.300s", name, p.err);
+    proc_free(&p);
+    proc_free(&full);
+}
+
+/* Eos: generation stops at the first golden greedy id that generation_config lists as eos. */
+static void check_eos(const char *model, const char *name, const cJSON *prompt,
+                      const cJSON *eos_list)
+{
+    const cJSON *gold = cJSON_GetObjectItemCaseSensitive(prompt, "greedy_ids");
+    const cJSON *pids = cJSON_GetObjectItemCaseSensitive(prompt, "ids");
+    if (!cJSON_IsArray(gold) || !cJSON_IsArray(pids) || !cJSON_IsArray(eos_list))
+        return;
+    int stop_at = -1, ng = cJSON_GetArraySize(gold);
+    for (int i = 0; i < ng && stop_at < 0; i++) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, eos_list) if (e->valueint == cJSON_GetArrayItem(gold, i)->valueint)
+            stop_at = i;
+    }
+    if (stop_at < 0)
+        return; /* this prompt's greedy run never meets an eos id */
+    char *csv = ids_csv(pids), nstr[16];
+    snprintf(nstr, sizeof(nstr), "%d", ng);
+    struct proc p = run("run", model, "--tokens", csv, "--temp", "0", "-n", nstr, "--print-ids",
+                        "--device", "cpu", NULL);
+    CHECK_EXIT(p, 0, name);
+    int32_t got[256];
+    int n = parse_ids(p.out, got, 256);
+    CHECK_MSG(n == stop_at, "%s: %d ids before eos, golden eos at step %d", name, n, stop_at);
+    proc_free(&p);
+    free(csv);
+}
+
+/* eos ids of a fixture directory: config.json and generation_config.json eos_token_id (an int
+ * or a list). Returns a cJSON array the caller deletes. */
+static cJSON *fixture_eos(const cJSON *m)
+{
+    cJSON *out = cJSON_CreateArray();
+    const char *files[] = {"config.json", "generation_config.json"};
+    for (int i = 0; i < 2; i++) {
+        char path[512], *buf = NULL;
+        size_t len;
+        snprintf(path, sizeof(path), DATA "%s/%s", jstr(m, "path"), files[i]);
+        qs_log_set_quiet(true);
+        enum rt_io_err e = rt_file_read(path, 1 << 20, &buf, &len);
+        qs_log_set_quiet(false);
+        if (e)
+            continue;
+        cJSON *j = cJSON_ParseWithLength(buf, len);
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "eos_token_id"), *it;
+        const cJSON *list = cJSON_IsArray(v) ? v : NULL;
+        if (cJSON_IsNumber(v))
+            cJSON_AddItemToArray(out, cJSON_CreateNumber(v->valueint));
+        cJSON_ArrayForEach(it, list)
+            cJSON_AddItemToArray(out, cJSON_CreateNumber(it->valueint));
+        cJSON_Delete(j);
+        free(buf);
+    }
+    return out;
+}
+
+// --- error cases ---------------------------------------------------------------------------
+
+static void check_errors_without_fixtures(void)
+{
+    const char *cmds[] = {"run", "logits", "perplexity", "tokenize"};
+    for (int i = 0; i < 4; i++) {
+        struct proc p = run(cmds[i], "--help", NULL);
+        CHECK_EXIT(p, 0, cmds[i]);
+        CHECK_MSG(strstr(p.out, "usage: qshard") != NULL, "%s --help: %.100s", cmds[i], p.out);
+        proc_free(&p);
+        p = run(cmds[i], "--no-such-flag", NULL);
+        CHECK_EXIT(p, 1, cmds[i]);
+        proc_free(&p);
+        p = run(cmds[i], NULL); /* no model */
+        CHECK_EXIT(p, 1, cmds[i]);
+        proc_free(&p);
+    }
+    struct proc p = run("run", "/nonexistent/model", "-p", "hi", NULL);
+    CHECK_EXIT(p, 4, "missing model path");
+    proc_free(&p);
+    p = run("tokenize", "/nonexistent/model", "--text", "hi", NULL);
+    CHECK_EXIT(p, 4, "tokenize missing model path");
+    proc_free(&p);
+    p = run("run", "/nonexistent/model", "-p", "hi", "--temp", "-1", NULL);
+    CHECK_EXIT(p, 1, "negative temperature");
+    proc_free(&p);
+    p = run("run", "/nonexistent/model", "-p", "hi", "--top-p", "1.5", NULL);
+    CHECK_EXIT(p, 1, "top-p > 1");
+    proc_free(&p);
+    p = run("run", "/nonexistent/model", "-p", "hi", "--tokens", "1,2", NULL);
+    CHECK_EXIT(p, 1, "both -p and --tokens");
+    proc_free(&p);
+    p = run("run", "/nonexistent/model", "-p", "hi", "--device", "tpu", NULL);
+    CHECK_EXIT(p, 1, "unknown device");
+    proc_free(&p);
+    p = run("logits", "/nonexistent/model", "--tokens", "1,2", NULL);
+    CHECK_EXIT(p, 1, "logits without --out");
+    proc_free(&p);
+    /* a file that is not a rank file */
+    char junk[300];
+    snprintf(junk, sizeof(junk), "%s/junk.qshard", g_tmp);
+    FILE *f = fopen(junk, "wb");
+    fputs("this is not a qshard file, just some text long enough to read a header from it......"
+          "...................................................................................."
+          "....................................................................................",
+          f);
+    fclose(f);
+    p = run("run", junk, "--tokens", "1,2", NULL);
+    CHECK_EXIT(p, 2, "junk rank file");
+    proc_free(&p);
+    p = run("tokenize", junk, "--text", "hi", NULL);
+    CHECK_EXIT(p, 2, "tokenize junk rank file");
+    proc_free(&p);
+}
+
+static void check_errors_with_model(const char *model, const char *name, bool has_tok,
+                                    int vocab)
+{
+    char big[32], msg[128];
+    snprintf(big, sizeof(big), "1,%d", vocab);
+    snprintf(msg, sizeof(msg), "%s: token id = vocab_size", name);
+    struct proc p = run("run", model, "--tokens", big, "-n", "1", NULL);
+    CHECK_EXIT(p, 2, msg);
+    CHECK_MSG(strstr(p.err, "vocab") || strstr(p.err, "outside"), "%s: %.200s", msg, p.err);
+    proc_free(&p);
+    p = run("logits", model, "--tokens", big, "--out", "/dev/null", NULL);
+    CHECK_EXIT(p, 2, msg);
+    proc_free(&p);
+    p = run("run", model, "--tokens", "1,2,x", NULL);
+    CHECK_EXIT(p, 2, "malformed --tokens");
+    proc_free(&p);
+    /* context: 5 prompt tokens, --ctx 4: refused with the limit named, or truncated */
+    p = run("run", model, "--tokens", "1,5,6,7,8", "--ctx", "4", "-n", "2", "--temp", "0",
+            "--print-ids", NULL);
+    CHECK_EXIT(p, 2, "prompt longer than the context");
+    CHECK_MSG(strstr(p.err, "5 tokens") && strstr(p.err, "4"), "context message: %.300s", p.err);
+    proc_free(&p);
+    p = run("run", model, "--tokens", "1,5,6,7,8", "--ctx", "4", "-n", "3", "--temp", "0",
+            "--print-ids", "--truncate", "--ignore-eos", NULL);
+    CHECK_EXIT(p, 0, "--truncate");
+    int32_t ids[8];
+    CHECK_MSG(parse_ids(p.out, ids, 8) == 2, "--truncate with ctx 4: 3 prompt tokens, 2 "
+              "generated before the context is full; got \"%s\"", p.out);
+    CHECK_MSG(strstr(p.err, "context full") != NULL, "no context-full note: %.300s", p.err);
+    proc_free(&p);
+    p = run("logits", model, "--tokens", "1,5,6,7,8", "--ctx", "4", "--out", "/dev/null", NULL);
+    CHECK_EXIT(p, 2, "logits prompt longer than the context");
+    proc_free(&p);
+    if (has_tok) {
+        p = run("run", model, "-p", "", NULL);
+        CHECK_EXIT(p, 2, "empty prompt");
+        proc_free(&p);
+        p = run("run", model, "-p", "caf\xC3", "-n", "1", NULL);
+        CHECK_EXIT(p, 2, "truncated UTF-8");
+        proc_free(&p);
+        p = run("run", model, "-p", "\xED\xA0\x80 surrogate", "-n", "1", NULL);
+        CHECK_EXIT(p, 2, "UTF-8 surrogate");
+        proc_free(&p);
+        p = run("tokenize", model, "--text", "\xC0\xAF", NULL);
+        CHECK_EXIT(p, 2, "tokenize overlong UTF-8");
+        proc_free(&p);
+        p = run("tokenize", model, "--decode", big, NULL);
+        CHECK_EXIT(p, 2, "decode id >= vocab");
+        proc_free(&p);
+    } else {
+        p = run("run", model, "-p", "hello", "-n", "1", NULL);
+        CHECK_EXIT(p, 2, "text without tokenizer");
+        CHECK_MSG(strstr(p.err, "--tokens") != NULL, "no --tokens hint: %.300s", p.err);
+        proc_free(&p);
+        p = run("run", model, "--tokens", "1,2", "--stop", "x", NULL);
+        CHECK_EXIT(p, 2, "--stop without tokenizer");
+        proc_free(&p);
+    }
+}
+
+/* Rank files that do not belong: one rank of a TP-2 set alone, and a directory whose rank 1
+ * comes from another model's TP-2 conversion. */
+static void check_rank_mismatch(const char *tp2_a, const char *tp2_b)
+{
+    char r0[600], r1b[600], mixed[600], cmd[2048];
+    snprintf(r0, sizeof(r0), "%s/rank-0-of-2.qshard", tp2_a);
+    struct proc p = run("run", r0, "--tokens", "1,2", "-n", "1", NULL);
+    CHECK_EXIT(p, 2, "single rank of a TP-2 set");
+    proc_free(&p);
+    snprintf(mixed, sizeof(mixed), "%s/mixed", g_tmp);
+    snprintf(r1b, sizeof(r1b), "%s/rank-1-of-2.qshard", tp2_b);
+    snprintf(cmd, sizeof(cmd), "cp -r '%s' '%s' && cp '%s' '%s/rank-1-of-2.qshard'", tp2_a,
+             mixed, r1b, mixed);
+    CHECK(system(cmd) == 0);
+    p = run("run", mixed, "--tokens", "1,2", "-n", "1", NULL);
+    CHECK_EXIT(p, 2, "rank 1 from another model");
+    proc_free(&p);
+}
+
+int main(void)
+{
+    T_INIT("cli");
+    g_bin = getenv("QSHARD") ? getenv("QSHARD") : "build/qshard";
+    const char *tmpdir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    snprintf(g_tmp, sizeof(g_tmp), "%s/qshard_test_cli_XXXXXX", tmpdir);
+    if (!mkdtemp(g_tmp)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    check_errors_without_fixtures();
+
+    cJSON *index = load_index();
+    const cJSON *models = cJSON_GetObjectItemCaseSensitive(index, "models");
+    if (!cJSON_IsArray(models)) {
+        printf("cli: tests/data/models/INDEX.json not found: fixture cases skipped\n");
+    } else {
+        char *tp2[2] = {NULL, NULL};
+        const char *tp2_group = NULL;
+        int n_tp2 = 0;
+        const cJSON *m;
+        cJSON_ArrayForEach(m, models)
+        {
+            const char *name = jstr(m, "name");
+            const cJSON *golden = cJSON_GetObjectItemCaseSensitive(m, "golden_files");
+            if (!name || !jstr(m, "path"))
+                continue;
+            bool has_golden = cJSON_GetArraySize(golden) > 0;
+            bool has_tok = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "tokenizer"));
+            int vocab = cJSON_GetObjectItemCaseSensitive(m, "vocab_size")
+                            ? cJSON_GetObjectItemCaseSensitive(m, "vocab_size")->valueint
+                            : 0;
+            char *dir = convert(m, 1);
+            if (!dir)
+                continue;
+            const cJSON *prompts = cJSON_GetObjectItemCaseSensitive(m, "prompts"), *pr;
+            cJSON_ArrayForEach(pr, prompts)
+            {
+                char what[256];
+                snprintf(what, sizeof(what), "%s/%s", name, jstr(pr, "name"));
+                if (has_golden) {
+                    check_greedy(dir, what, pr);
+                    check_logits(dir, what, pr);
+                    check_perplexity(dir, what, pr);
+                    cJSON *eos = fixture_eos(m);
+                    check_eos(dir, what, pr, eos);
+                    cJSON_Delete(eos);
+                }
+                if (has_tok) {
+                    check_tokenize(dir, what, pr);
+                    check_stop(dir, what, pr);
+                }
+            }
+            if (vocab > 0)
+                check_errors_with_model(dir, name, has_tok, vocab);
+            /* TP-2 through the CLI for two models of different twin groups (twins convert to
+             * identical files, so mixing their ranks would not be a mismatch) */
+            const char *tg = jstr(m, "twin_group");
+            bool new_group = n_tp2 == 0 || !tp2_group || !tg || strcmp(tg, tp2_group) != 0;
+            if (n_tp2 < 2 && has_golden && !has_tok && new_group) {
+                char *d2 = convert(m, 2);
+                if (d2) {
+                    tp2[n_tp2++] = d2;
+                    tp2_group = tg;
+                    cJSON_ArrayForEach(pr, prompts)
+                    {
+                        char what[256];
+                        snprintf(what, sizeof(what), "%s/%s tp2", name, jstr(pr, "name"));
+                        check_greedy(d2, what, pr);
+                        check_logits(d2, what, pr);
+                    }
+                }
+            }
+            free(dir);
+        }
+        if (n_tp2 == 2)
+            check_rank_mismatch(tp2[0], tp2[1]);
+        free(tp2[0]);
+        free(tp2[1]);
+    }
+    cJSON_Delete(index);
+    nftw(g_tmp, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    return t_done();
+}
