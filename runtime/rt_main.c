@@ -933,7 +933,11 @@ int cmd_run(int argc, char **argv)
     }
     if (print_ids || !po.chat || n_out)
         putchar('\n');
-    fflush(stdout);
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        qs_log_error(__func__, "writing the output failed: %s", strerror(errno));
+        rc = QS_EXIT_IO;
+        goto out;
+    }
     fprintf(stderr,
             "qshard: prefill %zu tokens in %.3f s (%.2f tok/s), decode %ld tokens in %.3f s "
             "(%.2f tok/s), %zu generated, stopped: %s\n",
@@ -1365,7 +1369,10 @@ int cmd_tokenize(int argc, char **argv)
             printf("%d\n", (int)ids[i]);
     }
 out:
-    fflush(stdout);
+    if ((fflush(stdout) != 0 || ferror(stdout)) && rc == QS_EXIT_OK) {
+        qs_log_error(__func__, "writing the output failed: %s", strerror(errno));
+        rc = QS_EXIT_IO;
+    }
     free(out);
     free(ids);
     free(text);

@@ -34,6 +34,7 @@
 #include <cjson/cJSON.h>
 
 #include "qs_log.h"
+#include "rt.h"    /* rt_cuda_available */
 #include "rt_io.h"
 #include "t.h"
 
@@ -578,6 +579,26 @@ static void check_errors_with_model(const char *model, const char *name, bool ha
     p = run("logits", model, "--tokens", "1,5,6,7,8", "--ctx", "4", "--out", "/dev/null", NULL);
     CHECK_EXIT(p, 2, "logits prompt longer than the context");
     proc_free(&p);
+    /* a seed repeats its sample; another seed gives another one (24 tokens at temperature 1.5
+     * over >= 128 ids: equal by chance with negligible probability) */
+    struct proc a = run("run", model, "--tokens", "1,5,6", "-n", "24", "--temp", "1.5", "--top-k",
+                        "0", "--top-p", "1", "--seed", "7", "--print-ids", "--ignore-eos", NULL);
+    struct proc b = run("run", model, "--tokens", "1,5,6", "-n", "24", "--temp", "1.5", "--top-k",
+                        "0", "--top-p", "1", "--seed", "7", "--print-ids", "--ignore-eos", NULL);
+    struct proc d = run("run", model, "--tokens", "1,5,6", "-n", "24", "--temp", "1.5", "--top-k",
+                        "0", "--top-p", "1", "--seed", "8", "--print-ids", "--ignore-eos", NULL);
+    CHECK_EXIT(a, 0, "seeded run");
+    CHECK_MSG(a.out_len > 24 && !strcmp(a.out, b.out), "%s: seed 7 twice: \"%s\" vs \"%s\"",
+              name, a.out, b.out);
+    CHECK_MSG(strcmp(a.out, d.out) != 0, "%s: seeds 7 and 8 both give \"%s\"", name, a.out);
+    proc_free(&a);
+    proc_free(&b);
+    proc_free(&d);
+    if (!rt_cuda_available()) {
+        p = run("run", model, "--tokens", "1,5,6", "-n", "1", "--device", "cuda", NULL);
+        CHECK_EXIT(p, 3, "--device cuda without a usable GPU");
+        proc_free(&p);
+    }
     if (has_tok) {
         p = run("run", model, "-p", "", NULL);
         CHECK_EXIT(p, 2, "empty prompt");

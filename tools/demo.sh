@@ -26,8 +26,16 @@ if [ ! -d "$MODEL" ]; then
     exit 1
 fi
 
+# Print the command (arguments with spaces in single quotes), then run it.
 show() {
-    printf '+ %s\n' "$*" >&2
+    line="+"
+    for a in "$@"; do
+        case $a in
+        *" "*) line="$line '$a'" ;;
+        *) line="$line $a" ;;
+        esac
+    done
+    printf '%s\n' "$line" >&2
     "$@"
 }
 
