@@ -336,6 +336,48 @@ static char *llama31_special_map(void)
     return m;
 }
 
+/* The differential corpus (tests/data/tokenizers/extra-vectors.json, written by
+ * gen_extra_vectors.py from sentencepiece 0.1.97 and HF tokenizers 0.23.2): encode must give
+ * the reference ids; byte-level decode must give the text back; streaming == full decode. */
+static void test_extra(const cJSON *ex, const char *block, const struct rt_tok *tok, unsigned flags,
+                       bool roundtrip, int want_cases)
+{
+    const cJSON *c;
+    int n = 0, bad = 0, bad_rt = 0;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(cJSON_GetObjectItem(ex, block), "cases")) {
+        const char *text = cJSON_GetObjectItem(c, "text")->valuestring;
+        const cJSON *want = cJSON_GetObjectItem(c, "ids");
+        int32_t *ids = NULL;
+        size_t ni = 0;
+        n++;
+        if (rt_tok_encode(tok, text, strlen(text), flags, &ids, &ni) != RT_TOK_ERR_NONE ||
+            !ids_equal(ids, ni, want)) {
+            if (bad++ < 5) {
+                fprintf(stderr, "  %s: encode differs for \"%.80s\"\n", block, text);
+                if (ids)
+                    print_ids("got ", ids, ni);
+                char *w = cJSON_PrintUnformatted(want);
+                fprintf(stderr, "    want: %.300s\n", w);
+                free(w);
+            }
+            free(ids);
+            continue;
+        }
+        char *dec = NULL;
+        size_t dl = 0;
+        CHECK(rt_tok_decode(tok, ids, ni, 0, &dec, &dl) == RT_TOK_ERR_NONE);
+        if (roundtrip && !(dec && dl == strlen(text) && memcmp(dec, text, dl) == 0) && bad_rt++ < 5)
+            fprintf(stderr, "  %s: decode(encode(\"%.60s\")) = \"%.60s\"\n", block, text, dec ? dec : "");
+        free(dec);
+        check_stream(tok, ids, ni, 0, block);
+        free(ids);
+    }
+    CHECK_MSG(bad == 0, "%s: %d of %d extra vectors differ", block, bad, n);
+    CHECK_MSG(bad_rt == 0, "%s: %d of %d extra vectors do not round-trip", block, bad_rt, n);
+    CHECK_EQ_INT(n, want_cases);
+    printf("  %s: %d extra vectors, %d differ\n", block, n, bad);
+}
+
 /* --- behaviours beyond the vectors -------------------------------------------------------- */
 
 static void encode_ok(const struct rt_tok *tok, const char *text, unsigned flags, int32_t **ids,
@@ -720,6 +762,17 @@ int main(void)
         test_bad_utf8(l2m);
         test_replacement(l2j);
         test_chat(l2j, l3, l31, mis);
+        size_t elen;
+        char *etext = read_all(TOKDIR "extra-vectors.json", &elen);
+        cJSON *ex = etext ? cJSON_Parse(etext) : NULL;
+        free(etext);
+        CHECK_MSG(ex != NULL, "cannot read " TOKDIR "extra-vectors.json");
+        /* sentencepiece does not parse special tokens; HF tokenizers always does */
+        test_extra(ex, "llama2", l2m, 0, false, 484);
+        test_extra(ex, "llama2", l2j, 0, false, 484);
+        test_extra(ex, "mistral", mis, RT_TOK_PARSE_SPECIAL, false, 484);
+        test_extra(ex, "llama3", l3, RT_TOK_PARSE_SPECIAL, true, 484);
+        cJSON_Delete(ex);
         test_speed(l3, "llama3", "The quick brown fox, 12345 jumps\n\tover  the lazy dog's back! \xE9\x95\x87 ");
         test_speed(l2j, "llama2 json", "The quick brown fox, 12345 jumps\n\tover  the lazy dog's back! \xE9\x95\x87 ");
     }

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""gen_extra_vectors.py - write tests/data/tokenizers/extra-vectors.json: a differential corpus
+(strings chosen to hit the tricky paths: whitespace runs, newlines, digits, contractions, byte
+fallback, multi-script text, emoji, vocabulary pieces glued together) with the ids produced by
+reference implementations we did not write:
+
+  llama2   Debian python3-sentencepiece 0.1.97: SentencePieceProcessor(tokenizer.model).encode
+  mistral  HF tokenizers (npm `tokenizers` 0.23.2, Node bindings): encode(text, false)
+  llama3   same, on llama3/tokenizer.json (decompressed)
+
+Run from the repository root (dev time only; CI reads the JSON):
+  python3 tests/data/tokenizers/gen_extra_vectors.py [--node-tokenizers DIR]
+DIR is a folder where `npm install tokenizers@0.23.2` was run; without it only llama2 is written.
+The strings come from a fixed seed, so a rerun gives the same file.
+"""
+import gzip
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+
+import sentencepiece as spm
+
+TOK = "tests/data/tokenizers/"
+SEED = 20261130
+
+
+def corpus(pieces, n_random):
+    rnd = random.Random(SEED)
+    fixed = [
+        "", " ", "  ", "\n", "\n\n", " \n ", "\t", "a", " a", "a ", "  a  ", "Hello world",
+        "Hello  world", "Hello\nworld", "Hello \n world", "\r\n", "a\r\nb", "x\n\n\ny",
+        "don't", "DON'T", "we'll they're I've she'd it's I'M", "'s 's", "''s",
+        "1", "12", "123", "1234", "12345678", "3.14159", "1,000,000", "x2y3z4",
+        "    indented code();\n\treturn 0;\n}", "def f(x):\n    return x ** 2\n",
+        "<s>", "</s>", "<unk>", "<|begin_of_text|>", "<|eot_id|>", "< s >",
+        "caf\u00e9", "cafe\u0301", "na\u00efve", "\u00bfQu\u00e9?", "Stra\u00dfe", "\u0130stanbul",
+        "\u4f60\u597d\uff0c\u4e16\u754c", "\u3053\u3093\u306b\u3061\u306f", "\ud55c\uad6d\uc5b4",
+        "\u0645\u0631\u062d\u0628\u0627", "\u05e9\u05dc\u05d5\u05dd", "\u0928\u092e\u0938\u094d\u0924\u0947",
+        "\u0e2a\u0e27\u0e31\u0e2a\u0e14\u0e35", "\u041f\u0440\u0438\u0432\u0435\u0442 \u043c\u0438\u0440",
+        "\U0001f999", "\U0001f999\U0001f999", "\U0001f468\u200d\U0001f469\u200d\U0001f467",
+        "\U0001f1fa\U0001f1f8", "a\U0001f600b", "\u00a0", "a\u00a0b", "\u3000x", "\u2028",
+        "\u2003\u2003em", "x\u200by", "\ufeffBOM", "\x01\x02\x7f", "\U0010ffff",
+        "\u2581", "\u2581\u2581a", "\u0120", "\u010a",
+        "The llama (/\u02c8l\u0251\u02d0m\u0259/) is a domesticated South American camelid.",
+        "ALL CAPS SHOUTING!!! ??? ...", "e.g. i.e. etc.", "foo@bar.com https://x.org/a?b=c&d=e",
+        "$$$ %%% ^^^ &&& *** ((( )))", "---\n***\n___", "a\tb\tc", "\t\t\t", "\n\t\n\t",
+        "word" * 40, " " * 37 + "x", "x" + " " * 37, "\n" * 9, "ab" * 100,
+    ]
+    texts = list(fixed)
+    scripts = [(0x20, 0x7e), (0xa0, 0x24f), (0x370, 0x3ff), (0x400, 0x4ff), (0x590, 0x6ff),
+               (0x900, 0x97f), (0x3040, 0x30ff), (0x4e00, 0x9fff), (0xac00, 0xd7a3),
+               (0x1f300, 0x1f6ff), (0x2000, 0x206f), (0x10000, 0x1007f)]
+    for _ in range(n_random):
+        kind = rnd.random()
+        if kind < 0.4:
+            k = rnd.randint(1, 6)
+            texts.append("".join(rnd.choice(pieces) for _ in range(k)))
+        elif kind < 0.8:
+            out = []
+            for _ in range(rnd.randint(1, 24)):
+                lo, hi = rnd.choice(scripts)
+                c = rnd.randint(lo, hi)
+                if 0xd800 <= c <= 0xdfff:
+                    c = 0x41
+                out.append(chr(c))
+                if rnd.random() < 0.2:
+                    out.append(rnd.choice([" ", "  ", "\n", "\t", " \n", "'s", "123", "."]))
+            texts.append("".join(out))
+        else:
+            words = ["the", "The", " of", "and", "123", "4567", "'ll", "'S", "\n", "  ", "\t",
+                     "!", "?!", "...", "\u00e9t\u00e9", "\u4e2d\u6587", "\U0001f999", "x_y",
+                     "(", ")", "{\n", "}\n", "  ", "\r\n", "http://", "a.b"]
+            texts.append("".join(rnd.choice(words) for _ in range(rnd.randint(1, 15))))
+    seen, uniq = set(), []
+    for t in texts:
+        if t not in seen:
+            seen.add(t)
+            uniq.append(t)
+    return uniq
+
+
+def hf_encode(node_dir, json_path, texts):
+    script = """
+const { Tokenizer } = require(process.argv[2]);
+const fs = require('fs');
+const tok = Tokenizer.fromFile(process.argv[3]);
+const texts = JSON.parse(fs.readFileSync(process.argv[4], 'utf8'));
+(async () => {
+  const out = [];
+  for (const t of texts) { const e = await tok.encode(t, null, { addSpecialTokens: false }); out.push(Array.from(e.getIds())); }
+  process.stdout.write(JSON.stringify(out));
+})();
+"""
+    with tempfile.TemporaryDirectory() as d:
+        js, tj = os.path.join(d, "enc.js"), os.path.join(d, "texts.json")
+        open(js, "w").write(script)
+        json.dump(texts, open(tj, "w"))
+        mod = os.path.join(os.path.abspath(node_dir), "node_modules", "tokenizers")
+        out = subprocess.run(["node", js, mod, os.path.abspath(json_path), tj], check=True,
+                             capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def main():
+    node_dir = None
+    if len(sys.argv) == 3 and sys.argv[1] == "--node-tokenizers":
+        node_dir = sys.argv[2]
+    sp = spm.SentencePieceProcessor(model_file=TOK + "llama2/tokenizer.model")
+    pieces = [sp.id_to_piece(i).replace("\u2581", " ") for i in range(259, sp.get_piece_size())]
+    texts = corpus(pieces, 400)
+    result = {
+        "README": "Generated by tests/data/tokenizers/gen_extra_vectors.py: ids from reference "
+                  "implementations (no BOS/EOS). Used by tests/test_tok.c.",
+        "llama2": {"reference": "python3-sentencepiece 0.1.97 (Debian), tokenizer.model",
+                   "cases": [{"text": t, "ids": sp.encode(t)} for t in texts]},
+    }
+    if node_dir:
+        with tempfile.TemporaryDirectory() as d:
+            l3 = os.path.join(d, "llama3.json")
+            open(l3, "wb").write(gzip.open(TOK + "llama3/tokenizer.json.gz").read())
+            l3_texts = corpus([t for t in pieces], 400)
+            ids = hf_encode(node_dir, l3, l3_texts)
+            result["llama3"] = {"reference": "npm tokenizers@0.23.2 (HF tokenizers), llama3/tokenizer.json, addSpecialTokens false",
+                                "cases": [{"text": t, "ids": i} for t, i in zip(l3_texts, ids)]}
+        ids = hf_encode(node_dir, TOK + "mistral/tokenizer.json", texts)
+        result["mistral"] = {"reference": "npm tokenizers@0.23.2 (HF tokenizers), mistral/tokenizer.json, addSpecialTokens false",
+                             "cases": [{"text": t, "ids": i} for t, i in zip(texts, ids)]}
+    with open(TOK + "extra-vectors.json", "w") as f:
+        json.dump(result, f, ensure_ascii=False, separators=(",", ":"))
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
