@@ -13,13 +13,15 @@
  * (fmt_shard_tokenizer_file); a model converted without one works with --tokens only.
  *
  * Policies (also in each --help):
- *   - Context: the limit is --ctx (default: the model's max_position_embeddings, capped by what
- *     the backend allows). A prompt that does not fit (prompt tokens >= ctx, one position must
- *     stay free to generate) is refused with exit 2 naming both numbers; --truncate keeps the
- *     last ctx-1 prompt tokens instead. Generation that reaches the limit stops with a note.
- *   - Stops: any eos id (the model config's list, which includes generation_config.json's
- *     eos_token_id list, plus the tokenizer's eos) and any --stop string; the stop token or
- *     string is not printed.
+ *   - Context: the limit is --ctx (default: rt_opts_default's min(max_position_embeddings,
+ *     4096); more than max_position_embeddings is refused by rt_model_open). A prompt that does
+ *     not fit (prompt tokens >= ctx: one position must stay free to generate) is refused with
+ *     exit 2 naming both numbers; --truncate keeps the last ctx-1 prompt tokens instead.
+ *     Generation that reaches the limit stops with a note.
+ *   - Stops: any eos id (union of the model config's eos_token_id list, the embedded
+ *     generation_config.json's eos_token_id (an int or a list) and the tokenizer's eos) and any
+ *     --stop string (matched on the generated text only); the stop token or string is not
+ *     printed. With --print-ids the id that completed a stop string is the last one printed.
  *   - Special tokens: prompts are encoded as HF's tokenizer(text) does: BOS per the tokenizer
  *     files, special added tokens ("<|eot_id|>") recognised in the text; --chat formats the
  *     prompt with the model's chat template family (rt_chat_format), never a double BOS.
@@ -545,7 +547,8 @@ static bool printer_push(struct printer *p, const char *t, size_t len)
     size_t cut = p->n;
     bool stopped = false;
     for (int i = 0; i < p->n_stops; i++) {
-        const char *hit = strstr(p->pending, p->stops[i]);
+        /* memmem, not strstr: generated text may hold NUL bytes (<0x00> tokens) */
+        const char *hit = memmem(p->pending, p->n, p->stops[i], strlen(p->stops[i]));
         if (hit && (size_t)(hit - p->pending) < cut) {
             cut = (size_t)(hit - p->pending);
             stopped = true;
@@ -616,7 +619,8 @@ static void run_usage(FILE *f)
         "                          from the clock, printed with -v)\n"
         "\n"
         "Context:\n"
-        "  --ctx N                 context limit in tokens (default: the model's maximum)\n"
+        "  --ctx N                 context limit = KV cache length in tokens (default:\n"
+        "                          min(max_position_embeddings, 4096))\n"
         "  --truncate              keep the last ctx-1 prompt tokens of a prompt that does not\n"
         "                          fit (default: refuse it, exit 2)\n"
         MODEL_OPTS_HELP
@@ -970,7 +974,8 @@ static void logits_usage(FILE *f)
         "  --text TEXT         prompt text (needs the model's tokenizer)\n"
         "  --out FILE          output .npy (written to a temp name, then renamed)\n"
         "  --no-bos            with --text: do not add BOS\n"
-        "  --ctx N             context limit (default: the model's maximum); T must be <= N\n"
+        "  --ctx N             context limit (default: min(max_position_embeddings, 4096));\n"
+        "                      T must be <= N\n"
         MODEL_OPTS_HELP);
 }
 
