@@ -1,8 +1,10 @@
 /*
  * cmd_bench.c - `qshard bench ...`: format benchmarks, and the entry to the kernel benchmarks.
  *
- *   qshard bench synth FILE --size-mb N [--tensor-mb M]   write a synthetic .qshard (the writer,
- *                                                           chunked puts), report write GB/s
+ *   qshard bench synth FILE --size-mb N [--tensor-mb M | --tensors N]
+ *                                            write a synthetic .qshard (the writer, chunked
+ *                                            puts) of M MiB tensors (default 64) or of N equal
+ *                                            tensors; report write GB/s
  *   qshard bench open FILE [--repeat N]                    open+validate+close time (min, median)
  *   qshard bench verify FILE [--repeat N] [--cold]         plain read() of the file vs
  *                                                           fmt_shard_verify_all, GB/s, same run
@@ -61,7 +63,7 @@ static void drop_cache(const char *path)
 
 static void bench_usage(FILE *f)
 {
-    fprintf(f, "usage: qshard bench synth FILE --size-mb N [--tensor-mb M]\n"
+    fprintf(f, "usage: qshard bench synth FILE --size-mb N [--tensor-mb M | --tensors N]\n"
                "       qshard bench open FILE [--repeat N]\n"
                "       qshard bench verify FILE [--repeat N] [--cold]\n"
                "       qshard bench kernel ...   (qshard bench kernel --help)\n"
@@ -72,10 +74,18 @@ static void bench_usage(FILE *f)
 
 #define SYNTH_CHUNK (4u << 20)
 
-static int bench_synth(const char *path, uint64_t size_mb, uint64_t tensor_mb)
+static int bench_synth(const char *path, uint64_t size_mb, uint64_t tensor_mb, uint32_t n_tensors)
 {
     uint64_t total = size_mb << 20, tsize = tensor_mb << 20;
     uint32_t n = (uint32_t)((total + tsize - 1) / tsize);
+    if (n_tensors) { /* a fixed count (e.g. a real model's), sizes from the total */
+        n = n_tensors;
+        tsize = (total + n - 1) / n;
+        if (tsize * (n - 1) >= total) {
+            fprintf(stderr, "qshard bench synth: %u tensors do not fit %" PRIu64 " MiB\n", n, size_mb);
+            return QS_EXIT_USAGE;
+        }
+    }
     struct fmt_writer_opts o = {0, 1, {0}};
     for (int i = 0; i < 16; i++)
         o.model_id[i] = (uint8_t)(0xA0 + i);
@@ -269,18 +279,21 @@ int cmd_bench(int argc, char **argv)
     static const struct option opts[] = {
         {"size-mb", required_argument, NULL, 's'}, {"tensor-mb", required_argument, NULL, 't'},
         {"repeat", required_argument, NULL, 'r'},  {"cold", no_argument, NULL, 'c'},
+        {"tensors", required_argument, NULL, 'n'},
         {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
     uint64_t size_mb = 0, tensor_mb = 64;
     int repeat = -1, c;
+    uint32_t n_tensors = 0;
     bool cold = false;
     char *end;
     optind = 1;
-    while ((c = getopt_long(argc - 1, argv + 1, "s:t:r:ch", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc - 1, argv + 1, "s:t:r:n:ch", opts, NULL)) != -1) {
         switch (c) {
         case 's': size_mb = strtoull(optarg, &end, 10); if (*end) size_mb = 0; break;
         case 't': tensor_mb = strtoull(optarg, &end, 10); if (*end) tensor_mb = 0; break;
         case 'r': repeat = (int)strtol(optarg, &end, 10); if (*end || repeat < 1) repeat = 0; break;
         case 'c': cold = true; break;
+        case 'n': n_tensors = (uint32_t)strtoul(optarg, &end, 10); if (*end || !n_tensors || n_tensors > 1000000) tensor_mb = 0; break;
         case 'h': bench_usage(stdout); return QS_EXIT_OK;
         default: bench_usage(stderr); return QS_EXIT_USAGE;
         }
@@ -295,7 +308,7 @@ int cmd_bench(int argc, char **argv)
             fprintf(stderr, "qshard bench synth: --size-mb N (1..16777216) is required\n");
             return QS_EXIT_USAGE;
         }
-        return bench_synth(path, size_mb, tensor_mb);
+        return bench_synth(path, size_mb, tensor_mb, n_tensors);
     }
     if (!strcmp(what, "open"))
         return bench_open(path, repeat > 0 ? repeat : 50);
