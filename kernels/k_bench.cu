@@ -1,0 +1,384 @@
+/*
+ * k_bench.cu - `qshard bench kernel w4a16 [--m 1,16,64,256,4096] [--shapes llama2-7b,...]`:
+ * the W4A16 linear against the device copy bandwidth and cuBLAS fp16, measured in ONE run.
+ *
+ * For every (model layer shape after the TP split, M):
+ *   - our kernel (k_w4a16_linear_variant, the listed variants; 0 = auto),
+ *   - cuBLAS fp16 GEMM (cublasGemmEx, fp32 compute) on the same shape with fp16 weights,
+ *   - for M >= 256 also dequant-to-fp16 + the same cuBLAS GEMM ("dq+cublas"),
+ * each validated once against dequant + cuBLAS before timing (a wrong kernel gets no time).
+ * Weights rotate among copies that together exceed 3x the L2 size, so every call streams from
+ * HBM; CUDA events around a loop of calls after warm-up; the median of 5 loops is printed.
+ * Bytes counted for the W4A16 kernel: qweight + scales + qzeros (K*N/2 + (K/G)*N*2.5); for
+ * cuBLAS: the fp16 weight K*N*2. Activations and outputs are not counted (small at decode).
+ * "% copy" = GB/s over the device-to-device cudaMemcpy bandwidth measured at the start
+ * (bytes read + bytes written), "x cuBLAS" = cuBLAS time / our time.
+ *
+ * Output: one line per config: op variant shape | us | GB/s | % copy | TFLOP/s | x cuBLAS.
+ */
+#include <cublas_v2.h> /* cublasGemmEx */
+#include <getopt.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include "cmd.h" /* bench_kernel_main (C linkage: tools/ is C), QS_EXIT_* */
+}
+#include "k_common.cuh" /* K_CUDA_CHECK, kernels.h */
+
+#define B_CUBLAS_CHECK(expr)                                                                \
+    do {                                                                                    \
+        cublasStatus_t s_ = (expr);                                                         \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                  \
+            fprintf(stderr, "qshard: cuBLAS error %d (%s) at %s:%d\n", (int)s_, #expr,      \
+                    __FILE__, __LINE__);                                                    \
+            abort();                                                                        \
+        }                                                                                   \
+    } while (0)
+
+namespace {
+
+struct bmodel { const char *name; int H, I, heads, kv, hd; };
+const bmodel BMODELS[] = {
+    {"llama2-7b", 4096, 11008, 32, 32, 128},
+    {"llama3-8b", 4096, 14336, 32, 8, 128},
+    {"llama2-13b", 5120, 13824, 40, 40, 128},
+    {"70b", 8192, 28672, 64, 8, 128},
+};
+
+struct bshape { std::string name; int K, N; };
+
+/* Layer shapes of one rank (DESIGN 5 TP rules). */
+bool rank_shapes(const bmodel &m, int tp, int G, std::vector<bshape> &out)
+{
+    if (tp < 1 || m.heads % tp) return false;
+    int nkv;
+    if (tp <= m.kv) { if (m.kv % tp) return false; nkv = m.kv / tp; }
+    else { if (tp % m.kv) return false; nkv = 1; }
+    const int nq = m.heads / tp;
+    int a = G, b = 64;
+    while (b) { const int t = a % b; a = b; b = t; }
+    const long up = (long)(G / a * 64) * tp;
+    const int I_r = (int)((m.I + up - 1) / up * up / tp);
+    const std::string p = std::string(m.name) + (tp > 1 ? "/tp" + std::to_string(tp) : "") + " ";
+    out.push_back({p + "qkv", m.H, (nq + 2 * nkv) * m.hd});
+    out.push_back({p + "o", nq * m.hd, m.H});
+    out.push_back({p + "gate_up", m.H, 2 * I_r});
+    out.push_back({p + "down", I_r, m.H});
+    return true;
+}
+
+__global__ void fill_bytes(uint32_t *p, size_t n_words, uint32_t seed)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n_words;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 0x9E3779B1u ^ seed;
+        h ^= h >> 15; h *= 0x85EBCA77u; h ^= h >> 13; h *= 0xC2B2AE3Du; h ^= h >> 16;
+        p[i] = h;
+    }
+}
+__global__ void fill_f16(__half *p, size_t n, float lo, float hi, uint32_t seed)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 0x9E3779B1u ^ seed;
+        h ^= h >> 15; h *= 0x85EBCA77u; h ^= h >> 13; h *= 0xC2B2AE3Du; h ^= h >> 16;
+        p[i] = __float2half_rn(lo + (hi - lo) * (float)(h >> 8) * (1.0f / 16777216.0f));
+    }
+}
+
+void rand_fill(void *p, size_t bytes, uint32_t seed)
+{
+    fill_bytes<<<1024, 256>>>(static_cast<uint32_t *>(p), bytes / 4, seed);
+    K_LAUNCH_CHECK();
+}
+void rand_f16(void *p, size_t n, float lo, float hi, uint32_t seed)
+{
+    fill_f16<<<1024, 256>>>(static_cast<__half *>(p), n, lo, hi, seed);
+    K_LAUNCH_CHECK();
+}
+
+/* Median over 5 loops of the mean time per call (us) of fn(i), i = rotation index. */
+template <class F> double time_us(F fn, double target_ms)
+{
+    cudaEvent_t a, b;
+    K_CUDA_CHECK(cudaEventCreate(&a));
+    K_CUDA_CHECK(cudaEventCreate(&b));
+    for (int i = 0; i < 3; ++i) fn(i); /* warm-up */
+    K_CUDA_CHECK(cudaEventRecord(a));
+    fn(3);
+    K_CUDA_CHECK(cudaEventRecord(b));
+    K_CUDA_CHECK(cudaEventSynchronize(b));
+    float one = 0;
+    K_CUDA_CHECK(cudaEventElapsedTime(&one, a, b));
+    const int n = std::max(5, std::min(2000, (int)(target_ms / 5 / std::max(one, 1e-3f))));
+    std::vector<double> t;
+    int it = 4;
+    for (int r = 0; r < 5; ++r) {
+        K_CUDA_CHECK(cudaEventRecord(a));
+        for (int i = 0; i < n; ++i) fn(it++);
+        K_CUDA_CHECK(cudaEventRecord(b));
+        K_CUDA_CHECK(cudaEventSynchronize(b));
+        float ms = 0;
+        K_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+        t.push_back(ms * 1000.0 / n);
+    }
+    K_CUDA_CHECK(cudaEventDestroy(a));
+    K_CUDA_CHECK(cudaEventDestroy(b));
+    std::sort(t.begin(), t.end());
+    return t[2];
+}
+
+double copy_bandwidth_gbs(void)
+{
+    const size_t bytes = (size_t)1 << 30;
+    void *src = nullptr, *dst = nullptr;
+    K_CUDA_CHECK(cudaMalloc(&src, bytes));
+    K_CUDA_CHECK(cudaMalloc(&dst, bytes));
+    rand_fill(src, bytes, 1);
+    const double us = time_us([&](int) { K_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }, 100);
+    K_CUDA_CHECK(cudaFree(src));
+    K_CUDA_CHECK(cudaFree(dst));
+    return 2.0 * bytes / (us * 1e3); /* read + write, GB/s */
+}
+
+std::vector<int> parse_ints(const char *s)
+{
+    std::vector<int> v;
+    std::string t(s);
+    size_t p = 0;
+    while (p <= t.size()) {
+        size_t q = t.find(',', p);
+        if (q == std::string::npos) q = t.size();
+        if (q > p) v.push_back(atoi(t.substr(p, q - p).c_str()));
+        p = q + 1;
+    }
+    return v;
+}
+
+/* y = x . W with W fp16 [K, N] row-major: column-major Y^T[N, M] = W^T[N, K] . X^T[K, M]. */
+void cublas_linear(cublasHandle_t h, const __half *x, const __half *w, __half *y, int M, int N, int K)
+{
+    const float alpha = 1.0f, beta = 0.0f;
+    B_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &alpha, w, CUDA_R_16F, N, x,
+                                CUDA_R_16F, K, &beta, y, CUDA_R_16F, N, CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT));
+}
+
+/* rel L2 and max |d| / rms of a vs b (fp16 device arrays). */
+bool validate(const __half *a, const __half *b, size_t n, double *rel_out)
+{
+    std::vector<__half> ha(n), hb(n);
+    K_CUDA_CHECK(cudaDeviceSynchronize());
+    K_CUDA_CHECK(cudaMemcpy(ha.data(), a, n * 2, cudaMemcpyDeviceToHost));
+    K_CUDA_CHECK(cudaMemcpy(hb.data(), b, n * 2, cudaMemcpyDeviceToHost));
+    double sd = 0, sr = 0;
+    bool finite = true;
+    for (size_t i = 0; i < n; ++i) {
+        const double x = __half2float(ha[i]), r = __half2float(hb[i]);
+        if (!std::isfinite(x)) finite = false;
+        sd += (x - r) * (x - r);
+        sr += r * r;
+    }
+    *rel_out = sr > 0 ? sqrt(sd / sr) : 1.0;
+    return finite && sr > 0 && *rel_out < 5e-3;
+}
+
+void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: qshard bench kernel w4a16 [options]\n"
+            "  --m LIST         activation rows M (default 1,16,64,256,4096)\n"
+            "  --shapes LIST    llama2-7b,llama3-8b,llama2-13b,70b (default llama2-7b,llama3-8b,70b)\n"
+            "  --tp N           tensor-parallel size of the layer shapes (default 1)\n"
+            "  --variants LIST  W4A16 variants to time: 0 auto, 1 naive, 2 decode, 3 GEMM (default 0)\n"
+            "  --group N        group size G (default 128)\n"
+            "  --ms T           target milliseconds per timed loop (default 20)\n"
+            "  -h, --help       this text\n");
+}
+
+} // namespace
+
+int bench_kernel_main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"m", required_argument, nullptr, 'm'},       {"shapes", required_argument, nullptr, 's'},
+        {"tp", required_argument, nullptr, 't'},      {"variants", required_argument, nullptr, 'v'},
+        {"group", required_argument, nullptr, 'g'},   {"ms", required_argument, nullptr, 'T'},
+        {"help", no_argument, nullptr, 'h'},          {nullptr, 0, nullptr, 0}};
+    std::vector<int> Ms = {1, 16, 64, 256, 4096}, variants = {0};
+    std::string shapes = "llama2-7b,llama3-8b,70b";
+    int tp = 1, G = 128;
+    double target_ms = 20;
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", opts, nullptr)) != -1) {
+        switch (c) {
+        case 'm': Ms = parse_ints(optarg); break;
+        case 's': shapes = optarg; break;
+        case 't': tp = atoi(optarg); break;
+        case 'v': variants = parse_ints(optarg); break;
+        case 'g': G = atoi(optarg); break;
+        case 'T': target_ms = atof(optarg); break;
+        case 'h': usage(stdout); return QS_EXIT_OK;
+        default: usage(stderr); return QS_EXIT_USAGE;
+        }
+    }
+    if (optind >= argc || strcmp(argv[optind], "w4a16") != 0) {
+        fprintf(stderr, "qshard bench kernel: name the op (only 'w4a16' so far)\n");
+        usage(stderr);
+        return QS_EXIT_USAGE;
+    }
+    for (int m : Ms)
+        if (m < 1) { fprintf(stderr, "qshard bench kernel: bad --m value %d\n", m); return QS_EXIT_USAGE; }
+    std::vector<bshape> list;
+    {
+        std::string t = shapes + ",";
+        size_t p = 0, q;
+        while ((q = t.find(',', p)) != std::string::npos) {
+            const std::string name = t.substr(p, q - p);
+            p = q + 1;
+            if (name.empty()) continue;
+            const bmodel *bm = nullptr;
+            for (const auto &m : BMODELS)
+                if (name == m.name) bm = &m;
+            if (!bm) { fprintf(stderr, "qshard bench kernel: unknown shape set '%s'\n", name.c_str()); return QS_EXIT_USAGE; }
+            if (!rank_shapes(*bm, tp, G, list)) {
+                fprintf(stderr, "qshard bench kernel: %s cannot be split %d ways\n", bm->name, tp);
+                return QS_EXIT_USAGE;
+            }
+        }
+    }
+
+    int dev = 0, n_dev = 0;
+    cudaDeviceProp prop;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) {
+        fprintf(stderr, "qshard bench kernel: no usable CUDA device (%s)\n",
+                cudaGetErrorString(cudaGetLastError()));
+        return QS_EXIT_RUNTIME;
+    }
+    K_CUDA_CHECK(cudaGetDevice(&dev));
+    K_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    if (prop.major * 10 + prop.minor < K_SM80) {
+        fprintf(stderr, "qshard bench kernel: %s is sm_%d%d; the kernels need sm_80 or newer\n",
+                prop.name, prop.major, prop.minor);
+        return QS_EXIT_RUNTIME;
+    }
+    cublasHandle_t cub;
+    B_CUBLAS_CHECK(cublasCreate(&cub));
+    const double l2 = prop.l2CacheSize;
+    const double copy_bw = copy_bandwidth_gbs();
+    printf("device: %s, sm_%d%d, %d SMs, L2 %.0f MB, memory %.0f GB\n", prop.name, prop.major,
+           prop.minor, prop.multiProcessorCount, l2 / 1e6, prop.totalGlobalMem / 1e9);
+    printf("device-to-device copy (cudaMemcpy 1 GiB, read + write): %.0f GB/s\n", copy_bw);
+    printf("%-34s %-9s | %9s | %7s | %6s | %7s | %8s\n", "op shape (K x N) M", "variant", "us",
+           "GB/s", "% copy", "TFLOP/s", "x cuBLAS");
+
+    struct sum { double ours = 0, cub = 0; };
+    std::vector<std::pair<std::string, sum>> sums;
+    int invalid = 0;
+    for (int M : Ms) {
+        for (const auto &s : list) {
+            const int K = s.K, N = s.N;
+            const size_t qw_b = (size_t)K * N / 2, sc_b = (size_t)(K / G) * N * 2,
+                         qz_b = (size_t)(K / G) * N / 2, w16_b = (size_t)K * N * 2;
+            const size_t q_bytes = qw_b + sc_b + qz_b;
+            const int R = (int)std::max<double>(2, ceil(3 * l2 / q_bytes) + 1);
+            const int R16 = (int)std::max<double>(2, ceil(3 * l2 / w16_b) + 1);
+            std::vector<uint8_t *> qw(R), qz(R);
+            std::vector<uint16_t *> sc(R);
+            std::vector<__half *> w16(R16);
+            for (int r = 0; r < R; ++r) {
+                K_CUDA_CHECK(cudaMalloc(&qw[r], qw_b));
+                K_CUDA_CHECK(cudaMalloc(&qz[r], qz_b));
+                K_CUDA_CHECK(cudaMalloc(&sc[r], sc_b));
+                rand_fill(qw[r], qw_b, 11 + r);
+                rand_fill(qz[r], qz_b, 1000 + r);
+                rand_f16(sc[r], sc_b / 2, 0.002f, 0.02f, 2000 + r);
+            }
+            for (int r = 0; r < R16; ++r) {
+                K_CUDA_CHECK(cudaMalloc(&w16[r], w16_b));
+                if (k_w4a16_dequant(qw[r % R], qz[r % R], sc[r % R],
+                                    reinterpret_cast<uint16_t *>(w16[r]), N, K, G, nullptr))
+                    abort(); /* shapes come from rank_shapes: always valid */
+            }
+            __half *x[2], *y, *yref;
+            for (auto &xp : x) {
+                K_CUDA_CHECK(cudaMalloc(&xp, (size_t)M * K * 2));
+                rand_f16(xp, (size_t)M * K, -1.0f, 1.0f, 77 + (uint32_t)(xp == x[1]));
+            }
+            K_CUDA_CHECK(cudaMalloc(&y, (size_t)M * N * 2));
+            K_CUDA_CHECK(cudaMalloc(&yref, (size_t)M * N * 2));
+            const size_t wsb = k_w4a16_workspace_bytes(M, N);
+            void *ws = nullptr;
+            K_CUDA_CHECK(cudaMalloc(&ws, wsb));
+            K_CUDA_CHECK(cudaMemset(ws, 0, wsb));
+            char shape[96];
+            snprintf(shape, sizeof shape, "%s (%dx%d) M=%d", s.name.c_str(), K, N, M);
+            const double flops = 2.0 * M * K * N;
+
+            /* reference: dequant(copy 0) + cuBLAS */
+            cublas_linear(cub, x[0], w16[0], yref, M, N, K);
+            const double t_cub = time_us([&](int i) { cublas_linear(cub, x[i % 2], w16[i % R16], y, M, N, K); }, target_ms);
+
+            double t_best = 0;
+            for (int v : variants) {
+                if (v == K_W4A16_V2_DECODE && M > K_W4A16_DECODE_MAX_M) continue;
+                char vname[16];
+                snprintf(vname, sizeof vname, "w4a16 v%d", v);
+                if (v == 0) snprintf(vname, sizeof vname, "w4a16 auto");
+                K_CUDA_CHECK(cudaMemset(y, 0xFF, (size_t)M * N * 2));
+                int rc = k_w4a16_linear_variant(v, reinterpret_cast<uint16_t *>(x[0]), qw[0], qz[0], sc[0], nullptr,
+                                                reinterpret_cast<uint16_t *>(y), M, N, K, G, ws, wsb, nullptr);
+                double rel = 0;
+                if (rc != K_ERR_NONE || !validate(y, yref, (size_t)M * N, &rel)) {
+                    printf("%-34s %-9s | INVALID (rc %d, rel L2 %.3g vs dequant+cuBLAS): not timed\n", shape, vname, rc, rel);
+                    ++invalid;
+                    continue;
+                }
+                const double t = time_us([&](int i) {
+                    k_w4a16_linear_variant(v, reinterpret_cast<uint16_t *>(x[i % 2]), qw[i % R], qz[i % R], sc[i % R], nullptr,
+                                           reinterpret_cast<uint16_t *>(y), M, N, K, G, ws, wsb, nullptr);
+                }, target_ms);
+                const double gbs = q_bytes / (t * 1e3);
+                printf("%-34s %-9s | %9.2f | %7.0f | %5.1f%% | %7.1f | %7.2fx\n", shape, vname, t, gbs,
+                       100.0 * gbs / copy_bw, flops / (t * 1e6), t_cub / t);
+                if (t_best == 0 || t < t_best) t_best = t;
+            }
+            printf("%-34s %-9s | %9.2f | %7.0f | %5.1f%% | %7.1f |\n", shape, "cublas", t_cub,
+                   w16_b / (t_cub * 1e3), 100.0 * (w16_b / (t_cub * 1e3)) / copy_bw, flops / (t_cub * 1e6));
+            if (M >= 256) { /* dequant to fp16 then cuBLAS: the large-M alternative */
+                const double t = time_us([&](int i) {
+                    k_w4a16_dequant(qw[i % R], qz[i % R], sc[i % R], reinterpret_cast<uint16_t *>(w16[0]), N, K, G, nullptr);
+                    cublas_linear(cub, x[i % 2], w16[0], y, M, N, K);
+                }, target_ms);
+                printf("%-34s %-9s | %9.2f | %7s | %6s | %7.1f | %7.2fx\n", shape, "dq+cublas", t, "", "",
+                       flops / (t * 1e6), t_cub / t);
+            }
+            std::string key = s.name.substr(0, s.name.find(' ')) + " M=" + std::to_string(M);
+            auto it = std::find_if(sums.begin(), sums.end(), [&](const auto &p) { return p.first == key; });
+            if (it == sums.end()) { sums.push_back({key, sum()}); it = sums.end() - 1; }
+            it->second.ours += t_best;
+            it->second.cub += t_cub;
+
+            for (int r = 0; r < R; ++r) {
+                K_CUDA_CHECK(cudaFree(qw[r])); K_CUDA_CHECK(cudaFree(qz[r])); K_CUDA_CHECK(cudaFree(sc[r]));
+            }
+            for (auto p : w16) K_CUDA_CHECK(cudaFree(p));
+            for (auto p : x) K_CUDA_CHECK(cudaFree(p));
+            K_CUDA_CHECK(cudaFree(y)); K_CUDA_CHECK(cudaFree(yref)); K_CUDA_CHECK(cudaFree(ws));
+        }
+    }
+    printf("\nper layer (qkv + o + gate_up + down), best W4A16 variant vs cuBLAS fp16:\n");
+    for (const auto &p : sums)
+        printf("  %-24s w4a16 %9.1f us   cublas %9.1f us   %5.2fx\n", p.first.c_str(),
+               p.second.ours, p.second.cub, p.second.cub / p.second.ours);
+    B_CUBLAS_CHECK(cublasDestroy(cub));
+    if (invalid) {
+        fprintf(stderr, "qshard bench kernel: %d configs failed validation\n", invalid);
+        return QS_EXIT_RUNTIME;
+    }
+    return QS_EXIT_OK;
+}

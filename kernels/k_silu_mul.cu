@@ -1,0 +1,29 @@
+/*
+ * k_silu_mul.cu - SwiGLU gate: out[m][i] = silu(gate[m][i]) * up[m][i], gate_up = [gate | up]
+ * (the fused gate_up_proj output, DESIGN 5), fp16 in and out, fp32 math; silu(g) = g/(1+e^-g).
+ * Reference ref_silu_mul. One thread per two outputs (half2 loads).
+ * Test: build-gpu/gpu_test_kernels (area silu_mul).
+ */
+#include "k_common.cuh"
+
+static __global__ void silu_mul_kernel(__half *__restrict__ out, const __half *__restrict__ gu,
+                                       int M, int I)
+{
+    const long long id = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (long long)M * I) return;
+    const int m = (int)(id / I), i = (int)(id % I);
+    const float g = __half2float(gu[(size_t)m * 2 * I + i]);
+    const float u = __half2float(gu[(size_t)m * 2 * I + I + i]);
+    out[(size_t)m * I + i] = __float2half_rn(g / (1.0f + expf(-g)) * u);
+}
+
+int k_silu_mul(uint16_t *out, const uint16_t *gate_up, int M, int I, struct CUstream_st *stream)
+{
+    if (M < 1 || I < 1) K_REFUSE(K_ERR_SHAPE, "silu_mul M=%d I=%d: need >= 1", M, I);
+    if (!out || !gate_up) K_REFUSE(K_ERR_ARG, "silu_mul: NULL out or gate_up");
+    const long long n = (long long)M * I;
+    silu_mul_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(
+        reinterpret_cast<__half *>(out), reinterpret_cast<const __half *>(gate_up), M, I);
+    K_LAUNCH_CHECK();
+    return K_ERR_NONE;
+}

@@ -1,0 +1,30 @@
+/*
+ * k_util.cu - small host helpers shared by the kernel launchers: k_err_str(), the cached
+ * multiprocessor count. No kernels here.
+ */
+#include "k_common.cuh" /* K_CUDA_CHECK, kernels.h */
+
+const char *k_err_str(enum k_err e)
+{
+    switch (e) {
+#define K_X_STR(name, val, msg) \
+    case name:                  \
+        return msg;
+        K_ERR_LIST(K_X_STR)
+#undef K_X_STR
+    }
+    return "unknown k_err";
+}
+
+int k_device_sm_count(void)
+{
+    enum { MAX_DEVICES = 64 };
+    static int cache[MAX_DEVICES]; /* 0 = not queried yet; benign race: same value written */
+    int dev = 0;
+    K_CUDA_CHECK(cudaGetDevice(&dev));
+    if (dev >= 0 && dev < MAX_DEVICES && cache[dev] > 0) return cache[dev];
+    int n = 0;
+    K_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    if (dev >= 0 && dev < MAX_DEVICES) cache[dev] = n;
+    return n;
+}

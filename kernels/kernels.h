@@ -1,0 +1,187 @@
+/*
+ * kernels.h - extern "C" launchers of the qshard CUDA kernels (kernels/k_*.cu).
+ *
+ * Who calls it: the CUDA runtime backend (runtime/rt_cuda.cu), the GPU tests
+ * (tests/gpu_test_kernels.cu) and the kernel benchmark (kernels/k_bench.cu, `qshard bench kernel`).
+ * C types only, so it compiles as C11 and as C++; the stream is `struct CUstream_st *`, which is
+ * exactly what `cudaStream_t` is (NULL = the legacy default stream).
+ *
+ * Conventions (same names as kernels/ref.h):
+ *   - fp16 tensors are passed as `uint16_t *` (IEEE binary16 bits); fp32 as `float *`.
+ *   - All pointers are device pointers unless a comment says otherwise; row-major; no aliasing
+ *     between inputs and outputs unless a comment says "in place".
+ *   - Every launcher checks its preconditions and returns K_ERR_SHAPE / K_ERR_ARG (reported once
+ *     through qs_log_error with the numbers) without launching; it never allocates and never
+ *     synchronises (except with `make DEBUG_SYNC=1`). CUDA API/launch failures are not statuses:
+ *     K_CUDA_CHECK aborts with the expression, file:line and device (STYLE 2.6).
+ *   - Math sources: the plain-C references in kernels/ref.h are the definition; each launcher's
+ *     comment names its reference.
+ *
+ * Tests: build-gpu/gpu_test_kernels (tests/run_gpu_tests.sh). Bench: `qshard bench kernel w4a16`.
+ */
+#ifndef QS_KERNELS_H
+#define QS_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct CUstream_st; /* == cudaStream_t's pointee */
+
+/* --- errors ------------------------------------------------------------------------------ */
+
+#define K_ERR_LIST(X)                                                         \
+    X(K_ERR_NONE, 0, "ok")                                                    \
+    X(K_ERR_SHAPE, 1, "shape not supported by this kernel")                   \
+    X(K_ERR_ARG, 2, "invalid argument (NULL pointer, bad variant, bad value)") \
+    X(K_ERR_WORKSPACE, 3, "workspace missing or too small")
+
+enum k_err {
+#define K_X_ENUM(name, val, msg) name = val,
+    K_ERR_LIST(K_X_ENUM)
+#undef K_X_ENUM
+};
+
+/* Short English text for a k_err value ("unknown k_err" for anything else). */
+const char *k_err_str(enum k_err e);
+
+/* --- W4A16 linear (kernels/k_w4a16.cu) ---------------------------------------------------- */
+
+/*
+ * Variants of the W4A16 linear, selected with k_w4a16_linear_variant():
+ *   0  auto: K_W4A16_V2_DECODE for M <= K_W4A16_DECODE_MAX_M, else K_W4A16_V3_GEMM
+ *   1  naive: one thread per output, fp32, straight from ref_w4a16_linear (the device oracle)
+ *   2  decode: stream-K over the packed tiles, all SMs stream weights, mma.sync m16n8k16,
+ *      fp32 atomics into the workspace, the last warp of each 64-column tile writes y (M <= 64)
+ *   3  GEMM: 128x128 block tiles, cp.async 4-stage pipeline, mma.sync m16n8k16 (any M)
+ */
+enum k_w4a16_variant {
+    K_W4A16_AUTO = 0,
+    K_W4A16_V1_NAIVE = 1,
+    K_W4A16_V2_DECODE = 2,
+    K_W4A16_V3_GEMM = 3,
+};
+#define K_W4A16_DECODE_MAX_M 64
+
+/* Bytes of workspace the W4A16 linear needs for M rows and N columns: M*N fp32 partial sums
+ * plus one uint32 counter per 64-column tile, rounded up to 256. The caller allocates it once
+ * (cudaMalloc), zeroes it once (cudaMemset); every call leaves it zeroed again. One workspace
+ * must not be shared by launches that may run concurrently (different streams). */
+size_t k_w4a16_workspace_bytes(int M, int N);
+
+/*
+ * y[M, N] (fp16) = x[M, K] (fp16) . W[K, N] + bias[N], fp32 accumulation, where
+ * W[k][n] = (q[k][n] - z[k/G][n]) * s[k/G][n] is read from the DESIGN 4 packed layout:
+ *   qweight  K*N/2 bytes   (4.1, FMT_LAYOUT_W4_MMA_T16X64)
+ *   qzeros   (K/G)*N/2 bytes (4.3, FMT_LAYOUT_Z4_T64)
+ *   scales   (K/G)*N fp16  (4.2, FMT_LAYOUT_S_T64)
+ *   bias     [N] fp32 or NULL
+ * Reference: ref_w4a16_linear (kernels/ref.h). The dequantised weight is rounded to fp16 once
+ * ((q - z) exact, times s), products and sums in fp32 (tensor cores, fp16 inputs).
+ * workspace: k_w4a16_workspace_bytes(M, N) bytes, zeroed (see above); variants 1 and 3 ignore it
+ * (may be NULL) and it is needed only by variant 2 / auto with M <= K_W4A16_DECODE_MAX_M.
+ * Errors: K_ERR_SHAPE (M < 1, K % 16, N % 64, K % G, G % 16, G < 16, K or N < 1, M > 64 for
+ * variant 2), K_ERR_ARG (NULL tensor, unknown variant), K_ERR_WORKSPACE.
+ */
+int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweight,
+                           const uint8_t *qzeros, const uint16_t *scales, const float *bias,
+                           uint16_t *y, int M, int N, int K, int G, void *workspace,
+                           size_t workspace_bytes, struct CUstream_st *stream);
+
+/* k_w4a16_linear_variant(K_W4A16_AUTO, ...). */
+int k_w4a16_linear(const uint16_t *x, const uint8_t *qweight, const uint8_t *qzeros,
+                   const uint16_t *scales, const float *bias, uint16_t *y, int M, int N, int K,
+                   int G, void *workspace, size_t workspace_bytes, struct CUstream_st *stream);
+
+/*
+ * Dequantise a packed linear into a plain fp16 matrix w[K, N] row-major (for a cuBLAS GEMM at
+ * large M, and for tests): w[k][n] = fp16((q - z) * s). Same inputs as k_w4a16_linear.
+ * Reference: ref_dequant_w4 (then rounded to fp16). Errors: K_ERR_SHAPE, K_ERR_ARG.
+ */
+int k_w4a16_dequant(const uint8_t *qweight, const uint8_t *qzeros, const uint16_t *scales,
+                    uint16_t *w, int N, int K, int G, struct CUstream_st *stream);
+
+/* --- normalisation, elementwise, embedding, sampling ------------------------------------- */
+
+/*
+ * RMSNorm with the fused residual add (reference ref_rmsnorm; transformers LlamaRMSNorm), one
+ * block per row. The residual stream is fp32 so it cannot overflow fp16 between layers:
+ *   x != NULL, residual != NULL: residual[m] += x[m] (fp16 -> fp32), out = w * norm(residual[m])
+ *   x == NULL, residual != NULL: out = w * norm(residual[m]) (first layer: residual = embedding)
+ *   x != NULL, residual == NULL: out = w * norm(x[m])
+ * norm(h) = h * rsqrt(mean(h^2) + eps), mean in fp32 (tree sum). out: [M, H] fp16; x: [M, H]
+ * fp16; residual: [M, H] fp32, in place; w: [H] fp32. Errors: K_ERR_SHAPE (M < 1, H < 1),
+ * K_ERR_ARG (out or w NULL, both x and residual NULL, eps < 0).
+ */
+int k_rmsnorm(uint16_t *out, float *residual, const uint16_t *x, const float *w, int M, int H,
+              float eps, struct CUstream_st *stream);
+
+/*
+ * RoPE, transformers rotate_half form (reference ref_rope), in place on fp16: rows m = 0..M-1
+ * at x + m*row_stride (fp16 elements), n_heads heads of hd values each, pairs (i, i + hd/2):
+ * a = pos[m] * inv_freq[i] (fp32 product), x' = x cos a - x[i+hd/2] sin a, ... computed in fp32
+ * with the accurate sincosf. inv_freq: [hd/2] fp32 from ref_rope_inv_freq (default, linear,
+ * llama3 scaling are all in inv_freq). pos: [M] int32 device. q and k heads of a fused qkv row
+ * are adjacent, so one call with n_heads = nq_r + nkv_r rotates both.
+ * Errors: K_ERR_SHAPE (hd odd or < 2, M < 1, n_heads < 1, row_stride < n_heads*hd), K_ERR_ARG.
+ */
+int k_rope(uint16_t *x, int M, int n_heads, int hd, size_t row_stride, const int32_t *pos,
+           const float *inv_freq, struct CUstream_st *stream);
+
+/* out[M, I] = silu(gate) * up, gate_up[M, 2I] = [gate | up] fp16, math in fp32 (reference
+ * ref_silu_mul). Errors: K_ERR_SHAPE (M < 1, I < 1), K_ERR_ARG (NULL). */
+int k_silu_mul(uint16_t *out, const uint16_t *gate_up, int M, int I, struct CUstream_st *stream);
+
+/*
+ * Vocab-parallel embedding lookup into the fp32 residual stream (reference ref_embed):
+ * out[m][:] = table[tokens[m] - row_begin][:] when row_begin <= tokens[m] < row_begin + V_r,
+ * else 0. table fp16 [V_r, H]; tokens [M] int32 device; out [M, H] fp32.
+ * Errors: K_ERR_SHAPE (M < 1, H < 1, V_r < 1), K_ERR_ARG (NULL, row_begin < 0).
+ */
+int k_embed(float *out, const uint16_t *table, const int32_t *tokens, int M, int64_t row_begin,
+            int V_r, int H, struct CUstream_st *stream);
+
+/*
+ * Greedy sampling on the GPU (reference ref_argmax), one block per row: ids[m] = index of the
+ * largest logits[m*row_stride + i] over i < min(n, vocab_size); ids >= vocab_size are padding
+ * and never win, NaNs are skipped, ties go to the lowest id, -1 when there is no candidate.
+ * logits fp32; ids [M] int32 device. Errors: K_ERR_SHAPE (M < 1, n < 1, row_stride < n),
+ * K_ERR_ARG (NULL, vocab_size < 1).
+ */
+int k_argmax(int32_t *ids, const float *logits, int M, int n, size_t row_stride, int vocab_size,
+             struct CUstream_st *stream);
+
+/* --- attention (kernels/k_attention.cu) ---------------------------------------------------- */
+
+/*
+ * Write M new key/value rows into the fp16 KV cache at positions start_pos .. start_pos+M-1:
+ * k_cache[h][start_pos + m][:] = k[m*row_stride + h*hd + :] (same for v), h < n_kv_heads.
+ * k_cache, v_cache: [n_kv_heads, T_cap, hd] fp16. Errors: K_ERR_SHAPE (start_pos + M > T_cap,
+ * M < 1, start_pos < 0, hd < 1), K_ERR_ARG (NULL).
+ */
+int k_kv_store(uint16_t *k_cache, uint16_t *v_cache, const uint16_t *k, const uint16_t *v,
+               size_t row_stride, int M, int start_pos, int n_kv_heads, int hd, int T_cap,
+               struct CUstream_st *stream);
+
+/*
+ * Causal attention with GQA over the KV cache, flash-style (online softmax, no [T, T] matrix):
+ * prefill (M > 1) and decode (M = 1) alike (reference ref_attention, same arguments, fp16
+ * tensors, fp32 math). Query row m is at position p = start_pos + m and attends to keys
+ * [max(0, p - sliding_window + 1), p] (sliding_window <= 0: [0, p]); head h reads kv head
+ * h / (n_heads / n_kv_heads). q row m at q + m*q_stride: [n_heads][hd] (rotated); out likewise
+ * with out_stride. One block per (row, head), its warps split the keys and merge at the end.
+ * Errors: K_ERR_SHAPE (hd not 64/128/256, n_heads % n_kv_heads, start_pos + M > T_cap, M < 1),
+ * K_ERR_ARG (NULL).
+ */
+int k_attention(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q_stride,
+                const uint16_t *k_cache, const uint16_t *v_cache, int M, int start_pos,
+                int n_heads, int n_kv_heads, int hd, int T_cap, int sliding_window,
+                struct CUstream_st *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* QS_KERNELS_H */

@@ -1,0 +1,45 @@
+#!/bin/sh
+# run_gpu_tests.sh - run the GPU test programs given as arguments (tests/gpu_test_*.cu builds),
+# then a quick subset of each under compute-sanitizer memcheck (when it is installed), sum their
+# "<area>: N passed, N failed" lines and print the total last ("gpu: N passed, N failed").
+# Exit status non-zero if anything failed or crashed. Used by `make test-gpu`; needs a GPU.
+#   sh tests/run_gpu_tests.sh build-gpu/gpu_test_kernels
+pass=0; fail=0; bad=""
+SAN=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
+
+tally() { # $1 = label, $2 = output file, $3 = exit code
+    lines=$(grep -E '^[A-Za-z0-9_/ -]+: [0-9]+ passed, [0-9]+ failed$' "$2" | grep -v '^gpu_kernels:')
+    if [ -z "$lines" ]; then
+        tail -n 40 "$2"
+        echo "$1: crashed or printed no summary (exit $3)"
+        fail=$((fail + 1)); bad="$bad $1"; return
+    fi
+    echo "$lines" | while read -r l; do echo "$l"; done
+    p=$(echo "$lines" | sed -E 's/.*: ([0-9]+) passed.*/\1/' | awk '{s+=$1} END {print s+0}')
+    f=$(echo "$lines" | sed -E 's/.* ([0-9]+) failed$/\1/' | awk '{s+=$1} END {print s+0}')
+    if [ "$3" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+    [ "$f" -ne 0 ] && { grep -E 'CHECK|error|ERROR' "$2" | head -n 40; bad="$bad $1"; }
+    pass=$((pass + p)); fail=$((fail + f))
+}
+
+tmp=$(mktemp)
+for t in "$@"; do
+    "$t" >"$tmp" 2>&1; rc=$?
+    head -n 1 "$tmp"
+    tally "$t" "$tmp" "$rc"
+done
+if [ -x "$SAN" ]; then
+    for t in "$@"; do
+        "$SAN" --tool memcheck --leak-check full --error-exitcode 99 "$t" --quick >"$tmp" 2>&1; rc=$?
+        echo "memcheck $t --quick (exit $rc):"
+        grep -E 'ERROR SUMMARY|LEAK SUMMARY' "$tmp" | sed 's/^/  /'
+        sed -i -E 's/^([A-Za-z0-9_]+): ([0-9]+ passed)/memcheck_\1: \2/' "$tmp"
+        tally "memcheck $t" "$tmp" "$rc"
+    done
+else
+    echo "compute-sanitizer not found ($SAN): memcheck skipped"
+fi
+rm -f "$tmp"
+[ -n "$bad" ] && echo "failing:$bad"
+echo "gpu: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
