@@ -20,7 +20,7 @@
  *      chunk budget, so peak RSS does not grow with model size;
  *   5. finish every writer (fsync + rename), then the manifest. On any failure: abort every
  *      writer (temp files removed), unlink rank files already renamed and the manifest, rmdir the
- *      output directory if this call created it.
+ *      output directories this call created.
  *
  * Test: ./build/test_cvt (fixtures of tests/data/models, bad inputs, PITFALLS cases).
  */
@@ -724,25 +724,53 @@ static bool path_exists(const char *p)
     return stat(p, &st) == 0;
 }
 
-/* Create out_dir if needed (*created says whether we did); refuse existing outputs without
- * --force, and with --force remove a stale manifest first (it would describe other files). */
-static enum cvt_err prepare_out_dir(const struct cvt_opts *o, int tp, bool *created)
+/* Directories this run created, deepest last, removed (if empty) after a failure. */
+struct made_dirs {
+    int n;
+    char path[16][4096];
+};
+
+/* mkdir -p out_dir, remembering what did not exist before. */
+static enum cvt_err make_dirs(const char *dir, struct made_dirs *made)
 {
-    char path[4096], file[64];
-    *created = false;
-    if (mkdir(o->out_dir, 0777) == 0) {
-        *created = true;
-    } else if (errno != EEXIST) {
-        qs_log_error(__func__, "output directory %s: cannot create: %s", o->out_dir,
-                     strerror(errno));
+    char buf[4096];
+    size_t len = strlen(dir);
+    if (len == 0 || len >= sizeof(buf)) {
+        qs_log_error(__func__, "output directory '%s': expected a path of 1..%zu bytes", dir,
+                     sizeof(buf) - 1);
         return CVT_ERR_IO;
-    } else {
-        struct stat st;
-        if (stat(o->out_dir, &st) || !S_ISDIR(st.st_mode)) {
-            qs_log_error(__func__, "output path %s: exists and is not a directory", o->out_dir);
+    }
+    memcpy(buf, dir, len + 1);
+    for (size_t i = 1; i <= len; i++) {
+        if (buf[i] != '/' && buf[i] != '\0')
+            continue;
+        char c = buf[i];
+        buf[i] = '\0';
+        if (mkdir(buf, 0777) == 0) {
+            if (made->n < 16)
+                snprintf(made->path[made->n++], sizeof(made->path[0]), "%s", buf);
+        } else if (errno != EEXIST) {
+            qs_log_error(__func__, "output directory %s: cannot create %s: %s", dir, buf,
+                         strerror(errno));
+            buf[i] = c;
             return CVT_ERR_IO;
         }
+        buf[i] = c;
     }
+    struct stat st;
+    if (stat(dir, &st) || !S_ISDIR(st.st_mode)) {
+        qs_log_error(__func__, "output path %s: exists and is not a directory", dir);
+        return CVT_ERR_IO;
+    }
+    return CVT_ERR_NONE;
+}
+
+/* Create out_dir if needed (made lists what we created); refuse existing outputs without
+ * --force, and with --force remove a stale manifest first (it would describe other files). */
+static enum cvt_err prepare_out_dir(const struct cvt_opts *o, int tp, struct made_dirs *made)
+{
+    char path[4096], file[64];
+    CVT_TRY(make_dirs(o->out_dir, made));
     snprintf(path, sizeof(path), "%s/%s", o->out_dir, FMT_MANIFEST_NAME);
     bool exists = path_exists(path);
     for (int r = 0; r < tp && !exists; r++) {
@@ -766,9 +794,10 @@ static enum cvt_err prepare_out_dir(const struct cvt_opts *o, int tp, bool *crea
     return CVT_ERR_NONE;
 }
 
-/* Remove what a failed run left: renamed rank files (finished[r]), the manifest, the directory
- * if we created it. Writers still open are aborted by the caller. */
-static void cleanup_outputs(const struct cvt_opts *o, int tp, const bool *finished, bool created)
+/* Remove what a failed run left: renamed rank files (finished[r]), the manifest, the directories
+ * we created. Writers still open are aborted by the caller. */
+static void cleanup_outputs(const struct cvt_opts *o, int tp, const bool *finished,
+                            const struct made_dirs *made)
 {
     char path[4096], file[64];
     for (int r = 0; r < tp; r++) {
@@ -781,8 +810,8 @@ static void cleanup_outputs(const struct cvt_opts *o, int tp, const bool *finish
     snprintf(path, sizeof(path), "%s/%s", o->out_dir, FMT_MANIFEST_NAME);
     if (finished)
         unlink(path);
-    if (created)
-        rmdir(o->out_dir);
+    for (int i = made->n - 1; i >= 0; i--)
+        rmdir(made->path[i]);
 }
 
 /* --- entry point --------------------------------------------------------------------------- */
@@ -820,10 +849,12 @@ enum cvt_err cvt_run(const struct cvt_opts *o)
 {
     struct run R;
     enum cvt_err e;
-    bool created = false, *finished = NULL;
+    bool *finished = NULL;
+    struct made_dirs made;
     const char **names = NULL;
     int n_names = 0;
     memset(&R, 0, sizeof(R));
+    made.n = 0;
     R.o = o;
     pthread_mutex_init(&R.lock, NULL);
     pthread_mutex_init(&R.bar_lock, NULL);
@@ -850,8 +881,8 @@ enum cvt_err cvt_run(const struct cvt_opts *o)
     }
 
     int tp = R.plan->tp;
-    if ((e = prepare_out_dir(o, tp, &created)))
-        goto out;
+    if ((e = prepare_out_dir(o, tp, &made)))
+        goto out_fail; /* removes only directories this call made */
     R.w = calloc((size_t)tp, sizeof(*R.w));
     R.idx = calloc((size_t)tp, sizeof(*R.idx));
     finished = calloc((size_t)tp, sizeof(*finished));
@@ -940,7 +971,7 @@ out_fail:
             fmt_writer_abort(R.w[r]);
             R.w[r] = NULL;
         }
-    cleanup_outputs(o, tp, finished, created);
+    cleanup_outputs(o, tp, finished, &made);
 out:
     run_free(&R);
     free(finished);

@@ -1,0 +1,814 @@
+/*
+ * test_cvt.c - `qshard convert` end to end on every fixture of tests/data/models/INDEX.json and
+ * every bad input of tests/data/bad/INDEX.json.
+ *
+ * For each model and tp in {1, 2, 4} the binary converts the fixture; a tp the model's shapes
+ * cannot take (rules restated below from DESIGN 4-5, not taken from the converter) must be
+ * refused with exit 2, the valid values listed and no output left. Each converted model is opened
+ * with the format reader (manifest, sizes, digests) and every tensor of every rank is checked
+ * against the ORIGINAL checkpoint: packed linears are unpacked with ref_dequant_w4 and compared
+ * bit for bit with cvt_awq_dequant_source (AWQ's own nibble orders) of the source slice this test
+ * computes for that rank (column / row / kv-replication / intermediate-padding / vocab-padding
+ * rules); padding must be exactly +0.0; float tensors must equal the source converted to F16 /
+ * F32; every tensor of the rank must be accounted for. Twins (same weights, other variant,
+ * container or config spelling: PITFALLS P03, P21) must give identical tensors, generation config,
+ * tokenizer and config (except quant.source_variant / quant.source_container).
+ * Also: --threads 1 and --no-check give identical files; every bad input exits as INDEX.json says,
+ * names what it promises, and leaves no file behind, including a failure after the writers were
+ * opened (NaN scale found while repacking) into a pre-existing directory; CLI usage errors;
+ * --force; --dry-run writes nothing.
+ *
+ * PITFALLS covered: P01/P02 (intermediate padding: llama3-gqa-i640 640 = 5 groups and qwen2 384 =
+ * 3 groups at tp 2, mixtral 1 group at tp 2; head-split refusal at tp 4), P03 (GEMM/GEMV/GEMVFast
+ * twins), P05 (kv replication: llama3 kv 1 at tp 2, mistral kv 2 at tp 4), P07 (vocab 509 at tp 2),
+ * P08 (tied embeddings, no lm_head), P09/P10 (mixtral router listed in modules_to_not_convert,
+ * replicated F32), P11 (qwen2 q/k/v biases split with their heads), P13 (w-bit-8), P14
+ * (zero-point-false, unknown version), P17 (unknown / missing tensor), P19/P20 via bad inputs,
+ * P21 (quant_config.json / quantize_config.json twins).
+ *
+ * Run from the repository root: ./build/test_cvt (QSHARD names the binary, default build/qshard).
+ */
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cvt_src.h"
+#include "fmt.h"
+#include "qs_log.h"
+#include "ref.h"
+#include "t.h"
+
+#define DATA "tests/data/"
+
+static char g_tmp[256];      /* our scratch root */
+static const char *g_bin;    /* the qshard binary */
+
+/* --- helpers ----------------------------------------------------------------------------- */
+
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) {
+        buf[n] = '\0';
+        if (len)
+            *len = (size_t)n;
+    }
+    return buf;
+}
+
+static cJSON *load_json(const char *path)
+{
+    char *s = slurp(path, NULL);
+    cJSON *j = s ? cJSON_Parse(s) : NULL;
+    free(s);
+    return j;
+}
+
+/* Run `qshard <args>`; stdout and stderr go to files under g_tmp; returns the exit status and
+ * a malloc'ed copy of stderr (and stdout if out != NULL). */
+static int run(char **err, char **out, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int run(char **err, char **out, const char *fmt, ...)
+{
+    char args[2048], cmd[4096], ep[300], op[300];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof(args), fmt, ap);
+    va_end(ap);
+    snprintf(ep, sizeof(ep), "%s/stderr.txt", g_tmp);
+    snprintf(op, sizeof(op), "%s/stdout.txt", g_tmp);
+    snprintf(cmd, sizeof(cmd), "%s %s >%s 2>%s", g_bin, args, op, ep);
+    int st = system(cmd);
+    if (err)
+        *err = slurp(ep, NULL);
+    if (out)
+        *out = slurp(op, NULL);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static bool exists(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+/* Number of entries in a directory other than . and .. (-1 if it cannot be opened). */
+static int dir_entries(const char *p)
+{
+    DIR *d = opendir(p);
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            n++;
+    closedir(d);
+    return n;
+}
+
+static long lcm_slow(long a, long b)
+{
+    long m = a;
+    while (m % b)
+        m += a;
+    return m;
+}
+
+static long round_up_slow(long x, long unit)
+{
+    long m = 0;
+    while (m < x)
+        m += unit;
+    return m;
+}
+
+/* --- the checker: one converted model against its source --------------------------------- */
+
+struct model_ck {
+    const char *name;
+    struct cvt_source *src;
+    const struct cvt_hf_config *cfg;
+    long H, I, V, nq, nkv, hd, G, L, E;
+    int tp;
+    /* per-tp derived numbers (DESIGN 5, restated) */
+    long nq_r, nkv_r, rep, I_r, I_pad, V_r;
+    int n_checked;              /* tensors checked on the current rank */
+};
+
+/* Can tp split this model (DESIGN 4 + 5, assuming every decoder linear is quantized)? */
+static bool tp_possible(const struct model_ck *m, int tp)
+{
+    if (m->nq % tp)
+        return false;
+    if (tp <= m->nkv ? m->nkv % tp : tp % m->nkv)
+        return false;
+    long nq_r = m->nq / tp, nkv_r = tp <= m->nkv ? m->nkv / tp : 1;
+    long o_K = nq_r * m->hd, qkv_N = (nq_r + 2 * nkv_r) * m->hd;
+    return o_K % m->G == 0 && o_K % 16 == 0 && qkv_N % 64 == 0 && m->H % 64 == 0;
+}
+
+static void ck_setup_tp(struct model_ck *m, int tp)
+{
+    m->tp = tp;
+    m->nq_r = m->nq / tp;
+    m->nkv_r = tp <= m->nkv ? m->nkv / tp : 1;
+    m->rep = tp <= m->nkv ? 1 : tp / m->nkv;
+    long U = lcm_slow(m->G, 64);
+    m->I_pad = round_up_slow(m->I, U * tp);
+    m->I_r = m->I_pad / tp;
+    m->V_r = round_up_slow(m->V, tp) / tp;
+}
+
+static const struct fmt_tensor *find(const struct fmt_shard *s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static const struct fmt_tensor *find(const struct fmt_shard *s, const char *fmt, ...)
+{
+    char nm[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(nm, sizeof(nm), fmt, ap);
+    va_end(ap);
+    const struct fmt_tensor *t = fmt_shard_find(s, nm);
+    CHECK_MSG(t != NULL, "tensor %s missing", nm);
+    return t;
+}
+
+/* Dequantize packed linear `prefix` of a shard: returns [K][N] fp32 (malloc'ed) or NULL. */
+static float *deq_rank(struct model_ck *m, const struct fmt_shard *s, const char *prefix,
+                       long *K_out, long *N_out)
+{
+    const struct fmt_tensor *q = find(s, "%s.qweight", prefix);
+    const struct fmt_tensor *sc = find(s, "%s.scales", prefix);
+    const struct fmt_tensor *z = find(s, "%s.qzeros", prefix);
+    if (!q || !sc || !z)
+        return NULL;
+    m->n_checked += 3;
+    long K = (long)q->shape[0], N = (long)q->shape[1];
+    CHECK(q->layout == FMT_LAYOUT_W4_MMA_T16X64 && sc->layout == FMT_LAYOUT_S_T64 &&
+          z->layout == FMT_LAYOUT_Z4_T64);
+    CHECK(sc->shape[0] == (uint64_t)(K / m->G) && sc->shape[1] == (uint64_t)N);
+    float *w = malloc((size_t)(K * N) * sizeof(float));
+    if (!w || ref_dequant_w4(q->data, z->data, sc->data, (int)K, (int)N, (int)m->G, w)) {
+        CHECK_MSG(0, "%s: ref_dequant_w4 failed", prefix);
+        free(w);
+        return NULL;
+    }
+    *K_out = K;
+    *N_out = N;
+    return w;
+}
+
+/* Full-source dequantization of linear `prefix` [K][N] (AWQ's own orders). */
+static float *deq_src(struct model_ck *m, const char *prefix, long K, long N)
+{
+    float *w = malloc((size_t)(K * N) * sizeof(float));
+    if (!w)
+        return NULL;
+    enum cvt_err e = cvt_awq_dequant_source(m->src, m->cfg, prefix, K, N, 0, K, 0, N, w);
+    CHECK_MSG(e == CVT_ERR_NONE, "%s: cvt_awq_dequant_source: %s", prefix, cvt_err_str(e));
+    if (e) {
+        free(w);
+        return NULL;
+    }
+    return w;
+}
+
+/* ours[r][dc + c] == src[src_r0 + r][src_c0 + c] bitwise for r < n_rows, c < n_cols. */
+static bool block_eq(const float *ours, long ours_N, long dr, long dc, const float *src,
+                     long src_N, long src_r0, long src_c0, long n_rows, long n_cols)
+{
+    for (long r = 0; r < n_rows; r++)
+        if (memcmp(ours + (dr + r) * ours_N + dc, src + (src_r0 + r) * src_N + src_c0,
+                   (size_t)n_cols * sizeof(float)))
+            return false;
+    return true;
+}
+
+/* ours[r][c] is +0.0 for every r in [r0, r1), c in [c0, c1). */
+static bool block_zero(const float *ours, long N, long r0, long r1, long c0, long c1)
+{
+    for (long r = r0; r < r1; r++)
+        for (long c = c0; c < c1; c++) {
+            uint32_t b;
+            memcpy(&b, &ours[r * N + c], 4);
+            if (b)
+                return false;
+        }
+    return true;
+}
+
+/* Source float tensor as fp32 (all elements), or NULL. */
+static float *src_f32(struct model_ck *m, const char *name, long *n)
+{
+    const struct cvt_src_tensor *t = cvt_source_find(m->src, name);
+    CHECK_MSG(t != NULL, "source tensor %s missing", name);
+    if (!t)
+        return NULL;
+    float *v = malloc((size_t)t->numel * sizeof(float));
+    if (v && cvt_source_read_f32(m->src, t, 0, (uint64_t)t->numel, v)) {
+        free(v);
+        v = NULL;
+    }
+    *n = (long)t->numel;
+    return v;
+}
+
+static uint16_t *src_f16(struct model_ck *m, const char *name, long *n)
+{
+    const struct cvt_src_tensor *t = cvt_source_find(m->src, name);
+    CHECK_MSG(t != NULL, "source tensor %s missing", name);
+    if (!t)
+        return NULL;
+    uint16_t *v = malloc((size_t)t->numel * sizeof(uint16_t));
+    if (v && cvt_source_read_f16(m->src, t, 0, (uint64_t)t->numel, v)) {
+        free(v);
+        v = NULL;
+    }
+    *n = (long)t->numel;
+    return v;
+}
+
+/* Replicated F32 tensor `name` equals the source converted to fp32. */
+static void ck_replicated(struct model_ck *m, const struct fmt_shard *s, const char *name)
+{
+    const struct fmt_tensor *t = find(s, "%s", name);
+    long n = 0;
+    float *v = src_f32(m, name, &n);
+    if (t && v) {
+        CHECK(t->dtype == FMT_DTYPE_F32 && t->numel == (uint64_t)n);
+        CHECK_MSG(t->numel == (uint64_t)n && !memcmp(t->data, v, (size_t)n * 4), "%s differs",
+                  name);
+        m->n_checked++;
+    }
+    free(v);
+}
+
+/* Vocab-parallel F16 table `out_name` of rank r vs source `src_name`. */
+static void ck_vocab(struct model_ck *m, const struct fmt_shard *s, int r, const char *out_name,
+                     const char *src_name)
+{
+    const struct fmt_tensor *t = find(s, "%s", out_name);
+    long n = 0;
+    uint16_t *v = src_f16(m, src_name, &n);
+    if (t && v) {
+        long lo = r * m->V_r, hi = (r + 1) * m->V_r < m->V ? (r + 1) * m->V_r : m->V;
+        long held = hi > lo ? hi - lo : 0;
+        CHECK(t->dtype == FMT_DTYPE_F16 && t->shape[0] == (uint64_t)m->V_r &&
+              t->shape[1] == (uint64_t)m->H);
+        const uint16_t *d = t->data;
+        CHECK_MSG(!memcmp(d, v + lo * m->H, (size_t)(held * m->H) * 2), "%s rank %d rows", out_name,
+                  r);
+        bool zero = true;
+        for (long i = held * m->H; i < m->V_r * m->H; i++)
+            zero &= d[i] == 0;
+        CHECK_MSG(zero, "%s rank %d: padding rows not zero", out_name, r);
+        m->n_checked++;
+    }
+    free(v);
+}
+
+/* Fused column-parallel q/k/v (+ bias) of layer i on rank r. */
+static void ck_attention(struct model_ck *m, const struct fmt_shard *s, int r, int i)
+{
+    char p[160];
+    long K, N, hd = m->hd, kv_head = m->tp <= m->nkv ? r * m->nkv_r : r / m->rep;
+    snprintf(p, sizeof(p), "model.layers.%d.self_attn.qkv_proj", i);
+    float *w = deq_rank(m, s, p, &K, &N);
+    static const char *const part[3] = {"q_proj", "k_proj", "v_proj"};
+    if (w) {
+        CHECK(K == m->H && N == (m->nq_r + 2 * m->nkv_r) * hd);
+        for (int j = 0; j < 3; j++) {
+            char sp[160];
+            snprintf(sp, sizeof(sp), "model.layers.%d.self_attn.%s", i, part[j]);
+            long Ns = (j == 0 ? m->nq : m->nkv) * hd;
+            float *src = deq_src(m, sp, m->H, Ns);
+            long c0 = j == 0 ? r * m->nq_r * hd : kv_head * hd;
+            long n = (j == 0 ? m->nq_r : m->nkv_r) * hd;
+            long dc = j == 0 ? 0 : (m->nq_r + (j - 1) * m->nkv_r) * hd;
+            if (src)
+                CHECK_MSG(block_eq(w, N, 0, dc, src, Ns, 0, c0, m->H, n),
+                          "%s rank %d: %s slice differs from the source", p, r, part[j]);
+            free(src);
+            /* bias (Qwen2): same columns */
+            char bn[200];
+            snprintf(bn, sizeof(bn), "%s.bias", sp);
+            if (cvt_source_find(m->src, bn)) {
+                long nb = 0;
+                float *b = src_f32(m, bn, &nb);
+                const struct fmt_tensor *t = find(s, "%s.bias", p);
+                if (b && t)
+                    CHECK_MSG(!memcmp((const float *)t->data + dc, b + c0, (size_t)n * 4),
+                              "%s.bias rank %d: %s part differs", p, r, part[j]);
+                if (j == 0 && t)
+                    m->n_checked++;
+                free(b);
+            }
+        }
+        free(w);
+    }
+    snprintf(p, sizeof(p), "model.layers.%d.self_attn.o_proj", i);
+    w = deq_rank(m, s, p, &K, &N);
+    if (w) {
+        float *src = deq_src(m, p, m->nq * hd, m->H);
+        CHECK(K == m->nq_r * hd && N == m->H);
+        if (src)
+            CHECK_MSG(block_eq(w, N, 0, 0, src, m->H, r * m->nq_r * hd, 0, K, N),
+                      "%s rank %d differs from the source rows", p, r);
+        free(src);
+        free(w);
+    }
+}
+
+/* Gated MLP (dense or one expert) on rank r: gate_up [H, 2 I_r], down [I_r, H]. */
+static void ck_mlp(struct model_ck *m, const struct fmt_shard *s, int r, const char *base,
+                   const char *gate, const char *up, const char *down)
+{
+    char p[200], sp[200];
+    long K, N, lo = r * m->I_r, hi = (r + 1) * m->I_r < m->I ? (r + 1) * m->I_r : m->I;
+    long held = hi > lo ? hi - lo : 0;
+    snprintf(p, sizeof(p), "%s.gate_up_proj", base);
+    float *w = deq_rank(m, s, p, &K, &N);
+    if (w) {
+        CHECK(K == m->H && N == 2 * m->I_r);
+        const char *parts[2] = {gate, up};
+        for (int j = 0; j < 2; j++) {
+            snprintf(sp, sizeof(sp), "%s.%s", base, parts[j]);
+            float *src = deq_src(m, sp, m->H, m->I);
+            if (src && held)
+                CHECK_MSG(block_eq(w, N, 0, j * m->I_r, src, m->I, 0, lo, m->H, held),
+                          "%s rank %d: %s columns differ", p, r, parts[j]);
+            CHECK_MSG(block_zero(w, N, 0, K, j * m->I_r + held, (j + 1) * m->I_r),
+                      "%s rank %d: padding columns of %s not zero", p, r, parts[j]);
+            free(src);
+        }
+        free(w);
+    }
+    snprintf(p, sizeof(p), "%s.down_proj", base);
+    w = deq_rank(m, s, p, &K, &N);
+    if (w) {
+        CHECK(K == m->I_r && N == m->H);
+        snprintf(sp, sizeof(sp), "%s.%s", base, down);
+        float *src = deq_src(m, sp, m->I, m->H);
+        if (src && held)
+            CHECK_MSG(block_eq(w, N, 0, 0, src, m->H, lo, 0, held, m->H),
+                      "%s rank %d: rows differ", p, r);
+        CHECK_MSG(block_zero(w, N, held, K, 0, N), "%s rank %d: padding rows not zero", p, r);
+        free(src);
+        free(w);
+    }
+}
+
+/* Config JSON of rank r: the tp block and padded sizes as DESIGN 6 / 5 say. */
+static void ck_config(struct model_ck *m, const struct fmt_shard *s, int r)
+{
+    const char *js;
+    size_t len;
+    CHECK(fmt_shard_config_json(s, &js, &len) == FMT_ERR_NONE);
+    cJSON *j = cJSON_ParseWithLength(js, len);
+    CHECK(j != NULL);
+    if (!j)
+        return;
+    cJSON *tp = cJSON_GetObjectItem(j, "tp");
+#define NUM(o, k) cJSON_GetNumberValue(cJSON_GetObjectItem((o), (k)))
+    CHECK_EQ_INT(NUM(tp, "world_size"), m->tp);
+    CHECK_EQ_INT(NUM(tp, "rank"), r);
+    CHECK_EQ_INT(NUM(tp, "heads_per_rank"), m->nq_r);
+    CHECK_EQ_INT(NUM(tp, "kv_heads_per_rank"), m->nkv_r);
+    CHECK_EQ_INT(NUM(tp, "kv_head_replicas"), m->rep);
+    CHECK_EQ_INT(NUM(tp, "intermediate_per_rank"), m->I_r);
+    CHECK_EQ_INT(NUM(j, "intermediate_size_padded"), m->I_pad);
+    CHECK_EQ_INT(NUM(j, "vocab_size_per_rank"), m->V_r);
+    CHECK_EQ_INT(NUM(j, "vocab_size"), m->V);
+    CHECK_EQ_INT(NUM(j, "hidden_size"), m->H);
+    CHECK_EQ_INT(NUM(cJSON_GetObjectItem(j, "quant"), "group_size"), m->G);
+    CHECK(cJSON_IsBool(cJSON_GetObjectItem(j, "tie_word_embeddings")));
+#undef NUM
+    cJSON_Delete(j);
+}
+
+/* Every tensor of every rank of out_dir vs the source. */
+static void ck_model(struct model_ck *m, const char *out_dir)
+{
+    struct fmt_model *fm = NULL;
+    enum fmt_err fe = fmt_model_open(out_dir, &fm);
+    CHECK_MSG(fe == FMT_ERR_NONE, "%s tp %d: fmt_model_open: %s", m->name, m->tp, qs_log_last());
+    if (!fm)
+        return;
+    CHECK_EQ_INT(fmt_model_world_size(fm), m->tp);
+    for (int r = 0; r < m->tp; r++) {
+        const struct fmt_shard *s = fmt_model_shard(fm, (uint32_t)r);
+        char base[160], nm[200];
+        m->n_checked = 0;
+        ck_config(m, s, r);
+        bool tie = m->cfg->tie_word_embeddings;
+        const char *emb = "model.embed_tokens.weight";
+        ck_vocab(m, s, r, emb, cvt_source_find(m->src, emb) ? emb : "lm_head.weight");
+        if (tie)
+            CHECK_MSG(fmt_shard_find(s, "lm_head.weight") == NULL, "%s: tied model has lm_head",
+                      m->name);
+        else
+            ck_vocab(m, s, r, "lm_head.weight", "lm_head.weight");
+        ck_replicated(m, s, "model.norm.weight");
+        for (int i = 0; i < m->L; i++) {
+            snprintf(nm, sizeof(nm), "model.layers.%d.input_layernorm.weight", i);
+            ck_replicated(m, s, nm);
+            snprintf(nm, sizeof(nm), "model.layers.%d.post_attention_layernorm.weight", i);
+            ck_replicated(m, s, nm);
+            ck_attention(m, s, r, i);
+            if (m->E) {
+                snprintf(nm, sizeof(nm), "model.layers.%d.block_sparse_moe.gate.weight", i);
+                ck_replicated(m, s, nm);
+                for (int e = 0; e < m->E; e++) {
+                    snprintf(base, sizeof(base), "model.layers.%d.block_sparse_moe.experts.%d", i,
+                             e);
+                    ck_mlp(m, s, r, base, "w1", "w3", "w2");
+                }
+            } else {
+                snprintf(base, sizeof(base), "model.layers.%d.mlp", i);
+                ck_mlp(m, s, r, base, "gate_proj", "up_proj", "down_proj");
+            }
+        }
+        /* nothing in the rank file that this test did not check */
+        CHECK_MSG(m->n_checked == (int)fmt_shard_n_tensors(s), "%s tp %d rank %d: %d tensors "
+                  "checked, file has %u", m->name, m->tp, r, m->n_checked,
+                  fmt_shard_n_tensors(s));
+    }
+    fmt_model_close(fm);
+}
+
+/* --- twins ------------------------------------------------------------------------------- */
+
+/* Config JSON without the two fields that name the source format. */
+static cJSON *config_sans_source(const struct fmt_shard *s)
+{
+    const char *js;
+    size_t len;
+    if (fmt_shard_config_json(s, &js, &len))
+        return NULL;
+    cJSON *j = cJSON_ParseWithLength(js, len);
+    cJSON *q = cJSON_GetObjectItem(j, "quant");
+    cJSON_DeleteItemFromObject(q, "source_variant");
+    cJSON_DeleteItemFromObject(q, "source_container");
+    return j;
+}
+
+struct tok_list {
+    int n;
+    char names[16][64];
+    uint64_t sizes[16];
+};
+
+static void tok_cb(void *ctx, const char *name, uint64_t size)
+{
+    struct tok_list *l = ctx;
+    if (l->n < 16) {
+        snprintf(l->names[l->n], sizeof(l->names[0]), "%s", name);
+        l->sizes[l->n++] = size;
+    }
+}
+
+static void ck_twins(const char *dir_a, const char *dir_b, const char *what)
+{
+    struct fmt_model *a = NULL, *b = NULL;
+    CHECK(fmt_model_open(dir_a, &a) == FMT_ERR_NONE);
+    CHECK(fmt_model_open(dir_b, &b) == FMT_ERR_NONE);
+    if (!a || !b)
+        goto out;
+    CHECK_EQ_INT(fmt_model_world_size(a), fmt_model_world_size(b));
+    for (uint32_t r = 0; r < fmt_model_world_size(a) && r < fmt_model_world_size(b); r++) {
+        const struct fmt_shard *sa = fmt_model_shard(a, r), *sb = fmt_model_shard(b, r);
+        uint32_t n = fmt_shard_n_tensors(sa);
+        CHECK_MSG(n == fmt_shard_n_tensors(sb), "%s rank %u: tensor counts differ", what, r);
+        for (uint32_t i = 0; i < n && i < fmt_shard_n_tensors(sb); i++) {
+            const struct fmt_tensor *ta = fmt_shard_tensor(sa, i), *tb = fmt_shard_tensor(sb, i);
+            bool same = !strcmp(ta->name, tb->name) && ta->dtype == tb->dtype &&
+                        ta->layout == tb->layout && ta->n_dims == tb->n_dims &&
+                        !memcmp(ta->shape, tb->shape, sizeof(ta->shape)) &&
+                        ta->split == tb->split && ta->size == tb->size && ta->xxh3 == tb->xxh3 &&
+                        !memcmp(ta->data, tb->data, ta->size);
+            CHECK_MSG(same, "%s rank %u: tensor %u (%s vs %s) differs", what, r, i, ta->name,
+                      tb->name);
+        }
+        cJSON *ca = config_sans_source(sa), *cb = config_sans_source(sb);
+        CHECK_MSG(ca && cb && cJSON_Compare(ca, cb, true), "%s rank %u: configs differ", what, r);
+        cJSON_Delete(ca);
+        cJSON_Delete(cb);
+        const char *ga, *gb;
+        size_t la, lb;
+        CHECK(!fmt_shard_generation_config_json(sa, &ga, &la) &&
+              !fmt_shard_generation_config_json(sb, &gb, &lb) && la == lb && !memcmp(ga, gb, la));
+        struct tok_list xa = {0}, xb = {0};
+        CHECK(!fmt_shard_tokenizer_list(sa, tok_cb, &xa) && !fmt_shard_tokenizer_list(sb, tok_cb, &xb));
+        CHECK(xa.n == xb.n && !memcmp(xa.sizes, xb.sizes, sizeof(xa.sizes)));
+    }
+out:
+    fmt_model_close(a);
+    fmt_model_close(b);
+}
+
+/* Byte-identical files (the whole rank file and the manifest). */
+static bool files_equal(const char *a, const char *b)
+{
+    size_t la = 0, lb = 0;
+    char *x = slurp(a, &la), *y = slurp(b, &lb);
+    bool eq = x && y && la == lb && !memcmp(x, y, la);
+    free(x);
+    free(y);
+    return eq;
+}
+
+/* --- tests ------------------------------------------------------------------------------- */
+
+static void test_models(void)
+{
+    cJSON *idx = load_json(DATA "models/INDEX.json");
+    CHECK_MSG(idx != NULL, "cannot read " DATA "models/INDEX.json");
+    if (!idx)
+        return;
+    cJSON *models = cJSON_GetObjectItem(idx, "models"), *it;
+    int n_models = 0, n_converted = 0, n_refused = 0;
+    cJSON_ArrayForEach(it, models)
+    {
+        const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(it, "name"));
+        const char *path = cJSON_GetStringValue(cJSON_GetObjectItem(it, "path"));
+        char dir[512], out[512];
+        if (!name || !path)
+            continue;
+        snprintf(dir, sizeof(dir), DATA "%s", path);
+        struct model_ck m;
+        memset(&m, 0, sizeof(m));
+        m.name = name;
+        enum cvt_err e = cvt_source_open(dir, &m.src);
+        CHECK_MSG(e == CVT_ERR_NONE, "%s: cvt_source_open: %s", name, cvt_err_str(e));
+        if (e)
+            continue;
+        n_models++;
+        m.cfg = cvt_source_config(m.src);
+        m.H = m.cfg->hidden_size;
+        m.I = m.cfg->intermediate_size;
+        m.V = m.cfg->vocab_size;
+        m.nq = m.cfg->num_attention_heads;
+        m.nkv = m.cfg->num_key_value_heads;
+        m.hd = m.cfg->head_dim;
+        m.G = m.cfg->quant.group_size;
+        m.L = m.cfg->num_hidden_layers;
+        m.E = m.cfg->num_local_experts;
+        /* INDEX.json agrees with the config the converter reads */
+        CHECK_EQ_INT(m.H, cJSON_GetNumberValue(cJSON_GetObjectItem(it, "hidden_size")));
+        CHECK_EQ_INT(m.G, cJSON_GetNumberValue(cJSON_GetObjectItem(it, "group_size")));
+        for (int tp = 1; tp <= 4; tp *= 2) {
+            char *err = NULL;
+            snprintf(out, sizeof(out), "%s/models/%s/tp%d", g_tmp, name, tp);
+            int rc = run(&err, NULL, "convert %s %s --tp %d --quiet", dir, out, tp);
+            if (tp_possible(&m, tp)) {
+                CHECK_MSG(rc == 0, "%s tp %d: exit %d: %s", name, tp, rc, err ? err : "");
+                if (rc == 0) {
+                    ck_setup_tp(&m, tp);
+                    ck_model(&m, out);
+                    n_converted++;
+                }
+            } else {
+                /* head split impossible: refused before writing anything, valid values named */
+                CHECK_MSG(rc == 2, "%s tp %d: expected exit 2, got %d", name, tp, rc);
+                CHECK_MSG(err && strstr(err, "valid --tp values"), "%s tp %d: %s", name, tp,
+                          err ? err : "");
+                CHECK_MSG(!exists(out), "%s tp %d: refused conversion left %s", name, tp, out);
+                n_refused++;
+            }
+            free(err);
+        }
+        cvt_source_close(m.src);
+    }
+    CHECK(n_models >= 6);
+    CHECK(n_converted >= 2 * n_models); /* tp 1 and 2 always possible for the fixtures */
+    printf("models: %d fixtures, %d conversions checked, %d impossible tp refused\n", n_models,
+           n_converted, n_refused);
+
+    /* twins: identical tensors for every member of a group, at every tp both converted */
+    cJSON *a;
+    cJSON_ArrayForEach(a, models)
+    {
+        const char *ga = cJSON_GetStringValue(cJSON_GetObjectItem(a, "twin_group"));
+        const char *na = cJSON_GetStringValue(cJSON_GetObjectItem(a, "name"));
+        if (!ga || !na)
+            continue;
+        cJSON *b;
+        bool after = false;
+        int n_twins = 0;
+        cJSON_ArrayForEach(b, models)
+        {
+            const char *gb = cJSON_GetStringValue(cJSON_GetObjectItem(b, "twin_group"));
+            const char *nb = cJSON_GetStringValue(cJSON_GetObjectItem(b, "name"));
+            if (b == a) {
+                after = true;
+                continue;
+            }
+            if (!after || !gb || !nb || strcmp(ga, gb))
+                continue;
+            for (int tp = 1; tp <= 4; tp *= 2) {
+                char da[512], db[512], what[300];
+                snprintf(da, sizeof(da), "%s/models/%s/tp%d", g_tmp, na, tp);
+                snprintf(db, sizeof(db), "%s/models/%s/tp%d", g_tmp, nb, tp);
+                if (!exists(da) || !exists(db))
+                    continue;
+                snprintf(what, sizeof(what), "twins %s / %s tp %d", na, nb, tp);
+                ck_twins(da, db, what);
+                n_twins++;
+            }
+        }
+        if (n_twins)
+            printf("twins: %s checked against %d conversions of its twins\n", na, n_twins);
+        break; /* the first member of each group against all others is enough for one group */
+    }
+    cJSON_Delete(idx);
+}
+
+static void test_determinism(void)
+{
+    /* --threads 1, --no-check and the default give byte-identical rank files */
+    const char *dir = DATA "models/llama3-gqa-i640";
+    char a[512], b[512], c[512], fa[600], fb[600], fc[600];
+    snprintf(a, sizeof(a), "%s/det/a", g_tmp);
+    snprintf(b, sizeof(b), "%s/det/b", g_tmp);
+    snprintf(c, sizeof(c), "%s/det/c", g_tmp);
+    CHECK_EQ_INT(run(NULL, NULL, "convert %s %s --tp 2 -q", dir, a), 0);
+    CHECK_EQ_INT(run(NULL, NULL, "convert %s %s --tp 2 -q --threads 1", dir, b), 0);
+    CHECK_EQ_INT(run(NULL, NULL, "convert %s %s --tp 2 -q --threads 3 --no-check", dir, c), 0);
+    for (int r = 0; r < 2; r++) {
+        snprintf(fa, sizeof(fa), "%s/rank-%d-of-2.qshard", a, r);
+        snprintf(fb, sizeof(fb), "%s/rank-%d-of-2.qshard", b, r);
+        snprintf(fc, sizeof(fc), "%s/rank-%d-of-2.qshard", c, r);
+        CHECK_MSG(files_equal(fa, fb), "rank %d: --threads 1 output differs", r);
+        CHECK_MSG(files_equal(fa, fc), "rank %d: --no-check output differs", r);
+    }
+}
+
+static void test_bad_inputs(void)
+{
+    cJSON *idx = load_json(DATA "bad/INDEX.json");
+    CHECK_MSG(idx != NULL, "cannot read " DATA "bad/INDEX.json");
+    if (!idx)
+        return;
+    int n = 0;
+    cJSON *ctl = cJSON_GetObjectItem(idx, "control"), *it;
+    char out[512], dir[512];
+    snprintf(dir, sizeof(dir), DATA "%s", cJSON_GetStringValue(cJSON_GetObjectItem(ctl, "path")));
+    snprintf(out, sizeof(out), "%s/bad/control", g_tmp);
+    CHECK_EQ_INT(run(NULL, NULL, "convert %s %s --tp 1 -q", dir, out), 0);
+    cJSON_ArrayForEach(it, cJSON_GetObjectItem(idx, "cases"))
+    {
+        const char *cs = cJSON_GetStringValue(cJSON_GetObjectItem(it, "case"));
+        const char *path = cJSON_GetStringValue(cJSON_GetObjectItem(it, "path"));
+        int want = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(it, "expect_exit"));
+        if (!cs || !path)
+            continue;
+        snprintf(dir, sizeof(dir), DATA "%s", path);
+        snprintf(out, sizeof(out), "%s/bad/%s/out", g_tmp, cs);
+        char *err = NULL;
+        int rc = run(&err, NULL, "convert %s %s --tp 1", dir, out);
+        CHECK_MSG(rc == want && rc != 0, "bad case %s: exit %d, expected %d", cs, rc, want);
+        cJSON *s;
+        cJSON_ArrayForEach(s, cJSON_GetObjectItem(it, "message_should_name"))
+        {
+            const char *needle = cJSON_GetStringValue(s);
+            CHECK_MSG(err && needle && strstr(err, needle), "bad case %s: stderr lacks '%s': %s",
+                      cs, needle ? needle : "?", err ? err : "");
+        }
+        CHECK_MSG(err && strstr(err, "error"), "bad case %s: no error message", cs);
+        char parent[512];
+        snprintf(parent, sizeof(parent), "%s/bad/%s", g_tmp, cs);
+        CHECK_MSG(!exists(out) && !exists(parent), "bad case %s: output left behind", cs);
+        free(err);
+        /* into a directory that already exists: it stays, and stays empty */
+        CHECK(mkdir(parent, 0777) == 0);
+        rc = run(NULL, NULL, "convert %s %s --tp 1 -q", dir, parent);
+        CHECK_MSG(rc != 0 && dir_entries(parent) == 0, "bad case %s: exit %d, %d entries left",
+                  cs, rc, dir_entries(parent));
+        n++;
+    }
+    CHECK(n >= 10);
+    printf("bad inputs: %d cases\n", n);
+    cJSON_Delete(idx);
+}
+
+static void test_cli(void)
+{
+    const char *dir = DATA "models/qwen2-bias-tied-v509";
+    char out[512], *err = NULL, *sout = NULL, f[600];
+    snprintf(out, sizeof(out), "%s/cli/out", g_tmp);
+    CHECK_EQ_INT(run(NULL, NULL, "convert --help"), 0);
+    CHECK_EQ_INT(run(NULL, NULL, "convert %s %s", dir, out), 1);             /* no --tp */
+    CHECK_EQ_INT(run(NULL, NULL, "convert %s %s --tp abc", dir, out), 1);
+    CHECK_EQ_INT(run(NULL, NULL, "convert %s %s --tp 0", dir, out), 1);
+    CHECK_EQ_INT(run(NULL, NULL, "convert %s --tp 1", dir), 1);               /* no OUT_DIR */
+    CHECK_EQ_INT(run(NULL, NULL, "convert %s %s --tp 1 --bogus", dir, out), 1);
+    CHECK_EQ_INT(run(NULL, NULL, "convert %s/nonexistent %s --tp 1", g_tmp, out), 4);
+    CHECK(!exists(out));
+    /* impossible tp: 4 heads at tp 3 */
+    CHECK_EQ_INT(run(&err, NULL, "convert %s %s --tp 3", dir, out), 2);
+    CHECK(err && strstr(err, "valid --tp values for this model: 1 2"));
+    free(err);
+    err = NULL;
+    /* --dry-run: the plan on stdout, nothing written */
+    CHECK_EQ_INT(run(NULL, &sout, "convert %s %s --tp 2 --dry-run", dir, out), 0);
+    CHECK(sout && strstr(sout, "V_r = ceil(509 / 2) = 255") && strstr(sout, "I_pad = 512"));
+    CHECK(!exists(out));
+    free(sout);
+    /* second conversion into the same place: refused without --force, files untouched */
+    CHECK_EQ_INT(run(NULL, NULL, "convert %s %s --tp 2 -q", dir, out), 0);
+    snprintf(f, sizeof(f), "%s/rank-1-of-2.qshard", out);
+    size_t len0 = 0;
+    char *before = slurp(f, &len0);
+    CHECK_EQ_INT(run(&err, NULL, "convert %s %s --tp 2 -q", dir, out), 1);
+    CHECK(err && strstr(err, "--force"));
+    free(err);
+    size_t len1 = 0;
+    char *after = slurp(f, &len1);
+    CHECK(before && after && len0 == len1 && !memcmp(before, after, len0));
+    free(after);
+    CHECK_EQ_INT(run(NULL, NULL, "convert %s %s --tp 2 -q --force", dir, out), 0);
+    after = slurp(f, &len1);
+    CHECK(before && after && len0 == len1 && !memcmp(before, after, len0)); /* deterministic */
+    free(after);
+    free(before);
+    CHECK_EQ_INT(run(NULL, NULL, "verify %s", out), 0);
+}
+
+int main(void)
+{
+    T_INIT("cvt");
+    g_bin = getenv("QSHARD") ? getenv("QSHARD") : "build/qshard";
+    snprintf(g_tmp, sizeof(g_tmp), "/tmp/qshard-test-cvt-XXXXXX");
+    if (!mkdtemp(g_tmp)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    qs_log_set_quiet(true);
+    test_models();
+    test_determinism();
+    test_bad_inputs();
+    test_cli();
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_tmp);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", g_tmp);
+    return t_done();
+}
