@@ -677,6 +677,7 @@ int main(void)
             int vocab = cJSON_GetObjectItemCaseSensitive(m, "vocab_size")
                             ? cJSON_GetObjectItemCaseSensitive(m, "vocab_size")->valueint
                             : 0;
+            int checks_before = t_pass + t_fail;
             char *dir = convert(m, 1);
             if (!dir)
                 continue;
@@ -718,6 +719,8 @@ int main(void)
                     }
                 }
             }
+            printf("cli: %s: %d checks%s\n", name, t_pass + t_fail - checks_before,
+                   has_golden ? "" : " (no golden files)");
             free(dir);
         }
         if (n_tp2 == 2)
