@@ -20,6 +20,11 @@
  * every count, offset, size, alignment and overflow before anything is used, and does
  * O(header + tensor table) work: it never touches tensor data (fmt_shard_verify_*() does).
  *
+ * Threads: an open shard is immutable; every reader function may be called on it from several
+ * threads at once. The mapping is MAP_SHARED: if another process truncates the file while it is
+ * mapped, touching the lost pages raises SIGBUS (files are written once under a temp name and
+ * renamed, so this only happens if someone edits them in place).
+ *
  * Test: ./build/test_fmt (round trips, SPEC.md hex dump, enumerated corrupt files);
  * fuzz: make fuzz (tests/fuzz_fmt.c).
  */

@@ -33,6 +33,7 @@ echo "== qshard format benchmark"
 echo "machine: $(uname -srm); $(nproc) cores; $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //');" \
      "$(awk '/MemTotal/ { printf "%.1f GiB RAM", $2 / 1048576 }' /proc/meminfo);" \
      "files on $(df -PT "$dir" | awk 'NR == 2 { print $2 }') ($dir)"
+echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg) (other work on the machine skews the numbers)"
 echo "command: QSHARD_BENCH_GB=$GB QSHARD_BENCH_SMALL_MB=$SMALL_MB QSHARD_BENCH_TENSORS=$NT sh tools/bench_cpu.sh"
 echo
 echo "-- write (fmt_writer, 4 MiB chunks, one thread; includes fsync)"
