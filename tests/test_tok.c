@@ -378,6 +378,91 @@ static void test_extra(const cJSON *ex, const char *block, const struct rt_tok *
     printf("  %s: %d extra vectors, %d differ\n", block, n, bad);
 }
 
+/* llama3/tokenizer.json edited the way gen_extra_vectors.py variant_json() does: "qwen2_re"
+ * (Qwen2 split regex + NFC normalizer) or "gpt2_re" (ByteLevel pre-tokenizer with its own GPT-2
+ * regex). Returns a malloc'd text, or NULL when an anchor is missing. */
+static char *variant_json(const char *src, const char *which)
+{
+    size_t n = strlen(src);
+    char *out = malloc(n + 256);
+    if (strcmp(which, "qwen2_re") == 0) {
+        const char *a = strstr(src, "\"normalizer\": null,"), *b = strstr(src, "\\\\p{N}{1,3}|");
+        if (!a || !b || b < a) {
+            free(out);
+            return NULL;
+        }
+        size_t k = 0;
+        memcpy(out, src, (size_t)(a - src)), k = (size_t)(a - src);
+        k += (size_t)sprintf(out + k, "\"normalizer\": {\"type\": \"NFC\"},");
+        a += strlen("\"normalizer\": null,");
+        memcpy(out + k, a, (size_t)(b - a)), k += (size_t)(b - a);
+        k += (size_t)sprintf(out + k, "\\\\p{N}|");
+        b += strlen("\\\\p{N}{1,3}|");
+        strcpy(out + k, b);
+        return out;
+    }
+    const char *a = strstr(src, "\"pre_tokenizer\": {"), *b = strstr(src, "\"post_processor\"");
+    if (!a || !b || b < a) {
+        free(out);
+        return NULL;
+    }
+    size_t k = (size_t)(a - src);
+    memcpy(out, src, k);
+    k += (size_t)sprintf(out + k, "\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"trim_offsets\": true, \"use_regex\": true},\n  ");
+    strcpy(out + k, b);
+    return out;
+}
+
+static void test_variant(const cJSON *ex, const char *which)
+{
+    size_t len;
+    char *src = read_all(TOKDIR "llama3/tokenizer.json.gz", &len);
+    char *vj = src ? variant_json(src, which) : NULL;
+    free(src);
+    CHECK_MSG(vj != NULL, "%s: cannot build the edited tokenizer.json", which);
+    if (!vj)
+        return;
+    struct rt_tok_files f = {.json = vj, .json_len = strlen(vj)};
+    struct rt_tok *tok = NULL;
+    CHECK(rt_tok_load(&f, &tok) == RT_TOK_ERR_NONE);
+    free(vj);
+    if (!tok)
+        return;
+    const cJSON *c;
+    int n = 0, bad = 0, rejected = 0, rejected_nfc = 0;
+    qs_log_set_quiet(true);
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(cJSON_GetObjectItem(ex, which), "cases")) {
+        const char *text = cJSON_GetObjectItem(c, "text")->valuestring;
+        bool nfc = !cJSON_IsFalse(cJSON_GetObjectItem(c, "nfc"));
+        int32_t *ids = NULL;
+        size_t ni = 0;
+        n++;
+        enum rt_tok_err err = rt_tok_encode(tok, text, strlen(text), RT_TOK_PARSE_SPECIAL, &ids, &ni);
+        if (err == RT_TOK_ERR_UNSUPPORTED && strcmp(which, "qwen2_re") == 0) {
+            rejected++; /* NFC not implemented: text that NFC may change is refused */
+            rejected_nfc += !nfc;
+            continue;
+        }
+        if (err || !ids_equal(ids, ni, cJSON_GetObjectItem(c, "ids"))) {
+            if (bad++ < 5)
+                fprintf(stderr, "  %s: encode differs for \"%.80s\"\n", which, text);
+        }
+        free(ids);
+    }
+    qs_log_set_quiet(false);
+    /* every text that is not NFC must be refused, not tokenized un-normalized */
+    int not_nfc = 0;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(cJSON_GetObjectItem(ex, which), "cases"))
+        not_nfc += cJSON_IsFalse(cJSON_GetObjectItem(c, "nfc"));
+    if (strcmp(which, "qwen2_re") == 0)
+        CHECK_EQ_INT(rejected_nfc, not_nfc);
+    CHECK_MSG(bad == 0, "%s: %d of %d differ", which, bad, n);
+    CHECK(n > 400);
+    printf("  %s: %d vectors, %d differ, %d refused (NFC; %d of them already NFC)\n", which, n,
+           bad, rejected, rejected - rejected_nfc);
+    rt_tok_free(tok);
+}
+
 /* --- behaviours beyond the vectors -------------------------------------------------------- */
 
 static void encode_ok(const struct rt_tok *tok, const char *text, unsigned flags, int32_t **ids,
@@ -772,6 +857,8 @@ int main(void)
         test_extra(ex, "llama2", l2j, 0, false, 484);
         test_extra(ex, "mistral", mis, RT_TOK_PARSE_SPECIAL, false, 484);
         test_extra(ex, "llama3", l3, RT_TOK_PARSE_SPECIAL, true, 484);
+        test_variant(ex, "qwen2_re");
+        test_variant(ex, "gpt2_re");
         cJSON_Delete(ex);
         test_speed(l3, "llama3", "The quick brown fox, 12345 jumps\n\tover  the lazy dog's back! \xE9\x95\x87 ");
         test_speed(l2j, "llama2 json", "The quick brown fox, 12345 jumps\n\tover  the lazy dog's back! \xE9\x95\x87 ");

@@ -7,6 +7,11 @@ reference implementations we did not write:
   llama2   Debian python3-sentencepiece 0.1.97: SentencePieceProcessor(tokenizer.model).encode
   mistral  HF tokenizers (npm `tokenizers` 0.23.2, Node bindings): encode(text, false)
   llama3   same, on llama3/tokenizer.json (decompressed)
+  qwen2_re llama3/tokenizer.json edited as in variant_json(): the Qwen2 split regex (\p{N} instead
+           of \p{N}{1,3}) and an NFC normalizer; "nfc" says whether the text is already NFC
+  gpt2_re  llama3/tokenizer.json with the pre-tokenizer replaced by ByteLevel(use_regex=true),
+           i.e. the GPT-2 split regex
+The same text edits are made by tests/test_tok.c, so both sides read identical bytes.
 
 Run from the repository root (dev time only; CI reads the JSON):
   python3 tests/data/tokenizers/gen_extra_vectors.py [--node-tokenizers DIR]
@@ -20,6 +25,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import unicodedata
 
 import sentencepiece as spm
 
@@ -82,6 +88,22 @@ def corpus(pieces, n_random):
     return uniq
 
 
+QWEN2_NORM = ('"normalizer": null,', '"normalizer": {"type": "NFC"},')
+QWEN2_RE = ("\\\\p{N}{1,3}|", "\\\\p{N}|")
+GPT2_PRE = '"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},\n  '
+
+
+def variant_json(text, which):
+    """Edit the llama3 tokenizer.json text; keep in step with variant_json() in test_tok.c."""
+    if which == "qwen2_re":
+        for old, new in (QWEN2_NORM, QWEN2_RE):
+            assert text.count(old) == 1, old
+            text = text.replace(old, new)
+        return text
+    a, b = text.index('"pre_tokenizer": {'), text.index('"post_processor"')
+    return text[:a] + GPT2_PRE + text[b:]
+
+
 def hf_encode(node_dir, json_path, texts):
     script = """
 const { Tokenizer } = require(process.argv[2]);
@@ -125,6 +147,16 @@ def main():
             ids = hf_encode(node_dir, l3, l3_texts)
             result["llama3"] = {"reference": "npm tokenizers@0.23.2 (HF tokenizers), llama3/tokenizer.json, addSpecialTokens false",
                                 "cases": [{"text": t, "ids": i} for t, i in zip(l3_texts, ids)]}
+            raw = gzip.open(TOK + "llama3/tokenizer.json.gz").read().decode("utf-8")
+            v_texts = l3_texts + ["cafe\u0301", "\u1100\u1161", "A\u030a\u0301", "\u212b",
+                                  "x\u0327\u0301y", "1234567 89", "\u0661\u0662\u0663\u0664"]
+            for which in ("qwen2_re", "gpt2_re"):
+                vj = os.path.join(d, which + ".json")
+                open(vj, "w", encoding="utf-8").write(variant_json(raw, which))
+                ids = hf_encode(node_dir, vj, v_texts)
+                result[which] = {"reference": "npm tokenizers@0.23.2 on llama3/tokenizer.json edited: " + which,
+                                 "cases": [{"text": t, "ids": i, "nfc": unicodedata.is_normalized("NFC", t)}
+                                           for t, i in zip(v_texts, ids)]}
         ids = hf_encode(node_dir, TOK + "mistral/tokenizer.json", texts)
         result["mistral"] = {"reference": "npm tokenizers@0.23.2 (HF tokenizers), mistral/tokenizer.json, addSpecialTokens false",
                              "cases": [{"text": t, "ids": i} for t, i in zip(texts, ids)]}
