@@ -701,8 +701,8 @@ static enum rt_tok_err load_json(const char *text, size_t len, struct rt_tok **o
         err = RT_TOK_ERR_UNSUPPORTED;
         goto out;
     }
-    if (tok->kind == RT_TOK_KIND_SPM && (tok->nfc || tok->pretok != RT_TOK_PRETOK_NONE)) {
-        qs_log_error(__func__, "tokenizer.json: NFC or a Split pre-tokenizer without ByteLevel is not supported");
+    if (tok->kind == RT_TOK_KIND_SPM && tok->pretok != RT_TOK_PRETOK_NONE) {
+        qs_log_error(__func__, "tokenizer.json: a Split pre-tokenizer without ByteLevel is not supported");
         err = RT_TOK_ERR_UNSUPPORTED;
         goto out;
     }
@@ -1076,8 +1076,8 @@ static int32_t match_added(const struct rt_tok *tok, const char *s, size_t n, si
     return -1;
 }
 
-/* Reject text that is not UTF-8, and (NFC tokenizers) text that NFC could change. */
-static enum rt_tok_err check_text(const struct rt_tok *tok, const char *text, size_t len)
+/* Reject text that is not UTF-8. */
+static enum rt_tok_err check_text(const char *text, size_t len)
 {
     for (size_t i = 0; i < len;) {
         uint32_t cp;
@@ -1085,10 +1085,6 @@ static enum rt_tok_err check_text(const struct rt_tok *tok, const char *text, si
         if (k <= 0) {
             qs_log_error(__func__, "text is not valid UTF-8 at byte %zu (0x%02X)", i, (unsigned char)text[i]);
             return RT_TOK_ERR_UTF8;
-        }
-        if (tok->nfc && cp >= 0x300 && rt_tok_uni_in(cp, rt_tok_uni_nfc_unsafe, rt_tok_uni_nfc_unsafe_n)) {
-            qs_log_error(__func__, "text at byte %zu (U+%04X) may change under the tokenizer's NFC normalizer, which is not implemented", i, (unsigned)cp);
-            return RT_TOK_ERR_UNSUPPORTED;
         }
         i += (size_t)k;
     }
@@ -1110,7 +1106,7 @@ enum rt_tok_err rt_tok_encode(const struct rt_tok *tok, const char *text, size_t
         qs_log_error(__func__, "text of %zu bytes is longer than the limit of %zu", len, RT_TOK_MAX_TEXT);
         return RT_TOK_ERR_TOO_LONG;
     }
-    enum rt_tok_err err = check_text(tok, text, len);
+    enum rt_tok_err err = check_text(text, len);
     if (err)
         return err;
     bool bos = (flags & RT_TOK_DEFAULT_SPECIAL) ? tok->add_bos : (flags & RT_TOK_ADD_BOS) != 0;

@@ -8,7 +8,7 @@
  *     become "▁", characters outside the vocabulary become <0xXX> byte tokens.
  *   - Byte-level BPE (Llama 3, Qwen2), from tokenizer.json: the Split pre-tokenizer regex
  *     (implemented by hand for the Llama-3, Qwen2 and GPT-2 patterns), GPT-2 byte-to-unicode map,
- *     merges by rank, ignore_merges.
+ *     merges by rank, ignore_merges, and the NFC normalizer (Qwen2).
  * Added tokens (tokenizer.json added_tokens) are matched in the text before the model: special
  * ones only with RT_TOK_PARSE_SPECIAL, non-special ones always (as HF does). BOS/EOS defaults
  * come from tokenizer_config.json (add_bos_token / add_eos_token) or else from the tokenizer.json
@@ -109,7 +109,7 @@ enum {
 /* Encode UTF-8 text [len bytes] into token ids: *ids = malloc'd int32 [*n] (a valid pointer even
  * when *n == 0). Flags as above. Errors: RT_TOK_ERR_UTF8 (invalid UTF-8: overlong, surrogate,
  * > U+10FFFF, truncated; the byte offset is reported), RT_TOK_ERR_TOO_LONG (len >= 2^30),
- * RT_TOK_ERR_UNSUPPORTED (an NFC tokenizer given text that is not trivially in NFC),
+ * RT_TOK_ERR_UNSUPPORTED (a character outside the vocabulary with no byte fallback and no unk),
  * RT_TOK_ERR_NOMEM, RT_TOK_ERR_ARG. Cost: O(len log len). */
 enum rt_tok_err rt_tok_encode(const struct rt_tok *tok, const char *text, size_t len,
                               unsigned flags, int32_t **ids, size_t *n);

@@ -580,10 +580,194 @@ out:
     return err;
 }
 
+// --- NFC normalisation (Unicode Standard Annex #15; tables from tools/gen_unicode_tables.py) ---
+
+/* Hangul syllable arithmetic: Unicode 15.0 §3.12. */
+enum {
+    HANGUL_S = 0xAC00, HANGUL_L = 0x1100, HANGUL_V = 0x1161, HANGUL_T = 0x11A7,
+    HANGUL_NL = 19, HANGUL_NV = 21, HANGUL_NT = 28, HANGUL_NS = HANGUL_NL * HANGUL_NV * HANGUL_NT,
+};
+
+static unsigned ccc_of(uint32_t cp)
+{
+    size_t a = 0, b = rt_tok_uni_ccc_n;
+    if (cp < 0x300)
+        return 0;
+    while (a < b) {
+        size_t m = (a + b) / 2;
+        if (cp < rt_tok_uni_ccc[m].lo)
+            b = m;
+        else if (cp > rt_tok_uni_ccc[m].hi)
+            a = m + 1;
+        else
+            return rt_tok_uni_ccc[m].ccc;
+    }
+    return 0;
+}
+
+static const struct rt_tok_decomp *decomp_of(uint32_t cp)
+{
+    size_t a = 0, b = rt_tok_uni_decomp_n;
+    while (a < b) {
+        size_t m = (a + b) / 2;
+        if (cp < rt_tok_uni_decomp[m].cp)
+            b = m;
+        else if (cp > rt_tok_uni_decomp[m].cp)
+            a = m + 1;
+        else
+            return &rt_tok_uni_decomp[m];
+    }
+    return NULL;
+}
+
+/* The primary composite of (a, b), or 0. */
+static uint32_t compose(uint32_t a, uint32_t b)
+{
+    if (a >= HANGUL_L && a < HANGUL_L + HANGUL_NL && b >= HANGUL_V && b < HANGUL_V + HANGUL_NV)
+        return HANGUL_S + ((a - HANGUL_L) * HANGUL_NV + (b - HANGUL_V)) * HANGUL_NT;
+    if (a >= HANGUL_S && a < HANGUL_S + HANGUL_NS && (a - HANGUL_S) % HANGUL_NT == 0 &&
+        b > HANGUL_T && b < HANGUL_T + HANGUL_NT)
+        return a + (b - HANGUL_T);
+    size_t lo = 0, hi = rt_tok_uni_comp_n;
+    while (lo < hi) {
+        size_t m = (lo + hi) / 2;
+        const struct rt_tok_comp *c = &rt_tok_uni_comp[m];
+        if (a < c->first || (a == c->first && b < c->second))
+            hi = m;
+        else if (a > c->first || b > c->second)
+            lo = m + 1;
+        else
+            return c->composite;
+    }
+    return 0;
+}
+
+static size_t put_utf8(char *d, uint32_t c)
+{
+    if (c < 0x80) {
+        d[0] = (char)c;
+        return 1;
+    }
+    if (c < 0x800) {
+        d[0] = (char)(0xC0 | (c >> 6)), d[1] = (char)(0x80 | (c & 0x3F));
+        return 2;
+    }
+    if (c < 0x10000) {
+        d[0] = (char)(0xE0 | (c >> 12)), d[1] = (char)(0x80 | ((c >> 6) & 0x3F));
+        d[2] = (char)(0x80 | (c & 0x3F));
+        return 3;
+    }
+    d[0] = (char)(0xF0 | (c >> 18)), d[1] = (char)(0x80 | ((c >> 12) & 0x3F));
+    d[2] = (char)(0x80 | ((c >> 6) & 0x3F)), d[3] = (char)(0x80 | (c & 0x3F));
+    return 4;
+}
+
+/* NFC of valid UTF-8 s[0..n) into a malloc'd *out: canonical decomposition, canonical
+ * ordering, canonical composition (UAX #15 §§1.3, 3.11 of the Standard). A decomposition is at
+ * most 4 code points per input code point (the tables' longest), so 4n bounds the buffers. */
+static enum rt_tok_err nfc(const char *s, size_t n, char **out, size_t *out_n)
+{
+    uint32_t *cp = malloc(4 * n * sizeof(uint32_t) + 4);
+    char *dst = malloc(4 * n + 4);
+    if (!cp || !dst) {
+        free(cp);
+        free(dst);
+        qs_log_error(__func__, "out of memory normalising %zu bytes", n);
+        return RT_TOK_ERR_NOMEM;
+    }
+    size_t m = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t c;
+        int k = rt_tok_utf8_seq((const unsigned char *)s + i, n - i, &c);
+        if (k <= 0)
+            k = 1, c = 0xFFFD;
+        i += (size_t)k;
+        const struct rt_tok_decomp *d;
+        if (c >= HANGUL_S && c < HANGUL_S + HANGUL_NS) {
+            uint32_t x = c - HANGUL_S;
+            cp[m++] = HANGUL_L + x / (HANGUL_NV * HANGUL_NT);
+            cp[m++] = HANGUL_V + (x % (HANGUL_NV * HANGUL_NT)) / HANGUL_NT;
+            if (x % HANGUL_NT)
+                cp[m++] = HANGUL_T + x % HANGUL_NT;
+        } else if ((d = decomp_of(c)) != NULL) {
+            for (unsigned j = 0; j < d->len; j++)
+                cp[m++] = rt_tok_uni_decomp_data[d->off + j];
+        } else {
+            cp[m++] = c;
+        }
+    }
+    /* canonical ordering: stable insertion sort of each run of non-starters by class */
+    for (size_t i = 1; i < m; i++) {
+        unsigned cc = ccc_of(cp[i]);
+        if (cc == 0)
+            continue;
+        uint32_t c = cp[i];
+        size_t j = i;
+        while (j > 0 && ccc_of(cp[j - 1]) > cc) {
+            cp[j] = cp[j - 1];
+            j--;
+        }
+        cp[j] = c;
+    }
+    /* composition: a character joins the last starter unless blocked by a character between
+     * them of class 0 or of a class >= its own */
+    size_t k = 0;
+    long starter = -1;
+    int prev_cc = -1; /* class of the last character kept after the starter; -1: none */
+    for (size_t i = 0; i < m; i++) {
+        uint32_t c = cp[i];
+        int cc = (int)ccc_of(c);
+        if (starter >= 0 && (prev_cc == -1 || (prev_cc != 0 && prev_cc < cc))) {
+            uint32_t comp = compose(cp[starter], c);
+            if (comp) {
+                cp[starter] = comp;
+                continue;
+            }
+        }
+        if (cc == 0) {
+            starter = (long)k;
+            prev_cc = -1;
+        } else {
+            prev_cc = cc;
+        }
+        cp[k++] = c;
+    }
+    size_t len = 0;
+    for (size_t i = 0; i < k; i++)
+        len += put_utf8(dst + len, cp[i]);
+    free(cp);
+    *out = dst;
+    *out_n = len;
+    return RT_TOK_ERR_NONE;
+}
+
+static bool nfc_stable(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        uint32_t c;
+        int k = rt_tok_utf8_seq((const unsigned char *)s + i, n - i, &c);
+        if (k <= 0)
+            return false;
+        if (c >= rt_tok_uni_nfc_unsafe[0].lo &&
+            rt_tok_uni_in(c, rt_tok_uni_nfc_unsafe, rt_tok_uni_nfc_unsafe_n))
+            return false;
+        i += (size_t)k;
+    }
+    return true;
+}
+
 enum rt_tok_err rt_tok_encode_segment(const struct rt_tok *tok, const char *s, size_t n, bool first,
                                       struct rt_tok_ids *out)
 {
-    if (tok->kind == RT_TOK_KIND_BYTELEVEL)
-        return encode_bytelevel(tok, s, n, out);
-    return encode_spm(tok, s, n, first, out);
+    char *norm = NULL;
+    if (tok->nfc && !nfc_stable(s, n)) { /* HF normalizers/unicode.rs NFC, per segment */
+        enum rt_tok_err err = nfc(s, n, &norm, &n);
+        if (err)
+            return err;
+        s = norm;
+    }
+    enum rt_tok_err err = tok->kind == RT_TOK_KIND_BYTELEVEL ? encode_bytelevel(tok, s, n, out)
+                                                             : encode_spm(tok, s, n, first, out);
+    free(norm);
+    return err;
 }

@@ -29,6 +29,24 @@ extern const struct rt_tok_range rt_tok_uni_space[];      /* \s = White_Space */
 extern const size_t rt_tok_uni_space_n;
 extern const struct rt_tok_range rt_tok_uni_nfc_unsafe[]; /* may change under NFC */
 extern const size_t rt_tok_uni_nfc_unsafe_n;
+struct rt_tok_ccc_range {
+    uint32_t lo, hi;
+    uint8_t ccc; /* canonical combining class, non-zero */
+};
+extern const struct rt_tok_ccc_range rt_tok_uni_ccc[];
+extern const size_t rt_tok_uni_ccc_n;
+struct rt_tok_decomp {
+    uint32_t cp;       /* sorted */
+    uint16_t off, len; /* full canonical decomposition: rt_tok_uni_decomp_data[off .. off+len) */
+};
+extern const uint32_t rt_tok_uni_decomp_data[];
+extern const struct rt_tok_decomp rt_tok_uni_decomp[];
+extern const size_t rt_tok_uni_decomp_n;
+struct rt_tok_comp {
+    uint32_t first, second, composite; /* sorted by (first, second) */
+};
+extern const struct rt_tok_comp rt_tok_uni_comp[];
+extern const size_t rt_tok_uni_comp_n;
 
 enum rt_tok_kind {
     RT_TOK_KIND_SPM = 1,       /* SentencePiece-style BPE on "▁"-escaped characters */

@@ -150,6 +150,14 @@ def main():
             raw = gzip.open(TOK + "llama3/tokenizer.json.gz").read().decode("utf-8")
             v_texts = l3_texts + ["cafe\u0301", "\u1100\u1161", "A\u030a\u0301", "\u212b",
                                   "x\u0327\u0301y", "1234567 89", "\u0661\u0662\u0663\u0664"]
+            rnd = random.Random(SEED + 1)  # combining-mark soup for the NFC normalizer
+            marks = [0x300, 0x301, 0x302, 0x303, 0x308, 0x30A, 0x323, 0x327, 0x328, 0x345, 0x5B4,
+                     0x5BC, 0x64B, 0x650, 0x94D, 0x93C, 0x1DC0, 0x20D0, 0x3099, 0x309A, 0x0F71]
+            bases = [0x41, 0x61, 0x45, 0x65, 0x4F, 0x6F, 0x55, 0x3B1, 0x3C9, 0x5D0, 0x928, 0x915,
+                     0x304B, 0x30CF, 0x1100, 0x1161, 0x11A8, 0xAC00, 0x212B, 0x2126, 0x1E9B, 0xFB2C]
+            for _ in range(80):
+                v_texts.append("".join(chr(rnd.choice(bases if rnd.random() < 0.4 else marks))
+                                       for _ in range(rnd.randint(1, 10))))
             for which in ("qwen2_re", "gpt2_re"):
                 vj = os.path.join(d, which + ".json")
                 open(vj, "w", encoding="utf-8").write(variant_json(raw, which))
