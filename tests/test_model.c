@@ -35,6 +35,7 @@
 #include "qs_log.h"
 #include "ref.h"
 #include "rt.h"
+#include "rt_io.h" /* rt_npy_read_f32, rt_file_read */
 #include "t.h"
 
 // --- random numbers ---------------------------------------------------------------------------
@@ -722,7 +723,7 @@ static int write_set(const struct syn_model *m, const char *dir, int ws, enum co
 
 static void rm_rf(const char *dir)
 {
-    char cmd[600];
+    char cmd[1024];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     if (system(cmd) != 0)
         fprintf(stderr, "test_model: could not remove %s\n", dir);
@@ -1098,9 +1099,225 @@ static void bench_cpu(void)
     syn_free(&m);
 }
 
+// --- part 2: fixtures through the real converter vs transformers goldens -------------------------
+
+static const char *data_dir = "tests/data";
+
+static int run_cmd(const char *cmd)
+{
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int json_int(const cJSON *o, const char *key, int def)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsNumber(v) ? (int)v->valuedouble : def;
+}
+
+static int json_ids(const cJSON *arr, int32_t *out, int max)
+{
+    int n = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, arr)
+    {
+        if (n < max && cJSON_IsNumber(it))
+            out[n++] = (int32_t)it->valuedouble;
+    }
+    return n;
+}
+
+static float *read_npy(const char *rel, int64_t rows, int64_t cols)
+{
+    char path[512];
+    float *d = NULL;
+    int64_t r, c;
+    snprintf(path, sizeof(path), "%s/%s", data_dir, rel);
+    if (rt_npy_read_f32(path, &d, &r, &c) != RT_IO_ERR_NONE)
+        return NULL;
+    if (r != rows || c != cols) {
+        fprintf(stderr, "%s: shape [%lld, %lld], INDEX says [%lld, %lld]\n", path, (long long)r,
+                (long long)c, (long long)rows, (long long)cols);
+        free(d);
+        return NULL;
+    }
+    return d;
+}
+
+/* Logits of one prompt on one converted model: all prompt rows, then 16 greedy steps; returns
+ * the prompt logits [T][V] and fills greedy[16] and seq [T + 15][V] (prompt rows + decode rows). */
+static float *fixture_run(const char *dir, const int32_t *ids, int T, int V, int32_t *greedy,
+                          float *seq)
+{
+    struct rt_model *rm = NULL;
+    struct rt_opts o = cpu_opts(T + 16, 0, 0);
+    enum rt_err e = rt_model_open(dir, &o, &rm);
+    CHECK_MSG(e == RT_ERR_NONE, "open %s: %s: %s", dir, rt_err_str(e), qs_log_last());
+    if (e)
+        return NULL;
+    float *lg = xcalloc((size_t)T * V, 4);
+    e = rt_model_forward(rm, ids, T, 0, lg, true);
+    CHECK_MSG(e == RT_ERR_NONE, "forward %s: %s", dir, rt_err_str(e));
+    if (!e && seq)
+        memcpy(seq, lg, (size_t)T * V * 4);
+    int32_t tok = ref_argmax(lg + (size_t)(T - 1) * V, V, V);
+    float *row = xcalloc((size_t)V, 4);
+    for (int i = 0; !e && i < 16; i++) {
+        greedy[i] = tok;
+        if (i == 15)
+            break;
+        e = rt_model_forward(rm, &tok, 1, T + i, row, false);
+        CHECK_MSG(e == RT_ERR_NONE, "decode %s step %d: %s", dir, i, rt_err_str(e));
+        if (seq)
+            memcpy(seq + (size_t)(T + i) * V, row, (size_t)V * 4);
+        tok = ref_argmax(row, V, V);
+    }
+    free(row);
+    rt_model_free(rm);
+    if (e) {
+        free(lg);
+        return NULL;
+    }
+    return lg;
+}
+
+/* Whether DESIGN 4/5 allow a TP-tp split of these shapes: heads divide, the kv rule, o_proj's
+ * per-rank K a multiple of 16 and G, and qkv's per-rank N a multiple of 64. */
+static bool tp_possible(int nh, int nkv, int hd, int G, int tp)
+{
+    if (nh % tp || G <= 0 || hd <= 0)
+        return false;
+    if (tp <= nkv ? nkv % tp != 0 : tp % nkv != 0)
+        return false;
+    int kr = nh / tp * hd, nkv_r = tp <= nkv ? nkv / tp : 1;
+    return kr % 16 == 0 && kr % G == 0 && (nh / tp + 2 * nkv_r) * hd % 64 == 0;
+}
+
+static void test_fixture(const cJSON *model, const char *qshard)
+{
+    const cJSON *jn = cJSON_GetObjectItemCaseSensitive(model, "name");
+    const cJSON *jp = cJSON_GetObjectItemCaseSensitive(model, "path");
+    const cJSON *prompts = cJSON_GetObjectItemCaseSensitive(model, "prompts");
+    if (!cJSON_IsString(jn) || !cJSON_IsString(jp) || !cJSON_IsArray(prompts)) {
+        CHECK_MSG(0, "INDEX.json: model entry without name/path/prompts");
+        return;
+    }
+    const char *name = jn->valuestring;
+    int V = json_int(model, "vocab_size", 0), nh = json_int(model, "num_heads", 1);
+    int nkv = json_int(model, "num_kv_heads", nh), hd = json_int(model, "head_dim", 0);
+    int G = json_int(model, "group_size", 0);
+    char src[512], out[640], cmd[4096];
+    snprintf(src, sizeof(src), "%s/%s", data_dir, jp->valuestring);
+    struct stat st;
+    CHECK_MSG(stat(src, &st) == 0, "fixture %s listed in INDEX.json is missing (%s)", name, src);
+    if (stat(src, &st) != 0)
+        return;
+
+    static const int tps[] = {1, 2, 4};
+    float *tp1[8] = {0};
+    int n_prompts = cJSON_GetArraySize(prompts);
+    if (n_prompts > 8)
+        n_prompts = 8;
+    for (size_t ti = 0; ti < sizeof(tps) / sizeof(tps[0]); ti++) {
+        int tp = tps[ti];
+        snprintf(out, sizeof(out), "%s/fx-%s-tp%d", tmp_root, name, tp);
+        snprintf(cmd, sizeof(cmd), "'%s' convert '%s' '%s' --tp %d -q 2>'%s.log'", qshard, src,
+                 out, tp, out);
+        int rc = run_cmd(cmd);
+        if (!tp_possible(nh, nkv, hd, G, tp)) { /* DESIGN 4/5 rules: must be refused */
+            printf("  %-24s TP-%d: impossible split (o_proj K_r = %d, group_size %d), converter "
+                   "exit %d\n", name, tp, nh % tp ? -1 : nh / tp * hd, G, rc);
+            CHECK_MSG(rc == 2, "%s: convert --tp %d should be refused with exit 2, got %d", name,
+                      tp, rc);
+            rm_rf(out);
+            continue;
+        }
+        CHECK_MSG(rc == 0, "%s: qshard convert --tp %d exited %d (log %s.log)", name, tp, rc, out);
+        if (rc)
+            continue;
+        for (int pi = 0; pi < n_prompts; pi++) {
+            const cJSON *p = cJSON_GetArrayItem(prompts, pi);
+            int32_t ids[256], greedy[16], want_greedy[16];
+            int T = json_ids(cJSON_GetObjectItemCaseSensitive(p, "ids"), ids, 256);
+            int ng = json_ids(cJSON_GetObjectItemCaseSensitive(p, "greedy_ids"), want_greedy, 16);
+            const cJSON *jl = cJSON_GetObjectItemCaseSensitive(p, "logits");
+            const cJSON *js = cJSON_GetObjectItemCaseSensitive(p, "seq_logits");
+            const char *pname = cJSON_IsString(cJSON_GetObjectItemCaseSensitive(p, "name"))
+                                    ? cJSON_GetObjectItemCaseSensitive(p, "name")->valuestring
+                                    : "?";
+            if (T < 1 || !cJSON_IsString(jl) || ng != 16) {
+                CHECK_MSG(0, "%s: INDEX prompt %d lacks ids, logits or 16 greedy_ids", name, pi);
+                continue;
+            }
+            float *gold = read_npy(jl->valuestring, T, V);
+            CHECK_MSG(gold != NULL, "%s: cannot read golden %s", name, jl->valuestring);
+            float *seq = xcalloc((size_t)(T + 15) * V, 4);
+            float *lg = fixture_run(out, ids, T, V, greedy, seq);
+            if (lg && gold) {
+                double e = rel_l2_f(lg, gold, (size_t)T * V);
+                printf("  %-24s %-7s TP-%d vs transformers: rel L2 %.2e", name, pname, tp, e);
+                CHECK_MSG(e <= 5e-3, "%s %s TP-%d: rel L2 %g vs golden", name, pname, tp, e);
+                int same = memcmp(greedy, want_greedy, sizeof(greedy)) == 0;
+                printf(", greedy %s", same ? "identical" : "DIFFERS");
+                CHECK_MSG(same, "%s %s TP-%d: greedy continuation differs from the golden", name,
+                          pname, tp);
+                if (cJSON_IsString(js) && same) {
+                    float *gs = read_npy(js->valuestring, T + 15, V);
+                    if (gs) {
+                        double es = rel_l2_f(seq, gs, (size_t)(T + 15) * V);
+                        printf(", decode rows rel L2 %.2e", es);
+                        CHECK_MSG(es <= 5e-3, "%s %s TP-%d: decode logits rel L2 %g", name, pname,
+                                  tp, es);
+                        free(gs);
+                    }
+                }
+                if (tp == 1) {
+                    tp1[pi] = lg;
+                    lg = NULL;
+                } else if (tp1[pi]) {
+                    double d = rel_l2_f(lg, tp1[pi], (size_t)T * V);
+                    printf(", vs TP-1 %.2e", d);
+                    CHECK_MSG(d <= 1e-5, "%s %s TP-%d vs TP-1: rel L2 %g", name, pname, tp, d);
+                }
+                printf("\n");
+            }
+            free(lg), free(gold), free(seq);
+        }
+        if (tp > 1)
+            rm_rf(out);
+    }
+    for (int i = 0; i < 8; i++)
+        free(tp1[i]);
+}
+
+static void test_fixtures(void)
+{
+    const char *qshard = getenv("QSHARD") ? getenv("QSHARD") : "build/qshard";
+    char path[512], *buf = NULL;
+    size_t len;
+    snprintf(path, sizeof(path), "%s/models/INDEX.json", data_dir);
+    CHECK_MSG(access(qshard, X_OK) == 0, "converter %s not found (set QSHARD)", qshard);
+    if (access(qshard, X_OK) != 0)
+        return;
+    CHECK_MSG(rt_file_read(path, 1 << 24, &buf, &len) == RT_IO_ERR_NONE, "cannot read %s", path);
+    if (!buf)
+        return;
+    cJSON *root = cJSON_ParseWithLength(buf, len);
+    const cJSON *models = cJSON_GetObjectItemCaseSensitive(root, "models");
+    CHECK_MSG(cJSON_IsArray(models) && cJSON_GetArraySize(models) > 0, "%s: no models", path);
+    const cJSON *m;
+    cJSON_ArrayForEach(m, models)
+    {
+        test_fixture(m, qshard);
+    }
+    cJSON_Delete(root);
+    free(buf);
+}
+
 int main(void)
 {
     T_INIT("model");
+    qs_log_set_level(QS_LOG_WARN); /* no start-up info lines between the results */
     const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     snprintf(tmp_root, sizeof(tmp_root), "%s/qshard-test-model-XXXXXX", tmp);
     if (!mkdtemp(tmp_root)) {
@@ -1128,7 +1345,10 @@ int main(void)
                            false, false, false, false, false, 1000000.0};
     test_synthetic("mixtral", &mix, tps12, 2);
     test_errors();
+    test_fixtures();
+#ifndef __SANITIZE_ADDRESS__ /* timings under ASan mean nothing and cost a minute */
     bench_cpu();
+#endif
     rm_rf(tmp_root);
     return t_done();
 }
