@@ -463,6 +463,138 @@ static void check_eos(const char *model, const char *name, const cJSON *prompt,
     free(csv);
 }
 
+/* Is the fixture's tokenizer.json the Llama-2 one whose real vectors we hold? */
+static bool has_llama2_tokenizer(const cJSON *m)
+{
+    char path[512], *a = NULL, *b = NULL;
+    size_t la = 0, lb = 0;
+    snprintf(path, sizeof(path), DATA "%s/tokenizer.json", jstr(m, "path"));
+    qs_log_set_quiet(true);
+    bool same = !rt_file_read(path, 1 << 26, &a, &la) &&
+                !rt_file_read(DATA "tokenizers/llama2/tokenizer.json", 1 << 26, &b, &lb) &&
+                la == lb && !memcmp(a, b, la);
+    qs_log_set_quiet(false);
+    free(a);
+    free(b);
+    return same;
+}
+
+/* `qshard tokenize` on the embedded tokenizer vs the real Llama-2 vectors (third-party ids,
+ * tests/data/tokenizer-test-vectors.json "llama2_spm"); returns the vectors for later use. */
+static cJSON *check_tokenize_vectors(const char *model)
+{
+    char *buf = NULL;
+    size_t len;
+    if (rt_file_read(DATA "tokenizer-test-vectors.json", 1 << 26, &buf, &len)) {
+        CHECK_MSG(0, "tests/data/tokenizer-test-vectors.json unreadable");
+        return NULL;
+    }
+    cJSON *root = cJSON_ParseWithLength(buf, len);
+    free(buf);
+    const cJSON *cases = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(root, "llama2_spm"), "cases");
+    CHECK(cJSON_GetArraySize(cases) > 0);
+    const cJSON *c;
+    int n_checked = 0;
+    cJSON_ArrayForEach(c, cases)
+    {
+        const char *text = jstr(c, "text");
+        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(c, "ids");
+        if (!text || !*text || !cJSON_IsArray(ids))
+            continue; /* the CLI refuses an empty text (exit 2, checked elsewhere) */
+        struct proc p = run("tokenize", model, "--text", text, NULL);
+        CHECK_EXIT(p, 0, "tokenize vector");
+        int32_t got[4096];
+        int n = parse_ids(p.out, got, 4096), nw = cJSON_GetArraySize(ids), bad = 0;
+        for (int i = 0; i < n && i < nw; i++)
+            bad += got[i] != cJSON_GetArrayItem(ids, i)->valueint;
+        CHECK_MSG(n == nw && bad == 0, "tokenize \"%.40s\": %d ids (%d differ), vector has %d",
+                  text, n, bad, nw);
+        proc_free(&p);
+        n_checked++;
+    }
+    printf("cli: %d Llama-2 tokenizer vectors through `qshard tokenize`\n", n_checked);
+    return root;
+}
+
+/* Multi-chunk perplexity (llama.cpp tools/perplexity method) recomputed here from `qshard
+ * logits` of each chunk: ids cut into chunks of ctx, first id of each chunk replaced by BOS,
+ * rows ctx/2 .. ctx-2 scored, running estimate after each chunk, final
+ * PPL +/- ppl * sqrt((E[nll^2] - E[nll]^2) / (count - 1)). */
+static void check_perplexity_chunks(const char *model, const char *text, const cJSON *ids,
+                                    int bos)
+{
+    enum { CTX = 32, CHUNKS = 3 };
+    int n = cJSON_GetArraySize(ids);
+    if (n < CTX * CHUNKS) {
+        CHECK_MSG(0, "perplexity text has %d tokens, need %d", n, CTX * CHUNKS);
+        return;
+    }
+    char file[512], out[512], ctx[16];
+    snprintf(file, sizeof(file), "%s/ppl_long.txt", g_tmp);
+    snprintf(out, sizeof(out), "%s/chunk.npy", g_tmp);
+    FILE *f = fopen(file, "wb");
+    fputs(text, f);
+    fclose(f);
+    double nll = 0, nll2 = 0, running[CHUNKS];
+    int count = 0;
+    for (int k = 0; k < CHUNKS; k++) {
+        cJSON *chunk = cJSON_CreateArray();
+        for (int j = 0; j < CTX; j++)
+            cJSON_AddItemToArray(chunk, cJSON_CreateNumber(
+                j == 0 ? bos : cJSON_GetArrayItem(ids, k * CTX + j)->valueint));
+        char *csv = ids_csv(chunk);
+        struct proc p = run("logits", model, "--tokens", csv, "--out", out, NULL);
+        CHECK_EXIT(p, 0, "chunk logits");
+        float *lg = NULL;
+        int64_t r = 0, c = 0;
+        if (p.code == 0 && !rt_npy_read_f32(out, &lg, &r, &c) && r == CTX) {
+            for (int j = CTX / 2; j < CTX - 1; j++) {
+                const float *row = lg + (size_t)j * (size_t)c;
+                double mx = -INFINITY, sm = 0;
+                for (int64_t v = 0; v < c; v++)
+                    mx = row[v] > mx ? row[v] : mx;
+                for (int64_t v = 0; v < c; v++)
+                    sm += exp(row[v] - mx);
+                double lp = row[cJSON_GetArrayItem(chunk, j + 1)->valueint] - mx - log(sm);
+                nll -= lp;
+                nll2 += lp * lp;
+                count++;
+            }
+        }
+        running[k] = exp(nll / count);
+        free(lg);
+        free(csv);
+        cJSON_Delete(chunk);
+        proc_free(&p);
+    }
+    double mean = nll / count, ppl = exp(mean);
+    double err = ppl * sqrt((nll2 / count - mean * mean) / (count - 1));
+    snprintf(ctx, sizeof(ctx), "%d", CTX);
+    struct proc p = run("perplexity", model, "--file", file, "--ctx", ctx, "--chunks", "3", NULL);
+    CHECK_EXIT(p, 0, "perplexity chunks");
+    const char *q = p.out;
+    for (int k = 0; k < CHUNKS; k++) {
+        int idx = 0;
+        double v = 0;
+        int used = 0;
+        CHECK_MSG(sscanf(q, "[%d]%lf,%n", &idx, &v, &used) == 2 && idx == k + 1,
+                  "chunk %d: output \"%.80s\"", k + 1, q);
+        CHECK_MSG(fabs(v - running[k]) <= 1e-3 * running[k] + 1e-4,
+                  "running estimate %d: %.6g, expected %.6g", k + 1, v, running[k]);
+        q += used;
+        if (!used)
+            break;
+    }
+    const char *fin = strstr(p.out, "Final estimate: PPL = ");
+    double gp = 0, ge = 0;
+    CHECK_MSG(fin && sscanf(fin, "Final estimate: PPL = %lf +/- %lf", &gp, &ge) == 2,
+              "final line missing: %.200s", p.out);
+    CHECK_MSG(fabs(gp - ppl) <= 1e-3 * ppl, "final PPL %.6g, expected %.6g", gp, ppl);
+    CHECK_MSG(fabs(ge - err) <= 1e-2 * err + 1e-5, "final +/- %.6g, expected %.6g", ge, err);
+    proc_free(&p);
+}
+
 /* eos ids of a fixture directory: config.json and generation_config.json eos_token_id (an int
  * or a list). Returns a cJSON array the caller deletes. */
 static cJSON *fixture_eos(const cJSON *m)
@@ -701,6 +833,23 @@ int main(void)
             }
             if (vocab > 0)
                 check_errors_with_model(dir, name, has_tok, vocab);
+            if (has_tok && has_llama2_tokenizer(m)) {
+                cJSON *vec = check_tokenize_vectors(dir);
+                /* the longest vector text drives the multi-chunk perplexity check */
+                const cJSON *c, *best = NULL;
+                cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(
+                                          cJSON_GetObjectItemCaseSensitive(vec, "llama2_spm"),
+                                          "cases"))
+                    if (jstr(c, "text") && (!best || strlen(jstr(c, "text")) >
+                                                         strlen(jstr(best, "text"))))
+                        best = c;
+                if (best)
+                    check_perplexity_chunks(
+                        dir, jstr(best, "text"), cJSON_GetObjectItemCaseSensitive(best, "ids"),
+                        cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(best, "ids"), 0)
+                            ->valueint);
+                cJSON_Delete(vec);
+            }
             /* TP-2 through the CLI for two models of different twin groups (twins convert to
              * identical files, so mixing their ranks would not be a mismatch) */
             const char *tg = jstr(m, "twin_group");
