@@ -9,7 +9,8 @@
  *     prompt (the text already ends with "[/INST]").
  *   Llama-3 (meta-llama/Meta-Llama-3-8B-Instruct):  BOS, then per message
  *     "<|start_header_id|>" role "<|end_header_id|>\n\n" trim(content) "<|eot_id|>";
- *     generation prompt "<|start_header_id|>assistant<|end_header_id|>\n\n".
+ *     generation prompt "<|start_header_id|>assistant<|end_header_id|>\n\n" (always, when the
+ *     tokenizer's own template of this family does not mention add_generation_prompt).
  *   ChatML (Qwen2):  per message "<|im_start|>" role "\n" content "<|im_end|>\n";
  *     generation prompt "<|im_start|>assistant\n". No BOS. (Qwen's templates insert a default
  *     system message when none is given; we do not: pass one explicitly.)
@@ -192,6 +193,10 @@ enum rt_tok_err rt_chat_format(const struct rt_tok *tok, enum rt_chat_family fam
     }
     if (family == RT_CHAT_NONE)
         family = rt_chat_detect(tok);
+    /* the first Llama-3-Instruct template appends the assistant header unconditionally */
+    if (tok->chat_template && rt_chat_detect(tok) == family &&
+        !strstr(tok->chat_template, "add_generation_prompt"))
+        add_generation_prompt = true;
     for (size_t i = 0; i < n; i++) {
         if (!msgs[i].role || !msgs[i].content || !msgs[i].role[0] || strpbrk(msgs[i].role, "<>\n")) {
             qs_log_error(__func__, "message %zu: missing or malformed role/content", i);

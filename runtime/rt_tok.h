@@ -208,7 +208,7 @@ enum rt_chat_family rt_chat_family_parse(const char *name);
 /* Build the prompt text for msgs [n] in `family` (RT_CHAT_NONE: use rt_chat_detect), as the HF
  * templates of that family do (Llama-2: system folded into the first user turn, contents
  * stripped; Llama-3: contents trimmed; ChatML verbatim), ending with the assistant header when
- * add_generation_prompt. The text contains the BOS text where the template has it; encode it with
+ * add_generation_prompt (or always, if the tokenizer's template of this family ignores it). The text contains the BOS text where the template has it; encode it with
  * RT_TOK_PARSE_SPECIAL (BOS flags are then harmless: encode never adds a second BOS).
  * *text = malloc'd, NUL-terminated, *len bytes. Errors: RT_TOK_ERR_CHAT (no family, unknown role,
  * roles not alternating user/assistant for Llama-2, tokenizer lacks the family's special tokens),

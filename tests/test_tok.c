@@ -784,6 +784,45 @@ static void test_chat(const struct rt_tok *l2, const struct rt_tok *l3, const st
     qs_log_set_quiet(false);
 }
 
+/* rt_chat_format vs jinja2 renderings of the real templates (chat-golden.json). */
+static void test_chat_golden(const struct rt_tok *l2, const struct rt_tok *l3, const struct rt_tok *l31,
+                             const struct rt_tok *chatml)
+{
+    size_t len;
+    char *g = read_all(TOKDIR "chat-golden.json", &len);
+    cJSON *root = g ? cJSON_Parse(g) : NULL;
+    free(g);
+    CHECK_MSG(root != NULL, "cannot read " TOKDIR "chat-golden.json");
+    const cJSON *c;
+    int n = 0;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(root, "cases")) {
+        const char *fam = cJSON_GetObjectItem(c, "family")->valuestring;
+        const char *want = cJSON_GetObjectItem(c, "text")->valuestring;
+        bool gen = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt"));
+        const struct rt_tok *tok = strcmp(fam, "llama3") == 0 ? l3 : strcmp(fam, "llama3_1") == 0 ? l31
+                                 : strcmp(fam, "llama2") == 0 ? l2 : chatml;
+        enum rt_chat_family f = strcmp(fam, "llama2") == 0 ? RT_CHAT_LLAMA2
+                              : strcmp(fam, "chatml") == 0 ? RT_CHAT_CHATML : RT_CHAT_NONE;
+        struct rt_chat_msg msgs[8];
+        size_t nm = 0;
+        const cJSON *m;
+        cJSON_ArrayForEach(m, cJSON_GetObjectItem(c, "messages")) {
+            if (nm < 8)
+                msgs[nm++] = (struct rt_chat_msg){cJSON_GetArrayItem(m, 0)->valuestring,
+                                                  cJSON_GetArrayItem(m, 1)->valuestring};
+        }
+        char *text = NULL;
+        size_t tl;
+        enum rt_tok_err err = rt_chat_format(tok, f, msgs, nm, gen, &text, &tl);
+        CHECK_MSG(err == RT_TOK_ERR_NONE && text && strcmp(text, want) == 0,
+                  "chat golden %d (%s, gen %d): got \"%s\"", n, fam, gen, text ? text : rt_tok_err_str(err));
+        free(text);
+        n++;
+    }
+    CHECK_EQ_INT(n, 32);
+    cJSON_Delete(root);
+}
+
 /* Encoding speed on a long text (perplexity runs): tokens/s printed, a generous bound checked. */
 static void test_speed(const struct rt_tok *tok, const char *name, const char *unit)
 {
@@ -838,6 +877,11 @@ int main(void)
         test_bad_utf8(l2m);
         test_replacement(l2j);
         test_chat(l2j, l3, l31, mis);
+        struct rt_tok *cml = load("llama3/tokenizer.json.gz", NULL, NULL,
+                                  "{\"<|im_start|>\": 128011, \"<|im_end|>\": 128012}");
+        if (cml)
+            test_chat_golden(l2j, l3, l31, cml);
+        rt_tok_free(cml);
         size_t elen;
         char *etext = read_all(TOKDIR "extra-vectors.json", &elen);
         cJSON *ex = etext ? cJSON_Parse(etext) : NULL;

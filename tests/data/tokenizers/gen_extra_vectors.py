@@ -15,6 +15,7 @@ The same text edits are made by tests/test_tok.c, so both sides read identical b
 
 Run from the repository root (dev time only; CI reads the JSON):
   python3 tests/data/tokenizers/gen_extra_vectors.py [--node-tokenizers DIR]
+  python3 tests/data/tokenizers/gen_extra_vectors.py --chat   (writes chat-golden.json)
 DIR is a folder where `npm install tokenizers@0.23.2` was run; without it only llama2 is written.
 The strings come from a fixed seed, so a rerun gives the same file.
 """
@@ -26,8 +27,6 @@ import subprocess
 import sys
 import tempfile
 import unicodedata
-
-import sentencepiece as spm
 
 TOK = "tests/data/tokenizers/"
 SEED = 20261130
@@ -127,6 +126,7 @@ const texts = JSON.parse(fs.readFileSync(process.argv[4], 'utf8'));
 
 
 def main():
+    import sentencepiece as spm
     node_dir = None
     if len(sys.argv) == 3 and sys.argv[1] == "--node-tokenizers":
         node_dir = sys.argv[2]
@@ -173,5 +173,68 @@ def main():
         f.write("\n")
 
 
+
+
+# --- chat goldens ---------------------------------------------------------------------------
+# Rendered with jinja2 the way transformers' apply_chat_template does (sandboxed environment,
+# trim_blocks, lstrip_blocks, raise_exception), from real templates:
+#   llama3, llama3_1: chat_template of tests/data/tokenizers/{llama3,llama3_1}/tokenizer_config.json
+#   llama2: meta-llama/Llama-2-13b-chat-hf's template, chatml: teknium/OpenHermes-2.5-Mistral-7B's,
+#   both as quoted in ggerganov/llama.cpp tests/test-chat-template.cpp and mistral.rs's
+#   chat_template tests, whose transformers-generated expected outputs are asserted below too.
+LLAMA2_TEMPLATE = ("{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% endif %}{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}")
+CHATML_TEMPLATE = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+CONV = [["system", "You are a helpful assistant"], ["user", "Hello"], ["assistant", "Hi there"],
+        ["user", "Who are you"], ["assistant", "   I am an assistant   "], ["user", "Another question"]]
+PUBLISHED = {  # transformers outputs for CONV with add_generation_prompt=True, as published
+    "llama2": "<s>[INST] <<SYS>>\nYou are a helpful assistant\n<</SYS>>\n\nHello [/INST] Hi there </s><s>[INST] Who are you [/INST] I am an assistant </s><s>[INST] Another question [/INST]",
+    "chatml": "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\nHi there<|im_end|>\n<|im_start|>user\nWho are you<|im_end|>\n<|im_start|>assistant\n   I am an assistant   <|im_end|>\n<|im_start|>user\nAnother question<|im_end|>\n<|im_start|>assistant\n",
+}
+
+
+def render(template, messages, gen, bos, eos):
+    import jinja2.sandbox
+
+    def raise_exception(msg):
+        raise jinja2.exceptions.TemplateError(msg)
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(template).render(
+        messages=[{"role": r, "content": c} for r, c in messages], add_generation_prompt=gen,
+        bos_token=bos, eos_token=eos)
+
+
+def chat_goldens():
+    cfg = lambda d: json.load(open(TOK + d + "/tokenizer_config.json"))["chat_template"]
+    families = [("llama3", cfg("llama3"), "<|begin_of_text|>", "<|end_of_text|>"),
+                ("llama3_1", cfg("llama3_1"), "<|begin_of_text|>", "<|eot_id|>"),
+                ("llama2", LLAMA2_TEMPLATE, "<s>", "</s>"),
+                ("chatml", CHATML_TEMPLATE, "", "")]
+    convs = [CONV, CONV[1:], [["user", "  \u00bfQu\u00e9 tal?\n"]],
+             [["system", " sys\n"], ["user", "\U0001f999 a\tb "], ["assistant", "\nok"], ["user", "x"]]]
+    cases = []
+    for name, tmpl, bos, eos in families:
+        for conv in convs:
+            for gen in (True, False):
+                out = render(tmpl, conv, gen, bos, eos)
+                if conv is CONV and gen and name in PUBLISHED:
+                    assert out == PUBLISHED[name], name
+                cases.append({"family": name, "messages": conv, "add_generation_prompt": gen,
+                              "text": out})
+    return cases
+
+
+def write_chat_goldens():
+    import jinja2
+    with open(TOK + "chat-golden.json", "w") as f:
+        json.dump({"README": "chat prompts rendered by jinja2 %s from real chat templates; "
+                             "written by gen_extra_vectors.py --chat" % jinja2.__version__,
+                   "cases": chat_goldens()}, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--chat"]:
+        write_chat_goldens()
+    else:
+        main()
