@@ -244,19 +244,24 @@ static char *read_small_file(const char *path, size_t max, enum fmt_err *err)
         *err = errno == ENOENT ? FMT_ERR_MANIFEST : FMT_ERR_IO;
         return NULL;
     }
-    char *buf = malloc(max + 1);
+    struct stat st;
+    size_t want = max;
+    if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size < max)
+        want = (size_t)st.st_size; /* a larger read below detects growth past max */
+    char *buf = malloc(want + 1);
     if (!buf) {
         fclose(f);
         qs_log_error(__func__, "file %s: out of memory", path);
         *err = FMT_ERR_NOMEM;
         return NULL;
     }
-    size_t n = fread(buf, 1, max + 1, f);
+    size_t n = fread(buf, 1, want + 1, f);
     bool bad = ferror(f);
     fclose(f);
-    if (bad || n > max) {
+    if (bad || n > want) {
         free(buf);
-        qs_log_error(__func__, "file %s: %s", path, bad ? "read error" : "larger than 16 MiB");
+        qs_log_error(__func__, "file %s: %s", path,
+                     bad ? "read error" : n > max ? "larger than 16 MiB" : "changed while read");
         *err = bad ? FMT_ERR_IO : FMT_ERR_MANIFEST;
         return NULL;
     }
