@@ -26,31 +26,34 @@ static inline uint32_t le32(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-/* Scale and zero of the 64 columns of n-tile nt in group g, in column order (DESIGN 4.2/4.3). */
-static void load_group(const struct w4_ctx *c, int nt, int g, float sc[64], int zr[64])
+/* Dequantised value of every code for the 64 columns of n-tile nt in group g (DESIGN 4.2/4.3):
+ * lut[col][q] = (float)(q - z) * s, the same single rounding as ref_dequant_w4, so a tile is
+ * decoded by table lookups. */
+static void load_group(const struct w4_ctx *c, int nt, int g, float lut[64][16])
 {
-    const float *lut = ref_f16_lut();
+    const float *f16 = ref_f16_lut();
     int n_groups = c->K / c->G;
     const uint16_t *srow = c->scales + ((size_t)nt * (size_t)n_groups + (size_t)g) * 64;
     const uint8_t *zrow = c->qzeros + ((size_t)nt * (size_t)n_groups + (size_t)g) * 32;
     for (int col = 0; col < 64; col++) {
         int j = col / 8, cc = col % 8;
-        sc[col] = lut[srow[cc * 8 + j]];
-        zr[col] = (zrow[cc * 4 + j / 2] >> ((j % 2) * 4)) & 0xf;
+        float s = f16[srow[cc * 8 + j]];
+        int z = (zrow[cc * 4 + j / 2] >> ((j % 2) * 4)) & 0xf;
+        for (int q = 0; q < 16; q++)
+            lut[col][q] = (float)(q - z) * s;
     }
 }
 
 /* Dequantise tile (kt, nt) into wt[16][64]: the eight nibbles of word w of thread t are
  * (rows r, r+8, r, r+8, r+1, r+9, r+1, r+9) x (sub-tiles 2w, 2w, 2w+1, 2w+1, ...), r = (t%4)*2. */
-static void decode_tile(const uint8_t *tile, const float sc[64], const int zr[64],
-                        float wt[16][64])
+static void decode_tile(const uint8_t *tile, const float lut[64][16], float wt[16][64])
 {
     for (int t = 0; t < 32; t++) {
         int r = (t % 4) * 2, c0 = t / 4;
         for (int w = 0; w < 4; w++) {
             uint32_t word = le32(tile + t * 16 + w * 4);
             int na = (2 * w) * 8 + c0, nb = (2 * w + 1) * 8 + c0;
-#define DQ(shift, n) ((float)((int)((word >> (shift)) & 0xfu) - zr[n]) * sc[n])
+#define DQ(shift, n) (lut[n][(word >> (shift)) & 0xfu])
             wt[r][na] = DQ(0, na);
             wt[r + 8][na] = DQ(4, na);
             wt[r][nb] = DQ(8, nb);
@@ -70,8 +73,7 @@ static void w4_task(void *vctx, int task, int n_tasks)
     int n_tiles = c->N / 64, k_tiles = c->K / 16;
     int nt0 = (int)((int64_t)task * n_tiles / n_tasks);
     int nt1 = (int)((int64_t)(task + 1) * n_tiles / n_tasks);
-    float wt[16][64], sc[64];
-    int zr[64];
+    float wt[16][64], lut[64][16];
 
     for (int nt = nt0; nt < nt1; nt++) {
         for (int m = 0; m < c->M; m++) {
@@ -83,11 +85,10 @@ static void w4_task(void *vctx, int task, int n_tasks)
         for (int kt = 0; kt < k_tiles; kt++) {
             int g = kt * 16 / c->G;
             if (g != cur_g) {
-                load_group(c, nt, g, sc, zr);
+                load_group(c, nt, g, lut);
                 cur_g = g;
             }
-            decode_tile(c->qweight + ((size_t)nt * (size_t)k_tiles + (size_t)kt) * 512, sc, zr,
-                        wt);
+            decode_tile(c->qweight + ((size_t)nt * (size_t)k_tiles + (size_t)kt) * 512, lut, wt);
             for (int m = 0; m < c->M; m++) {
                 const float *xr = c->x + (size_t)m * (size_t)c->K + (size_t)kt * 16;
                 float *yr = c->y + (size_t)m * (size_t)c->N + (size_t)nt * 64;

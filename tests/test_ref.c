@@ -389,7 +389,24 @@ static void test_w4a16_linear(int M, int K, int N, int G, struct ref_pool **pool
                       "w4a16 differs with %d threads", ref_pool_threads(pools[pi]));
         }
     }
-    /* without bias: exactly y - bias? not bitwise; check against want - bias */
+    /* documented property: bit-identical to a naive fp32 k loop over ref_dequant_w4 */
+    {
+        float *W = malloc(kn * sizeof(float));
+        CHECK_EQ_INT(ref_dequant_w4(qw, zp, sp, K, N, G, W), REF_ERR_NONE);
+        int bad = 0;
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) {
+                float acc = 0.0f;
+                for (int k = 0; k < K; k++)
+                    acc += x[(size_t)m * K + k] * W[(size_t)k * N + n];
+                acc += bias[n];
+                bad += bits_of(acc) != bits_of(y[(size_t)m * N + n]);
+            }
+        CHECK_MSG(bad == 0, "w4a16 M=%d K=%d N=%d: %d outputs differ from the naive loop", M, K,
+                  N, bad);
+        free(W);
+    }
+    /* without bias */
     CHECK_EQ_INT(ref_w4a16_linear(x, qw, zp, sp, NULL, M, K, N, G, y2, NULL), REF_ERR_NONE);
     for (size_t i = 0; i < (size_t)M * N; i++)
         want[i] -= bias[i % N];
