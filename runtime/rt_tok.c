@@ -983,6 +983,27 @@ static enum rt_tok_err build_byte_ids(struct rt_tok *tok)
     return RT_TOK_ERR_NONE;
 }
 
+/* True when no model piece contains "▁" right after a character other than "▁": then no merge
+ * joins a character to a following "▁", and SentencePiece text can be merged word by word. */
+static bool spm_word_split_ok(const struct rt_tok *tok)
+{
+    if (tok->kind != RT_TOK_KIND_SPM)
+        return false;
+    for (int32_t id = 0; id < tok->n_vocab; id++) {
+        const struct rt_tok_entry *e = &tok->ent[id];
+        if (!(e->attr & RT_TOKA_MODEL))
+            continue;
+        const char *p = tok->arena + e->model_off;
+        for (uint32_t i = 1; i + 3 <= e->model_len; i++) {
+            if (memcmp(p + i, SPM_SPACE, 3) != 0)
+                continue;
+            if (i < 3 || memcmp(p + i - 3, SPM_SPACE, 3) != 0)
+                return false;
+        }
+    }
+    return true;
+}
+
 enum rt_tok_err rt_tok_load(const struct rt_tok_files *files, struct rt_tok **out)
 {
     if (!out)
@@ -1026,6 +1047,7 @@ enum rt_tok_err rt_tok_load(const struct rt_tok_files *files, struct rt_tok **ou
     if ((err = build_added(tok, files->special_map ? RT_TOK_ERR_SPECIAL_MAP : RT_TOK_ERR_JSON)) ||
         (err = build_byte_ids(tok)) || (err = build_dec(tok)))
         goto fail;
+    tok->spm_word_split = spm_word_split_ok(tok);
     /* BOS and EOS always count as special, whatever the files say about them. */
     if (tok->bos_id >= 0)
         tok->ent[tok->bos_id].attr |= RT_TOKA_SPECIAL;

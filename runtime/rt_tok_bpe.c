@@ -305,6 +305,46 @@ static size_t squeeze_spaces(const char *s, size_t n, char *dst)
     return k;
 }
 
+/* One SentencePiece word: a symbol per character (per byte when it falls back to bytes), then
+ * the merges. */
+static enum rt_tok_err spm_word(const struct rt_tok *tok, struct bpe_work *w, const char *norm,
+                                size_t m, struct rt_tok_ids *out)
+{
+    enum rt_tok_err err = work_reserve(w, m);
+    if (err)
+        return err;
+    size_t ns = 0;
+    bool last_unk = false;
+    for (size_t i = 0; i < m;) {
+        uint32_t cp;
+        int len = rt_tok_utf8_seq((const unsigned char *)norm + i, m - i, &cp);
+        if (len <= 0) /* text was validated by rt_tok_encode */
+            len = 1;
+        int32_t id = rt_tok_strmap_get(tok, norm + i, (size_t)len);
+        if (id >= 0) {
+            sym_append(w, &ns, id);
+            last_unk = false;
+        } else {
+            bool bytes_ok = tok->byte_fallback;
+            for (int k = 0; k < len && bytes_ok; k++)
+                bytes_ok = tok->byte_id[(unsigned char)norm[i + k]] >= 0;
+            if (bytes_ok) {
+                for (int k = 0; k < len; k++)
+                    sym_append(w, &ns, tok->byte_id[(unsigned char)norm[i + k]]);
+                last_unk = false;
+            } else if (tok->unk_id < 0) {
+                qs_log_error(__func__, "a character is not in the vocabulary and the tokenizer has neither byte fallback nor an unk token");
+                return RT_TOK_ERR_UNSUPPORTED;
+            } else if (!(last_unk && tok->fuse_unk)) {
+                sym_append(w, &ns, tok->unk_id);
+                last_unk = true;
+            }
+        }
+        i += (size_t)len;
+    }
+    return bpe_run(tok, w, ns, out);
+}
+
 static enum rt_tok_err encode_spm(const struct rt_tok *tok, const char *s, size_t n, bool first,
                                   struct rt_tok_ids *out)
 {
@@ -337,41 +377,29 @@ static enum rt_tok_err encode_spm(const struct rt_tok *tok, const char *s, size_
             norm[m++] = s[i];
         }
     }
-    /* One symbol per character, or per byte when it falls back to bytes: at most m. */
-    err = work_reserve(&w, m);
-    if (err)
-        goto out;
-    size_t ns = 0;
-    bool last_unk = false;
-    for (size_t i = 0; i < m;) {
-        uint32_t cp;
-        int len = rt_tok_utf8_seq((const unsigned char *)norm + i, m - i, &cp);
-        if (len <= 0) /* text was validated by rt_tok_encode */
-            len = 1;
-        int32_t id = rt_tok_strmap_get(tok, norm + i, (size_t)len);
-        if (id >= 0) {
-            sym_append(&w, &ns, id);
-            last_unk = false;
-        } else {
-            bool bytes_ok = tok->byte_fallback;
-            for (int k = 0; k < len && bytes_ok; k++)
-                bytes_ok = tok->byte_id[(unsigned char)norm[i + k]] >= 0;
-            if (bytes_ok) {
-                for (int k = 0; k < len; k++)
-                    sym_append(&w, &ns, tok->byte_id[(unsigned char)norm[i + k]]);
-                last_unk = false;
-            } else if (tok->unk_id < 0) {
-                qs_log_error(__func__, "character at byte %zu is not in the vocabulary and the tokenizer has no unk token", i);
-                err = RT_TOK_ERR_UNSUPPORTED;
-                goto out;
-            } else if (!(last_unk && tok->fuse_unk)) {
-                sym_append(&w, &ns, tok->unk_id);
-                last_unk = true;
+    /* Words: when no mergeable piece has "▁" after another character (tok->spm_word_split),
+     * no merge can cross a "▁" that follows a non-"▁" character, so the text is merged word by
+     * word there (same result, memory bounded by the longest word); else as one word. */
+    for (size_t w0 = 0; w0 < m;) {
+        size_t w1 = m;
+        if (tok->spm_word_split) {
+            bool prev_space = true;
+            for (size_t i = w0; i < m; i++) {
+                bool space = i + 3 <= m && memcmp(norm + i, SPM_SPACE, 3) == 0;
+                if (space && !prev_space && i > w0) {
+                    w1 = i;
+                    break;
+                }
+                if (space)
+                    i += 2;
+                else if (((unsigned char)norm[i] & 0xC0) != 0x80)
+                    prev_space = false;
             }
         }
-        i += (size_t)len;
+        if ((err = spm_word(tok, &w, norm + w0, w1 - w0, out)))
+            goto out;
+        w0 = w1;
     }
-    err = bpe_run(tok, &w, ns, out);
     goto out;
 out_nomem:
     qs_log_error(__func__, "out of memory normalising a segment of %zu bytes", n);
