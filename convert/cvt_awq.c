@@ -122,8 +122,8 @@ enum cvt_err cvt_awq_probe(const struct cvt_source *src, const struct cvt_hf_con
             return CVT_ERR_MISSING_TENSOR;
         }
         if (qz->dtype != CVT_DT_I32 || sc->dtype != CVT_DT_F16) {
-            qs_log_error(__func__, "%s: linear %s: I32 qweight needs I32 qzeros and F16 scales, got qzeros %s, scales %s",
-                         dir, prefix, cvt_dtype_str(qz->dtype), cvt_dtype_str(sc->dtype));
+            qs_log_error(__func__, "%s: linear %s: I32 qweight needs I32 qzeros and F16 scales, got %s %s, %s %s",
+                         dir, prefix, qz->name, cvt_dtype_str(qz->dtype), sc->name, cvt_dtype_str(sc->dtype));
             return CVT_ERR_DTYPE;
         }
         zt = qz;
@@ -137,9 +137,9 @@ enum cvt_err cvt_awq_probe(const struct cvt_source *src, const struct cvt_hf_con
             v = CVT_VARIANT_GEMV;
         else {
             bool want_gemv = !(cfg->quant.variant_mask & CVT_VARIANT_BIT(CVT_VARIANT_GEMM));
-            qs_log_error(__func__, "%s: linear %s (K %lld, N %lld, group size %lld): tensors qweight %s, qzeros %s, scales %s match no AWQ layout; %s expects qweight [%lld, %lld], qzeros [%lld, %lld], scales [%lld, %lld]",
-                         dir, prefix, (long long)K, (long long)N, (long long)G, shape_str(qw, b1, sizeof b1),
-                         shape_str(qz, b2, sizeof b2), shape_str(sc, b3, sizeof b3), want_gemv ? "GEMV" : "GEMM",
+            qs_log_error(__func__, "%s: linear %s (K %lld, N %lld, group size %lld from the config): %s.qweight %s, %s.qzeros %s, %s.scales %s match no AWQ layout; %s expects qweight [%lld, %lld], qzeros [%lld, %lld], scales [%lld, %lld]",
+                         dir, prefix, (long long)K, (long long)N, (long long)G, prefix, shape_str(qw, b1, sizeof b1),
+                         prefix, shape_str(qz, b2, sizeof b2), prefix, shape_str(sc, b3, sizeof b3), want_gemv ? "GEMV" : "GEMM",
                          want_gemv ? (long long)N : (long long)K, want_gemv ? (long long)(K / 8) : (long long)(N / 8),
                          want_gemv ? (long long)N : (long long)KG, want_gemv ? (long long)Wz : (long long)(N / 8),
                          want_gemv ? (long long)N : (long long)KG, want_gemv ? (long long)(8 * Wz) : (long long)N);
@@ -162,8 +162,8 @@ enum cvt_err cvt_awq_probe(const struct cvt_source *src, const struct cvt_hf_con
                          : ((sc->dtype == CVT_DT_F16 || sc->dtype == CVT_DT_BF16) &&
                             (zt->dtype == CVT_DT_F16 || zt->dtype == CVT_DT_BF16));
         if (!fp_ok) {
-            qs_log_error(__func__, "%s: linear %s (%s): scales %s / %s %s: expected F16%s", dir, prefix,
-                         cvt_variant_str(v), cvt_dtype_str(sc->dtype), qz ? "qzeros" : "scaled_zeros",
+            qs_log_error(__func__, "%s: linear %s (%s): %s %s, %s %s: expected F16%s", dir, prefix,
+                         cvt_variant_str(v), sc->name, cvt_dtype_str(sc->dtype), zt->name,
                          cvt_dtype_str(zt->dtype), v == CVT_VARIANT_LLMAWQ_V3 ? " or BF16" : "");
             return CVT_ERR_DTYPE;
         }
@@ -173,9 +173,9 @@ enum cvt_err cvt_awq_probe(const struct cvt_source *src, const struct cvt_hf_con
             return CVT_ERR_UNSUPPORTED;
         }
         if (N % 4 != 0 || K % 64 != 0 || !is2(qw, N / 4, K) || !is2(sc, 8 * Wz, N) || !is2(zt, 8 * Wz, N)) {
-            qs_log_error(__func__, "%s: linear %s (K %lld, N %lld, group size %lld, %s): tensors qweight %s, zeros %s, scales %s; expected qweight I16 [%lld, %lld], zeros and scales [%lld, %lld] (N %% 4 == 0, K %% 64 == 0)",
-                         dir, prefix, (long long)K, (long long)N, (long long)G, cvt_variant_str(v),
-                         shape_str(qw, b1, sizeof b1), shape_str(zt, b2, sizeof b2), shape_str(sc, b3, sizeof b3),
+            qs_log_error(__func__, "%s: linear %s (K %lld, N %lld, group size %lld, %s): %s.qweight %s, zeros %s, %s.scales %s; expected qweight I16 [%lld, %lld], zeros and scales [%lld, %lld] (N %% 4 == 0, K %% 64 == 0)",
+                         dir, prefix, (long long)K, (long long)N, (long long)G, cvt_variant_str(v), prefix,
+                         shape_str(qw, b1, sizeof b1), shape_str(zt, b2, sizeof b2), prefix, shape_str(sc, b3, sizeof b3),
                          (long long)(N / 4), (long long)K, (long long)(8 * Wz), (long long)N);
             return CVT_ERR_SHAPE;
         }

@@ -110,6 +110,15 @@ static cJSON *parse_obj(const struct jctx *c, const char *text, size_t size, enu
         *err = CVT_ERR_JSON;
         return NULL;
     }
+    /* Duplicate keys: Python's json keeps the last, cJSON the first - refuse the ambiguity. */
+    for (const cJSON *a = j->child; a; a = a->next)
+        for (const cJSON *b = a->next; b; b = b->next)
+            if (strcmp(a->string, b->string) == 0) {
+                qs_log_error("cvt_config_parse", "%s/%s: key \"%.60s\" appears twice", c->where, c->file, a->string);
+                cJSON_Delete(j);
+                *err = CVT_ERR_JSON;
+                return NULL;
+            }
     for (const char *p = end; p < text + size; p++)
         if (!isspace((unsigned char)*p) && *p != 0) {
             qs_log_error("cvt_config_parse", "%s/%s: trailing garbage after the JSON object at byte %zu",
@@ -288,7 +297,7 @@ static enum cvt_err parse_arch(const struct jctx *c, const cJSON *o, struct cvt_
         return CVT_ERR_CONFIG;
     }
     if (from_cls && from_mt && from_cls != from_mt) {
-        qs_log_error("cvt_config_parse", "%s/%s: architectures says %s but model_type says %s", c->where,
+        qs_log_error("cvt_config_parse", "%s/%s: architectures (%s) and model_type (%s) disagree", c->where,
                      c->file, cfg->architectures0, mt);
         return CVT_ERR_CONFIG;
     }
@@ -458,7 +467,7 @@ static enum cvt_err fill_quant(const struct jctx *c, const struct qparams *q, en
                                struct cvt_hf_config *cfg)
 {
     if (q->bits != 4) {
-        qs_log_error("cvt_config_parse", "%s/%s: w_bit %lld is not supported: qshard handles 4-bit AWQ only",
+        qs_log_error("cvt_config_parse", "%s/%s: bits (w_bit) %lld is not supported: qshard handles 4-bit AWQ only",
                      c->where, c->file, (long long)q->bits);
         return CVT_ERR_UNSUPPORTED;
     }

@@ -435,7 +435,8 @@ enum cvt_err cvt_torchzip_parse(const char *fname, const uint8_t *buf, uint64_t 
 
 /*
  * Run only the restricted unpickler over a data.pkl image (for the fuzzer): storages are
- * resolved through no archive, so each BINPERSID storage gets a synthetic location.
+ * resolved through no archive, so each BINPERSID gets its own synthetic location (two
+ * references to one key do not share it here, unlike cvt_torchzip_parse).
  * Errors: CVT_ERR_PICKLE, CVT_ERR_SHAPE, CVT_ERR_DTYPE, CVT_ERR_NOMEM.
  */
 enum cvt_err cvt_pickle_parse_only(const char *fname, const uint8_t *pkl, size_t size,
