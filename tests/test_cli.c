@@ -514,6 +514,26 @@ static cJSON *check_tokenize_vectors(const char *model)
         n_checked++;
     }
     printf("cli: %d Llama-2 tokenizer vectors through `qshard tokenize`\n", n_checked);
+    /* `logits --text` encodes like `tokenize` (BOS included): same file as with the vector ids */
+    const cJSON *c0 = cJSON_GetArrayItem(cases, 0);
+    if (c0 && jstr(c0, "text")) {
+        char a[512], b[512], *csv = ids_csv(cJSON_GetObjectItemCaseSensitive(c0, "ids"));
+        snprintf(a, sizeof(a), "%s/by_text.npy", g_tmp);
+        snprintf(b, sizeof(b), "%s/by_ids.npy", g_tmp);
+        struct proc p = run("logits", model, "--text", jstr(c0, "text"), "--out", a, NULL);
+        CHECK_EXIT(p, 0, "logits --text");
+        proc_free(&p);
+        p = run("logits", model, "--tokens", csv, "--out", b, NULL);
+        CHECK_EXIT(p, 0, "logits --tokens");
+        proc_free(&p);
+        char *fa = NULL, *fb = NULL;
+        size_t la = 0, lb = 0;
+        CHECK(!rt_file_read(a, 1 << 26, &fa, &la) && !rt_file_read(b, 1 << 26, &fb, &lb) &&
+              la == lb && la > 128 && !memcmp(fa, fb, la));
+        free(fa);
+        free(fb);
+        free(csv);
+    }
     return root;
 }
 
