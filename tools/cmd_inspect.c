@@ -158,7 +158,12 @@ static void print_shard(const struct fmt_shard *s)
     size_t cl;
     if (fmt_shard_config_json(s, &cfg, &cl) == FMT_ERR_NONE)
         printf("  config %.*s%s\n", (int)(cl > 400 ? 400 : cl), cfg, cl > 400 ? " ..." : "");
-    printf("  %5s  %-52s %-5s %-14s %-20s %-12s %14s %12s  %s\n", "#", "name", "dtype", "layout",
+    int w = 4;
+    for (uint32_t i = 0; i < fmt_shard_n_tensors(s); i++) {
+        int l = (int)strlen(fmt_shard_tensor(s, i)->name);
+        w = l > w ? (l < 200 ? l : 200) : w;
+    }
+    printf("  %5s  %-*s %-5s %-14s %-20s %-12s %14s %12s  %s\n", "#", w, "name", "dtype", "layout",
            "shape", "split", "offset", "size", "xxh3");
     for (uint32_t i = 0; i < fmt_shard_n_tensors(s); i++) {
         const struct fmt_tensor *t = fmt_shard_tensor(s, i);
@@ -172,8 +177,8 @@ static void print_shard(const struct fmt_shard *s)
             snprintf(layout, sizeof(layout), "%s", fmt_layout_name(t->layout));
         else
             snprintf(layout, sizeof(layout), "UNKNOWN(%u)", (unsigned)t->layout);
-        printf("  %5u  %-52s %-5s %-14s %-20s %-12s %14" PRIu64 " %12" PRIu64 "  %016" PRIx64 "\n",
-               i, t->name, fmt_dtype_name(t->dtype), layout, shape, split, t->offset, t->size,
+        printf("  %5u  %-*s %-5s %-14s %-20s %-12s %14" PRIu64 " %12" PRIu64 "  %016" PRIx64 "\n",
+               i, w, t->name, fmt_dtype_name(t->dtype), layout, shape, split, t->offset, t->size,
                t->xxh3);
     }
 }
