@@ -892,6 +892,15 @@ int main(void)
         test_extra(ex, "llama2", l2j, 0, false, 484);
         test_extra(ex, "mistral", mis, RT_TOK_PARSE_SPECIAL, false, 484);
         test_extra(ex, "llama3", l3, RT_TOK_PARSE_SPECIAL, true, 484);
+        size_t mlen;
+        char *mini = read_all("tests/data/fuzz/fuzz_tok/model_spm", &mlen);
+        struct rt_tok_files mf = {.model = (const unsigned char *)mini + 1, .model_len = mini ? mlen - 1 : 0};
+        struct rt_tok *mt = NULL;
+        CHECK(mini && rt_tok_load(&mf, &mt) == RT_TOK_ERR_NONE);
+        if (mt) /* UNUSED piece resegmentation, whitespace pieces, byte fallback */
+            test_extra(ex, "mini_spm", mt, 0, false, 13);
+        rt_tok_free(mt);
+        free(mini);
         test_variant(ex, "qwen2_re");
         test_variant(ex, "gpt2_re");
         cJSON_Delete(ex);
