@@ -163,12 +163,13 @@ void ref_linear_f32(const float *x, const float *W, const float *bias, int M, in
 /* --- elementwise and normalisation -------------------------------------------------------- */
 
 /*
- * RMSNorm (Zhang & Sennrich 2019; transformers LlamaRMSNorm) over rows of H, fp32:
- *   residual == NULL: out[m] = w * (x[m] * rsqrt(mean(x[m]^2) + eps))
- *   residual != NULL: residual[m] += x[m] (the fused residual add), then out[m] =
- *                     w * (residual[m] * rsqrt(mean(residual[m]^2) + eps))
- * x, residual, out: [M][H]; w: [H]. The mean of squares is accumulated in double. out may
- * alias x (not residual).
+ * RMSNorm (Zhang & Sennrich 2019; transformers LlamaRMSNorm) over rows of H, fp32, with the
+ * residual add fused in (same three modes as k_rmsnorm):
+ *   residual != NULL, x != NULL: residual[m] += x[m], then out[m] = w * norm(residual[m])
+ *   residual != NULL, x == NULL: out[m] = w * norm(residual[m])   (first layer: h = embedding)
+ *   residual == NULL:            out[m] = w * norm(x[m])
+ * norm(h) = h * rsqrt(mean(h^2) + eps), the mean of squares accumulated in double.
+ * x, residual, out: [M][H]; w: [H]. out may alias x (not residual).
  */
 void ref_rmsnorm(float *out, float *residual, const float *x, const float *w, int M, int H,
                  float eps);

@@ -11,12 +11,13 @@ void ref_rmsnorm(float *out, float *residual, const float *x, const float *w, in
                  float eps)
 {
     for (int m = 0; m < M; m++) {
-        const float *xr = x + (size_t)m * (size_t)H;
+        const float *xr = x ? x + (size_t)m * (size_t)H : NULL;
         float *hr;
         if (residual) {
             hr = residual + (size_t)m * (size_t)H;
-            for (int i = 0; i < H; i++)
-                hr[i] += xr[i];
+            if (x)
+                for (int i = 0; i < H; i++)
+                    hr[i] += xr[i];
         } else {
             hr = (float *)xr; /* only read below */
         }

@@ -3,12 +3,17 @@
  * interface that the CPU (runtime/rt_cpu.c) and CUDA (runtime/rt_cuda.cu) backends implement.
  *
  * STATUS FOR OTHER ENGINEERS (kept current by the runtime-model owner):
- *   READY and stable: struct rt_config + rt_config_parse(), struct rt_opts + rt_opts_default(),
- *   rt_model_open / rt_model_forward / rt_model_reset / rt_model_free, the accessors
- *   (rt_model_config, rt_model_n_ctx, rt_model_world_size, rt_model_shard), enum rt_err,
- *   rt_err_str(), rt_err_exit_code(). The CPU backend is complete; the CUDA backend is a stub
- *   (rt_cuda_nocuda.c) until runtime/rt_cuda.cu lands and implements struct rt_backend_ops below.
- *   Changes to these signatures will be announced here first.
+ *   READY and stable (CLI, tests): struct rt_config + rt_config_parse(), struct rt_opts +
+ *   rt_opts_default(), rt_model_open / rt_model_forward / rt_model_reset / rt_model_free, the
+ *   accessors (rt_model_config, rt_model_n_ctx, rt_model_n_past, rt_model_world_size,
+ *   rt_model_device, rt_model_shard), enum rt_err, rt_err_str(), rt_err_exit_code().
+ *   The CPU backend is complete and matches the transformers goldens of every fixture
+ *   (tests/test_model.c). CUDA backend: runtime/rt_cuda.cu implements struct rt_backend_ops
+ *   below (activations fp16 via act_size = 2, kv_size = 2; residual h, router and lm_head
+ *   logits fp32); the ops mirror kernels.h (k_rmsnorm's three modes, k_rope over nq + nkv
+ *   heads of a qkv row, k_kv_store, k_attention, k_embed into the fp32 residual). Until it
+ *   exists, rt_cuda_nocuda.c makes --device cuda fail with RT_ERR_NO_DEVICE and AUTO use the CPU.
+ *   Signature changes will be announced here first.
  *
  * Who calls it: runtime/rt_main.c (`qshard run|logits|perplexity`), tests/test_model.c, and the
  * backends. Tokenizer and sampling live in rt_tok.h and rt_sample.h; this header knows nothing
@@ -206,17 +211,28 @@ const struct fmt_shard *rt_model_shard(const struct rt_model *m, int rank);
 /*
  * The model code (rt_model.c) issues every op through this table, once per rank, and never
  * dereferences activation or weight pointers itself: they are "backend addresses" (host memory
- * on the CPU, device memory on CUDA). Only rt_backend_ops.download brings data back to the host
- * (router logits for MoE routing, final logits). Host-side arguments are marked "host".
+ * on the CPU, device memory on CUDA). Only download brings data back to the host (router
+ * logits for MoE routing, final logits). Host-side arguments are marked "host".
  * Every op works on rank `rank`'s memory; on CUDA, ops are asynchronous on that rank's stream
  * and download synchronises. Each op returns RT_ERR_NONE or an error it has reported.
  * Shapes use the names of kernels/ref.h; the CPU backend calls the matching ref_* function, and
  * the semantics (including argument order) are exactly those of that function.
  *
- * Row strides are in elements. Activation buffers are fp32 unless noted.
+ * Element types of the buffers the model allocates (through alloc):
+ *   act   activations x, o, qkv, att, gate_up, act, expert rows: act_size bytes per element,
+ *         fp32 on the CPU (4), fp16 on CUDA (2). Passed as void *; the model offsets them only
+ *         by whole rows/heads, in elements, scaled by act_size.
+ *   f32   residual stream h [M][H], router logits [M][E], lm_head logits [M][V_r], inv_freq:
+ *         always fp32 (float *).
+ *   kv    KV cache [n_kv_heads][T_cap][hd] per layer: kv_size bytes per element.
+ * Row strides are in elements.
  */
+enum rt_buf_type { RT_BUF_F32 = 0, RT_BUF_ACT = 1 };
+
 struct rt_backend_ops {
     const char *name; /* "cpu", "cuda" */
+    size_t act_size;  /* bytes per activation element */
+    size_t kv_size;   /* bytes per KV cache element */
     void (*destroy)(void *ctx);
 
     /* weights: make shard `s` usable by rank `rank` (CPU: nothing; CUDA: one device allocation
@@ -231,47 +247,55 @@ struct rt_backend_ops {
     enum rt_err (*download)(void *ctx, int rank, void *dst_host, const void *src, size_t bytes);
     enum rt_err (*zero)(void *ctx, int rank, void *dst, size_t bytes);
 
-    /* out[M][H] = embedding rows tokens[m] - row_begin of table fp16 [V_r][H], zero rows for
+    /* f32 out[M][H] = embedding rows tokens[m] - row_begin of table fp16 [V_r][H], zero rows for
      * ids another rank holds (ref_embed). tokens: host [M]. */
     enum rt_err (*embed)(void *ctx, int rank, float *out, const uint16_t *table,
                          const int32_t *tokens, int M, int64_t row_begin, int V_r, int H);
-    /* ref_rmsnorm: residual != NULL: residual += x; out = rmsnorm(residual) * w. */
-    enum rt_err (*rmsnorm)(void *ctx, int rank, float *out, float *residual, const float *x,
+    /* ref_rmsnorm, act out and x, f32 residual: residual and x: residual += x, out =
+     * norm(residual) * w; residual and no x: out = norm(residual) * w; no residual: out =
+     * norm(x) * w. */
+    enum rt_err (*rmsnorm)(void *ctx, int rank, void *out, float *residual, const void *x,
                            const float *w, int M, int H, float eps);
-    /* ref_w4a16_linear: y[M][N] = x[M][K] . W + bias (packed DESIGN 4 tensors). */
-    enum rt_err (*linear_w4)(void *ctx, int rank, const float *x, const uint8_t *qweight,
+    /* ref_w4a16_linear: act y[M][N] = act x[M][K] . W + bias (packed DESIGN 4 tensors, bias f32
+     * or NULL). */
+    enum rt_err (*linear_w4)(void *ctx, int rank, const void *x, const uint8_t *qweight,
                              const uint8_t *qzeros, const uint16_t *scales, const float *bias,
-                             int M, int K, int N, int G, float *y);
-    /* ref_linear_f16: y[M][N] = x[M][K] . W^T + bias, W fp16 [N][K]. */
-    enum rt_err (*linear_f16)(void *ctx, int rank, const float *x, const uint16_t *W,
-                              const float *bias, int M, int K, int N, float *y);
-    /* ref_linear_f32: same with W fp32 [N][K] (router). */
-    enum rt_err (*linear_f32)(void *ctx, int rank, const float *x, const float *W,
-                              const float *bias, int M, int K, int N, float *y);
-    /* ref_rope on M rows at positions start_pos + m; inv_freq: backend [hd/2]. */
-    enum rt_err (*rope)(void *ctx, int rank, float *x, int M, int n_heads, int hd,
+                             int M, int K, int N, int G, void *y);
+    /* ref_linear_f16: act y[M][N] = act x[M][K] . W^T + bias, W fp16 [N][K] (unquantised
+     * linears of modules_to_not_convert). */
+    enum rt_err (*linear_f16)(void *ctx, int rank, const void *x, const uint16_t *W,
+                              const float *bias, int M, int K, int N, void *y);
+    /* lm_head: f32 logits[M][N] = act x[M][K] . W^T, W fp16 [N][K] (N = V_r). */
+    enum rt_err (*lm_head)(void *ctx, int rank, const void *x, const uint16_t *W, int M, int K,
+                           int N, float *logits);
+    /* router: f32 y[M][N] = act x[M][K] . W^T, W fp32 [N][K] (ref_linear_f32, N = E). */
+    enum rt_err (*router)(void *ctx, int rank, const void *x, const float *W, int M, int K,
+                          int N, float *y);
+    /* ref_rope on act x, M rows at positions start_pos + m; inv_freq: f32 [hd/2]. */
+    enum rt_err (*rope)(void *ctx, int rank, void *x, int M, int n_heads, int hd,
                         size_t row_stride, int start_pos, const float *inv_freq);
-    /* Append keys and values of positions start_pos .. start_pos+M-1 to the cache:
-     * k_cache[h][start_pos + m][:] = k[m*row_stride + h*hd ...], same for v; caches
-     * [n_kv_heads][T_cap][hd]. */
-    enum rt_err (*kv_store)(void *ctx, int rank, float *k_cache, float *v_cache, const float *k,
-                            const float *v, size_t row_stride, int M, int start_pos,
+    /* Append keys and values of positions start_pos .. start_pos+M-1 to the kv caches:
+     * k_cache[h][start_pos + m][:] = k[m*row_stride + h*hd ...] (act k, v), same for v. */
+    enum rt_err (*kv_store)(void *ctx, int rank, void *k_cache, void *v_cache, const void *k,
+                            const void *v, size_t row_stride, int M, int start_pos,
                             int n_kv_heads, int hd, int T_cap);
-    /* ref_attention (causal, GQA, sliding window <= 0 = none). */
-    enum rt_err (*attention)(void *ctx, int rank, float *out, size_t out_stride, const float *q,
-                             size_t q_stride, const float *k_cache, const float *v_cache, int M,
+    /* ref_attention (causal, GQA, sliding window <= 0 = none): act out, act q, kv caches. */
+    enum rt_err (*attention)(void *ctx, int rank, void *out, size_t out_stride, const void *q,
+                             size_t q_stride, const void *k_cache, const void *v_cache, int M,
                              int start_pos, int n_heads, int n_kv_heads, int hd, int T_cap,
                              int sliding_window);
-    /* ref_silu_mul: out[M][I] = silu(gate) * up, gate_up [M][2I]. */
-    enum rt_err (*silu_mul)(void *ctx, int rank, float *out, const float *gate_up, int M, int I);
-    /* MoE helpers: dst[i][:] = src[rows[i]][:] and y[rows[i]][:] += weights[i] * src[i][:],
-     * rows and weights: host [n]; width = row length. */
-    enum rt_err (*gather_rows)(void *ctx, int rank, float *dst, const float *src,
+    /* ref_silu_mul: act out[M][I] = silu(gate) * up, act gate_up [M][2I]. */
+    enum rt_err (*silu_mul)(void *ctx, int rank, void *out, const void *gate_up, int M, int I);
+    /* MoE helpers on act rows of `width` elements: dst[i] = src[rows[i]], and
+     * y[rows[i]] += weights[i] * src[i]. rows, weights: host [n]. */
+    enum rt_err (*gather_rows)(void *ctx, int rank, void *dst, const void *src,
                                const int32_t *rows, int n, int width);
-    enum rt_err (*scatter_add_rows)(void *ctx, int rank, float *y, const float *src,
+    enum rt_err (*scatter_add_rows)(void *ctx, int rank, void *y, const void *src,
                                     const int32_t *rows, const float *weights, int n, int width);
-    /* Sum bufs[0..world_size-1] (one per rank, n floats each) and leave the sum in every one. */
-    enum rt_err (*all_reduce)(void *ctx, float *const *bufs, int world_size, size_t n);
+    /* Sum bufs[0..world_size-1] (one per rank, n elements of type `type` each) and leave the sum
+     * in every one. */
+    enum rt_err (*all_reduce)(void *ctx, void *const *bufs, int world_size, size_t n,
+                              enum rt_buf_type type);
 };
 
 struct rt_backend {

@@ -97,7 +97,7 @@ static enum rt_err cpu_embed(void *ctx, int rank, float *out, const uint16_t *ta
     return RT_ERR_NONE;
 }
 
-static enum rt_err cpu_rmsnorm(void *ctx, int rank, float *out, float *residual, const float *x,
+static enum rt_err cpu_rmsnorm(void *ctx, int rank, void *out, float *residual, const void *x,
                                const float *w, int M, int H, float eps)
 {
     (void)ctx, (void)rank;
@@ -105,17 +105,17 @@ static enum rt_err cpu_rmsnorm(void *ctx, int rank, float *out, float *residual,
     return RT_ERR_NONE;
 }
 
-static enum rt_err cpu_linear_w4(void *vctx, int rank, const float *x, const uint8_t *qweight,
+static enum rt_err cpu_linear_w4(void *vctx, int rank, const void *x, const uint8_t *qweight,
                                  const uint8_t *qzeros, const uint16_t *scales, const float *bias,
-                                 int M, int K, int N, int G, float *y)
+                                 int M, int K, int N, int G, void *y)
 {
     struct cpu_ctx *c = vctx;
     (void)rank;
     return from_ref(ref_w4a16_linear(x, qweight, qzeros, scales, bias, M, K, N, G, y, c->pool));
 }
 
-static enum rt_err cpu_linear_f16(void *vctx, int rank, const float *x, const uint16_t *W,
-                                  const float *bias, int M, int K, int N, float *y)
+static enum rt_err cpu_linear_f16(void *vctx, int rank, const void *x, const uint16_t *W,
+                                  const float *bias, int M, int K, int N, void *y)
 {
     struct cpu_ctx *c = vctx;
     (void)rank;
@@ -123,18 +123,28 @@ static enum rt_err cpu_linear_f16(void *vctx, int rank, const float *x, const ui
     return RT_ERR_NONE;
 }
 
-static enum rt_err cpu_linear_f32(void *ctx, int rank, const float *x, const float *W,
-                                  const float *bias, int M, int K, int N, float *y)
+static enum rt_err cpu_lm_head(void *vctx, int rank, const void *x, const uint16_t *W, int M,
+                               int K, int N, float *logits)
 {
-    (void)ctx, (void)rank;
-    ref_linear_f32(x, W, bias, M, K, N, y);
+    struct cpu_ctx *c = vctx;
+    (void)rank;
+    ref_linear_f16(x, W, NULL, M, K, N, logits, c->pool);
     return RT_ERR_NONE;
 }
 
-static enum rt_err cpu_rope(void *ctx, int rank, float *x, int M, int n_heads, int hd,
+static enum rt_err cpu_router(void *ctx, int rank, const void *x, const float *W, int M, int K,
+                              int N, float *y)
+{
+    (void)ctx, (void)rank;
+    ref_linear_f32(x, W, NULL, M, K, N, y);
+    return RT_ERR_NONE;
+}
+
+static enum rt_err cpu_rope(void *ctx, int rank, void *vx, int M, int n_heads, int hd,
                             size_t row_stride, int start_pos, const float *inv_freq)
 {
     (void)ctx, (void)rank;
+    float *x = vx;
     int32_t pos[64];
     for (int m0 = 0; m0 < M; m0 += 64) { /* positions in blocks: no allocation */
         int n = M - m0 < 64 ? M - m0 : 64;
@@ -145,11 +155,13 @@ static enum rt_err cpu_rope(void *ctx, int rank, float *x, int M, int n_heads, i
     return RT_ERR_NONE;
 }
 
-static enum rt_err cpu_kv_store(void *ctx, int rank, float *k_cache, float *v_cache,
-                                const float *k, const float *v, size_t row_stride, int M,
+static enum rt_err cpu_kv_store(void *ctx, int rank, void *vk_cache, void *vv_cache,
+                                const void *vk, const void *vv, size_t row_stride, int M,
                                 int start_pos, int n_kv_heads, int hd, int T_cap)
 {
     (void)ctx, (void)rank;
+    float *k_cache = vk_cache, *v_cache = vv_cache;
+    const float *k = vk, *v = vv;
     for (int m = 0; m < M; m++)
         for (int h = 0; h < n_kv_heads; h++) {
             size_t dst = ((size_t)h * (size_t)T_cap + (size_t)(start_pos + m)) * (size_t)hd;
@@ -160,9 +172,9 @@ static enum rt_err cpu_kv_store(void *ctx, int rank, float *k_cache, float *v_ca
     return RT_ERR_NONE;
 }
 
-static enum rt_err cpu_attention(void *vctx, int rank, float *out, size_t out_stride,
-                                 const float *q, size_t q_stride, const float *k_cache,
-                                 const float *v_cache, int M, int start_pos, int n_heads,
+static enum rt_err cpu_attention(void *vctx, int rank, void *out, size_t out_stride,
+                                 const void *q, size_t q_stride, const void *k_cache,
+                                 const void *v_cache, int M, int start_pos, int n_heads,
                                  int n_kv_heads, int hd, int T_cap, int sliding_window)
 {
     struct cpu_ctx *c = vctx;
@@ -171,7 +183,7 @@ static enum rt_err cpu_attention(void *vctx, int rank, float *out, size_t out_st
                                   n_heads, n_kv_heads, hd, T_cap, sliding_window, c->pool));
 }
 
-static enum rt_err cpu_silu_mul(void *ctx, int rank, float *out, const float *gate_up, int M,
+static enum rt_err cpu_silu_mul(void *ctx, int rank, void *out, const void *gate_up, int M,
                                 int I)
 {
     (void)ctx, (void)rank;
@@ -179,21 +191,25 @@ static enum rt_err cpu_silu_mul(void *ctx, int rank, float *out, const float *ga
     return RT_ERR_NONE;
 }
 
-static enum rt_err cpu_gather_rows(void *ctx, int rank, float *dst, const float *src,
+static enum rt_err cpu_gather_rows(void *ctx, int rank, void *vdst, const void *vsrc,
                                    const int32_t *rows, int n, int width)
 {
     (void)ctx, (void)rank;
+    float *dst = vdst;
+    const float *src = vsrc;
     for (int i = 0; i < n; i++)
         memcpy(dst + (size_t)i * (size_t)width, src + (size_t)rows[i] * (size_t)width,
                (size_t)width * sizeof(float));
     return RT_ERR_NONE;
 }
 
-static enum rt_err cpu_scatter_add_rows(void *ctx, int rank, float *y, const float *src,
+static enum rt_err cpu_scatter_add_rows(void *ctx, int rank, void *vy, const void *vsrc,
                                         const int32_t *rows, const float *weights, int n,
                                         int width)
 {
     (void)ctx, (void)rank;
+    float *y = vy;
+    const float *src = vsrc;
     for (int i = 0; i < n; i++) {
         float *yr = y + (size_t)rows[i] * (size_t)width;
         const float *sr = src + (size_t)i * (size_t)width;
@@ -203,15 +219,19 @@ static enum rt_err cpu_scatter_add_rows(void *ctx, int rank, float *y, const flo
     return RT_ERR_NONE;
 }
 
-static enum rt_err cpu_all_reduce(void *ctx, float *const *bufs, int world_size, size_t n)
+/* Both buffer types are fp32 on the CPU. Summed in rank order, so the result is deterministic. */
+static enum rt_err cpu_all_reduce(void *ctx, void *const *bufs, int world_size, size_t n,
+                                  enum rt_buf_type type)
 {
-    (void)ctx;
+    (void)ctx, (void)type;
     if (world_size <= 1)
         return RT_ERR_NONE;
     float *sum = bufs[0];
-    for (int r = 1; r < world_size; r++)
+    for (int r = 1; r < world_size; r++) {
+        const float *b = bufs[r];
         for (size_t i = 0; i < n; i++)
-            sum[i] += bufs[r][i];
+            sum[i] += b[i];
+    }
     for (int r = 1; r < world_size; r++)
         memcpy(bufs[r], sum, n * sizeof(float));
     return RT_ERR_NONE;
@@ -219,6 +239,8 @@ static enum rt_err cpu_all_reduce(void *ctx, float *const *bufs, int world_size,
 
 static const struct rt_backend_ops cpu_ops = {
     .name = "cpu",
+    .act_size = sizeof(float),
+    .kv_size = sizeof(float),
     .destroy = cpu_destroy,
     .load_weights = cpu_load_weights,
     .tensor_ptr = cpu_tensor_ptr,
@@ -231,7 +253,8 @@ static const struct rt_backend_ops cpu_ops = {
     .rmsnorm = cpu_rmsnorm,
     .linear_w4 = cpu_linear_w4,
     .linear_f16 = cpu_linear_f16,
-    .linear_f32 = cpu_linear_f32,
+    .lm_head = cpu_lm_head,
+    .router = cpu_router,
     .rope = cpu_rope,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,

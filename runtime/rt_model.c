@@ -87,19 +87,19 @@ struct rt_rank {
     const uint16_t *lm_head;       /* [V_r][H] fp16 (= embed when tied) */
     const float *final_norm;       /* [H] */
     struct rt_layer *layers;       /* owned [n_layers] */
-    /* activations, backend memory, owned; B = max_batch rows */
-    float *h;        /* [B][H] residual stream (replicated across ranks) */
-    float *x;        /* [B][H] normalised input of the current block */
-    float *o;        /* [B][H] block output (partial sum before all_reduce) */
-    float *qkv;      /* [B][(nq_r + 2 nkv_r) hd] */
-    float *att;      /* [B][nq_r hd] */
-    float *gu;       /* [B][2 I_r] */
-    float *act;      /* [B][I_r] */
-    float *xe, *ye;  /* MoE: [B][H] gathered expert input / expert output */
-    float *router_logits; /* MoE: [B][E] */
-    float *logits;   /* [LB][V_r] */
-    float *inv_freq; /* [hd/2] */
-    float **k_cache, **v_cache; /* owned arrays [n_layers] of backend [nkv_r][n_ctx][hd] */
+    /* backend memory, owned; B = max_batch rows; "act" = backend activation type (rt.h) */
+    float *h;        /* f32 [B][H] residual stream (replicated across ranks) */
+    void *x;         /* act [B][H] normalised input of the current block */
+    void *o;         /* act [B][H] block output (partial sum before all_reduce) */
+    void *qkv;       /* act [B][(nq_r + 2 nkv_r) hd] */
+    void *att;       /* act [B][nq_r hd] */
+    void *gu;        /* act [B][2 I_r] */
+    void *act;       /* act [B][I_r] */
+    void *xe, *ye;   /* act, MoE: [B][H] gathered expert input / expert output */
+    float *router_logits; /* f32, MoE: [B][E] */
+    float *logits;   /* f32 [LB][V_r] */
+    float *inv_freq; /* f32 [hd/2] */
+    void **k_cache, **v_cache; /* owned arrays [n_layers] of kv [nkv_r][n_ctx][hd] */
 };
 
 struct rt_model {
@@ -114,7 +114,7 @@ struct rt_model {
     int max_batch;             /* rows of the activation buffers */
     int logit_rows;            /* LB: rows of lm_head output per pass */
     int n_past;                /* cached positions */
-    float **bufs;              /* owned [world]: scratch array for all_reduce arguments */
+    void **bufs;               /* owned [world]: scratch array for all_reduce arguments */
     /* host scratch, owned */
     float *h_logits;           /* [LB][V_r] */
     float *h_router;           /* [B][E] */
@@ -329,12 +329,24 @@ static enum rt_err bind_rank(struct rt_model *m, int r)
 
 // --- buffers ------------------------------------------------------------------------------------
 
-static enum rt_err balloc(struct rt_model *m, int r, size_t n_floats, float **out)
+static enum rt_err balloc_f32(struct rt_model *m, int r, size_t n, float **out)
 {
     void *p = NULL;
-    enum rt_err e = OPS->alloc(BCTX, r, n_floats * sizeof(float), &p);
+    enum rt_err e = OPS->alloc(BCTX, r, n * sizeof(float), &p);
     *out = p;
     return e;
+}
+
+/* n activation elements (act_size bytes each) */
+static enum rt_err balloc_act(struct rt_model *m, int r, size_t n, void **out)
+{
+    return OPS->alloc(BCTX, r, n * OPS->act_size, out);
+}
+
+/* Backend address of activation element `elems` of buffer p (whole rows or heads only). */
+static void *act_at(const struct rt_model *m, void *p, size_t elems)
+{
+    return (char *)p + elems * OPS->act_size;
 }
 
 static enum rt_err alloc_rank(struct rt_model *m, int r)
@@ -345,20 +357,20 @@ static enum rt_err alloc_rank(struct rt_model *m, int r)
     size_t nq = (size_t)c->heads_per_rank, nkv = (size_t)c->kv_heads_per_rank;
     size_t Ir = (size_t)c->intermediate_per_rank;
 
-    TRY(balloc(m, r, B * H, &R->h));
-    TRY(balloc(m, r, B * H, &R->x));
-    TRY(balloc(m, r, B * H, &R->o));
-    TRY(balloc(m, r, B * (nq + 2 * nkv) * hd, &R->qkv));
-    TRY(balloc(m, r, B * nq * hd, &R->att));
-    TRY(balloc(m, r, B * 2 * Ir, &R->gu));
-    TRY(balloc(m, r, B * Ir, &R->act));
+    TRY(balloc_f32(m, r, B * H, &R->h));
+    TRY(balloc_act(m, r, B * H, &R->x));
+    TRY(balloc_act(m, r, B * H, &R->o));
+    TRY(balloc_act(m, r, B * (nq + 2 * nkv) * hd, &R->qkv));
+    TRY(balloc_act(m, r, B * nq * hd, &R->att));
+    TRY(balloc_act(m, r, B * 2 * Ir, &R->gu));
+    TRY(balloc_act(m, r, B * Ir, &R->act));
     if (c->n_experts) {
-        TRY(balloc(m, r, B * H, &R->xe));
-        TRY(balloc(m, r, B * H, &R->ye));
-        TRY(balloc(m, r, B * (size_t)c->n_experts, &R->router_logits));
+        TRY(balloc_act(m, r, B * H, &R->xe));
+        TRY(balloc_act(m, r, B * H, &R->ye));
+        TRY(balloc_f32(m, r, B * (size_t)c->n_experts, &R->router_logits));
     }
-    TRY(balloc(m, r, (size_t)m->logit_rows * (size_t)c->vocab_size_per_rank, &R->logits));
-    TRY(balloc(m, r, hd / 2, &R->inv_freq));
+    TRY(balloc_f32(m, r, (size_t)m->logit_rows * (size_t)c->vocab_size_per_rank, &R->logits));
+    TRY(balloc_f32(m, r, hd / 2, &R->inv_freq));
 
     float *inv = malloc(hd / 2 * sizeof(float));
     if (!inv) {
@@ -370,16 +382,16 @@ static enum rt_err alloc_rank(struct rt_model *m, int r)
     free(inv);
     TRY(e);
 
-    R->k_cache = calloc((size_t)c->n_layers, sizeof(float *));
-    R->v_cache = calloc((size_t)c->n_layers, sizeof(float *));
+    R->k_cache = calloc((size_t)c->n_layers, sizeof(void *));
+    R->v_cache = calloc((size_t)c->n_layers, sizeof(void *));
     if (!R->k_cache || !R->v_cache) {
         qs_log_error(__func__, "out of memory");
         return RT_ERR_NOMEM;
     }
-    size_t kv = nkv * (size_t)m->n_ctx * hd;
+    size_t kv = nkv * (size_t)m->n_ctx * hd * OPS->kv_size;
     for (int l = 0; l < c->n_layers; l++) {
-        TRY(balloc(m, r, kv, &R->k_cache[l]));
-        TRY(balloc(m, r, kv, &R->v_cache[l]));
+        TRY(OPS->alloc(BCTX, r, kv, &R->k_cache[l]));
+        TRY(OPS->alloc(BCTX, r, kv, &R->v_cache[l]));
     }
     return RT_ERR_NONE;
 }
@@ -396,8 +408,8 @@ static void free_rank(struct rt_model *m, int r)
     }
     free(R->used);
     if (m->be.ops) {
-        float *bufs[] = {R->h, R->x, R->o, R->qkv, R->att, R->gu, R->act, R->xe, R->ye,
-                         R->router_logits, R->logits, R->inv_freq};
+        void *bufs[] = {R->h, R->x, R->o, R->qkv, R->att, R->gu, R->act, R->xe, R->ye,
+                        R->router_logits, R->logits, R->inv_freq};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
             OPS->free(BCTX, r, bufs[i]);
         for (int l = 0; l < R->cfg.n_layers; l++) {
@@ -656,8 +668,8 @@ const struct fmt_shard *rt_model_shard(const struct rt_model *m, int rank)
 
 // --- forward ----------------------------------------------------------------------------------
 
-static enum rt_err linear(struct rt_model *m, int r, const struct rt_linear *L, const float *x,
-                          int M, float *y)
+static enum rt_err linear(struct rt_model *m, int r, const struct rt_linear *L, const void *x,
+                          int M, void *y)
 {
     if (L->qweight)
         return OPS->linear_w4(BCTX, r, x, L->qweight, L->qzeros, L->scales, L->bias, M, L->K,
@@ -667,12 +679,12 @@ static enum rt_err linear(struct rt_model *m, int r, const struct rt_linear *L, 
 
 enum which_buf { BUF_H, BUF_O };
 
-/* Sum the first n floats of every rank's h (or o) buffer; the sum lands in all of them. */
+/* Sum the first n elements of every rank's h (f32) or o (act) buffer; the sum lands in all. */
 static enum rt_err all_reduce_buf(struct rt_model *m, enum which_buf which, size_t n)
 {
     for (int r = 0; r < m->world; r++)
-        m->bufs[r] = which == BUF_H ? m->ranks[r].h : m->ranks[r].o;
-    return OPS->all_reduce(BCTX, m->bufs, m->world, n);
+        m->bufs[r] = which == BUF_H ? (void *)m->ranks[r].h : m->ranks[r].o;
+    return OPS->all_reduce(BCTX, m->bufs, m->world, n, which == BUF_H ? RT_BUF_F32 : RT_BUF_ACT);
 }
 
 /* Attention block of layer l on rank r: x -> o (partial sum of o_proj). */
@@ -683,11 +695,12 @@ static enum rt_err attn_block(struct rt_model *m, int r, int l, int M, int p0)
     const struct rt_layer *ly = &R->layers[l];
     int hd = c->head_dim, nq = c->heads_per_rank, nkv = c->kv_heads_per_rank;
     size_t stride = (size_t)(nq + 2 * nkv) * (size_t)hd;
-    float *q = R->qkv, *k = R->qkv + (size_t)nq * hd, *v = R->qkv + (size_t)(nq + nkv) * hd;
+    void *q = R->qkv, *k = act_at(m, R->qkv, (size_t)nq * hd);
+    void *v = act_at(m, R->qkv, (size_t)(nq + nkv) * hd);
 
     TRY(linear(m, r, &ly->qkv, R->x, M, R->qkv));
-    TRY(OPS->rope(BCTX, r, q, M, nq, hd, stride, p0, R->inv_freq));
-    TRY(OPS->rope(BCTX, r, k, M, nkv, hd, stride, p0, R->inv_freq));
+    /* the k heads follow the q heads in each row: one call rotates both */
+    TRY(OPS->rope(BCTX, r, q, M, nq + nkv, hd, stride, p0, R->inv_freq));
     TRY(OPS->kv_store(BCTX, r, R->k_cache[l], R->v_cache[l], k, v, stride, M, p0, nkv, hd,
                       m->n_ctx));
     TRY(OPS->attention(BCTX, r, R->att, (size_t)nq * hd, q, stride, R->k_cache[l],
@@ -714,11 +727,11 @@ static enum rt_err moe(struct rt_model *m, int l, int M)
     int E = c->n_experts, k = c->n_experts_per_tok, H = c->hidden_size;
     struct rt_rank *R0 = &m->ranks[0];
 
-    TRY(OPS->linear_f32(BCTX, 0, R0->x, R0->layers[l].router, NULL, M, H, E, R0->router_logits));
+    TRY(OPS->router(BCTX, 0, R0->x, R0->layers[l].router, M, H, E, R0->router_logits));
     TRY(OPS->download(BCTX, 0, m->h_router, R0->router_logits, (size_t)M * E * sizeof(float)));
     ref_moe_route(m->h_router, M, E, k, m->h_ids, m->h_w);
     for (int r = 0; r < m->world; r++)
-        TRY(OPS->zero(BCTX, r, m->ranks[r].o, (size_t)M * H * sizeof(float)));
+        TRY(OPS->zero(BCTX, r, m->ranks[r].o, (size_t)M * H * OPS->act_size));
     for (int e = 0; e < E; e++) {
         int n = 0;
         for (int t = 0; t < M; t++)
@@ -749,8 +762,8 @@ static enum rt_err logits_rows(struct rt_model *m, int row0, int n, float *out)
     int H = c->hidden_size, Vr = c->vocab_size_per_rank, V = c->vocab_size;
     for (int r = 0; r < m->world; r++) {
         struct rt_rank *R = &m->ranks[r];
-        TRY(OPS->linear_f16(BCTX, r, R->x + (size_t)row0 * H, R->lm_head, NULL, n, H, Vr,
-                            R->logits));
+        TRY(OPS->lm_head(BCTX, r, act_at(m, R->x, (size_t)row0 * H), R->lm_head, n, H, Vr,
+                         R->logits));
         TRY(OPS->download(BCTX, r, m->h_logits, R->logits, (size_t)n * Vr * sizeof(float)));
         int64_t col0 = (int64_t)r * Vr;
         int64_t cols = V - col0 < Vr ? V - col0 : Vr; /* padding rows past vocab_size dropped */
@@ -778,8 +791,8 @@ static enum rt_err step(struct rt_model *m, const int32_t *tokens, int M, int p0
         for (int r = 0; r < m->world; r++) {
             struct rt_rank *R = &m->ranks[r];
             const float *w = R->layers[l].attn_norm;
-            if (l == 0)
-                TRY(OPS->rmsnorm(BCTX, r, R->x, NULL, R->h, w, M, c->hidden_size,
+            if (l == 0) /* h is the embedding: normalise it as it is */
+                TRY(OPS->rmsnorm(BCTX, r, R->x, R->h, NULL, w, M, c->hidden_size,
                                  c->rms_norm_eps));
             else /* h += previous MLP output, then normalise */
                 TRY(OPS->rmsnorm(BCTX, r, R->x, R->h, R->o, w, M, c->hidden_size,

@@ -480,6 +480,22 @@ static void test_rmsnorm(void)
     }
     CHECK_EQ_INT(bad, 0);
     CHECK_EQ_INT(bad_res, 0);
+    /* x == NULL: normalise the residual as it is (no add), residual untouched */
+    memcpy(res0, res, sizeof(res));
+    ref_rmsnorm(out2, res, NULL, w, M, H, eps);
+    CHECK(memcmp(res0, res, sizeof(res)) == 0);
+    bad = 0;
+    for (int m = 0; m < M; m++) {
+        double ss = 0;
+        for (int i = 0; i < H; i++)
+            ss += (double)res0[m * H + i] * res0[m * H + i];
+        for (int i = 0; i < H; i++) {
+            double want = w[i] * res0[m * H + i] / sqrt(ss / H + eps);
+            if (fabs(out2[m * H + i] - want) > 1e-6 + 1e-5 * fabs(want))
+                bad++;
+        }
+    }
+    CHECK_EQ_INT(bad, 0);
     /* without residual, in place; tiny inputs so eps = 1e-5 dominates the mean square */
     fill_uniform(x, M * H, -3e-3f, 3e-3f);
     eps = 1e-5f;
