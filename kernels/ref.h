@@ -151,7 +151,8 @@ enum ref_err ref_w4a16_linear(const float *x, const uint8_t *qweight, const uint
 /*
  * Linear with fp16 weights in nn.Linear orientation: y[M][N] = x[M][K] . W^T + bias, W fp16
  * [N][K] row-major (lm_head, tied embedding, unquantised linears; DESIGN 5). fp32 accumulation
- * over k in increasing order; bias may be NULL; y must not alias x. Split over N on the pool.
+ * in a fixed order (8 interleaved partial sums per 512-wide k chunk, so independent of the
+ * thread count); bias may be NULL; y must not alias x. Split over N on the pool.
  */
 void ref_linear_f16(const float *x, const uint16_t *W, const float *bias, int M, int K, int N,
                     float *y, struct ref_pool *pool);

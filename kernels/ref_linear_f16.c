@@ -1,7 +1,8 @@
 /*
  * ref_linear_f16.c - linears with unquantised weights in nn.Linear orientation W[N][K]:
  * fp16 (lm_head, tied embeddings, modules_to_not_convert; DESIGN 5) and fp32 (Mixtral router).
- * y = x . W^T + bias, fp32 accumulation over k in increasing order.
+ * y = x . W^T + bias, fp32 accumulation in a fixed order: per chunk of CHUNK_K values 8
+ * interleaved partial sums combined pairwise, chunks added in increasing k.
  *
  * Hot path of the CPU runtime for the lm_head ([V_r, H] per token): tasks own ranges of output
  * rows n; each weight row is converted once per call through the fp16 table, in chunks of
@@ -37,10 +38,17 @@ static void f16_task(void *vctx, int task, int n_tasks)
                 wrow[i] = lut[wr[k0 + i]];
             for (int m = 0; m < c->M; m++) {
                 const float *xr = c->x + (size_t)m * (size_t)c->K + (size_t)k0;
-                float acc = c->y[(size_t)m * (size_t)c->N + (size_t)n];
-                for (int i = 0; i < len; i++)
-                    acc += xr[i] * wrow[i];
-                c->y[(size_t)m * (size_t)c->N + (size_t)n] = acc;
+                /* 8 interleaved partial sums (vectorisable; a fixed order, so still
+                 * independent of the thread count), combined pairwise */
+                float a[8] = {0};
+                int i = 0;
+                for (; i + 8 <= len; i += 8)
+                    for (int j = 0; j < 8; j++)
+                        a[j] += xr[i + j] * wrow[i + j];
+                for (; i < len; i++)
+                    a[i % 8] += xr[i] * wrow[i];
+                float part = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+                c->y[(size_t)m * (size_t)c->N + (size_t)n] += part;
             }
         }
         if (c->bias)
