@@ -4,9 +4,12 @@
  * Entry points: rt_sampler_init / rt_sampler_free / rt_sampler_reset / rt_sampler_accept /
  * rt_sampler_next / rt_sampler_candidates. Test: ./build/test_sample.
  *
- * Cost per token: O(V) for the penalty and the top-k threshold (a k-entry min-heap), then one
- * sort of the survivors, O(S log S) (S = V without top-k). For V = 128k that is a few ms on one
- * core, small next to a CPU forward pass.
+ * Cost per token: O(V) for the penalty, the top-k threshold (a k-entry min-heap), the softmax
+ * and the draw; top-p sorts only the ids that can be in the nucleus (probability > (1-p)/S).
+ * Measured on the 2-core dev box, V = 128256, logits ~ N(0, 3^2), temperature 0.8: greedy
+ * 0.5 ms, top-k 40 + top-p 0.95 0.9 ms, top-p 0.95 alone 7.3 ms (34.7 ms when every survivor
+ * was sorted). A flat distribution puts most of the vocabulary in the nucleus and costs a full
+ * sort; real LLM distributions are far more peaked.
  */
 #include "rt_sample.h"
 
@@ -236,6 +239,12 @@ static int pair_cmp(const void *a, const void *b)
     return (x->id > y->id) - (x->id < y->id);
 }
 
+static int pair_id_cmp(const void *a, const void *b)
+{
+    const struct rt_sample_pair *x = a, *y = b;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
 /* Greedy: argmax of work[], lowest id on ties; -1 if nothing is finite. */
 static int32_t argmax_lowest(const float *x, int32_t n)
 {
@@ -246,16 +255,39 @@ static int32_t argmax_lowest(const float *x, int32_t n)
     return best;
 }
 
-/* Renormalised softmax of the first n sorted pairs into prob[]; returns nothing (n >= 1). */
-static void softmax_pairs(const struct rt_sample_pair *pr, int32_t n, double *prob)
+/* prob[j] = exp(logit_j - mx) for the n pairs; returns their sum. */
+static double exp_pairs(const struct rt_sample_pair *pr, int32_t n, float mx, double *prob)
 {
-    double mx = pr[0].logit, sum = 0.0; /* sorted: pr[0] is the maximum */
-    for (int32_t i = 0; i < n; i++) {
-        prob[i] = exp((double)pr[i].logit - mx);
-        sum += prob[i];
+    double sum = 0.0;
+    for (int32_t j = 0; j < n; j++) {
+        prob[j] = exp((double)pr[j].logit - (double)mx);
+        sum += prob[j];
     }
-    for (int32_t i = 0; i < n; i++)
-        prob[i] /= sum;
+    return sum;
+}
+
+/*
+ * Step 5 on the n survivors (id order, unnormalised weights e[] summing to `sum`): keeps the
+ * nucleus, returns its size, leaves pairs[0..kept) in id order. Only ids with probability
+ * > (1 - p) / n can be kept (the kept id at rank m has all the mass from m on, > 1 - p, in at
+ * most n ids of probability <= its own), so the sort runs on that prefiltered set (with a
+ * relative slack of 1e-6 against rounding), not on the whole vocabulary.
+ */
+static int32_t top_p_cut(struct rt_sample_pair *pairs, const double *e, int32_t n, double sum,
+                         double p, float mx)
+{
+    const double floor_e = (1.0 - p) / (double)n * sum * (1.0 - 1e-6);
+    int32_t m = 0;
+    for (int32_t j = 0; j < n; j++)
+        if (e[j] >= floor_e)
+            pairs[m++] = pairs[j];
+    qsort(pairs, (size_t)m, sizeof(*pairs), pair_cmp);
+    double before = 0.0;
+    int32_t keep = 0;
+    while (keep < m && (keep == 0 || before < p))
+        before += exp((double)pairs[keep++].logit - (double)mx) / sum;
+    qsort(pairs, (size_t)keep, sizeof(*pairs), pair_id_cmp);
+    return keep;
 }
 
 int32_t rt_sampler_candidates(struct rt_sampler *s, const float *logits, int64_t n_logits)
@@ -288,47 +320,47 @@ int32_t rt_sampler_candidates(struct rt_sampler *s, const float *logits, int64_t
     if (s->p.top_k > 0 && s->p.top_k < v)
         thr = kth_largest(s->work, v, s->p.top_k, (float *)s->prob);
 
+    /* survivors in id order and their maximum (which survives every later step) */
     int32_t n = 0;
+    float mx = -INFINITY;
     for (int32_t i = 0; i < v; i++) {
         float x = s->work[i];
         if (x != -INFINITY && x >= thr) {
             s->pairs[n].logit = x;
             s->pairs[n].id = i;
+            mx = x > mx ? x : mx;
             n++;
         }
     }
     if (n == 0)
         goto no_candidate;
-    qsort(s->pairs, (size_t)n, sizeof(*s->pairs), pair_cmp);
-    softmax_pairs(s->pairs, n, s->prob);
+    double sum = exp_pairs(s->pairs, n, mx, s->prob);
 
-    /* step 5: top-p: keep i iff the mass before it is < p */
+    /* step 5: top-p */
     if (s->p.top_p < 1.0f) {
-        const double p = s->p.top_p;
-        double before = 0.0;
-        int32_t keep = 0;
-        while (keep < n && (keep == 0 || before < p))
-            before += s->prob[keep++];
-        if (keep < n) {
-            n = keep;
-            softmax_pairs(s->pairs, n, s->prob);
-        }
+        n = top_p_cut(s->pairs, s->prob, n, sum, (double)s->p.top_p, mx);
+        sum = exp_pairs(s->pairs, n, mx, s->prob);
     }
 
-    /* step 6: min-p relative to the most probable survivor (prob[0], sorted) */
+    /* step 6: min-p: prob < min_p * max prob  <=>  e < min_p * e_max, and e_max = exp(0) = 1 */
     if (s->p.min_p > 0.0f) {
-        const double cut = (double)s->p.min_p * s->prob[0];
-        int32_t keep = 1;
-        while (keep < n && !(s->prob[keep] < cut))
-            keep++;
-        if (keep < n) {
-            n = keep;
-            softmax_pairs(s->pairs, n, s->prob);
-        }
+        const double cut = (double)s->p.min_p;
+        int32_t m = 0;
+        sum = 0.0;
+        for (int32_t j = 0; j < n; j++)
+            if (!(s->prob[j] < cut)) {
+                s->pairs[m] = s->pairs[j];
+                s->prob[m] = s->prob[j];
+                sum += s->prob[m];
+                m++;
+            }
+        n = m;
     }
 
-    for (int32_t i = 0; i < n; i++)
-        s->cand[i] = s->pairs[i].id;
+    for (int32_t j = 0; j < n; j++) {
+        s->cand[j] = s->pairs[j].id;
+        s->prob[j] /= sum;
+    }
     return n;
 
 no_candidate:

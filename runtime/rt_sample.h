@@ -27,9 +27,10 @@
  *      at least one id is kept. p >= 1 is off.
  *   6. min-p (MinPLogitsWarper, after top-p as in HF): with the survivors' renormalised
  *      probabilities, remove ids whose probability is < min_p * max probability; 0 = off.
- *   7. draw: one uniform u in [0, 1) from the PRNG; walk the survivors in the order of step 5
- *      and return the first id whose cumulative renormalised probability exceeds u * total.
- *      Softmax and sums are in double.
+ *   7. draw: one uniform u in [0, 1) from the PRNG; walk the survivors in ascending id order
+ *      and return the first id whose cumulative renormalised probability exceeds u (the last
+ *      survivor absorbs rounding). Softmax and sums are in double. (Ascending id order needs
+ *      no sort, so it is what the CUDA kernel does too: a prefix sum over the vocabulary.)
  *
  * PRNG: xoshiro256** 1.0 seeded through splitmix64 (D. Blackman, S. Vigna, "Scrambled linear
  * pseudorandom number generators", ACM TOMS 2021; reference description at
@@ -91,7 +92,7 @@ struct rt_sampler {
     uint64_t rng[4];           /* xoshiro256** state */
     uint8_t *seen;             /* owned: [ceil(vocab_size/8)] history bitmap, bit id%8 */
     float *work;               /* owned: [vocab_size] processed logits */
-    int32_t *cand;             /* owned: [vocab_size] surviving ids, in step-5 order */
+    int32_t *cand;             /* owned: [vocab_size] surviving ids, ascending */
     double *prob;              /* owned: [vocab_size] probabilities of cand[] */
     struct rt_sample_pair *pairs; /* owned: [vocab_size] sort scratch */
 };
@@ -120,8 +121,8 @@ enum rt_sample_err rt_sampler_next(struct rt_sampler *s, const float *logits, in
                                    int32_t *out_id);
 
 /* The survivors after steps 1-6 and their renormalised probabilities, for tests and for
- * printing candidates: returns the count n and fills cand[0..n) / prob[0..n) inside `s` (valid
- * until the next call). Greedy gives n = 1 with probability 1. Returns -1 on the errors of
+ * printing candidates: returns the count n and fills cand[0..n) (ascending ids) / prob[0..n)
+ * inside `s` (valid until the next call). Greedy gives n = 1 with probability 1. Returns -1 on the errors of
  * rt_sampler_next. */
 int32_t rt_sampler_candidates(struct rt_sampler *s, const float *logits, int64_t n_logits);
 
