@@ -389,6 +389,7 @@ static enum rt_tok_err json_pretok(struct rt_tok *tok, const cJSON *p, struct js
             !json_bool(p, "add_prefix_space", true, &add_prefix))
             goto unsupported;
         tok->escape_spaces = true;
+        tok->prefix_unless_space = true; /* pre_tokenizers/metaspace.rs: not if it starts with "▁" */
         if (scheme) {
             tok->dummy_prefix = strcmp(scheme, "never") != 0;
             tok->prefix_first_only = strcmp(scheme, "first") == 0;

@@ -365,7 +365,9 @@ static enum rt_tok_err encode_spm(const struct rt_tok *tok, const char *s, size_
     if (!norm)
         goto out_nomem;
     size_t m = 0;
-    if (tok->dummy_prefix && (first || !tok->prefix_first_only)) {
+    if (tok->dummy_prefix && (first || !tok->prefix_first_only) &&
+        !(tok->prefix_unless_space &&
+          ((s[0] == ' ' && tok->escape_spaces) || (n >= 3 && memcmp(s, SPM_SPACE, 3) == 0)))) {
         memcpy(norm, SPM_SPACE, 3);
         m = 3;
     }

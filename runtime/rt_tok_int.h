@@ -115,6 +115,7 @@ struct rt_tok {
     bool ignore_merges;   /* byte-level: a word found whole in the vocabulary is one token */
     bool dummy_prefix;    /* SPM: prepend "▁" to each segment (or only the first, below) */
     bool prefix_first_only;
+    bool prefix_unless_space; /* Metaspace: no prefix when the segment already starts with " " */
     bool escape_spaces;   /* SPM: " " -> "▁" */
     bool remove_extra_ws; /* SPM model normalizer: strip and collapse spaces */
     bool spm_word_split;  /* SPM: no model piece has "▁" after another character (see bpe) */

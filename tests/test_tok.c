@@ -401,22 +401,38 @@ static char *variant_json(const char *src, const char *which)
         strcpy(out + k, b);
         return out;
     }
-    const char *a = strstr(src, "\"pre_tokenizer\": {"), *b = strstr(src, "\"post_processor\"");
+    bool meta = strcmp(which, "metaspace") == 0;
+    const char *a = strstr(src, meta ? "\"normalizer\": {" : "\"pre_tokenizer\": {");
+    const char *b = strstr(src, "\"post_processor\"");
     if (!a || !b || b < a) {
         free(out);
         return NULL;
     }
     size_t k = (size_t)(a - src);
     memcpy(out, src, k);
-    k += (size_t)sprintf(out + k, "\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"trim_offsets\": true, \"use_regex\": true},\n  ");
+    if (meta)
+        k += (size_t)sprintf(out + k, "\"normalizer\": null,\n  \"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"\xE2\x96\x81\", \"prepend_scheme\": \"first\", \"split\": false},\n  ");
+    else
+        k += (size_t)sprintf(out + k, "\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"trim_offsets\": true, \"use_regex\": true},\n  ");
     strcpy(out + k, b);
+    if (!meta) { /* and ignore_merges false */
+        char *im = strstr(out, "\"ignore_merges\": true");
+        if (!im) {
+            free(out);
+            return NULL;
+        }
+        char *tail = im + strlen("\"ignore_merges\": true");
+        memmove(tail + 1, tail, strlen(tail) + 1); /* one byte longer: "true" -> "false" */
+        memcpy(im + strlen("\"ignore_merges\": "), "false", 5);
+    }
     return out;
 }
 
 static void test_variant(const cJSON *ex, const char *which)
 {
     size_t len;
-    char *src = read_all(TOKDIR "llama3/tokenizer.json.gz", &len);
+    char *src = read_all(strcmp(which, "metaspace") == 0 ? TOKDIR "mistral/tokenizer.json"
+                                                         : TOKDIR "llama3/tokenizer.json.gz", &len);
     char *vj = src ? variant_json(src, which) : NULL;
     free(src);
     CHECK_MSG(vj != NULL, "%s: cannot build the edited tokenizer.json", which);
@@ -535,6 +551,27 @@ static void test_special(const struct rt_tok *l2, const struct rt_tok *l3, const
     rt_tok_stream_init(&s, l3, 0);
     CHECK(rt_tok_stream_push(&s, -5, &st, &sl) == RT_TOK_ERR_ID);
     rt_tok_stream_free(&s);
+    qs_log_set_quiet(false);
+}
+
+/* rt_tok_load_dir: a model directory (tokenizer.json.gz + config; json preferred to .model). */
+static void test_load_dir(void)
+{
+    struct rt_tok *t = NULL;
+    CHECK(rt_tok_load_dir(TOKDIR "llama3", &t) == RT_TOK_ERR_NONE && t);
+    size_t ne = 0;
+    const int32_t *eos = rt_tok_eos_ids(t, &ne);
+    CHECK(rt_tok_n_vocab(t) == 128256 && rt_tok_bos_id(t) == 128000 && ne == 1 && eos[0] == 128001);
+    CHECK_EQ_INT(rt_chat_detect(t), RT_CHAT_LLAMA3);
+    rt_tok_free(t);
+    t = NULL;
+    CHECK(rt_tok_load_dir(TOKDIR "llama2", &t) == RT_TOK_ERR_NONE && t);
+    CHECK_EQ_STR(rt_tok_piece(t, 3), "<0x00>");
+    rt_tok_free(t);
+    t = (struct rt_tok *)&t;
+    qs_log_set_quiet(true);
+    CHECK_EQ_INT(rt_tok_load_dir("tests/data/no-such-dir", &t), RT_TOK_ERR_NO_MODEL);
+    CHECK(t == NULL);
     qs_log_set_quiet(false);
 }
 
@@ -873,6 +910,7 @@ int main(void)
         test_mistral(cJSON_GetObjectItem(vec, "mistral_v0.1_spm"), mis);
         test_llama3(cJSON_GetObjectItem(vec, "llama3_bpe"), l3, l3m);
         test_special(l2j, l3, l31);
+        test_load_dir();
         test_bad_utf8(l3);
         test_bad_utf8(l2m);
         test_replacement(l2j);
@@ -903,6 +941,7 @@ int main(void)
         free(mini);
         test_variant(ex, "qwen2_re");
         test_variant(ex, "gpt2_re");
+        test_variant(ex, "metaspace");
         cJSON_Delete(ex);
         test_speed(l3, "llama3", "The quick brown fox, 12345 jumps\n\tover  the lazy dog's back! \xE9\x95\x87 ");
         test_speed(l2j, "llama2 json", "The quick brown fox, 12345 jumps\n\tover  the lazy dog's back! \xE9\x95\x87 ");

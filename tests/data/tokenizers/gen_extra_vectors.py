@@ -10,7 +10,9 @@ reference implementations we did not write:
   qwen2_re llama3/tokenizer.json edited as in variant_json(): the Qwen2 split regex (\p{N} instead
            of \p{N}{1,3}) and an NFC normalizer; "nfc" says whether the text is already NFC
   gpt2_re  llama3/tokenizer.json with the pre-tokenizer replaced by ByteLevel(use_regex=true),
-           i.e. the GPT-2 split regex
+           i.e. the GPT-2 split regex, and ignore_merges false
+  metaspace mistral/tokenizer.json with the Prepend/Replace normalizer replaced by a Metaspace
+           pre-tokenizer (prepend_scheme "first", split false), as newer Llama/Mistral files have
 The same text edits are made by tests/test_tok.c, so both sides read identical bytes.
 
 Run from the repository root (dev time only; CI reads the JSON):
@@ -92,15 +94,26 @@ QWEN2_RE = ("\\\\p{N}{1,3}|", "\\\\p{N}|")
 GPT2_PRE = '"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},\n  '
 
 
+METASPACE_PRE = ('"normalizer": null,\n  "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", '
+                 '"prepend_scheme": "first", "split": false},\n  ')
+IGNORE_MERGES = ('"ignore_merges": true', '"ignore_merges": false')
+
+
 def variant_json(text, which):
-    """Edit the llama3 tokenizer.json text; keep in step with variant_json() in test_tok.c."""
+    """Edit a tokenizer.json text (llama3's, or mistral's for "metaspace"); keep in step with
+    variant_json() in test_tok.c."""
     if which == "qwen2_re":
         for old, new in (QWEN2_NORM, QWEN2_RE):
             assert text.count(old) == 1, old
             text = text.replace(old, new)
         return text
+    if which == "metaspace":
+        a, b = text.index('"normalizer": {'), text.index('"post_processor"')
+        return text[:a] + METASPACE_PRE + text[b:]
     a, b = text.index('"pre_tokenizer": {'), text.index('"post_processor"')
-    return text[:a] + GPT2_PRE + text[b:]
+    text = text[:a] + GPT2_PRE + text[b:]
+    assert text.count(IGNORE_MERGES[0]) == 1
+    return text.replace(*IGNORE_MERGES)
 
 
 def hf_encode(node_dir, json_path, texts):
@@ -173,6 +186,13 @@ def main():
                 result[which] = {"reference": "npm tokenizers@0.23.2 on llama3/tokenizer.json edited: " + which,
                                  "cases": [{"text": t, "ids": i, "nfc": unicodedata.is_normalized("NFC", t)}
                                            for t, i in zip(v_texts, ids)]}
+            raw = open(TOK + "mistral/tokenizer.json", encoding="utf-8").read()
+            vj = os.path.join(d, "metaspace.json")
+            open(vj, "w", encoding="utf-8").write(variant_json(raw, "metaspace"))
+            m_texts = texts + ["<s>Hello", "Hi</s> there", "<s> x", "a<s>b", " <s>", "<unk>x</s>"]
+            ids = hf_encode(node_dir, vj, m_texts)
+            result["metaspace"] = {"reference": "npm tokenizers@0.23.2 on mistral/tokenizer.json edited: metaspace",
+                                   "cases": [{"text": t, "ids": i} for t, i in zip(m_texts, ids)]}
         ids = hf_encode(node_dir, TOK + "mistral/tokenizer.json", texts)
         result["mistral"] = {"reference": "npm tokenizers@0.23.2 (HF tokenizers), mistral/tokenizer.json, addSpecialTokens false",
                              "cases": [{"text": t, "ids": i} for t, i in zip(texts, ids)]}
