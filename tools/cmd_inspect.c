@@ -156,8 +156,15 @@ static void print_shard(const struct fmt_shard *s)
         printf("  tokenizer archive: CORRUPT (see error above)\n");
     const char *cfg;
     size_t cl;
-    if (fmt_shard_config_json(s, &cfg, &cl) == FMT_ERR_NONE)
-        printf("  config %.*s%s\n", (int)(cl > 400 ? 400 : cl), cfg, cl > 400 ? " ..." : "");
+    if (fmt_shard_config_json(s, &cfg, &cl) == FMT_ERR_NONE) {
+        cJSON *c = cJSON_ParseWithLength(cfg, cl); /* shown on one line */
+        char *one = c ? cJSON_PrintUnformatted(c) : NULL;
+        const char *txt = one ? one : cfg;
+        size_t tl = one ? strlen(one) : cl;
+        printf("  config %.*s%s\n", (int)(tl > 600 ? 600 : tl), txt, tl > 600 ? " ..." : "");
+        free(one);
+        cJSON_Delete(c);
+    }
     int w = 4;
     for (uint32_t i = 0; i < fmt_shard_n_tensors(s); i++) {
         int l = (int)strlen(fmt_shard_tensor(s, i)->name);
