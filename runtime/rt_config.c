@@ -292,6 +292,10 @@ enum rt_err rt_config_parse(const char *json, size_t len, const char *where,
             c.n_heads, c.n_kv_heads);
     if (c.head_dim % 2)
         BAD("%s: config: head_dim %d must be even for rotary embeddings", where, c.head_dim);
+    /* keeps every per-rank width the runtime computes in int: qkv columns, o_proj rows */
+    if ((long long)(c.n_heads + 2LL * c.n_kv_heads) * c.head_dim > (1LL << 24))
+        BAD("%s: config: (num_attention_heads %d + 2 * num_key_value_heads %d) * head_dim %d "
+            "exceeds 2^24", where, c.n_heads, c.n_kv_heads, c.head_dim);
     double eps, theta;
     TRY(get_pos(root, "rms_norm_eps", where, -1, &eps));
     TRY(get_pos(root, "rope_theta", where, -1, &theta));
