@@ -46,6 +46,7 @@
 #define MAX_TOKEN_FILE  (64u << 20)
 #define MAX_INDEX_FILE  (256u << 20)
 #define MAX_WEIGHT_FILES 100000u
+#define MAX_SHARDS       4096u
 
 /* --- errors -------------------------------------------------------------------------------- */
 
@@ -407,64 +408,95 @@ static bool plain_name(const char *s)
     return s[0] && s[0] != '.' && !strchr(s, '/') && !strchr(s, '\\') && strlen(s) < 256;
 }
 
+void cvt_index_free(struct cvt_index *idx)
+{
+    cJSON_Delete(idx->root);
+    free(idx->shards);
+    memset(idx, 0, sizeof *idx);
+}
+
+enum cvt_err cvt_index_parse(const char *where, const char *index_name, const char *text, size_t size,
+                             const char *suffix, struct cvt_index *idx)
+{
+    size_t cap = 0;
+    memset(idx, 0, sizeof *idx);
+    const char *end = NULL;
+    idx->root = cJSON_ParseWithLengthOpts(text, size, &end, false);
+    if (!idx->root || !cJSON_IsObject(idx->root)) {
+        qs_log_error(__func__, "%s/%s: not a JSON object (parse error near byte %zu)", where, index_name,
+                     end ? (size_t)(end - text) : (size_t)0);
+        cvt_index_free(idx);
+        return CVT_ERR_JSON;
+    }
+    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(idx->root, "weight_map");
+    if (!cJSON_IsObject(wm) || !wm->child) {
+        qs_log_error(__func__, "%s/%s: \"weight_map\" missing, empty or not an object", where, index_name);
+        goto out_err;
+    }
+    idx->weight_map = wm;
+    for (const cJSON *e = wm->child; e; e = e->next) {
+        char pb[96], pn[96];
+        if (!cJSON_IsString(e) || !plain_name(e->valuestring) || !ends_with(e->valuestring, suffix)) {
+            qs_log_error(__func__, "%s/%s: tensor %s: shard name must be a plain file name ending in %s, got %s",
+                         where, index_name, cvt_printable(e->string, strlen(e->string), pn, sizeof pn), suffix,
+                         cJSON_IsString(e) ? cvt_printable(e->valuestring, strlen(e->valuestring), pb, sizeof pb)
+                                           : "a non-string");
+            goto out_err;
+        }
+        if (!e->string[0] || !cvt_utf8_valid((const uint8_t *)e->string, strlen(e->string))) {
+            qs_log_error(__func__, "%s/%s: a tensor name is empty or not valid UTF-8", where, index_name);
+            goto out_err;
+        }
+        bool dup = false; /* entries come grouped by shard: search the newest first */
+        for (size_t i = idx->n_shards; i-- > 0 && !dup;)
+            dup = strcmp(idx->shards[i], e->valuestring) == 0;
+        if (dup)
+            continue;
+        if (idx->n_shards >= MAX_SHARDS) {
+            qs_log_error(__func__, "%s/%s: more than %u shards", where, index_name, MAX_SHARDS);
+            goto out_err;
+        }
+        if (!cvt_grow((void **)&idx->shards, &cap, idx->n_shards + 1, sizeof *idx->shards)) {
+            qs_log_error(__func__, "out of memory");
+            cvt_index_free(idx);
+            return CVT_ERR_NOMEM;
+        }
+        idx->shards[idx->n_shards++] = e->valuestring; /* borrowed from the tree */
+    }
+    const cJSON *md = cJSON_GetObjectItemCaseSensitive(idx->root, "metadata");
+    const cJSON *ts = cJSON_IsObject(md) ? cJSON_GetObjectItemCaseSensitive(md, "total_size") : NULL;
+    if (cJSON_IsNumber(ts)) {
+        idx->has_total = true;
+        idx->total_size = ts->valuedouble;
+    }
+    return CVT_ERR_NONE;
+out_err:
+    cvt_index_free(idx);
+    return CVT_ERR_INDEX;
+}
+
 /*
  * Sharded checkpoint: parse `index_name`, load every shard it names, then check the weight map
  * against the catalog both ways and look for unnamed shards in the directory.
  */
 static enum cvt_err load_indexed(struct cvt_source *src, const char *index_name, bool torch)
 {
-    char *text = NULL, **dir_names = NULL, **shards = NULL;
-    size_t size = 0, n_dir = 0, n_shards = 0, cap_shards = 0;
-    cJSON *root = NULL;
+    char *text = NULL, **dir_names = NULL;
+    size_t size = 0, n_dir = 0;
+    struct cvt_index idx = {0};
     bool *seen = NULL;
     enum cvt_err err;
     const char *suffix = torch ? ".bin" : ".safetensors";
 
     if ((err = read_small(src->dir, index_name, MAX_INDEX_FILE, &text, &size)))
         return err;
+    if ((err = cvt_index_parse(src->dir, index_name, text, size, suffix, &idx)))
+        goto out;
     err = CVT_ERR_INDEX;
-    const char *end = NULL;
-    root = cJSON_ParseWithLengthOpts(text, size, &end, false);
-    if (!root || !cJSON_IsObject(root)) {
-        qs_log_error(__func__, "%s/%s: not a JSON object (parse error near byte %zu)", src->dir, index_name,
-                     end ? (size_t)(end - text) : (size_t)0);
-        err = CVT_ERR_JSON;
-        goto out;
-    }
-    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
-    if (!cJSON_IsObject(wm) || !wm->child) {
-        qs_log_error(__func__, "%s/%s: \"weight_map\" missing, empty or not an object", src->dir, index_name);
-        goto out;
-    }
-    /* Distinct shard names, validated. */
-    for (const cJSON *e = wm->child; e; e = e->next) {
-        if (!cJSON_IsString(e) || !plain_name(e->valuestring) || !ends_with(e->valuestring, suffix)) {
-            char pb[96];
-            qs_log_error(__func__, "%s/%s: tensor %s: shard name must be a plain file name ending in %s, got %s",
-                         src->dir, index_name, e->string, suffix,
-                         cJSON_IsString(e) ? cvt_printable(e->valuestring, strlen(e->valuestring), pb, sizeof pb) : "a non-string");
-            goto out;
-        }
-        bool dup = false;
-        for (size_t i = n_shards; i-- > 0 && !dup;)
-            dup = strcmp(shards[i], e->valuestring) == 0;
-        if (dup)
-            continue;
-        if (!cvt_grow((void **)&shards, &cap_shards, n_shards + 1, sizeof *shards)) {
-            qs_log_error(__func__, "out of memory");
-            err = CVT_ERR_NOMEM;
-            goto out;
-        }
-        shards[n_shards++] = e->valuestring; /* borrowed from the tree */
-        if (n_shards > MAX_WEIGHT_FILES) {
-            qs_log_error(__func__, "%s/%s: more than %u shards", src->dir, index_name, MAX_WEIGHT_FILES);
-            goto out;
-        }
-    }
-    for (size_t i = 0; i < n_shards; i++)
-        if (!file_exists(src->dir, shards[i])) {
+    for (size_t i = 0; i < idx.n_shards; i++)
+        if (!file_exists(src->dir, idx.shards[i])) {
             qs_log_error(__func__, "%s/%s names shard %s, which is missing from the directory (incomplete download?)",
-                         src->dir, index_name, shards[i]);
+                         src->dir, index_name, idx.shards[i]);
             goto out;
         }
     /* Weight files of the same kind the index does not name. */
@@ -475,16 +507,16 @@ static enum cvt_err load_indexed(struct cvt_source *src, const char *index_name,
         if (torch && strncmp(dir_names[i], "pytorch_model", 13) != 0)
             continue; /* training_args.bin and friends are not weights */
         bool named = false;
-        for (size_t k = 0; k < n_shards && !named; k++)
-            named = strcmp(dir_names[i], shards[k]) == 0;
+        for (size_t k = 0; k < idx.n_shards && !named; k++)
+            named = strcmp(dir_names[i], idx.shards[k]) == 0;
         if (!named) {
             qs_log_error(__func__, "%s: weight file %s is not named by %s (stale or mixed download?): remove it or fix the index",
                          src->dir, dir_names[i], index_name);
             goto out;
         }
     }
-    for (size_t i = 0; i < n_shards; i++)
-        if ((err = load_weight_file(src, shards[i], torch)))
+    for (size_t i = 0; i < idx.n_shards; i++)
+        if ((err = load_weight_file(src, idx.shards[i], torch)))
             goto out;
     if ((err = build_hash(src)))
         goto out;
@@ -496,7 +528,7 @@ static enum cvt_err load_indexed(struct cvt_source *src, const char *index_name,
         err = CVT_ERR_NOMEM;
         goto out;
     }
-    for (const cJSON *e = wm->child; e; e = e->next) {
+    for (const cJSON *e = idx.weight_map->child; e; e = e->next) {
         const struct cvt_src_tensor *t = cvt_source_find(src, e->string);
         if (!t) {
             qs_log_error(__func__, "%s/%s lists tensor %s in %s, but no shard contains it", src->dir, index_name,
@@ -522,22 +554,19 @@ static enum cvt_err load_indexed(struct cvt_source *src, const char *index_name,
             goto out;
         }
     /* metadata.total_size: advisory (writers disagree on what it counts). */
-    const cJSON *md = cJSON_GetObjectItemCaseSensitive(root, "metadata");
-    const cJSON *ts = md ? cJSON_GetObjectItemCaseSensitive(md, "total_size") : NULL;
-    if (cJSON_IsNumber(ts)) {
+    if (idx.has_total) {
         uint64_t sum = 0;
         for (size_t i = 0; i < src->n; i++)
             sum += src->t[i].nbytes;
-        if ((double)sum != ts->valuedouble)
+        if ((double)sum != idx.total_size)
             qs_log_warn("%s/%s: metadata.total_size %.0f differs from the %llu bytes of tensor data found",
-                        src->dir, index_name, ts->valuedouble, (unsigned long long)sum);
+                        src->dir, index_name, idx.total_size, (unsigned long long)sum);
     }
     err = CVT_ERR_NONE;
 out:
     free(seen);
-    free(shards);
+    cvt_index_free(&idx);
     free_names(dir_names, n_dir);
-    cJSON_Delete(root);
     free(text);
     return err;
 }

@@ -132,7 +132,22 @@ static inline const char *cvt_printable(const char *s, size_t n, char *buf, size
 /* cvt_safetensors.c */
 enum cvt_dtype cvt_dtype_from_str(const char *s);
 
-/* cvt_torchbin.c: zip central directory lookup helpers used only there. */
+/* cvt_source.c: a parsed `*.index.json` (also driven by tests/fuzz_config.c). */
+struct cJSON;
+struct cvt_index {
+    struct cJSON        *root;        /* owned parse tree */
+    const struct cJSON  *weight_map;  /* borrowed: tensor name -> shard file name */
+    const char         **shards;      /* owned array of distinct shard names (borrowed strings) */
+    size_t               n_shards;
+    bool                 has_total;   /* metadata.total_size present */
+    double               total_size;
+};
+/* Parse and validate an index: JSON object with a non-empty "weight_map" of plain shard file
+ * names ending in `suffix` (no '/', no leading '.'), UTF-8 tensor names, at most 4096 shards.
+ * Errors: CVT_ERR_JSON, CVT_ERR_INDEX, CVT_ERR_NOMEM; idx is freed on error. */
+enum cvt_err cvt_index_parse(const char *where, const char *index_name, const char *text, size_t size,
+                             const char *suffix, struct cvt_index *idx);
+void cvt_index_free(struct cvt_index *idx);
 
 /* Grow helper: ensure *cap >= need for an array of elem-size items (doubling). */
 bool cvt_grow(void **ptr, size_t *cap, size_t need, size_t elem);

@@ -1675,9 +1675,64 @@ static void test_model_fixtures(void)
     free(text);
 }
 
-int main(void)
+/* --write-corpus DIR: seed inputs for tests/fuzz_{safetensors,pickle}.c built by the helpers above. */
+static int write_corpus(const char *dir)
+{
+    char d[512];
+    snprintf(d, sizeof d, "%s/fuzz_safetensors", dir);
+    mkdir(d, 0755);
+    struct buf b = small_st();
+    write_file(d, "small-two-tensors.safetensors", b.p, b.n);
+    free(b.p);
+    struct canon c;
+    canon_rand(&c, 128, 64, 64);
+    struct st_tensor t[8];
+    void *keep[8];
+    int nkeep = 0;
+    int nt = pack_variant(&c, CVT_VARIANT_GEMV_FAST, "model.layers.0.mlp.down_proj", true, false, t, keep, &nkeep);
+    b = st_build(t, nt);
+    write_file(d, "gemv-fast-linear.safetensors", b.p, b.n);
+    free(b.p);
+    snprintf(d, sizeof d, "%s/fuzz_pickle", dir);
+    mkdir(d, 0755);
+    b = tiny_zip("little", false);
+    write_file(d, "tiny-archive.bin", b.p, b.n);
+    free(b.p);
+    struct pk_tensor pt[8] = {{0}};
+    char keys[8][16];
+    for (int i = 0; i < nt; i++) {
+        snprintf(keys[i], sizeof keys[i], "%d", i);
+        int64_t es = strcmp(t[i].dtype, "I32") == 0 ? 4 : 2;
+        pt[i] = (struct pk_tensor){t[i].name, strcmp(t[i].dtype, "I16") == 0 ? "ShortStorage" : "HalfStorage", keys[i],
+                                   (int64_t)t[i].nbytes / es, 0, t[i].nd, {t[i].shape[0], t[i].shape[1]},
+                                   {t[i].nd == 2 ? t[i].shape[1] : 1, 1}, i == 2};
+    }
+    struct buf pk = pk_build(pt, nt);
+    write_file(d, "gemv-fast-linear.data.pkl", pk.p, pk.n);
+    struct zipb z = {0};
+    zip_add(&z, "m/data.pkl", pk.p, pk.n);
+    zip_add(&z, "m/byteorder", "little", 6);
+    for (int i = 0; i < nt; i++) {
+        char rec[64];
+        snprintf(rec, sizeof rec, "m/data/%d", i);
+        zip_add(&z, rec, t[i].data, t[i].nbytes);
+    }
+    b = zip_finish(&z);
+    write_file(d, "gemv-fast-linear.bin", b.p, b.n);
+    free(b.p);
+    free(pk.p);
+    for (int i = 0; i < nkeep; i++)
+        free(keep[i]);
+    canon_free(&c);
+    printf("seed corpus written under %s\n", dir);
+    return 0;
+}
+
+int main(int argc, char **argv)
 {
     T_INIT("cvt_src");
+    if (argc == 3 && strcmp(argv[1], "--write-corpus") == 0)
+        return write_corpus(argv[2]);
     snprintf(tmp_root, sizeof tmp_root, "/tmp/qshard-test-cvt-src-XXXXXX");
     if (!mkdtemp(tmp_root)) {
         perror("mkdtemp");
