@@ -537,6 +537,40 @@ static cJSON *check_tokenize_vectors(const char *model)
     return root;
 }
 
+/* --chat on a Llama-2 tokenizer: the prompt is the Llama-2 template ([INST] <<SYS>> ...) with
+ * exactly one BOS (the template text has "<s>" and encode must not add a second); a model
+ * whose tokenizer_config has no recognisable template needs --chat-template (exit 2 + hint). */
+static void check_chat(const char *model, const char *name, const char *fixture_path)
+{
+    struct proc p = run("run", model, "-p", "Hello there", "--chat-template", "llama2",
+                        "--system", "Be brief.", "-n", "1", "--temp", "0", "-v", NULL);
+    CHECK_EXIT(p, 0, name);
+    const char *at = strstr(p.err, "prompt ids: ");
+    int32_t ids[256];
+    char line[1024] = "";
+    if (at)
+        sscanf(at + strlen("prompt ids: "), "%1023[0-9,]", line);
+    int n = parse_ids(line, ids, 256);
+    /* ids: BOS, then the template's "[INST]" pieces; never BOS twice */
+    CHECK_MSG(n > 2 && ids[0] == 1 && ids[1] != 1, "%s: chat prompt ids: %.200s", name,
+              at ? at : p.err);
+    proc_free(&p);
+    /* the fixture's tokenizer_config.json: a known family only if it has a chat_template */
+    char cfg[512], *buf = NULL;
+    size_t len;
+    snprintf(cfg, sizeof(cfg), DATA "%s/tokenizer_config.json", fixture_path);
+    bool has_template = false;
+    CHECK_EQ_INT(rt_file_read(cfg, 1 << 24, &buf, &len), RT_IO_ERR_NONE);
+    has_template = buf && strstr(buf, "chat_template") != NULL;
+    free(buf);
+    if (!has_template) {
+        p = run("run", model, "-p", "Hello", "--chat", "-n", "1", NULL);
+        CHECK_EXIT(p, 2, "--chat without a chat template");
+        CHECK_MSG(strstr(p.err, "--chat-template") != NULL, "no hint: %.300s", p.err);
+        proc_free(&p);
+    }
+}
+
 /* Multi-chunk perplexity (llama.cpp tools/perplexity method) recomputed here from `qshard
  * logits` of each chunk: ids cut into chunks of ctx, first id of each chunk replaced by BOS,
  * rows ctx/2 .. ctx-2 scored, running estimate after each chunk, final
@@ -854,6 +888,7 @@ int main(void)
             if (vocab > 0)
                 check_errors_with_model(dir, name, has_tok, vocab);
             if (has_tok && has_llama2_tokenizer(m)) {
+                check_chat(dir, name, jstr(m, "path"));
                 cJSON *vec = check_tokenize_vectors(dir);
                 /* the longest vector text drives the multi-chunk perplexity check */
                 const cJSON *c, *best = NULL;
