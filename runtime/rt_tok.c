@@ -1021,6 +1021,12 @@ enum rt_tok_err rt_tok_load(const struct rt_tok_files *files, struct rt_tok **ou
         struct json_opts o = {.tmpl_bos = -1, .tmpl_eos = -1};
         if ((err = load_json(files->json, files->json_len, &tok, &o)))
             return err;
+        if (o.tmpl_bos >= tok->n_vocab || o.tmpl_eos >= tok->n_vocab) {
+            qs_log_error(__func__, "tokenizer.json: post_processor special token id %d is outside the vocabulary [0, %d)",
+                         (int)(o.tmpl_bos >= tok->n_vocab ? o.tmpl_bos : o.tmpl_eos), (int)tok->n_vocab);
+            err = RT_TOK_ERR_JSON;
+            goto fail;
+        }
         tok->bos_id = o.tmpl_bos;
         tok->add_bos = o.tmpl_bos >= 0;
         tok->add_eos = o.tmpl_eos >= 0;

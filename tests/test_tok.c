@@ -675,6 +675,7 @@ static void test_malformed_json(void)
         {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, \"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"\\\\w+\"}, \"behavior\": \"Isolated\"}}", RT_TOK_ERR_UNSUPPORTED},
         {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}", RT_TOK_ERR_JSON}, /* no byte tokens */
         {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [], \"unk_token\": \"<unk>\"}}", RT_TOK_ERR_JSON},
+        {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, \"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<s>\"}}, {\"Sequence\": {\"id\": \"A\"}}], \"special_tokens\": {\"<s>\": {\"ids\": [7]}}}}", RT_TOK_ERR_JSON},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         enum rt_tok_err err = load_json_text(cases[i].json, strlen(cases[i].json));
