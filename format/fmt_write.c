@@ -547,6 +547,15 @@ enum fmt_err fmt_writer_begin_data(struct fmt_writer *w)
     uint8_t *m;
     FMT_TRY(build_meta(w, &m));
     free(m);
+    /* Reserve the space now, so a full disk fails here and not after hours of converting;
+     * filesystems without fallocate get a sparse file. Either way unwritten bytes read as 0. */
+    if (w->file_size && fallocate(w->fd, 0, 0, (off_t)w->file_size) != 0) {
+        if (errno != EOPNOTSUPP && errno != ENOSYS) {
+            qs_log_error(__func__, "file %s: cannot reserve %" PRIu64 " bytes: %s", w->tmp_path,
+                         w->file_size, strerror(errno));
+            return FMT_ERR_IO;
+        }
+    }
     if (ftruncate(w->fd, (off_t)w->file_size) != 0) {
         qs_log_error(__func__, "file %s: cannot size to %" PRIu64 " bytes: %s", w->tmp_path,
                      w->file_size, strerror(errno));

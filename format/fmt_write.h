@@ -75,8 +75,9 @@ enum fmt_err fmt_writer_add_tensor(struct fmt_writer *w, const char *name, enum 
                                    const uint64_t *shape, enum fmt_split split,
                                    uint32_t split_axis, uint32_t *index);
 
-/* Fix every section and tensor offset and size the temp file (padding reads as zero).
- * FMT_ERR_SECTION if no CONFIG was set, FMT_ERR_IO (e.g. disk full), FMT_ERR_STATE. */
+/* Fix every section and tensor offset, and reserve the whole file on disk (fallocate, so a full
+ * disk fails here; padding reads as zero). FMT_ERR_SECTION if no CONFIG was set, FMT_ERR_IO
+ * (e.g. not enough space), FMT_ERR_STATE. */
 enum fmt_err fmt_writer_begin_data(struct fmt_writer *w);
 
 /* Bytes of tensor `index` as declared (after begin_data). */

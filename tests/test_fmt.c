@@ -23,6 +23,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1076,7 +1078,26 @@ static void test_writer_failures(void)
     CHECK(strstr(qs_log_last(), "qshard.tmp") != NULL);
     CHECK_EQ_INT(count_files(ro), 0);
     CHECK(!exists(rp));
-    /* W6: bad rank/world */
+    /* W6: the file does not fit (RLIMIT_FSIZE stands in for a full disk): begin_data fails,
+     * before any tensor is converted, and nothing is left behind */
+    struct rlimit old_lim, lim;
+    getrlimit(RLIMIT_FSIZE, &old_lim);
+    lim.rlim_cur = 1 << 20;
+    lim.rlim_max = old_lim.rlim_max;
+    signal(SIGXFSZ, SIG_IGN);
+    setrlimit(RLIMIT_FSIZE, &lim);
+    uint64_t big[1] = {8u << 20};
+    CHECK_EQ_INT(fmt_writer_open(p, &o, &w), FMT_ERR_NONE);
+    CHECK_EQ_INT(fmt_writer_set_section(w, FMT_SECTION_CONFIG, "{}", 2), FMT_ERR_NONE);
+    CHECK_EQ_INT(fmt_writer_add_tensor(w, "big", FMT_DTYPE_U8, FMT_LAYOUT_ROW_MAJOR, 1, big,
+                                       FMT_SPLIT_NONE, 0, NULL), FMT_ERR_NONE);
+    CHECK_EQ_INT(fmt_writer_begin_data(w), FMT_ERR_IO);
+    CHECK(strstr(qs_log_last(), "x.qshard.tmp") != NULL);
+    fmt_writer_abort(w);
+    setrlimit(RLIMIT_FSIZE, &old_lim);
+    signal(SIGXFSZ, SIG_DFL);
+    CHECK_EQ_INT(count_files(dir), 0);
+    /* W7: bad rank/world */
     struct fmt_writer_opts bad = {3, 2, {0}};
     CHECK_EQ_INT(fmt_writer_open(p, &bad, &w), FMT_ERR_RANK);
     CHECK_EQ_INT(count_files(dir), 0);
