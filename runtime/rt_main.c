@@ -594,6 +594,7 @@ static void run_usage(FILE *f)
         "stderr. Without --chat the prompt is echoed first.\n"
         "\n"
         "  -p, --prompt TEXT       prompt text (UTF-8), encoded as HF tokenizer(text) does\n"
+        "  -f, --file FILE         read the prompt text from FILE\n"
         "  --tokens 1,2,3          prompt as token ids instead of text\n"
         "  -n, --n-predict N       tokens to generate (default 128)\n"
         "  --print-ids             print the generated ids (comma-separated, one line) instead\n"
@@ -634,6 +635,7 @@ int cmd_run(int argc, char **argv)
     static const struct option longopts[] = {
         MODEL_LONGOPTS,
         {"prompt", required_argument, NULL, 'p'},
+        {"file", required_argument, NULL, 'f'},
         {"n-predict", required_argument, NULL, 'n'},
         {"temp", required_argument, NULL, OPT_TEMP},
         {"top-k", required_argument, NULL, OPT_TOP_K},
@@ -662,6 +664,8 @@ int cmd_run(int argc, char **argv)
     sp.top_p = 0.95f;
     bool seed_given = false, print_ids = false, truncate = false, no_echo = false;
     bool ignore_eos = false;
+    const char *prompt_file = NULL;
+    char *file_text = NULL;
     long n_predict = 128;
     const char *stops[MAX_STOPS];
     int n_stops = 0;
@@ -669,7 +673,7 @@ int cmd_run(int argc, char **argv)
     int c;
     optind = 1;
     opterr = 1;
-    while ((c = getopt_long(argc, argv, "p:n:vh", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "p:f:n:vh", longopts, NULL)) != -1) {
         int m = model_opt(c, optarg, &mo, "run");
         if (m < 0)
             return QS_EXIT_USAGE;
@@ -681,6 +685,9 @@ int cmd_run(int argc, char **argv)
             return QS_EXIT_OK;
         case 'p':
             po.text = optarg;
+            break;
+        case 'f':
+            prompt_file = optarg;
             break;
         case 'n':
             if (!parse_int(optarg, 0, 1L << 24, &n_predict)) {
@@ -778,8 +785,9 @@ int cmd_run(int argc, char **argv)
         return QS_EXIT_USAGE;
     }
     mo.path = argv[optind];
-    if (!!po.text + !!po.tokens != 1) {
-        fprintf(stderr, "qshard run: give exactly one of -p \"text\" and --tokens 1,2,3\n");
+    if (!!po.text + !!po.tokens + !!prompt_file != 1) {
+        fprintf(stderr, "qshard run: give exactly one of -p \"text\", -f FILE and --tokens "
+                        "1,2,3\n");
         return QS_EXIT_USAGE;
     }
     if (po.tokens && po.chat) {
@@ -797,11 +805,25 @@ int cmd_run(int argc, char **argv)
         }
     if (!seed_given)
         sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    if (prompt_file) {
+        size_t fl = 0;
+        enum rt_io_err ie = rt_file_read(prompt_file, MAX_TEXT_FILE, &file_text, &fl);
+        if (ie)
+            return exit_for_io_err(ie);
+        if (strlen(file_text) != fl) {
+            qs_log_error(__func__, "%s contains a NUL byte: not a text file", prompt_file);
+            free(file_text);
+            return QS_EXIT_BAD_INPUT;
+        }
+        po.text = file_text;
+    }
 
     struct session s;
     int rc = session_open(&s, &mo, true);
-    if (rc)
+    if (rc) {
+        free(file_text);
         return rc;
+    }
     int32_t *ids = NULL, *out_ids = NULL;
     size_t n_ids = 0, n_out = 0;
     float *logits = NULL;
@@ -955,6 +977,7 @@ out:
     free(logits);
     free(out_ids);
     free(ids);
+    free(file_text);
     session_close(&s);
     return rc;
 }

@@ -396,6 +396,17 @@ static void check_stop(const char *model, const char *name, const cJSON *prompt)
     CHECK_EXIT(full, 0, name);
     size_t tl = strlen(text);
     CHECK_MSG(full.out_len > tl && !strncmp(full.out, text, tl), "%s: prompt not echoed", name);
+    /* -f FILE is the same prompt as -p TEXT */
+    char pf[512];
+    snprintf(pf, sizeof(pf), "%s/prompt.txt", g_tmp);
+    FILE *f = fopen(pf, "wb");
+    fputs(text, f);
+    fclose(f);
+    struct proc byfile = run("run", model, "-f", pf, "--temp", "0", "-n", "24", "--ignore-eos",
+                             "--device", "cpu", NULL);
+    CHECK_EXIT(byfile, 0, name);
+    CHECK_MSG(!strcmp(byfile.out, full.out), "%s: -f output differs from -p", name);
+    proc_free(&byfile);
     if (full.code != 0 || full.out_len <= tl + 4) {
         proc_free(&full);
         return;
