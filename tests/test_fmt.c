@@ -1183,6 +1183,12 @@ static void test_cli(void)
     snprintf(args, sizeof(args), "verify %s", bad);
     CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 5);
     CHECK_MSG(strstr(out, "c.qweight") && strstr(out, "bad.qshard"), "verify output: %s", out);
+    snprintf(args, sizeof(args), "verify --tensor b.weight %s", bad); /* lazily: one tensor */
+    CHECK_EQ_INT(run_cli(args, NULL, 0), 0);
+    snprintf(args, sizeof(args), "verify -t c.qweight %s", bad);
+    CHECK_EQ_INT(run_cli(args, NULL, 0), 5);
+    snprintf(args, sizeof(args), "verify -t no.such.tensor %s", bad);
+    CHECK_EQ_INT(run_cli(args, NULL, 0), 2);
     /* same corruption inside the model directory */
     write_file(p, b, n);
     snprintf(args, sizeof(args), "verify %s", dir);

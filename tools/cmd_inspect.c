@@ -5,8 +5,9 @@
  *          model config and tensor table, as a table or as JSON (--json). A DIR with a
  *          manifest.json is shown through the manifest (and its ranks are checked against it);
  *          a DIR without one shows every *.qshard file in it.
- * verify:  structure + every tensor checksum + zero padding + tokenizer archive, and for a DIR
- *          the manifest: every rank present, same model, sizes and digests as recorded.
+ * verify:  structure + every tensor checksum (or only one: --tensor NAME) + zero padding +
+ *          tokenizer archive, and for a DIR the manifest: every rank present, same model, sizes
+ *          and digests as recorded.
  *
  * Exit codes (docs/DESIGN.md section 2): 0 ok, 1 usage, 2 bad or corrupt file, 4 I/O error,
  * 5 verification failed (checksum, padding, tokenizer archive, manifest, missing or foreign rank).
@@ -392,9 +393,30 @@ static void progress_fn(void *ctx, uint32_t done, uint32_t n, uint64_t bytes, ui
         fputc('\n', stderr);
 }
 
-/* Verify one open shard; prints the summary line; returns the exit code. */
-static int verify_shard(const struct fmt_shard *s, bool verbose)
+/* Verify one tensor of an open shard (--tensor NAME). */
+static int verify_one(const struct fmt_shard *s, const char *name)
 {
+    const struct fmt_tensor *t = fmt_shard_find(s, name);
+    if (!t) {
+        qs_log_error(__func__, "file %s: no tensor named %s", fmt_shard_path(s), name);
+        return QS_EXIT_BAD_INPUT;
+    }
+    enum fmt_err e = fmt_shard_verify_tensor(s, fmt_shard_tensor_index(s, t));
+    if (e) {
+        fprintf(stderr, "qshard verify: FAILED: %s: tensor %s: %s\n", fmt_shard_path(s), name,
+                fmt_err_str(e));
+        return exit_verify(e);
+    }
+    printf("ok: %s: tensor %s (%" PRIu64 " bytes, xxh3 %016" PRIx64 ")\n", fmt_shard_path(s),
+           name, t->size, t->xxh3);
+    return QS_EXIT_OK;
+}
+
+/* Verify one open shard; prints the summary line; returns the exit code. */
+static int verify_shard(const struct fmt_shard *s, bool verbose, const char *tensor)
+{
+    if (tensor)
+        return verify_one(s, tensor);
     struct progress p = {verbose, now_s(), 0};
     enum fmt_err e = fmt_shard_verify_all(s, progress_fn, &p);
     double dt = now_s() - p.t0;
@@ -408,7 +430,7 @@ static int verify_shard(const struct fmt_shard *s, bool verbose)
     return QS_EXIT_OK;
 }
 
-static int verify_path(const char *path, bool verbose)
+static int verify_path(const char *path, bool verbose, const char *tensor)
 {
     if (!is_dir(path)) {
         struct fmt_shard *s;
@@ -417,7 +439,7 @@ static int verify_path(const char *path, bool verbose)
             fprintf(stderr, "qshard verify: FAILED: %s: %s\n", path, fmt_err_str(e));
             return exit_open(e);
         }
-        int rc = verify_shard(s, verbose);
+        int rc = verify_shard(s, verbose, tensor);
         fmt_shard_close(s);
         return rc;
     }
@@ -431,17 +453,18 @@ static int verify_path(const char *path, bool verbose)
            fmt_model_world_size(m));
     int rc = QS_EXIT_OK;
     for (uint32_t k = 0; k < fmt_model_world_size(m); k++)
-        rc = worse(rc, verify_shard(fmt_model_shard(m, k), verbose));
+        rc = worse(rc, verify_shard(fmt_model_shard(m, k), verbose, tensor));
     fmt_model_close(m);
     return rc;
 }
 
 static void verify_usage(FILE *f)
 {
-    fprintf(f, "usage: qshard verify [-v] FILE|DIR...\n"
+    fprintf(f, "usage: qshard verify [-v] [--tensor NAME] FILE|DIR...\n"
                "  Check structure, every tensor checksum (XXH3-64), zero padding and the tokenizer\n"
                "  archive of .qshard files; for a DIR also its manifest.json: every rank present,\n"
                "  same model_id and world_size, sizes and digests as recorded.\n"
+               "  -t, --tensor NAME  check only this tensor's checksum (and the structure)\n"
                "  -v, --verbose  progress on stderr\n"
                "  -h, --help     this text\n"
                "exit: 0 ok, 1 usage, 2 bad or corrupt file, 4 I/O error, 5 verification failed\n");
@@ -450,14 +473,17 @@ static void verify_usage(FILE *f)
 int cmd_verify(int argc, char **argv)
 {
     static const struct option opts[] = {{"verbose", no_argument, NULL, 'v'},
+                                          {"tensor", required_argument, NULL, 't'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     bool verbose = false;
+    const char *tensor = NULL;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "vh", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "vt:h", opts, NULL)) != -1) {
         switch (c) {
         case 'v': verbose = true; break;
+        case 't': tensor = optarg; break;
         case 'h': verify_usage(stdout); return QS_EXIT_OK;
         default: verify_usage(stderr); return QS_EXIT_USAGE;
         }
@@ -468,6 +494,6 @@ int cmd_verify(int argc, char **argv)
     }
     int rc = QS_EXIT_OK;
     for (int i = optind; i < argc; i++)
-        rc = worse(rc, verify_path(argv[i], verbose));
+        rc = worse(rc, verify_path(argv[i], verbose, tensor));
     return rc;
 }
