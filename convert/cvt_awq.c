@@ -35,7 +35,8 @@
 #include "cvt_src_int.h"
 #include "qs_log.h"        /* qs_log_error */
 
-static const unsigned REV[8] = {0, 4, 1, 5, 2, 6, 3, 7};   /* column j -> nibble */
+/* The decoder's gemm_word() hard-codes REV = {0,4,1,5,2,6,3,7} (column j -> nibble REV[j]) as
+ * shifts; the self-check walks the packer's direction instead: */
 static const unsigned ORDER[8] = {0, 2, 4, 6, 1, 3, 5, 7}; /* nibble i -> column */
 
 #define PREFIX_MAX 400
@@ -278,41 +279,66 @@ static enum cvt_err scale_bits(const struct cvt_source *src, const struct cvt_sr
 
 /* --- decoder ------------------------------------------------------------------------------------ */
 
+#define BLK 64 /* transposing loops work on BLK x BLK tiles so writes stay in L1 */
+
+/* One GEMM word -> columns 8c..8c+7 (column j from nibble REV[j], shifts 0,16,4,20,8,24,12,28).
+ * Hot path of the converter. */
+static inline void gemm_word(uint32_t w, uint8_t *d)
+{
+    d[0] = (uint8_t)(w & 15u);         d[1] = (uint8_t)((w >> 16) & 15u);
+    d[2] = (uint8_t)((w >> 4) & 15u);  d[3] = (uint8_t)((w >> 20) & 15u);
+    d[4] = (uint8_t)((w >> 8) & 15u);  d[5] = (uint8_t)((w >> 24) & 15u);
+    d[6] = (uint8_t)((w >> 12) & 15u); d[7] = (uint8_t)(w >> 28);
+}
+
+/* Columns [n0, n1) of one GEMM-packed row (qweight or qzeros) into dst[0 .. n1-n0). */
+static void gemm_row(const uint8_t *row, int64_t n0, int64_t n1, uint8_t *dst)
+{
+    uint8_t t[8];
+    const int64_t c_lo = (n0 + 7) / 8, c_hi = n1 / 8;
+    if (c_lo > c_hi) { /* inside one word */
+        gemm_word(cvt_ld32(row + 4 * (n0 / 8)), t);
+        memcpy(dst, t + n0 % 8, (size_t)(n1 - n0));
+        return;
+    }
+    if (n0 % 8) {
+        gemm_word(cvt_ld32(row + 4 * (n0 / 8)), t);
+        memcpy(dst, t + n0 % 8, (size_t)(8 - n0 % 8));
+    }
+    for (int64_t c = c_lo; c < c_hi; c++)
+        gemm_word(cvt_ld32(row + 4 * c), dst + 8 * c - n0);
+    if (8 * c_hi < n1) {
+        gemm_word(cvt_ld32(row + 4 * c_hi), t);
+        memcpy(dst + 8 * c_hi - n0, t, (size_t)(n1 - 8 * c_hi));
+    }
+}
+
+/* F16 scales row copy + check (positive, finite, non-zero); index reported as [r, c0 + i]. */
+static enum cvt_err f16_scales(const struct cvt_source *src, const struct cvt_src_tensor *sc, const uint8_t *p,
+                               int64_t n, int64_t r, int64_t c0, uint16_t *dst)
+{
+    memcpy(dst, p, (size_t)n * 2);
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t h = dst[i];
+        if ((h & 0x8000u) || (h & 0x7c00u) == 0x7c00u || h == 0)
+            return bad_scale(src, sc, r, c0 + i, cvt_f16_to_f32(h));
+    }
+    return CVT_ERR_NONE;
+}
+
 static enum cvt_err decode_gemm(const struct cvt_source *src, const struct cvt_awq_info *in,
                                 struct cvt_awq_linear *o)
 {
     const uint8_t *qw = cvt_source_data(src, in->qweight), *qz = cvt_source_data(src, in->zeros),
                   *sc = cvt_source_data(src, in->scales);
-    const int64_t N = in->N, W = N / 8, Ns = o->N, G = in->G;
-    const int64_t c0 = o->n0 / 8, c1 = (o->n0 + Ns + 7) / 8;
-    for (int64_t k = o->k0; k < o->k0 + o->K; k++) {
-        const uint8_t *row = qw + (uint64_t)k * (uint64_t)W * 4;
-        uint8_t *dst = o->q + (k - o->k0) * Ns - o->n0;
-        for (int64_t c = c0; c < c1; c++) {
-            uint32_t w = cvt_ld32(row + 4 * c);
-            for (int j = 0; j < 8; j++) {
-                int64_t n = 8 * c + j;
-                if (n >= o->n0 && n < o->n0 + Ns)
-                    dst[n] = (uint8_t)((w >> (4 * REV[j])) & 0xfu);
-            }
-        }
-    }
+    const int64_t N = in->N, W = N / 8, Ns = o->N, G = in->G, n0 = o->n0, n1 = o->n0 + o->N;
+    for (int64_t k = o->k0; k < o->k0 + o->K; k++)
+        gemm_row(qw + (uint64_t)k * (uint64_t)W * 4, n0, n1, o->q + (k - o->k0) * Ns);
     for (int64_t g = o->k0 / G; g < (o->k0 + o->K) / G; g++) {
         const int64_t gs = g - o->k0 / G;
-        const uint8_t *row = qz + (uint64_t)g * (uint64_t)W * 4;
-        for (int64_t c = c0; c < c1; c++) {
-            uint32_t w = cvt_ld32(row + 4 * c);
-            for (int j = 0; j < 8; j++) {
-                int64_t n = 8 * c + j;
-                if (n >= o->n0 && n < o->n0 + Ns)
-                    o->z[gs * Ns + n - o->n0] = (uint8_t)((w >> (4 * REV[j])) & 0xfu);
-            }
-        }
-        for (int64_t n = o->n0; n < o->n0 + Ns; n++) {
-            float v;
-            CVT_TRY(scale_bits(src, in->scales, g, n, sc + ((uint64_t)g * (uint64_t)N + (uint64_t)n) * 2,
-                               &o->s[gs * Ns + n - o->n0], &v));
-        }
+        gemm_row(qz + (uint64_t)g * (uint64_t)W * 4, n0, n1, o->z + gs * Ns);
+        CVT_TRY(f16_scales(src, in->scales, sc + ((uint64_t)g * (uint64_t)N + (uint64_t)n0) * 2, Ns, g, n0,
+                           o->s + gs * Ns));
     }
     return CVT_ERR_NONE;
 }
@@ -323,19 +349,26 @@ static enum cvt_err decode_gemv(const struct cvt_source *src, const struct cvt_a
     const uint8_t *qw = cvt_source_data(src, in->qweight), *qz = cvt_source_data(src, in->zeros),
                   *sc = cvt_source_data(src, in->scales);
     const int64_t K = in->K, G = in->G, Ns = o->N, Wz = in->zeros->shape[1], SW = in->scales->shape[1];
-    const int64_t g0 = o->k0 / G, g1 = (o->k0 + o->K) / G;
-    for (int64_t n = o->n0; n < o->n0 + Ns; n++) {
-        const uint8_t *row = qw + (uint64_t)n * (uint64_t)(K / 8) * 4;
-        uint8_t *dst = o->q + (n - o->n0) - o->k0 * Ns;
-        for (int64_t k = o->k0; k < o->k0 + o->K; k++)
-            dst[k * Ns] = (uint8_t)((cvt_ld32(row + (k / 8) * 4) >> (4 * (k % 8))) & 0xfu);
+    const int64_t k0 = o->k0, k1 = o->k0 + o->K, n0 = o->n0, n1 = o->n0 + o->N;
+    const int64_t g0 = k0 / G, g1 = k1 / G;
+    for (int64_t nb = n0; nb < n1; nb += BLK)
+        for (int64_t kb = k0; kb < k1; kb += BLK) {
+            const int64_t ne = nb + BLK < n1 ? nb + BLK : n1, ke = kb + BLK < k1 ? kb + BLK : k1;
+            for (int64_t n = nb; n < ne; n++) {
+                const uint8_t *row = qw + (uint64_t)n * (uint64_t)(K / 8) * 4;
+                uint8_t *dst = o->q + (n - n0) - k0 * Ns;
+                for (int64_t k = kb; k < ke; k++)
+                    dst[k * Ns] = (uint8_t)((cvt_ld32(row + (k / 8) * 4) >> (4 * (k % 8))) & 0xfu);
+            }
+        }
+    for (int64_t n = n0; n < n1; n++) {
         const uint8_t *zrow = qz + (uint64_t)n * (uint64_t)Wz * 4;
         const uint8_t *srow = sc + (uint64_t)n * (uint64_t)SW * 2;
         for (int64_t g = g0; g < g1; g++) {
             uint32_t w = cvt_ld32(zrow + (g / 8) * 4);
-            o->z[(g - g0) * Ns + n - o->n0] = (uint8_t)((w >> (4 * (g % 8))) & 0xfu);
+            o->z[(g - g0) * Ns + n - n0] = (uint8_t)((w >> (4 * (g % 8))) & 0xfu);
             float v;
-            CVT_TRY(scale_bits(src, in->scales, n, g, srow + g * 2, &o->s[(g - g0) * Ns + n - o->n0], &v));
+            CVT_TRY(scale_bits(src, in->scales, n, g, srow + g * 2, &o->s[(g - g0) * Ns + n - n0], &v));
         }
     }
     return CVT_ERR_NONE;
@@ -347,29 +380,34 @@ static enum cvt_err decode_gemv_fast(const struct cvt_source *src, const struct 
     const uint8_t *qw = cvt_source_data(src, in->qweight), *qz = cvt_source_data(src, in->zeros),
                   *sc = cvt_source_data(src, in->scales);
     const int64_t K = in->K, N = in->N, G = in->G, Ns = o->N;
+    const int64_t k0 = o->k0, k1 = o->k0 + o->K, n0 = o->n0, n1 = o->n0 + o->N;
     /* Closed form (AWQ-FORMATS 1.4): per k%64, word offset (without the 16*r term) and nibble. */
     uint8_t wofs[64], nib[64];
     for (int kk = 0; kk < 64; kk++) {
         int t = kk % 32;
         int x = 32 * (kk / 32) + 8 * ((t % 8) / 2) + 4 * (t % 2) + t / 8;
         wofs[kk] = (uint8_t)(x / 4);
-        nib[kk] = (uint8_t)(x % 4);
+        nib[kk] = (uint8_t)(4 * (x % 4));
     }
-    for (int64_t n = o->n0; n < o->n0 + Ns; n++) {
-        const uint8_t *row = qw + (uint64_t)(n / 4) * (uint64_t)K * 2;
-        const int64_t r = n % 4;
-        uint8_t *dst = o->q + (n - o->n0) - o->k0 * Ns;
-        for (int64_t k = o->k0; k < o->k0 + o->K; k++) {
-            int64_t word = 64 * (k / 64) + 16 * r + wofs[k % 64];
-            dst[k * Ns] = (uint8_t)((cvt_ld16(row + word * 2) >> (4 * nib[k % 64])) & 0xfu);
+    for (int64_t nb = n0; nb < n1; nb += BLK)
+        for (int64_t kb = k0; kb < k1; kb += BLK) {
+            const int64_t ne = nb + BLK < n1 ? nb + BLK : n1, ke = kb + BLK < k1 ? kb + BLK : k1;
+            for (int64_t n = nb; n < ne; n++) {
+                const uint8_t *row = qw + (uint64_t)(n / 4) * (uint64_t)K * 2;
+                const int64_t r16 = 16 * (n % 4);
+                uint8_t *dst = o->q + (n - n0) - k0 * Ns;
+                for (int64_t k = kb; k < ke; k++) {
+                    int64_t word = 64 * (k / 64) + r16 + wofs[k % 64];
+                    dst[k * Ns] = (uint8_t)((cvt_ld16(row + word * 2) >> nib[k % 64]) & 0xfu);
+                }
+            }
         }
-    }
-    const int64_t g0 = o->k0 / G, g1 = (o->k0 + o->K) / G;
+    const int64_t g0 = k0 / G, g1 = k1 / G;
     for (int64_t g = g0; g < g1; g++)
-        for (int64_t n = o->n0; n < o->n0 + Ns; n++) {
+        for (int64_t n = n0; n < n1; n++) {
             uint64_t e = ((uint64_t)g * (uint64_t)N + (uint64_t)n) * 2;
             float s;
-            int64_t at = (g - g0) * Ns + n - o->n0;
+            int64_t at = (g - g0) * Ns + n - n0;
             CVT_TRY(scale_bits(src, in->scales, g, n, sc + e, &o->s[at], &s));
             CVT_TRY(unscale_zero(src, in->zeros, g, n, s, load_half(qz + e, in->zeros->dtype), &o->z[at]));
         }
@@ -464,31 +502,81 @@ out_err:
 
 /* --- independent source dequantization (self-check) ------------------------------------------- */
 
+/* Scales [g0, g1) x [n0, n1) as float (scales_at(g, n) gives the element's byte offset) and
+ * integer zeros; shared by the three self-check paths. Values are checked as in the decoder. */
+struct dq_groups {
+    float   *s;  /* [g1-g0][n1-n0] */
+    uint8_t *z;  /* [g1-g0][n1-n0] */
+};
+
+static void dq_groups_free(struct dq_groups *d)
+{
+    free(d->s);
+    free(d->z);
+}
+
+static enum cvt_err dq_alloc(const char *prefix, int64_t Gs, int64_t Ns, struct dq_groups *d)
+{
+    d->s = malloc((size_t)(Gs * Ns) * sizeof *d->s);
+    d->z = malloc((size_t)(Gs * Ns));
+    if (!d->s || !d->z) {
+        dq_groups_free(d);
+        qs_log_error("cvt_awq_dequant_source", "linear %s: out of memory", prefix);
+        return CVT_ERR_NOMEM;
+    }
+    return CVT_ERR_NONE;
+}
+
 /* GEMM: walk each packed word and scatter nibble i to column 8c + ORDER[i]. */
 static enum cvt_err dq_gemm(const struct cvt_source *src, const struct cvt_awq_info *in, int64_t k0, int64_t k1,
                             int64_t n0, int64_t n1, float *out)
 {
     const uint8_t *qw = cvt_source_data(src, in->qweight), *qz = cvt_source_data(src, in->zeros),
                   *sc = cvt_source_data(src, in->scales);
-    const int64_t N = in->N, W = N / 8, Ns = n1 - n0;
-    for (int64_t k = k0; k < k1; k++) {
-        const int64_t g = k / in->G;
+    const int64_t N = in->N, W = N / 8, Ns = n1 - n0, G = in->G, g0 = k0 / G, g1 = k1 / G;
+    struct dq_groups d = {0};
+    CVT_TRY(dq_alloc(in->qweight->name, g1 - g0, Ns, &d));
+    enum cvt_err err = CVT_ERR_NONE;
+    for (int64_t g = g0; g < g1 && !err; g++)
+        for (int64_t n = n0; n < n1; n++) {
+            float s = cvt_f16_to_f32(cvt_ld16(sc + ((uint64_t)g * (uint64_t)N + (uint64_t)n) * 2));
+            if (!isfinite(s) || !(s > 0.0f)) {
+                err = bad_scale(src, in->scales, g, n, s);
+                break;
+            }
+            d.s[(g - g0) * Ns + n - n0] = s;
+        }
+    for (int64_t g = g0; g < g1 && !err; g++)
         for (int64_t c = n0 / 8; c < (n1 + 7) / 8; c++) {
-            uint32_t wq = cvt_ld32(qw + ((uint64_t)k * (uint64_t)W + (uint64_t)c) * 4);
             uint32_t wz = cvt_ld32(qz + ((uint64_t)g * (uint64_t)W + (uint64_t)c) * 4);
             for (unsigned i = 0; i < 8; i++) {
                 int64_t col = 8 * c + ORDER[i];
-                if (col < n0 || col >= n1)
-                    continue;
-                int q = (int)((wq >> (4 * i)) & 0xfu), z = (int)((wz >> (4 * i)) & 0xfu);
-                float s = cvt_f16_to_f32(cvt_ld16(sc + ((uint64_t)g * (uint64_t)N + (uint64_t)col) * 2));
-                if (!isfinite(s) || !(s > 0.0f))
-                    return bad_scale(src, in->scales, g, col, s);
-                out[(k - k0) * Ns + (col - n0)] = (float)(q - z) * s;
+                if (col >= n0 && col < n1)
+                    d.z[(g - g0) * Ns + col - n0] = (uint8_t)((wz >> (4 * i)) & 0xfu);
+            }
+        }
+    for (int64_t k = k0; k < k1 && !err; k++) {
+        const float *srow = d.s + (k / G - g0) * Ns - n0;
+        const uint8_t *zrow = d.z + (k / G - g0) * Ns - n0;
+        float *orow = out + (k - k0) * Ns - n0;
+        for (int64_t c = n0 / 8; c < (n1 + 7) / 8; c++) {
+            uint32_t wq = cvt_ld32(qw + ((uint64_t)k * (uint64_t)W + (uint64_t)c) * 4);
+            if (8 * c >= n0 && 8 * c + 8 <= n1) { /* whole word (hot path) */
+                for (unsigned i = 0; i < 8; i++) {
+                    const int64_t col = 8 * c + ORDER[i];
+                    orow[col] = (float)((int)((wq >> (4 * i)) & 0xfu) - (int)zrow[col]) * srow[col];
+                }
+                continue;
+            }
+            for (unsigned i = 0; i < 8; i++) {
+                int64_t col = 8 * c + ORDER[i];
+                if (col >= n0 && col < n1)
+                    orow[col] = (float)((int)((wq >> (4 * i)) & 0xfu) - (int)zrow[col]) * srow[col];
             }
         }
     }
-    return CVT_ERR_NONE;
+    dq_groups_free(&d);
+    return err;
 }
 
 /* GEMV: W[n][k] = (nib(qweight[n][k/8], k%8) - nib(qzeros[n][g/8], g%8)) * scales[n][g]. */
@@ -497,52 +585,80 @@ static enum cvt_err dq_gemv(const struct cvt_source *src, const struct cvt_awq_i
 {
     const uint8_t *qw = cvt_source_data(src, in->qweight), *qz = cvt_source_data(src, in->zeros),
                   *sc = cvt_source_data(src, in->scales);
-    const int64_t KW = in->K / 8, ZW = in->zeros->shape[1], SW = in->scales->shape[1], Ns = n1 - n0;
+    const int64_t KW = in->K / 8, ZW = in->zeros->shape[1], SW = in->scales->shape[1], Ns = n1 - n0, G = in->G;
+    const int64_t g0 = k0 / G, g1 = k1 / G;
+    struct dq_groups d = {0};
+    CVT_TRY(dq_alloc(in->qweight->name, g1 - g0, Ns, &d));
     for (int64_t n = n0; n < n1; n++)
-        for (int64_t k = k0; k < k1; k++) {
-            const int64_t g = k / in->G;
-            uint32_t wq = cvt_ld32(qw + ((uint64_t)n * (uint64_t)KW + (uint64_t)(k >> 3)) * 4);
-            uint32_t wz = cvt_ld32(qz + ((uint64_t)n * (uint64_t)ZW + (uint64_t)(g >> 3)) * 4);
-            int q = (int)(wq >> ((k & 7) * 4)) & 15, z = (int)(wz >> ((g & 7) * 4)) & 15;
+        for (int64_t g = g0; g < g1; g++) {
             float s = cvt_f16_to_f32(cvt_ld16(sc + ((uint64_t)n * (uint64_t)SW + (uint64_t)g) * 2));
-            if (!isfinite(s) || !(s > 0.0f))
+            if (!isfinite(s) || !(s > 0.0f)) {
+                dq_groups_free(&d);
                 return bad_scale(src, in->scales, n, g, s);
-            out[(k - k0) * Ns + (n - n0)] = (float)(q - z) * s;
+            }
+            uint32_t wz = cvt_ld32(qz + ((uint64_t)n * (uint64_t)ZW + (uint64_t)(g >> 3)) * 4);
+            d.s[(g - g0) * Ns + n - n0] = s;
+            d.z[(g - g0) * Ns + n - n0] = (uint8_t)((wz >> ((g & 7) * 4)) & 15u);
         }
+    for (int64_t nb = n0; nb < n1; nb += BLK)
+        for (int64_t kb = k0; kb < k1; kb += BLK)
+            for (int64_t n = nb; n < (nb + BLK < n1 ? nb + BLK : n1); n++)
+                for (int64_t k = kb; k < (kb + BLK < k1 ? kb + BLK : k1); k++) {
+                    const int64_t gi = (k / G - g0) * Ns + n - n0;
+                    uint32_t wq = cvt_ld32(qw + ((uint64_t)n * (uint64_t)KW + (uint64_t)(k >> 3)) * 4);
+                    int q = (int)(wq >> ((k & 7) * 4)) & 15;
+                    out[(k - k0) * Ns + (n - n0)] = (float)(q - (int)d.z[gi]) * d.s[gi];
+                }
+    dq_groups_free(&d);
     return CVT_ERR_NONE;
 }
 
 /* GEMVFast / gen-3: walk the I16 words of each interleaved row and invert the packing:
  * word wi of row R: block b = wi/64, o = wi%64, r = o/16; nibble i: x = 4*(o%16) + i,
- * h = x/32, p = x%32, t = 8*(p%4) + 2*(p/8) + (p/4)%2; k = 64b + 32h + t, n = 4R + r. */
+ * h = x/32, p = x%32, t = 8*(p%4) + 2*(p/8) + (p/4)%2; k = 64b + 32h + t, n = 4R + r.
+ * Loop order: 64-wide K block b, then rows R, so writes stay inside a 64 x 64 tile. */
 static enum cvt_err dq_gemv_fast(const struct cvt_source *src, const struct cvt_awq_info *in, int64_t k0,
                                  int64_t k1, int64_t n0, int64_t n1, float *out)
 {
     const uint8_t *qw = cvt_source_data(src, in->qweight), *qz = cvt_source_data(src, in->zeros),
                   *sc = cvt_source_data(src, in->scales);
-    const int64_t K = in->K, N = in->N, Ns = n1 - n0;
-    for (int64_t R = n0 / 4; R < (n1 + 3) / 4; R++)
-        for (int64_t wi = 0; wi < K; wi++) {
-            const int64_t b = wi / 64, o = wi % 64, r = o / 16, n = 4 * R + r;
-            if (n < n0 || n >= n1)
-                continue;
-            uint16_t w = cvt_ld16(qw + ((uint64_t)R * (uint64_t)K + (uint64_t)wi) * 2);
-            for (int i = 0; i < 4; i++) {
-                const int64_t x = 4 * (o % 16) + i, h = x / 32, p = x % 32;
-                const int64_t t = 8 * (p % 4) + 2 * (p / 8) + (p / 4) % 2, k = 64 * b + 32 * h + t;
-                if (k < k0 || k >= k1)
-                    continue;
-                const int64_t g = k / in->G;
-                uint64_t e = ((uint64_t)g * (uint64_t)N + (uint64_t)n) * 2;
-                float s = load_half(sc + e, in->scales->dtype);
-                if (!isfinite(s) || !(s > 0.0f))
-                    return bad_scale(src, in->scales, g, n, s);
-                uint8_t z;
-                CVT_TRY(unscale_zero(src, in->zeros, g, n, s, load_half(qz + e, in->zeros->dtype), &z));
-                int q = (w >> (4 * i)) & 15;
-                out[(k - k0) * Ns + (n - n0)] = (float)(q - (int)z) * s;
+    const int64_t K = in->K, N = in->N, Ns = n1 - n0, G = in->G, g0 = k0 / G, g1 = k1 / G;
+    struct dq_groups d = {0};
+    CVT_TRY(dq_alloc(in->qweight->name, g1 - g0, Ns, &d));
+    for (int64_t g = g0; g < g1; g++)
+        for (int64_t n = n0; n < n1; n++) {
+            uint64_t e = ((uint64_t)g * (uint64_t)N + (uint64_t)n) * 2;
+            float s = load_half(sc + e, in->scales->dtype);
+            enum cvt_err err = CVT_ERR_NONE;
+            if (!isfinite(s) || !(s > 0.0f))
+                err = bad_scale(src, in->scales, g, n, s);
+            if (!err)
+                err = unscale_zero(src, in->zeros, g, n, s, load_half(qz + e, in->zeros->dtype),
+                                   &d.z[(g - g0) * Ns + n - n0]);
+            if (err) {
+                dq_groups_free(&d);
+                return err;
             }
+            d.s[(g - g0) * Ns + n - n0] = s;
         }
+    for (int64_t b = k0 / 64; b < (k1 + 63) / 64; b++)
+        for (int64_t R = n0 / 4; R < (n1 + 3) / 4; R++)
+            for (int64_t o = 0; o < 64; o++) {
+                const int64_t wi = 64 * b + o, n = 4 * R + o / 16;
+                if (n < n0 || n >= n1)
+                    continue;
+                uint16_t w = cvt_ld16(qw + ((uint64_t)R * (uint64_t)K + (uint64_t)wi) * 2);
+                for (int i = 0; i < 4; i++) {
+                    const int64_t x = 4 * (o % 16) + i, h = x / 32, p = x % 32;
+                    const int64_t t = 8 * (p % 4) + 2 * (p / 8) + (p / 4) % 2, k = 64 * b + 32 * h + t;
+                    if (k < k0 || k >= k1)
+                        continue;
+                    const int64_t gi = (k / G - g0) * Ns + n - n0;
+                    int q = (w >> (4 * i)) & 15;
+                    out[(k - k0) * Ns + (n - n0)] = (float)(q - (int)d.z[gi]) * d.s[gi];
+                }
+            }
+    dq_groups_free(&d);
     return CVT_ERR_NONE;
 }
 
