@@ -13,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "qs_log.h" /* qs_log_error */
@@ -259,109 +258,77 @@ static bool parse_dict(const char *p, const char *end, struct npy_hdr *h)
     }
 }
 
-enum rt_io_err rt_npy_read_f32(const char *path, float **data, int64_t *rows, int64_t *cols)
+enum rt_io_err rt_npy_parse_f32(const void *buf, size_t len, const char *name, float **data,
+                                int64_t *rows, int64_t *cols)
 {
     *data = NULL;
     *rows = *cols = 0;
-    enum rt_io_err err = RT_IO_ERR_NONE;
-    char *hdr = NULL;
-    unsigned char *raw = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        qs_log_error(__func__, "cannot open %s: %s", path, strerror(errno));
-        return RT_IO_ERR_OPEN;
+    const unsigned char *b = buf;
+    if (len < 10 || memcmp(b, NPY_MAGIC, NPY_MAGIC_LEN) != 0) {
+        qs_log_error(__func__, "%s: not a .npy file (no \\x93NUMPY magic)", name);
+        return RT_IO_ERR_FORMAT;
     }
-    unsigned char pre[12];
-    if (fread(pre, 1, 10, f) != 10 || memcmp(pre, NPY_MAGIC, NPY_MAGIC_LEN) != 0) {
-        qs_log_error(__func__, "%s: not a .npy file (no \\x93NUMPY magic)", path);
-        err = RT_IO_ERR_FORMAT;
-        goto out;
-    }
-    uint32_t major = pre[6], hlen;
+    uint32_t major = b[6], hlen;
+    size_t pre;
     if (major == 1) {
-        hlen = (uint32_t)pre[8] | (uint32_t)pre[9] << 8;
+        hlen = (uint32_t)b[8] | (uint32_t)b[9] << 8;
+        pre = 10;
     } else if (major == 2 || major == 3) {
-        if (fread(pre + 10, 1, 2, f) != 2) {
-            qs_log_error(__func__, "%s: truncated .npy header", path);
-            err = RT_IO_ERR_FORMAT;
-            goto out;
+        if (len < 12) {
+            qs_log_error(__func__, "%s: truncated .npy header", name);
+            return RT_IO_ERR_FORMAT;
         }
-        hlen = (uint32_t)pre[8] | (uint32_t)pre[9] << 8 | (uint32_t)pre[10] << 16 |
-               (uint32_t)pre[11] << 24;
+        hlen = (uint32_t)b[8] | (uint32_t)b[9] << 8 | (uint32_t)b[10] << 16 |
+               (uint32_t)b[11] << 24;
+        pre = 12;
     } else {
-        qs_log_error(__func__, "%s: .npy format version %u.%u not supported (1.0-3.0)", path,
-                     major, pre[7]);
-        err = RT_IO_ERR_FORMAT;
-        goto out;
+        qs_log_error(__func__, "%s: .npy format version %u.%u not supported (1.0-3.0)", name,
+                     major, b[7]);
+        return RT_IO_ERR_FORMAT;
     }
     if (hlen > NPY_HEADER_MAX) {
-        qs_log_error(__func__, "%s: .npy header length %u exceeds %u", path, hlen,
+        qs_log_error(__func__, "%s: .npy header length %u exceeds %u", name, hlen,
                      NPY_HEADER_MAX);
-        err = RT_IO_ERR_FORMAT;
-        goto out;
+        return RT_IO_ERR_FORMAT;
     }
-    hdr = malloc((size_t)hlen + 1);
-    if (!hdr) {
-        err = RT_IO_ERR_NOMEM;
-        goto out;
+    if (len - pre < hlen) {
+        qs_log_error(__func__, "%s: truncated .npy header (%u bytes announced, %zu present)", name,
+                     hlen, len - pre);
+        return RT_IO_ERR_FORMAT;
     }
-    if (fread(hdr, 1, hlen, f) != hlen) {
-        qs_log_error(__func__, "%s: truncated .npy header (%u bytes announced)", path, hlen);
-        err = RT_IO_ERR_FORMAT;
-        goto out;
-    }
-    hdr[hlen] = '\0';
+    const char *hdr = (const char *)b + pre;
     struct npy_hdr h;
     if (!parse_dict(hdr, hdr + hlen, &h) || !h.descr[0] || h.fortran < 0 || h.ndim < 0) {
-        qs_log_error(__func__, "%s: malformed .npy header dict: %.120s", path, hdr);
-        err = RT_IO_ERR_FORMAT;
-        goto out;
+        qs_log_error(__func__, "%s: malformed .npy header dict: %.*s", name,
+                     (int)(hlen < 120 ? hlen : 120), hdr);
+        return RT_IO_ERR_FORMAT;
     }
     if (strcmp(h.descr, "<f4") != 0 || h.fortran != 0 || h.ndim < 1) {
         qs_log_error(__func__,
                      "%s: expected float32 little-endian C-order array of 1 or 2 dims, got "
                      "descr '%s', fortran_order %s, %d dims",
-                     path, h.descr, h.fortran ? "True" : "False", h.ndim);
-        err = RT_IO_ERR_FORMAT;
-        goto out;
+                     name, h.descr, h.fortran ? "True" : "False", h.ndim);
+        return RT_IO_ERR_FORMAT;
     }
     int64_t r = h.ndim == 2 ? h.dims[0] : 1, c = h.ndim == 2 ? h.dims[1] : h.dims[0];
-    if (c > 0 && r > (int64_t)(SIZE_MAX / 4) / c) {
-        qs_log_error(__func__, "%s: shape (%lld, %lld) too large", path, (long long)r,
+    if (c > 0 && r > (int64_t)(SIZE_MAX / 8) / c) {
+        qs_log_error(__func__, "%s: shape (%lld, %lld) too large", name, (long long)r,
                      (long long)c);
-        err = RT_IO_ERR_FORMAT;
-        goto out;
+        return RT_IO_ERR_FORMAT;
     }
-    /* the data must be exactly rows*cols*4 bytes: check the file size first */
-    long data_at = ftell(f);
-    struct stat st;
-    if (data_at < 0 || fstat(fileno(f), &st) != 0) {
-        qs_log_error(__func__, "%s: %s", path, strerror(errno));
-        err = RT_IO_ERR_READ;
-        goto out;
+    /* the data must be exactly rows*cols*4 bytes */
+    size_t n = (size_t)r * (size_t)c, have = len - pre - hlen;
+    if (have != n * 4) {
+        qs_log_error(__func__, "%s: shape (%lld, %lld) needs %zu data bytes, file has %zu", name,
+                     (long long)r, (long long)c, n * 4, have);
+        return RT_IO_ERR_FORMAT;
     }
-    size_t n = (size_t)r * (size_t)c;
-    if ((uint64_t)st.st_size - (uint64_t)data_at != (uint64_t)n * 4) {
-        qs_log_error(__func__, "%s: shape (%lld, %lld) needs %zu data bytes, file has %lld", path,
-                     (long long)r, (long long)c, n * 4,
-                     (long long)st.st_size - (long long)data_at);
-        err = RT_IO_ERR_FORMAT;
-        goto out;
-    }
-    raw = malloc(n * 4 + 1);
     float *out = malloc(n * sizeof(float) + 1);
-    if (!raw || !out) {
-        free(out);
-        qs_log_error(__func__, "%s: out of memory for %zu floats", path, n);
-        err = RT_IO_ERR_NOMEM;
-        goto out;
+    if (!out) {
+        qs_log_error(__func__, "%s: out of memory for %zu floats", name, n);
+        return RT_IO_ERR_NOMEM;
     }
-    if (fread(raw, 4, n, f) != n) {
-        free(out);
-        qs_log_error(__func__, "%s: short read: %s", path, strerror(errno));
-        err = RT_IO_ERR_READ;
-        goto out;
-    }
+    const unsigned char *raw = b + pre + hlen;
     for (size_t i = 0; i < n; i++) {
         uint32_t u = (uint32_t)raw[4 * i] | (uint32_t)raw[4 * i + 1] << 8 |
                      (uint32_t)raw[4 * i + 2] << 16 | (uint32_t)raw[4 * i + 3] << 24;
@@ -370,10 +337,20 @@ enum rt_io_err rt_npy_read_f32(const char *path, float **data, int64_t *rows, in
     *data = out;
     *rows = r;
     *cols = c;
-out:
-    free(raw);
-    free(hdr);
-    fclose(f);
+    return RT_IO_ERR_NONE;
+}
+
+enum rt_io_err rt_npy_read_f32(const char *path, float **data, int64_t *rows, int64_t *cols)
+{
+    *data = NULL;
+    *rows = *cols = 0;
+    char *buf = NULL;
+    size_t len = 0;
+    enum rt_io_err err = rt_file_read(path, RT_NPY_READ_MAX, &buf, &len);
+    if (err)
+        return err == RT_IO_ERR_TOO_BIG ? RT_IO_ERR_FORMAT : err;
+    err = rt_npy_parse_f32(buf, len, path, data, rows, cols);
+    free(buf);
     return err;
 }
 

@@ -51,10 +51,19 @@ const char *rt_io_err_str(enum rt_io_err e);
  * overflow). rows or cols may be 0. */
 enum rt_io_err rt_npy_write_f32(const char *path, const float *data, int64_t rows, int64_t cols);
 
-/* Read a float32 .npy file (versions 1.0-3.0, descr '<f4' only,
- * fortran_order False, shape of 1 or 2 dims; a 1-d shape (n,) reads as rows = 1, cols = n).
- * *data = malloc'd [rows * cols]. Errors: RT_IO_ERR_OPEN, RT_IO_ERR_READ, RT_IO_ERR_FORMAT (bad
- * magic, header syntax, dtype, order, dims, data size not matching the shape), RT_IO_ERR_NOMEM. */
+/* Parse a float32 .npy image buf [len bytes] (versions 1.0-3.0, descr '<f4' only,
+ * fortran_order False, shape of 1 or 2 dims; a 1-d shape (n,) reads as rows = 1, cols = n;
+ * the data must be exactly rows*cols*4 bytes). `name` labels messages. *data = malloc'd
+ * [rows * cols]. Errors: RT_IO_ERR_FORMAT (bad magic, version, header syntax, dtype, order,
+ * dims, size), RT_IO_ERR_NOMEM. */
+enum rt_io_err rt_npy_parse_f32(const void *buf, size_t len, const char *name, float **data,
+                                int64_t *rows, int64_t *cols);
+
+/* Largest .npy file rt_npy_read_f32 reads (it holds the file and the floats at once). */
+#define RT_NPY_READ_MAX (4ull << 30)
+
+/* Read a .npy file as rt_npy_parse_f32 does. Errors: RT_IO_ERR_OPEN, RT_IO_ERR_READ, those of
+ * rt_npy_parse_f32 (a file over RT_NPY_READ_MAX is RT_IO_ERR_FORMAT). */
 enum rt_io_err rt_npy_read_f32(const char *path, float **data, int64_t *rows, int64_t *cols);
 
 /* Read a whole file (at most `max_len` bytes, else RT_IO_ERR_TOO_BIG); *buf = malloc'd copy
