@@ -10,7 +10,8 @@
  *   4. manifest / multi-rank directories; 5. writer failure paths leave no files;
  *   6. the qshard binary's exit codes (QSHARD names it; default build/qshard).
  *
- * Run from the repository root: ./build/test_fmt. Extra modes (used to make committed data):
+ * Run from the repository root: ./build/test_fmt (QSHARD_TEST_VERBOSE=1 prints the message of
+ * every corrupt case). Extra modes (used to make committed data):
  *   ./build/test_fmt --write-spec-example FILE   the tiny file whose hex dump is in SPEC.md
  *   ./build/test_fmt --write-corpus DIR          seed corpus for tests/fuzz_fmt.c
  */
@@ -701,10 +702,39 @@ enum corrupt {
     CORRUPT_TABLE_COUNT,
     CORRUPT_TRAILING_BYTES,
     CORRUPT_EMPTY_FILE,
+    CORRUPT_ENDIAN_GARBAGE,
+    CORRUPT_HEADER_SIZE,
+    CORRUPT_CHECKSUM_ALGO,
+    CORRUPT_HEADER_RESERVED,
+    CORRUPT_META_PAST_END,
+    CORRUPT_SECTION_ENTRY_SIZE,
+    CORRUPT_SECTION_COUNT_ZERO,
+    CORRUPT_SECTION_TABLE_ALIGN,
+    CORRUPT_SECTION_TABLE_OVERFLOW,
+    CORRUPT_SECTION_TABLE_PAST_META,
+    CORRUPT_SECTION_SIZE_OVERFLOW,
+    CORRUPT_SECTION_FLAGS,
+    CORRUPT_SECTION_MISSING,
+    CORRUPT_CONFIG_NUL,
+    CORRUPT_TOKENIZER_TOO_SMALL,
+    CORRUPT_TABLE_TOO_SMALL,
+    CORRUPT_TABLE_ENTRY_SIZE,
+    CORRUPT_TABLE_NAMES_OVERFLOW,
+    CORRUPT_SHAPE_UNUSED_DIM,
+    CORRUPT_SHAPE_ZERO_DIM,
+    CORRUPT_BYTES_OVERFLOW,
+    CORRUPT_LAYOUT_DIVISIBILITY,
+    CORRUPT_ENTRY_FLAGS,
+    CORRUPT_Q4_ODD,
     /* open succeeds, a later check fails */
     CORRUPT_TENSOR_CHECKSUM,
     CORRUPT_PADDING,
     CORRUPT_TOKENIZER_ZLIB,
+    CORRUPT_TOKENIZER_BOMB,
+    CORRUPT_TOKARC_TOO_MANY_FILES,
+    CORRUPT_TOKARC_TRUNCATED_ENTRY,
+    CORRUPT_TOKARC_BAD_NAME,
+    CORRUPT_TOKARC_TRAILING,
     /* must open */
     CORRUPT_NEWER_MINOR,
     CORRUPT_UNKNOWN_LAYOUT,
@@ -771,6 +801,31 @@ static struct case_result mutate(int c, uint8_t *b, size_t *n)
     case CORRUPT_TABLE_COUNT: st32(b + tab_off, 4); rehash(b, *n); return (struct case_result){FMT_ERR_SECTION, 0};
     case CORRUPT_TRAILING_BYTES: memset(b + *n, 0, 64); *n += 64; st64(b + 32, *n); rehash(b, *n); return (struct case_result){FMT_ERR_OFFSET, 0};
     case CORRUPT_EMPTY_FILE: *n = 0; return (struct case_result){FMT_ERR_TRUNCATED, 0};
+    case CORRUPT_ENDIAN_GARBAGE: st32(b + 12, 0x11111111); rehash(b, *n); return (struct case_result){FMT_ERR_ENDIAN, 0};
+    case CORRUPT_HEADER_SIZE: st32(b + 16, 512); rehash(b, *n); return (struct case_result){FMT_ERR_HEADER, 0};
+    case CORRUPT_CHECKSUM_ALGO: st32(b + 80, 2); rehash(b, *n); return (struct case_result){FMT_ERR_HEADER, 0};
+    case CORRUPT_HEADER_RESERVED: b[100] = 1; rehash(b, *n); return (struct case_result){FMT_ERR_HEADER, 0};
+    case CORRUPT_META_PAST_END: st64(b + 72, 1ull << 40); rehash(b, *n); return (struct case_result){FMT_ERR_OFFSET, 0};
+    case CORRUPT_SECTION_ENTRY_SIZE: st32(b + 68, 36); rehash(b, *n); return (struct case_result){FMT_ERR_SECTION, 0};
+    case CORRUPT_SECTION_COUNT_ZERO: st32(b + 64, 0); rehash(b, *n); return (struct case_result){FMT_ERR_SECTION, 0};
+    case CORRUPT_SECTION_TABLE_ALIGN: st64(b + 56, 260); rehash(b, *n); return (struct case_result){FMT_ERR_ALIGN, 0};
+    case CORRUPT_SECTION_TABLE_OVERFLOW: st64(b + 56, UINT64_MAX - 7); rehash(b, *n); return (struct case_result){FMT_ERR_OVERFLOW, 0};
+    case CORRUPT_SECTION_TABLE_PAST_META: st32(b + 64, 200); rehash(b, *n); return (struct case_result){FMT_ERR_OFFSET, 0};
+    case CORRUPT_SECTION_SIZE_OVERFLOW: st64(b + 256 + 16, UINT64_MAX - 3); rehash(b, *n); return (struct case_result){FMT_ERR_OVERFLOW, 0};
+    case CORRUPT_SECTION_FLAGS: st32(b + 256 + 4, 1); rehash(b, *n); return (struct case_result){FMT_ERR_SECTION, 0};
+    case CORRUPT_SECTION_MISSING: st32(b + 64, 3); rehash(b, *n); return (struct case_result){FMT_ERR_SECTION, 0};
+    case CORRUPT_CONFIG_NUL: b[cfg_off + 5] = 0; rehash(b, *n); return (struct case_result){FMT_ERR_SECTION, 0};
+    case CORRUPT_TOKENIZER_TOO_SMALL: st64(b + 256 + 2 * 32 + 16, 4); rehash(b, *n); return (struct case_result){FMT_ERR_SECTION, 0};
+    case CORRUPT_TABLE_TOO_SMALL: st64(b + 256 + 3 * 32 + 16, 8); rehash(b, *n); return (struct case_result){FMT_ERR_SECTION, 0};
+    case CORRUPT_TABLE_ENTRY_SIZE: st32(b + tab_off + 4, 100); rehash(b, *n); return (struct case_result){FMT_ERR_SECTION, 0};
+    case CORRUPT_TABLE_NAMES_OVERFLOW: st64(b + tab_off + 8, UINT64_MAX - 10); rehash(b, *n); return (struct case_result){FMT_ERR_OVERFLOW, 0};
+    case CORRUPT_SHAPE_UNUSED_DIM: st64(e0 + 32 + 16, 5); rehash(b, *n); return (struct case_result){FMT_ERR_SHAPE, 0};
+    case CORRUPT_SHAPE_ZERO_DIM: st64(e0 + 32, 0); rehash(b, *n); return (struct case_result){FMT_ERR_SHAPE, 0};
+    case CORRUPT_BYTES_OVERFLOW: st64(e0 + 32, 1ull << 62); st64(e0 + 40, 2); rehash(b, *n); return (struct case_result){FMT_ERR_OVERFLOW, 0};
+    case CORRUPT_LAYOUT_DIVISIBILITY: st64(e2 + 32, 8); st64(e2 + 40, 128); rehash(b, *n); return (struct case_result){FMT_ERR_LAYOUT, 0};
+    case CORRUPT_ENTRY_FLAGS: st32(e0 + 28, 1); rehash(b, *n); return (struct case_result){FMT_ERR_SECTION, 0};
+    case CORRUPT_Q4_ODD: st32(e2 + 12, FMT_LAYOUT_ROW_MAJOR); st64(e2 + 32, 1023); st64(e2 + 40, 1); rehash(b, *n); return (struct case_result){FMT_ERR_SHAPE, 0};
+    case CORRUPT_TOKENIZER_BOMB: st64(b + tok_off, 1ull << 29); rehash(b, *n); return (struct case_result){0, FMT_ERR_ZLIB};
     case CORRUPT_TENSOR_CHECKSUM: b[ld64(e1 + 64) + 3] ^= 4; return (struct case_result){0, FMT_ERR_CHECKSUM};
     case CORRUPT_PADDING: b[ld64(e0 + 64) - 1] = 1; return (struct case_result){0, FMT_ERR_PADDING};
     case CORRUPT_TOKENIZER_ZLIB: b[tok_off + tok_sz - 3] ^= 0xFF; rehash(b, *n); return (struct case_result){0, FMT_ERR_ZLIB};
@@ -789,7 +844,31 @@ static void test_corrupt(void)
         uint8_t *b;
         size_t n = base_n;
         struct case_result want;
-        if (c == CORRUPT_NEWER_MINOR) {
+        if (c >= CORRUPT_TOKARC_TOO_MANY_FILES && c <= CORRUPT_TOKARC_TRAILING) {
+            /* well-compressed archives whose structure is wrong (SPEC.md 5.1) */
+            uint8_t raw[64] = {0};
+            size_t rn = 8;
+            if (c == CORRUPT_TOKARC_TOO_MANY_FILES) {
+                st32(raw, 65);
+            } else if (c == CORRUPT_TOKARC_TRUNCATED_ENTRY) {
+                st32(raw, 1);
+                rn = 20;
+            } else if (c == CORRUPT_TOKARC_BAD_NAME) {
+                st32(raw, 1);
+                st32(raw + 8, 3);
+                memcpy(raw + 24, "a/b", 3);
+                rn = 27;
+            } else {
+                rn = 11; /* zero files, 3 trailing bytes */
+            }
+            uLongf zl = compressBound(rn);
+            uint8_t *tok = malloc(8 + zl);
+            compress2(tok + 8, &zl, raw, rn, 6);
+            st64(tok, rn);
+            b = encode(&ENC_DEFAULT, BASE_CONFIG, BASE_GEN, tok, 8 + zl, base_t, 3, &n);
+            free(tok);
+            want = (struct case_result){0, FMT_ERR_ZLIB};
+        } else if (c == CORRUPT_NEWER_MINOR) {
             /* minor 1: bigger entries with unknown trailing fields, an unknown section kind and
              * a non-zero reserved header byte: all ignored */
             struct encopts o = ENC_DEFAULT;
@@ -812,6 +891,8 @@ static void test_corrupt(void)
         enum fmt_err got = fmt_shard_open(path, &s);
         CHECK_MSG(got == want.open_err, "case %d: open: expected %s, got %s (%s)", c,
                   fmt_err_name(want.open_err), fmt_err_name(got), qs_log_last());
+        if (getenv("QSHARD_TEST_VERBOSE"))
+            printf("case %2d: %-13s %s\n", c, fmt_err_name(got), qs_log_last());
         if (want.open_err) {
             CHECK_MSG(s == NULL, "case %d: *out not NULL after a failed open", c);
             CHECK_MSG(strstr(qs_log_last(), path) != NULL, "case %d: message does not name the "
@@ -819,7 +900,31 @@ static void test_corrupt(void)
         }
         if (!s || got)
             continue;
-        if (c == CORRUPT_NEWER_MINOR) {
+        if (c >= CORRUPT_TOKARC_TOO_MANY_FILES && c <= CORRUPT_TOKARC_TRAILING) {
+            /* well-compressed archives whose structure is wrong (SPEC.md 5.1) */
+            uint8_t raw[64] = {0};
+            size_t rn = 8;
+            if (c == CORRUPT_TOKARC_TOO_MANY_FILES) {
+                st32(raw, 65);
+            } else if (c == CORRUPT_TOKARC_TRUNCATED_ENTRY) {
+                st32(raw, 1);
+                rn = 20;
+            } else if (c == CORRUPT_TOKARC_BAD_NAME) {
+                st32(raw, 1);
+                st32(raw + 8, 3);
+                memcpy(raw + 24, "a/b", 3);
+                rn = 27;
+            } else {
+                rn = 11; /* zero files, 3 trailing bytes */
+            }
+            uLongf zl = compressBound(rn);
+            uint8_t *tok = malloc(8 + zl);
+            compress2(tok + 8, &zl, raw, rn, 6);
+            st64(tok, rn);
+            b = encode(&ENC_DEFAULT, BASE_CONFIG, BASE_GEN, tok, 8 + zl, base_t, 3, &n);
+            free(tok);
+            want = (struct case_result){0, FMT_ERR_ZLIB};
+        } else if (c == CORRUPT_NEWER_MINOR) {
             CHECK_EQ_INT(fmt_shard_header(s)->version_minor, 1);
             CHECK_EQ_INT(fmt_shard_n_tensors(s), 3);
             for (uint32_t i = 0; i < 3 && i < fmt_shard_n_tensors(s); i++) {
@@ -834,6 +939,8 @@ static void test_corrupt(void)
         }
         qs_log_clear();
         enum fmt_err later = fmt_shard_verify_all(s, NULL, NULL);
+        if (getenv("QSHARD_TEST_VERBOSE"))
+            printf("case %2d: verify %-6s %s\n", c, fmt_err_name(later), qs_log_last());
         CHECK_MSG(later == want.later_err, "case %d: verify_all: expected %s, got %s (%s)", c,
                   fmt_err_name(want.later_err), fmt_err_name(later), qs_log_last());
         if (want.later_err)
@@ -851,6 +958,13 @@ static void test_corrupt(void)
         }
         fmt_shard_close(s);
     }
+    /* not a file at all */
+    struct fmt_shard *s = NULL;
+    CHECK_EQ_INT(fmt_shard_open(g_dir, &s), FMT_ERR_IO);
+    CHECK(strstr(qs_log_last(), "not a regular file") != NULL);
+    snprintf(path, sizeof(path), "%s/no-such-file.qshard", g_dir);
+    CHECK_EQ_INT(fmt_shard_open(path, &s), FMT_ERR_IO);
+    CHECK(s == NULL && strstr(qs_log_last(), path) != NULL);
     qs_log_set_quiet(false);
     printf("corrupt files: %d cases\n", CORRUPT_N_CASES - 1);
     free(base);
