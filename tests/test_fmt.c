@@ -734,6 +734,7 @@ enum corrupt {
     CORRUPT_TOKARC_TOO_MANY_FILES,
     CORRUPT_TOKARC_TRUNCATED_ENTRY,
     CORRUPT_TOKARC_BAD_NAME,
+    CORRUPT_TOKARC_SIZE_PAST_END,
     CORRUPT_TOKARC_TRAILING,
     /* must open */
     CORRUPT_NEWER_MINOR,
@@ -853,6 +854,12 @@ static void test_corrupt(void)
             } else if (c == CORRUPT_TOKARC_TRUNCATED_ENTRY) {
                 st32(raw, 1);
                 rn = 20;
+            } else if (c == CORRUPT_TOKARC_SIZE_PAST_END) {
+                st32(raw, 1);
+                st32(raw + 8, 1);
+                st64(raw + 16, 1000); /* content runs past the archive */
+                raw[24] = 'x';
+                rn = 30;
             } else if (c == CORRUPT_TOKARC_BAD_NAME) {
                 st32(raw, 1);
                 st32(raw + 8, 3);
@@ -909,6 +916,12 @@ static void test_corrupt(void)
             } else if (c == CORRUPT_TOKARC_TRUNCATED_ENTRY) {
                 st32(raw, 1);
                 rn = 20;
+            } else if (c == CORRUPT_TOKARC_SIZE_PAST_END) {
+                st32(raw, 1);
+                st32(raw + 8, 1);
+                st64(raw + 16, 1000); /* content runs past the archive */
+                raw[24] = 'x';
+                rn = 30;
             } else if (c == CORRUPT_TOKARC_BAD_NAME) {
                 st32(raw, 1);
                 st32(raw + 8, 3);
@@ -1068,6 +1081,12 @@ static void test_manifest(void)
         {"world_size 3: rank 2 has no entry", "\"world_size\":\t2", "\"world_size\":\t3",
          FMT_ERR_MISSING_RANK},
         {"bad digest", "\"digest\":\t\"", "\"digest\":\t\"x", FMT_ERR_MANIFEST},
+        {"version 2", "\"version\":\t1", "\"version\":\t2", FMT_ERR_MANIFEST},
+        {"ranks not an array", "\"ranks\":\t[", "\"ranks\":\t7, \"x\": [", FMT_ERR_MANIFEST},
+        {"rank out of range", "\"rank\":\t1", "\"rank\":\t2", FMT_ERR_MANIFEST},
+        {"negative size", "\"size\":\t", "\"size\":\t-", FMT_ERR_MANIFEST},
+        {"model_id short", "\"model_id\":\t\"", "\"model_id\":\t\"0", FMT_ERR_MANIFEST},
+        {"world_size 0", "\"world_size\":\t2", "\"world_size\":\t0", FMT_ERR_MANIFEST},
     };
     for (size_t i = 0; i < sizeof(mcases) / sizeof(mcases[0]); i++) {
         const char *at = strstr(good, mcases[i].from);
@@ -1086,10 +1105,12 @@ static void test_manifest(void)
                   mcases[i].what, fmt_err_name(mcases[i].want), fmt_err_name(got), qs_log_last());
         CHECK(strstr(qs_log_last(), "manifest.json") != NULL);
     }
+    CHECK_EQ_INT(fmt_manifest_write(dir, 0), FMT_ERR_RANK);
     unlink(mp);
     CHECK_EQ_INT(model_open_err(dir), FMT_ERR_MANIFEST);
     write_file(mp, good, mn);
     free(good);
+    CHECK_EQ_INT(fmt_manifest_open_rank(dir, 2, &s), FMT_ERR_RANK);
     qs_log_set_quiet(false);
 }
 
@@ -1140,8 +1161,39 @@ static void test_writer_failures(void)
                                        FMT_SPLIT_NONE, 0, NULL), FMT_ERR_SHAPE);
     CHECK_EQ_INT(fmt_writer_add_tensor(w, "s", FMT_DTYPE_U8, FMT_LAYOUT_ROW_MAJOR, 1, shape,
                                        FMT_SPLIT_COLUMN, 1, NULL), FMT_ERR_SPLIT);
+    uint64_t zero[2] = {4, 0}, huge[2] = {1ull << 40, 1ull << 40}, odd[1] = {3};
+    CHECK_EQ_INT(fmt_writer_add_tensor(w, "s", FMT_DTYPE_U8, (enum fmt_layout)99, 1, shape,
+                                       FMT_SPLIT_NONE, 0, NULL), FMT_ERR_LAYOUT);
+    CHECK_EQ_INT(fmt_writer_add_tensor(w, "s", FMT_DTYPE_U8, FMT_LAYOUT_ROW_MAJOR, 2, zero,
+                                       FMT_SPLIT_NONE, 0, NULL), FMT_ERR_SHAPE);
+    CHECK_EQ_INT(fmt_writer_add_tensor(w, "s", FMT_DTYPE_U8, FMT_LAYOUT_ROW_MAJOR, 2, huge,
+                                       FMT_SPLIT_NONE, 0, NULL), FMT_ERR_OVERFLOW);
+    CHECK_EQ_INT(fmt_writer_add_tensor(w, "s", FMT_DTYPE_Q4, FMT_LAYOUT_ROW_MAJOR, 1, odd,
+                                       FMT_SPLIT_NONE, 0, NULL), FMT_ERR_SHAPE);
+    CHECK_EQ_INT(fmt_writer_add_tensor(w, "s", FMT_DTYPE_Q4, FMT_LAYOUT_W4_MMA_T16X64, 2, zero,
+                                       FMT_SPLIT_NONE, 0, NULL), FMT_ERR_SHAPE);
+    uint64_t k8[2] = {8, 64};
+    CHECK_EQ_INT(fmt_writer_add_tensor(w, "s", FMT_DTYPE_Q4, FMT_LAYOUT_W4_MMA_T16X64, 2, k8,
+                                       FMT_SPLIT_NONE, 0, NULL), FMT_ERR_LAYOUT);
+    CHECK_EQ_INT(fmt_writer_set_section(w, FMT_SECTION_TENSOR_TABLE, "{}", 2), FMT_ERR_ARG);
+    CHECK_EQ_INT(fmt_writer_set_section(w, FMT_SECTION_CONFIG, "{\0}", 3), FMT_ERR_ARG);
+    CHECK_EQ_INT(fmt_writer_set_section(w, FMT_SECTION_CONFIG, "\xff", 1), FMT_ERR_ARG);
+    const char *tn_bad[] = {"a/b"}, *tn_dup[] = {"t.json", "t.json"};
+    const void *td[] = {"x", "y"};
+    size_t tsz[] = {1, 1};
+    CHECK_EQ_INT(fmt_writer_set_tokenizer_files(w, tn_bad, td, tsz, 1), FMT_ERR_ARG);
+    CHECK_EQ_INT(fmt_writer_set_tokenizer_files(w, tn_dup, td, tsz, 2), FMT_ERR_ARG);
+    CHECK_EQ_INT(fmt_writer_set_tokenizer_files(w, tn_dup, td, tsz, 65), FMT_ERR_ARG);
     CHECK_EQ_INT(fmt_writer_put_tensor(w, 0, data, 512), FMT_ERR_STATE); /* before begin_data */
     CHECK_EQ_INT(fmt_writer_begin_data(w), FMT_ERR_NONE);
+    CHECK_EQ_INT(fmt_writer_begin_data(w), FMT_ERR_STATE);
+    CHECK_EQ_INT(fmt_writer_set_section(w, FMT_SECTION_CONFIG, "{}", 2), FMT_ERR_STATE);
+    CHECK_EQ_INT(fmt_writer_set_tokenizer_files(w, NULL, NULL, NULL, 0), FMT_ERR_STATE);
+    CHECK_EQ_INT(fmt_writer_add_tensor(w, "late", FMT_DTYPE_U8, FMT_LAYOUT_ROW_MAJOR, 1, shape,
+                                       FMT_SPLIT_NONE, 0, NULL), FMT_ERR_STATE);
+    CHECK_EQ_INT(fmt_writer_put_tensor(w, 7, data, 512), FMT_ERR_ARG);
+    CHECK_EQ_INT(fmt_writer_tensor_size(w, 0), 512);
+    CHECK_EQ_INT(fmt_writer_tensor_size(w, 7), 0);
     CHECK_EQ_INT(fmt_writer_put_tensor(w, 0, data, 512), FMT_ERR_NONE);
     fmt_writer_abort(w);
     CHECK_EQ_INT(count_files(dir), 0);
@@ -1170,10 +1222,14 @@ static void test_writer_failures(void)
     CHECK_EQ_INT(fmt_writer_finish(w), FMT_ERR_ARG); /* the first failure */
     CHECK_EQ_INT(count_files(dir), 0);
 
-    /* W4: no CONFIG section */
+    /* W4: no CONFIG section; finish before begin_data */
     CHECK_EQ_INT(fmt_writer_open(p, &o, &w), FMT_ERR_NONE);
     CHECK_EQ_INT(fmt_writer_begin_data(w), FMT_ERR_SECTION);
     fmt_writer_abort(w);
+    CHECK_EQ_INT(fmt_writer_open(p, &o, &w), FMT_ERR_NONE);
+    CHECK_EQ_INT(fmt_writer_finish(w), FMT_ERR_STATE);
+    CHECK_EQ_INT(count_files(dir), 0);
+    CHECK_EQ_INT(fmt_writer_open(NULL, &o, &w), FMT_ERR_ARG);
     fmt_writer_abort(NULL);
     CHECK_EQ_INT(count_files(dir), 0);
 
