@@ -5,6 +5,7 @@
  * compared, so the model code can trust the struct.
  * Entry point: rt_config_parse (rt.h). Test: ./build/test_model (config cases).
  */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -50,8 +51,11 @@ static enum rt_err get_pos(const cJSON *o, const char *key, const char *where, d
         *out = def;
         return RT_ERR_NONE;
     }
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble <= 0) {
-        qs_log_error(__func__, "%s: config: \"%s\" must be a positive number", where, key);
+    /* also representable as a positive fp32 (rms_norm_eps and rope factors are used as float) */
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble <= 0 ||
+        v->valuedouble > FLT_MAX || (float)v->valuedouble <= 0) {
+        qs_log_error(__func__, "%s: config: \"%s\" must be a positive number in fp32 range", where,
+                     key);
         return RT_ERR_CONFIG;
     }
     *out = v->valuedouble;
@@ -143,6 +147,11 @@ static enum rt_err parse_tokens(const cJSON *root, const char *where, struct rt_
                               &c->bos_token_id);
     if (err)
         return err;
+    if (c->bos_token_id >= c->vocab_size) {
+        qs_log_error(__func__, "%s: config: bos_token_id %d >= vocab_size %d", where,
+                     c->bos_token_id, c->vocab_size);
+        return RT_ERR_CONFIG;
+    }
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id");
     c->n_eos = 0;
     if (!e || cJSON_IsNull(e))
@@ -164,11 +173,6 @@ static enum rt_err parse_tokens(const cJSON *root, const char *where, struct rt_
             return RT_ERR_CONFIG;
         }
         c->eos_token_ids[c->n_eos++] = (int)it->valuedouble;
-    }
-    if (c->bos_token_id >= c->vocab_size) {
-        qs_log_error(__func__, "%s: config: bos_token_id %d >= vocab_size %d", where,
-                     c->bos_token_id, c->vocab_size);
-        return RT_ERR_CONFIG;
     }
     return RT_ERR_NONE;
 }

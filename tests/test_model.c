@@ -1030,7 +1030,10 @@ static void test_config(void)
         {"\"high_freq_factor\": 4.0", "\"high_freq_factor\": 0.5", RT_ERR_CONFIG,
          "high_freq_factor"},
         {"\"rms_norm_eps\": 1e-5", "\"rms_norm_eps\": 0", RT_ERR_CONFIG, "rms_norm_eps"},
+        {"\"rms_norm_eps\": 1e-5", "\"rms_norm_eps\": 1e-50", RT_ERR_CONFIG, "rms_norm_eps"},
         {"\"eos_token_id\": [2]", "\"eos_token_id\": [2, 101]", RT_ERR_CONFIG, "eos_token_id"},
+        {"\"bos_token_id\": 1, \"eos_token_id\": [2]", "\"bos_token_id\": 101", RT_ERR_CONFIG,
+         "bos_token_id"}, /* found by fuzz_rt_config: bos unchecked without eos */
         {"\"num_local_experts\": 0", "\"num_local_experts\": 4", RT_ERR_CONFIG,
          "num_local_experts"},
         {"\"tp\": {", "\"tq\": {", RT_ERR_CONFIG, "\"tp\""},
