@@ -329,14 +329,12 @@ static void add_generation_eos(struct session *s, const struct fmt_shard *sh)
         return;
     cJSON *root = cJSON_ParseWithLength(json, len);
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id");
-    if (cJSON_IsNumber(e)) {
+    const cJSON *it, *list = cJSON_IsArray(e) ? e : NULL;
+    cJSON_ArrayForEach(it, list)
+        if (cJSON_IsNumber(it) && it->valuedouble >= 0 && it->valuedouble < s->vocab_size)
+            add_eos(s, (int32_t)it->valuedouble);
+    if (cJSON_IsNumber(e) && e->valuedouble >= 0 && e->valuedouble < s->vocab_size)
         add_eos(s, (int32_t)e->valuedouble);
-    } else if (cJSON_IsArray(e)) {
-        const cJSON *it;
-        cJSON_ArrayForEach(it, e)
-            if (cJSON_IsNumber(it) && it->valuedouble >= 0 && it->valuedouble < INT32_MAX)
-                add_eos(s, (int32_t)it->valuedouble);
-    }
     cJSON_Delete(root);
 }
 

@@ -688,6 +688,70 @@ static cJSON *fixture_eos(const cJSON *m)
     return out;
 }
 
+/* generation_config.json listing several eos ids: a copy of the fixture whose
+ * generation_config says eos_token_id = [<an id the greedy run never emits>, greedy_ids[k]]
+ * (k: the first step >= 2 whose id is new), converted; greedy generation must stop right
+ * before step k and print nothing of the eos token. */
+static bool check_eos_list(const cJSON *m, const cJSON *prompt)
+{
+    const cJSON *gold = cJSON_GetObjectItemCaseSensitive(prompt, "greedy_ids");
+    const cJSON *pids = cJSON_GetObjectItemCaseSensitive(prompt, "ids");
+    const cJSON *vs = cJSON_GetObjectItemCaseSensitive(m, "vocab_size");
+    int ng = cJSON_GetArraySize(gold), k = -1, vocab = cJSON_IsNumber(vs) ? vs->valueint : 0;
+    for (int i = 2; i < ng && k < 0; i++) {
+        int id = cJSON_GetArrayItem(gold, i)->valueint, seen = 0;
+        for (int j = 0; j < i; j++)
+            seen |= cJSON_GetArrayItem(gold, j)->valueint == id;
+        if (!seen)
+            k = i;
+    }
+    int unused = -1;
+    for (int cand = vocab - 1; cand >= 0 && unused < 0; cand--) {
+        int used = 0;
+        for (int j = 0; j < ng; j++)
+            used |= cJSON_GetArrayItem(gold, j)->valueint == cand;
+        if (!used)
+            unused = cand;
+    }
+    if (k < 0 || unused < 0)
+        return false; /* a degenerate greedy run (one id repeated): try another prompt */
+    char src[512], dir[512], out[512], cmd[2048], gc[600];
+    snprintf(src, sizeof(src), DATA "%s", jstr(m, "path"));
+    snprintf(dir, sizeof(dir), "%s/eoslist-src", g_tmp);
+    snprintf(out, sizeof(out), "%s/eoslist", g_tmp);
+    snprintf(cmd, sizeof(cmd), "cp -r '%s' '%s'", src, dir);
+    CHECK(system(cmd) == 0);
+    snprintf(gc, sizeof(gc), "%s/generation_config.json", dir);
+    FILE *f = fopen(gc, "wb");
+    CHECK(f != NULL);
+    if (!f)
+        return true;
+    fprintf(f, "{\"eos_token_id\": [%d, %d]}\n", unused,
+            cJSON_GetArrayItem(gold, k)->valueint);
+    fclose(f);
+    struct proc p = run("convert", dir, out, "--tp", "1", NULL);
+    CHECK_EXIT(p, 0, "convert with an eos list");
+    proc_free(&p);
+    char *csv = ids_csv(pids), nstr[16];
+    snprintf(nstr, sizeof(nstr), "%d", ng);
+    p = run("run", out, "--tokens", csv, "--temp", "0", "-n", nstr, "--print-ids", NULL);
+    CHECK_EXIT(p, 0, "run with an eos list");
+    int32_t got[256];
+    int n = parse_ids(p.out, got, 256), bad = 0;
+    for (int i = 0; i < n && i < k; i++)
+        bad += got[i] != cJSON_GetArrayItem(gold, i)->valueint;
+    CHECK_MSG(n == k && bad == 0, "%s: eos list [%d, %d]: %d ids printed (%d differ), expected "
+              "the %d golden ids before the eos", jstr(m, "name"), unused,
+              cJSON_GetArrayItem(gold, k)->valueint, n, bad, k);
+    CHECK_MSG(strstr(p.err, "stopped: eos") != NULL, "stderr: %.300s", p.err);
+    printf("cli: %s/%s: generation_config eos list [%d, %d] stops before step %d\n",
+           jstr(m, "name"), jstr(prompt, "name"), unused, cJSON_GetArrayItem(gold, k)->valueint,
+           k);
+    proc_free(&p);
+    free(csv);
+    return true;
+}
+
 // --- error cases ---------------------------------------------------------------------------
 
 static void check_errors_without_fixtures(void)
@@ -862,6 +926,7 @@ int main(void)
         char *tp2[2] = {NULL, NULL};
         const char *tp2_group = NULL;
         int n_tp2 = 0;
+        bool done_eos_list = false;
         const cJSON *m;
         cJSON_ArrayForEach(m, models)
         {
@@ -916,6 +981,9 @@ int main(void)
                             ->valueint);
                 cJSON_Delete(vec);
             }
+            cJSON_ArrayForEach(pr, prompts)
+                if (!done_eos_list && has_golden && !has_tok)
+                    done_eos_list = check_eos_list(m, pr);
             /* TP-2 through the CLI for two models of different twin groups (twins convert to
              * identical files, so mixing their ranks would not be a mismatch) */
             const char *tg = jstr(m, "twin_group");
@@ -940,6 +1008,8 @@ int main(void)
         }
         if (n_tp2 == 2)
             check_rank_mismatch(tp2[0], tp2[1]);
+        CHECK_MSG(done_eos_list, "no fixture prompt has a greedy run with a new id after step 2: "
+                  "eos-list check not run");
         free(tp2[0]);
         free(tp2[1]);
     }
