@@ -5,14 +5,18 @@
  *   - SentencePiece BPE with byte fallback (Llama 1/2, Mistral), from tokenizer.json (model BPE
  *     with merges, Prepend/Replace normalizer) or from tokenizer.model (SentencePiece ModelProto,
  *     model_type BPE; merges come from the piece scores). Text gets a dummy prefix "▁", spaces
- *     become "▁", characters outside the vocabulary become <0xXX> byte tokens.
+ *     become "▁", characters outside the vocabulary become <0xXX> byte tokens. The newer
+ *     Metaspace pre-tokenizer form (prepend_scheme always/first, split false) is read too.
  *   - Byte-level BPE (Llama 3, Qwen2), from tokenizer.json: the Split pre-tokenizer regex
  *     (implemented by hand for the Llama-3, Qwen2 and GPT-2 patterns), GPT-2 byte-to-unicode map,
  *     merges by rank, ignore_merges, and the NFC normalizer (Qwen2).
  * Added tokens (tokenizer.json added_tokens) are matched in the text before the model: special
  * ones only with RT_TOK_PARSE_SPECIAL, non-special ones always (as HF does). BOS/EOS defaults
  * come from tokenizer_config.json (add_bos_token / add_eos_token) or else from the tokenizer.json
- * post_processor (TemplateProcessing); tokenizer.model alone adds BOS.
+ * post_processor (TemplateProcessing); tokenizer.model alone adds BOS. As in HF, the text
+ * between two added tokens is normalised separately: a SentencePiece tokenizer with a per-segment
+ * dummy prefix encodes "<s>Hi" (PARSE_SPECIAL) as [<s>, "▁Hi"], like HF's legacy Llama tokenizer.
+ * Verified against sentencepiece 0.1.97 and HF tokenizers 0.23.2 (tests/data/PROVENANCE.md).
  *
  * Who calls it: runtime/rt_main.c (`qshard run/tokenize/perplexity`). Ownership: rt_tok_load
  * copies what it needs, so the caller may free the input buffers right after; every array or
@@ -125,7 +129,9 @@ enum {
  * Follows the HF decoders: SentencePiece "▁" -> " ", <0xXX> -> the byte, one leading space of the
  * whole output stripped (unless RT_TOK_DECODE_KEEP_SPACE); byte-level: GPT-2 unicode -> bytes.
  * Special tokens decode to their content unless skipped. Invalid UTF-8 in the byte stream becomes
- * U+FFFD per maximal ill-formed subpart (Unicode 15 §3.9, = Python errors="replace").
+ * U+FFFD per maximal ill-formed subpart (Unicode 15 §3.9, = Python errors="replace"). (HF's
+ * ByteFallback decoder instead turns a whole run of byte tokens that is invalid into one U+FFFD
+ * per byte; the two differ only on invalid byte sequences.)
  * Errors: RT_TOK_ERR_ID (an id < 0 or >= rt_tok_n_vocab), RT_TOK_ERR_NOMEM. */
 enum rt_tok_err rt_tok_decode(const struct rt_tok *tok, const int32_t *ids, size_t n,
                               unsigned flags, char **text, size_t *len);
