@@ -18,6 +18,8 @@
  *             x = 32*((k%64)/32) + 8*((t%8)/2) + 4*(t%2) + t/8; scales F16 [8*Wz, N];
  *             qzeros F16 [8*Wz, N] = -(s*z) (so z = round(-qz/s)).
  *   llm-awq gen-3: as GEMVFast, zeros named `scaled_zeros`, scales/zeros F16 or BF16.
+ * BF16 scales (gen-3 with a bf16 model; other exporters, PITFALLS P15) are accepted in every
+ * variant when each value converts to fp16 exactly; otherwise CVT_ERR_RANGE names the element.
  * Rows/columns past K/G in GEMV/GEMVFast scales and zeros are padding and are ignored.
  *
  * The decoder (decode_*) gathers per output element through REV / the closed form above; the
@@ -122,8 +124,8 @@ enum cvt_err cvt_awq_probe(const struct cvt_source *src, const struct cvt_hf_con
             qs_log_error(__func__, "%s: %s.qweight (I32) has no %s.qzeros", dir, prefix, prefix);
             return CVT_ERR_MISSING_TENSOR;
         }
-        if (qz->dtype != CVT_DT_I32 || sc->dtype != CVT_DT_F16) {
-            qs_log_error(__func__, "%s: linear %s: I32 qweight needs I32 qzeros and F16 scales, got %s %s, %s %s",
+        if (qz->dtype != CVT_DT_I32 || (sc->dtype != CVT_DT_F16 && sc->dtype != CVT_DT_BF16)) {
+            qs_log_error(__func__, "%s: linear %s: I32 qweight needs I32 qzeros and F16 (or BF16) scales, got %s %s, %s %s",
                          dir, prefix, qz->name, cvt_dtype_str(qz->dtype), sc->name, cvt_dtype_str(sc->dtype));
             return CVT_ERR_DTYPE;
         }
@@ -158,14 +160,12 @@ enum cvt_err cvt_awq_probe(const struct cvt_source *src, const struct cvt_hf_con
         }
         v = qz ? CVT_VARIANT_GEMV_FAST : CVT_VARIANT_LLMAWQ_V3;
         zt = qz ? qz : sz;
-        bool fp_ok = v == CVT_VARIANT_GEMV_FAST
-                         ? (sc->dtype == CVT_DT_F16 && zt->dtype == CVT_DT_F16)
-                         : ((sc->dtype == CVT_DT_F16 || sc->dtype == CVT_DT_BF16) &&
-                            (zt->dtype == CVT_DT_F16 || zt->dtype == CVT_DT_BF16));
+        bool fp_ok = (sc->dtype == CVT_DT_F16 || sc->dtype == CVT_DT_BF16) &&
+                     (zt->dtype == CVT_DT_F16 || zt->dtype == CVT_DT_BF16);
         if (!fp_ok) {
             qs_log_error(__func__, "%s: linear %s (%s): %s %s, %s %s: expected F16%s", dir, prefix,
                          cvt_variant_str(v), sc->name, cvt_dtype_str(sc->dtype), zt->name,
-                         cvt_dtype_str(zt->dtype), v == CVT_VARIANT_LLMAWQ_V3 ? " or BF16" : "");
+                         cvt_dtype_str(zt->dtype), " or BF16");
             return CVT_ERR_DTYPE;
         }
         if (Wz == 0) {
@@ -337,8 +337,15 @@ static enum cvt_err decode_gemm(const struct cvt_source *src, const struct cvt_a
     for (int64_t g = o->k0 / G; g < (o->k0 + o->K) / G; g++) {
         const int64_t gs = g - o->k0 / G;
         gemm_row(qz + (uint64_t)g * (uint64_t)W * 4, n0, n1, o->z + gs * Ns);
-        CVT_TRY(f16_scales(src, in->scales, sc + ((uint64_t)g * (uint64_t)N + (uint64_t)n0) * 2, Ns, g, n0,
-                           o->s + gs * Ns));
+        const uint8_t *srow = sc + ((uint64_t)g * (uint64_t)N + (uint64_t)n0) * 2;
+        if (in->scales->dtype == CVT_DT_F16) {
+            CVT_TRY(f16_scales(src, in->scales, srow, Ns, g, n0, o->s + gs * Ns));
+        } else {
+            for (int64_t i = 0; i < Ns; i++) {
+                float v;
+                CVT_TRY(scale_bits(src, in->scales, g, n0 + i, srow + 2 * i, o->s + gs * Ns + i, &v));
+            }
+        }
     }
     return CVT_ERR_NONE;
 }
@@ -539,7 +546,7 @@ static enum cvt_err dq_gemm(const struct cvt_source *src, const struct cvt_awq_i
     enum cvt_err err = CVT_ERR_NONE;
     for (int64_t g = g0; g < g1 && !err; g++)
         for (int64_t n = n0; n < n1; n++) {
-            float s = cvt_f16_to_f32(cvt_ld16(sc + ((uint64_t)g * (uint64_t)N + (uint64_t)n) * 2));
+            float s = load_half(sc + ((uint64_t)g * (uint64_t)N + (uint64_t)n) * 2, in->scales->dtype);
             if (!isfinite(s) || !(s > 0.0f)) {
                 err = bad_scale(src, in->scales, g, n, s);
                 break;
@@ -591,7 +598,7 @@ static enum cvt_err dq_gemv(const struct cvt_source *src, const struct cvt_awq_i
     CVT_TRY(dq_alloc(in->qweight->name, g1 - g0, Ns, &d));
     for (int64_t n = n0; n < n1; n++)
         for (int64_t g = g0; g < g1; g++) {
-            float s = cvt_f16_to_f32(cvt_ld16(sc + ((uint64_t)n * (uint64_t)SW + (uint64_t)g) * 2));
+            float s = load_half(sc + ((uint64_t)n * (uint64_t)SW + (uint64_t)g) * 2, in->scales->dtype);
             if (!isfinite(s) || !(s > 0.0f)) {
                 dq_groups_free(&d);
                 return bad_scale(src, in->scales, n, g, s);

@@ -16,6 +16,7 @@
  * (forbidden GLOBALs, deep nesting, memo out of range, truncation at every byte).
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -305,6 +306,66 @@ static void zip_add(struct zipb *z, const char *name, const void *data, size_t n
     put(&z->b, data, n);
 }
 
+/* Like zip_finish, but with ZIP64 records: every central entry stores 0xFFFFFFFF sizes and offset
+ * with the values in a ZIP64 extra field, and a ZIP64 end record + locator precede the EOCD
+ * (as writers do for archives > 4 GB). */
+static struct buf zip_finish64(struct zipb *z)
+{
+    uint64_t cd = z->b.n;
+    for (int i = 0; i < z->n; i++) {
+        struct zip_rec *r = &z->r[i];
+        put32(&z->b, 0x02014b50u);
+        put16(&z->b, 45);
+        put16(&z->b, 45);
+        put16(&z->b, 0);
+        put16(&z->b, 0);
+        put16(&z->b, 0);
+        put16(&z->b, 0);
+        put32(&z->b, r->crc);
+        put32(&z->b, 0xffffffffu);
+        put32(&z->b, 0xffffffffu);
+        put16(&z->b, (uint16_t)strlen(r->name));
+        put16(&z->b, 28);
+        put16(&z->b, 0);
+        put16(&z->b, 0);
+        put16(&z->b, 0);
+        put32(&z->b, 0);
+        put32(&z->b, 0xffffffffu);
+        puts_(&z->b, r->name);
+        put16(&z->b, 0x0001);
+        put16(&z->b, 24);
+        put64(&z->b, r->size);
+        put64(&z->b, r->size);
+        put64(&z->b, r->off);
+    }
+    uint64_t cds = z->b.n - cd, z64 = z->b.n;
+    put32(&z->b, 0x06064b50u);
+    put64(&z->b, 44);
+    put16(&z->b, 45);
+    put16(&z->b, 45);
+    put32(&z->b, 0);
+    put32(&z->b, 0);
+    put64(&z->b, (uint64_t)z->n);
+    put64(&z->b, (uint64_t)z->n);
+    put64(&z->b, cds);
+    put64(&z->b, cd);
+    put32(&z->b, 0x07064b50u);
+    put32(&z->b, 0);
+    put64(&z->b, z64);
+    put32(&z->b, 1);
+    put32(&z->b, 0x06054b50u);
+    put16(&z->b, 0);
+    put16(&z->b, 0);
+    put16(&z->b, 0xffff);
+    put16(&z->b, 0xffff);
+    put32(&z->b, 0xffffffffu);
+    put32(&z->b, 0xffffffffu);
+    put16(&z->b, 0);
+    struct buf out = z->b;
+    memset(z, 0, sizeof *z);
+    return out;
+}
+
 static struct buf zip_finish(struct zipb *z)
 {
     uint64_t cd = z->b.n;
@@ -410,7 +471,19 @@ static int pack_variant(const struct canon *c, int v, const char *prefix, bool b
         snprintf(t[n - 1].name, 128, "%s.qweight", prefix);
         t[n++] = (struct st_tensor){"", "I32", 2, {KG, N / 8}, qz, (size_t)(KG * N / 8) * 4};
         snprintf(t[n - 1].name, 128, "%s.qzeros", prefix);
-        t[n++] = (struct st_tensor){"", "F16", 2, {KG, N}, c->s, (size_t)(KG * N) * 2};
+        const void *sdata = c->s;
+        if (bf16) { /* same values as BF16 (exact: 3 mantissa bits) */
+            uint16_t *sb = malloc((size_t)(KG * N) * 2);
+            for (int64_t i = 0; i < KG * N; i++) {
+                float f = h2f(c->s[i]);
+                uint32_t u;
+                memcpy(&u, &f, 4);
+                sb[i] = (uint16_t)(u >> 16);
+            }
+            keep[(*nkeep)++] = sb;
+            sdata = sb;
+        }
+        t[n++] = (struct st_tensor){"", bf16 ? "BF16" : "F16", 2, {KG, N}, sdata, (size_t)(KG * N) * 2};
         snprintf(t[n - 1].name, 128, "%s.scales", prefix);
     } else if (v == CVT_VARIANT_GEMV) {
         const int64_t W = zw(K, G);
@@ -679,6 +752,7 @@ static void test_variants(void)
         check_variant(&c, CVT_VARIANT_LLMAWQ_V3, false, "st");
         check_variant(&c, CVT_VARIANT_LLMAWQ_V3, true, "st");
         check_variant(&c, CVT_VARIANT_GEMM, false, "bin");
+        check_variant(&c, CVT_VARIANT_GEMM, true, "st");
         check_variant(&c, CVT_VARIANT_LLMAWQ_V3, true, "bin");
         canon_free(&c);
     }
@@ -792,6 +866,23 @@ static void test_awq_errors(void)
         CHECK_EQ_INT(cvt_awq_load(src, cvt_source_config(src), "model.layers.0.self_attn.q_proj", 128, 128, 0, 128, 0, 128, &lin),
                      CVT_ERR_RANGE);
         CHECK(strstr(qs_log_last(), "model.layers.0.self_attn.q_proj.qzeros") != NULL);
+        cvt_source_close(src);
+    }
+    for (int i = 0; i < nkeep; i++)
+        free(keep[i]);
+    nkeep = 0;
+    /* GEMM with BF16 scales: one of them (7.0e4) has no fp16 value (PITFALLS P15) */
+    write_config(d2, 64, "gemm", NULL);
+    nt = pack_variant(&c, CVT_VARIANT_GEMM, "model.layers.0.self_attn.q_proj", false, true, t, keep, &nkeep);
+    ((uint16_t *)(uintptr_t)t[2].data)[130] = 0x4789; /* bf16 70144 */
+    b = st_build(t, nt);
+    write_file(d2, "model.safetensors", b.p, b.n);
+    free(b.p);
+    CHECK_EQ_INT(cvt_source_open(d2, &src), CVT_ERR_NONE);
+    if (src) {
+        CHECK_EQ_INT(cvt_awq_load(src, cvt_source_config(src), "model.layers.0.self_attn.q_proj", 128, 128, 0, 128, 0, 128, &lin),
+                     CVT_ERR_RANGE);
+        CHECK(strstr(qs_log_last(), "[1, 2]") != NULL); /* element 130 of [2, 128] */
         cvt_source_close(src);
     }
     qs_log_set_quiet(false);
@@ -1082,6 +1173,25 @@ static void test_zip_hostile(void)
     CHECK_EQ_INT(cvt_torchzip_parse("m.bin", z.p, z.n, &l), CVT_ERR_ZIP);
     CHECK(strstr(qs_log_last(), "compressed") != NULL);
     free(z.p);
+    /* ZIP64 records (archives > 4 GB) */
+    {
+        struct pk_tensor zt = {"w", "HalfStorage", "0", 4, 0, 1, {4}, {1}, false};
+        struct buf zpk = pk_build(&zt, 1);
+        uint16_t d4[4] = {0x3c00, 0x4000, 0xbc00, 0};
+        struct zipb zz = {0};
+        zip_add(&zz, "archive/data.pkl", zpk.p, zpk.n);
+        zip_add(&zz, "archive/data/0", d4, sizeof d4);
+        struct buf z64 = zip_finish64(&zz);
+        CHECK_EQ_INT(cvt_torchzip_parse("m64.bin", z64.p, z64.n, &l), CVT_ERR_NONE);
+        CHECK(l.n == 1 && l.t[0].nbytes == 8 && memcmp(z64.p + l.t[0].offset, d4, 8) == 0);
+        cvt_tensor_list_free(&l);
+        /* ZIP64 sizes announced but the locator missing */
+        size_t eocd = z64.n - 22;
+        memset(z64.p + eocd - 20, 0, 4);
+        CHECK_EQ_INT(cvt_torchzip_parse("m64.bin", z64.p, z64.n, &l), CVT_ERR_ZIP);
+        free(z64.p);
+        free(zpk.p);
+    }
     /* legacy torch file */
     static const uint8_t legacy[] = {0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19, '.'};
     CHECK_EQ_INT(cvt_torchzip_parse("old.bin", legacy, sizeof legacy, &l), CVT_ERR_UNSUPPORTED);
@@ -1675,6 +1785,69 @@ static void test_model_fixtures(void)
     free(text);
 }
 
+/* Concurrent reads: 4 threads decode every linear of one source (different start points) and
+ * read every float tensor; each result must equal the single-threaded decode. */
+struct thr_arg {
+    const struct cvt_source *src;
+    int                      id, bad;
+    const struct decoded    *ref;
+    int                      n_ref;
+};
+
+static void *thr_main(void *p)
+{
+    struct thr_arg *a = p;
+    const struct cvt_hf_config *cfg = cvt_source_config(a->src);
+    for (int r = 0; r < 3; r++)
+        for (int j = 0; j < a->n_ref; j++) {
+            const struct decoded *d = &a->ref[(j + a->id * 5) % a->n_ref];
+            struct cvt_awq_linear lin;
+            int64_t K, N;
+            if (!linear_dims(cfg, d->name, &K, &N) || cvt_awq_load(a->src, cfg, d->name, K, N, 0, K, 0, N, &lin)) {
+                a->bad++;
+                continue;
+            }
+            a->bad += memcmp(lin.q, d->lin.q, (size_t)(K * N)) != 0 || memcmp(lin.s, d->lin.s, (size_t)(K / lin.G * N) * 2) != 0;
+            cvt_awq_linear_free(&lin);
+        }
+    return NULL;
+}
+
+static void test_threads(void)
+{
+    const char *dir = "tests/data/models/llama-gqa-gemm";
+    struct cvt_source *src = NULL;
+    qs_log_set_quiet(true);
+    if (cvt_source_open(dir, &src) != CVT_ERR_NONE) {
+        qs_log_set_quiet(false);
+        printf("test_cvt_src: %s absent, thread test skipped\n", dir);
+        return;
+    }
+    enum { MAXL = 64 };
+    struct decoded *ref = calloc(MAXL, sizeof *ref);
+    int n_ref = 0, checked = 0;
+    char msgs[4096];
+    CHECK_EQ_INT(decode_all(dir, msgs, sizeof msgs, ref, &n_ref, MAXL, &checked), CVT_ERR_NONE);
+    qs_log_set_quiet(false);
+    pthread_t th[4];
+    struct thr_arg args[4];
+    for (int i = 0; i < 4; i++) {
+        args[i] = (struct thr_arg){src, i, 0, ref, n_ref};
+        pthread_create(&th[i], NULL, thr_main, &args[i]);
+    }
+    int bad = 0;
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        bad += args[i].bad;
+    }
+    CHECK(n_ref > 10);
+    CHECK_EQ_INT(bad, 0);
+    for (int i = 0; i < n_ref; i++)
+        cvt_awq_linear_free(&ref[i].lin);
+    free(ref);
+    cvt_source_close(src);
+}
+
 /* --write-corpus DIR: seed inputs for tests/fuzz_{safetensors,pickle}.c built by the helpers above. */
 static int write_corpus(const char *dir)
 {
@@ -1749,6 +1922,7 @@ int main(int argc, char **argv)
     test_directory();
     test_bad_fixtures();
     test_model_fixtures();
+    test_threads();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_root);
     if (system(cmd) != 0)
