@@ -190,6 +190,8 @@ struct cvt_opts {
     bool no_check;          /* skip the bitwise self-check */
     bool quiet;             /* no progress bar, no info messages */
     bool force;             /* overwrite existing rank files / manifest in out_dir */
+    uint64_t chunk_bytes;   /* working-memory budget of all workers together, bytes; 0 = default
+                             * (192 MiB). Tests shrink it to exercise many chunks per tensor. */
 };
 
 /* Convert model_dir into out_dir/rank-K-of-N.qshard + manifest (or print the plan with dry_run).

@@ -126,6 +126,10 @@ int cmd_convert(int argc, char **argv)
     o.tp = tp;
     if (o.quiet)
         qs_log_set_level(QS_LOG_WARN);
+    /* test knob, not an option: working-memory budget in KiB (many small chunks per tensor) */
+    const char *kb = getenv("QSHARD_CVT_CHUNK_KB");
+    if (kb && atoi(kb) > 0)
+        o.chunk_bytes = (uint64_t)atoi(kb) << 10;
     enum cvt_err e = cvt_run(&o);
     if (e == CVT_ERR_TP)
         fprintf(stderr, "hint: run `qshard convert %s --tp 1 --dry-run` to see the model's "

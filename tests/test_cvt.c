@@ -692,6 +692,18 @@ static void test_determinism(void)
     CHECK_EQ_INT(run(NULL, NULL, "convert %s %s --tp 2 -q", dir, a), 0);
     CHECK_EQ_INT(run(NULL, NULL, "convert %s %s --tp 2 -q --threads 1", dir, b), 0);
     CHECK_EQ_INT(run(NULL, NULL, "convert %s %s --tp 2 -q --threads 3 --no-check", dir, c), 0);
+    /* tiny chunk budget: every packed output goes through many 64-column load chunks */
+    char d[512], fd[600];
+    snprintf(d, sizeof(d), "%s/det/d", g_tmp);
+    CHECK_EQ_INT(run(NULL, NULL, "convert %s %s --tp 1 -q", dir, d), 0);
+    snprintf(c, sizeof(c), "%s/det/e", g_tmp);
+    setenv("QSHARD_CVT_CHUNK_KB", "64", 1);
+    CHECK_EQ_INT(run(NULL, NULL, "convert %s %s --tp 1 -q", dir, c), 0);
+    unsetenv("QSHARD_CVT_CHUNK_KB");
+    snprintf(fd, sizeof(fd), "%s/rank-0-of-1.qshard", d);
+    snprintf(fc, sizeof(fc), "%s/rank-0-of-1.qshard", c);
+    CHECK_MSG(files_equal(fd, fc), "64 KiB chunk budget: output differs");
+    snprintf(c, sizeof(c), "%s/det/c", g_tmp);
     for (int r = 0; r < 2; r++) {
         snprintf(fa, sizeof(fa), "%s/rank-%d-of-2.qshard", a, r);
         snprintf(fb, sizeof(fb), "%s/rank-%d-of-2.qshard", b, r);
