@@ -865,8 +865,8 @@ static enum fmt_err tokenizer_inflate(const struct fmt_shard *s, uint8_t **arch,
     uint64_t size = s->sec[FMT_SECTION_TOKENIZER].size; /* >= 8, checked at open */
     uint64_t raw = fmt_ld64(p), zsize = size - 8;
     *arch = NULL;
-    if (raw < 8 || raw > FMT_TOKENIZER_MAX || raw / FMT_DEFLATE_MAX_RATIO > zsize ||
-        zsize > UINT32_MAX) {
+    if (raw < 8 || raw > FMT_TOKENIZER_MAX || zsize > UINT32_MAX ||
+        raw > zsize * FMT_DEFLATE_MAX_RATIO) {
         qs_log_error(__func__, "file %s: tokenizer archive: uncompressed size %" PRIu64
                      " impossible for %" PRIu64 " compressed bytes (limit %llu)", s->path, raw,
                      zsize, (unsigned long long)FMT_TOKENIZER_MAX);
