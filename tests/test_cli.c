@@ -582,6 +582,77 @@ static void check_chat(const char *model, const char *name, const char *fixture_
     }
 }
 
+/* Structural UTF-8 check (RFC 3629); returns the offset of the first bad byte or -1. */
+static long utf8_bad_at(const unsigned char *p, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        unsigned c = p[i], len = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2
+                                        : c >= 0xE0 && c <= 0xEF ? 3
+                                        : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+        if (!len || i + len > n)
+            return (long)i;
+        unsigned lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
+        unsigned hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+        if (len > 1 && (p[i + 1] < lo || p[i + 1] > hi))
+            return (long)i;
+        for (unsigned k = 2; k < len; k++)
+            if ((p[i + k] & 0xC0) != 0x80)
+                return (long)i;
+        i += len;
+    }
+    return -1;
+}
+
+/* Streaming never writes half a UTF-8 character: read `run`'s stdout from a pipe as it is
+ * written (each read returns one or more whole writes) and check every piece on its own.
+ * Sampling at temperature 2 over the whole vocabulary draws byte-fallback tokens (<0xE5>...),
+ * which hold partial characters until the next token completes them. */
+static void check_streaming(const char *model)
+{
+    int fd[2];
+    if (pipe(fd) != 0)
+        return;
+    const char *argv[] = {g_bin, "run", model, "-p", "Grüße 🦙", "-n", "300", "--temp", "2",
+                          "--top-k", "0", "--top-p", "1", "--seed", "11", "--ignore-eos",
+                          NULL};
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fd[0]);
+        dup2(fd[1], 1);
+        int devnull = open("/dev/null", O_WRONLY);
+        dup2(devnull, 2);
+        execv(g_bin, (char *const *)argv);
+        _exit(127);
+    }
+    close(fd[1]);
+    static unsigned char all[1 << 20];
+    size_t total = 0;
+    int pieces = 0, bad_pieces = 0;
+    for (;;) {
+        unsigned char buf[65536];
+        ssize_t r = read(fd[0], buf, sizeof(buf));
+        if (r <= 0)
+            break;
+        pieces++;
+        if (utf8_bad_at(buf, (size_t)r) >= 0)
+            bad_pieces++;
+        if (total + (size_t)r <= sizeof(all)) {
+            memcpy(all + total, buf, (size_t)r);
+            total += (size_t)r;
+        }
+    }
+    close(fd[0]);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "streaming run failed");
+    CHECK_MSG(bad_pieces == 0, "%d of %d pieces of streamed output are not whole UTF-8",
+              bad_pieces, pieces);
+    CHECK_MSG(utf8_bad_at(all, total) < 0, "streamed output is not valid UTF-8");
+    CHECK_MSG(pieces > 10, "only %d pieces: the output was not streamed", pieces);
+    printf("cli: streaming: %zu bytes in %d pieces, each whole UTF-8\n", total, pieces);
+}
+
 /* Multi-chunk perplexity (llama.cpp tools/perplexity method) recomputed here from `qshard
  * logits` of each chunk: ids cut into chunks of ctx, first id of each chunk replaced by BOS,
  * rows ctx/2 .. ctx-2 scored, running estimate after each chunk, final
@@ -965,6 +1036,7 @@ int main(void)
                 check_errors_with_model(dir, name, has_tok, vocab);
             if (has_tok && has_llama2_tokenizer(m)) {
                 check_chat(dir, name, jstr(m, "path"));
+                check_streaming(dir);
                 cJSON *vec = check_tokenize_vectors(dir);
                 /* the longest vector text drives the multi-chunk perplexity check */
                 const cJSON *c, *best = NULL;
