@@ -772,13 +772,16 @@ const void *cvt_source_data(const struct cvt_source *src, const struct cvt_src_t
     return src->maps[t->file].map + t->offset;
 }
 
-/* Drop the pages of [off, off + n) of file f from this process (advisory). */
-static void release_range(const struct cvt_source *src, uint32_t f, uint64_t off, uint64_t n)
+/* Drop the pages of [off, off + n) of file f from this process (advisory). `inner`: only pages
+ * entirely inside the range (after a partial read: the edge pages are likely read next);
+ * otherwise every page the range touches. */
+static void release_pages(const struct cvt_source *src, uint32_t f, uint64_t off, uint64_t n, bool inner)
 {
     if (!n || f >= src->n_files || !src->maps[f].map)
         return;
     uint64_t pg = (uint64_t)src->page;
-    uint64_t a = off / pg * pg, b = (off + n + pg - 1) / pg * pg;
+    uint64_t a = inner ? (off + pg - 1) / pg * pg : off / pg * pg;
+    uint64_t b = inner ? (off + n) / pg * pg : (off + n + pg - 1) / pg * pg;
     if (b > src->maps[f].size)
         b = src->maps[f].size; /* madvise accepts a partial last page */
     if (b > a)
@@ -787,7 +790,12 @@ static void release_range(const struct cvt_source *src, uint32_t f, uint64_t off
 
 void cvt_source_release(const struct cvt_source *src, const struct cvt_src_tensor *t)
 {
-    release_range(src, t->file, t->offset, t->nbytes);
+    release_pages(src, t->file, t->offset, t->nbytes, false);
+}
+
+static void release_range(const struct cvt_source *src, uint32_t f, uint64_t off, uint64_t n)
+{
+    release_pages(src, f, off, n, true);
 }
 
 static enum cvt_err check_readable(const struct cvt_source *src, const struct cvt_src_tensor *t, const char *fn)

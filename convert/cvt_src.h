@@ -33,8 +33,10 @@
  *
  * Memory: weights are never copied wholesale. A read maps pages of the input files in, copies or
  * decodes, then drops those pages from this process again (madvise MADV_DONTNEED; they stay in the
- * page cache), so RSS stays bounded by what the caller allocates. cvt_awq_load() allocates only
- * the requested (slice of the) linear.
+ * page cache): cvt_source_read*() drop the pages lying entirely inside the range read (edge pages
+ * are likely read next), cvt_awq_load()/cvt_awq_dequant_source() and cvt_source_release() drop
+ * every page of the tensors concerned. So RSS stays bounded by what the caller allocates.
+ * cvt_awq_load() allocates only the requested (slice of the) linear.
  *
  * Tested by tests/test_cvt_src.c (`make BUILD=build-x build-x/test_cvt_src && build-x/test_cvt_src`)
  * and fuzzed by tests/fuzz_safetensors.c, tests/fuzz_pickle.c, tests/fuzz_config.c (`make fuzz`).
