@@ -6,13 +6,17 @@
  *   READY and stable (CLI, tests): struct rt_config + rt_config_parse(), struct rt_opts +
  *   rt_opts_default(), rt_model_open / rt_model_forward / rt_model_reset / rt_model_free, the
  *   accessors (rt_model_config, rt_model_n_ctx, rt_model_n_past, rt_model_world_size,
- *   rt_model_device, rt_model_shard), enum rt_err, rt_err_str(), rt_err_exit_code().
+ *   rt_model_device, rt_model_shard), enum rt_err, rt_err_str(), rt_err_exit_code(),
+ *   rt_model_open_backend() (a caller-made backend, for tests).
  *   The CPU backend is complete and matches the transformers goldens of every fixture
  *   (tests/test_model.c). CUDA backend: runtime/rt_cuda.cu implements struct rt_backend_ops
  *   below (activations fp16 via act_size = 2, kv_size = 2; residual h, router and lm_head
  *   logits fp32); the ops mirror kernels.h (k_rmsnorm's three modes, k_rope over nq + nkv
  *   heads of a qkv row, k_kv_store, k_attention, k_embed into the fp32 residual). Until it
  *   exists, rt_cuda_nocuda.c makes --device cuda fail with RT_ERR_NO_DEVICE and AUTO use the CPU.
+ *   tests/test_model.c holds an fp16-activation backend emulated on the CPU (emu_ops, opened
+ *   through rt_model_open_backend): the semantics rt_cuda.cu must match op by op, and the fp16
+ *   error budget (about 6e-4 relative L2 vs the goldens on every fixture).
  *   Signature changes will be announced here first.
  *
  * Who calls it: runtime/rt_main.c (`qshard run|logits|perplexity`), tests/test_model.c, and the
@@ -162,6 +166,7 @@ struct rt_opts rt_opts_default(void);
 /* --- model ---------------------------------------------------------------------------------- */
 
 struct rt_model;
+struct rt_backend; /* the backend interface, below */
 
 /*
  * Open a model: a directory written by `qshard convert` (manifest.json + rank-K-of-N.qshard,
@@ -177,6 +182,15 @@ struct rt_model;
  */
 enum rt_err rt_model_open(const char *path_or_dir, const struct rt_opts *opts,
                           struct rt_model **out);
+
+/*
+ * rt_model_open with a backend the caller made (tests that wrap or emulate a backend,
+ * experiments): opts->device only labels it (CUDA or CPU). The model takes ownership of the
+ * backend at once: rt_model_free destroys it, and so does a failed open.
+ * Errors: those of rt_model_open, RT_ERR_ARG (be or be->ops NULL).
+ */
+enum rt_err rt_model_open_backend(const char *path_or_dir, const struct rt_opts *opts,
+                                  const struct rt_backend *be, struct rt_model **out);
 
 /*
  * Run n_tokens tokens at positions start_pos .. start_pos + n_tokens - 1 (prefill when

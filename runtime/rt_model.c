@@ -570,7 +570,8 @@ static enum rt_err model_open(struct rt_model *m, const char *path, const struct
 {
     TRY(open_files(m, path));
     TRY(size_context(m, o));
-    TRY(create_backend(m, o));
+    if (!m->be.ops)
+        TRY(create_backend(m, o));
     for (int r = 0; r < m->world; r++) {
         TRY(OPS->load_weights(BCTX, r, m->ranks[r].shard));
         TRY(bind_rank(m, r));
@@ -579,7 +580,7 @@ static enum rt_err model_open(struct rt_model *m, const char *path, const struct
     TRY(alloc_host(m));
     const struct rt_config *c = &m->ranks[0].cfg;
     double kv_mib = 2.0 * c->n_layers * c->kv_heads_per_rank * (double)m->n_ctx * c->head_dim *
-                    4.0 * m->world / (1 << 20);
+                    (double)OPS->kv_size * m->world / (1 << 20);
     qs_log_info("model %s: %s, %d layers, hidden %d, heads %d (kv %d, head_dim %d), vocab %d, "
                 "group_size %d%s; TP %d on %s; KV cache %d tokens (%.1f MiB)",
                 path, c->architecture, c->n_layers, c->hidden_size, c->n_heads, c->n_kv_heads,
@@ -588,15 +589,21 @@ static enum rt_err model_open(struct rt_model *m, const char *path, const struct
     return RT_ERR_NONE;
 }
 
-enum rt_err rt_model_open(const char *path_or_dir, const struct rt_opts *opts,
-                          struct rt_model **out)
+static enum rt_err open_common(const char *path_or_dir, const struct rt_opts *opts,
+                               const struct rt_backend *be, struct rt_model **out)
 {
     *out = NULL;
     struct rt_opts o = opts ? *opts : rt_opts_default();
     struct rt_model *m = calloc(1, sizeof(*m));
     if (!m) {
         qs_log_error(__func__, "out of memory");
+        if (be && be->ops)
+            be->ops->destroy(be->ctx);
         return RT_ERR_NOMEM;
+    }
+    if (be) { /* owned from here on: rt_model_free destroys it */
+        m->be = *be;
+        m->device = o.device == RT_DEVICE_CUDA ? RT_DEVICE_CUDA : RT_DEVICE_CPU;
     }
     m->path = strdup(path_or_dir);
     enum rt_err e = m->path ? model_open(m, path_or_dir, &o) : RT_ERR_NOMEM;
@@ -606,6 +613,23 @@ enum rt_err rt_model_open(const char *path_or_dir, const struct rt_opts *opts,
     }
     *out = m;
     return RT_ERR_NONE;
+}
+
+enum rt_err rt_model_open(const char *path_or_dir, const struct rt_opts *opts,
+                          struct rt_model **out)
+{
+    return open_common(path_or_dir, opts, NULL, out);
+}
+
+enum rt_err rt_model_open_backend(const char *path_or_dir, const struct rt_opts *opts,
+                                  const struct rt_backend *be, struct rt_model **out)
+{
+    if (!be || !be->ops) {
+        *out = NULL;
+        qs_log_error(__func__, "no backend given");
+        return RT_ERR_ARG;
+    }
+    return open_common(path_or_dir, opts, be, out);
 }
 
 void rt_model_free(struct rt_model *m)

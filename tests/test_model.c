@@ -763,6 +763,8 @@ static float *run_logits(const char *path, const int32_t *tok, int T, int max_ba
     return lg;
 }
 
+static float *emu_logits(const char *dir, const int32_t *tok, int T, int V, int max_batch);
+
 static void test_synthetic(const char *label, const struct syn_spec *sp, const int *tps, int n_tp)
 {
     struct syn_model m;
@@ -798,6 +800,19 @@ static void test_synthetic(const char *label, const struct syn_spec *sp, const i
             printf("  %-12s TP-%d vs TP-1: rel L2 %.2e\n", label, ws, d);
             CHECK_MSG(d <= 1e-5, "%s TP-%d vs TP-1: rel L2 %g", label, ws, d);
         }
+        free(lg);
+    }
+
+    /* the same sets through the fp16-activation emulation (act_size 2), in chunks of 5 rows */
+    for (int i = 0; i < n_tp; i++) {
+        snprintf(dir, sizeof(dir), "%s/%s-tp%d", tmp_root, label, tps[i]);
+        float *lg = emu_logits(dir, tok, T, sp->V, 5);
+        if (!lg)
+            continue;
+        double e = rel_l2(lg, want, (size_t)T * sp->V);
+        printf("  %-12s TP-%d fp16 activations vs double reference: rel L2 %.2e\n", label,
+               tps[i], e);
+        CHECK_MSG(e <= 2e-3 && e > 1e-6, "%s TP-%d fp16 emulation: rel L2 %g", label, tps[i], e);
         free(lg);
     }
 
@@ -842,6 +857,285 @@ static void test_synthetic(const char *label, const struct syn_spec *sp, const i
     free(tp1);
     free(want);
     syn_free(&m);
+}
+
+// --- an fp16-activation backend emulated on the CPU ---------------------------------------------
+
+/*
+ * The CUDA backend keeps activations and the KV cache in fp16 (act_size = kv_size = 2) and only
+ * the residual stream and logits in fp32. This backend does the same on the CPU (each op:
+ * fp16 -> fp32, the ref_* function, round back to fp16), so the model code's handling of
+ * act_size (row and head offsets, buffer sizes, the rmsnorm modes, all_reduce types) is tested
+ * here, and the fp16 numerics can be compared with the goldens before any GPU runs.
+ */
+static float *h2f(const void *src, size_t n)
+{
+    const uint16_t *s = src;
+    float *d = xcalloc(n, 4);
+    for (size_t i = 0; i < n; i++)
+        d[i] = ref_f16_to_f32(s[i]);
+    return d;
+}
+
+static void f2h(void *dst, const float *src, size_t n)
+{
+    uint16_t *d = dst;
+    for (size_t i = 0; i < n; i++)
+        d[i] = ref_f32_to_f16(src[i]);
+}
+
+static void emu_destroy(void *ctx)
+{
+    (void)ctx;
+}
+
+static enum rt_err emu_load(void *ctx, int rank, const struct fmt_shard *s)
+{
+    (void)ctx, (void)rank, (void)s;
+    return RT_ERR_NONE;
+}
+
+static const void *emu_tensor(void *ctx, int rank, const struct fmt_tensor *t)
+{
+    (void)ctx, (void)rank;
+    return t->data;
+}
+
+static enum rt_err emu_alloc(void *ctx, int rank, size_t bytes, void **out)
+{
+    (void)ctx, (void)rank;
+    *out = xcalloc(bytes, 1);
+    return RT_ERR_NONE;
+}
+
+static void emu_free(void *ctx, int rank, void *p)
+{
+    (void)ctx, (void)rank;
+    free(p);
+}
+
+static enum rt_err emu_copy(void *ctx, int rank, void *dst, const void *src, size_t bytes)
+{
+    (void)ctx, (void)rank;
+    memmove(dst, src, bytes);
+    return RT_ERR_NONE;
+}
+
+static enum rt_err emu_zero(void *ctx, int rank, void *dst, size_t bytes)
+{
+    (void)ctx, (void)rank;
+    memset(dst, 0, bytes);
+    return RT_ERR_NONE;
+}
+
+static enum rt_err emu_embed(void *ctx, int rank, float *out, const uint16_t *table,
+                             const int32_t *tokens, int M, int64_t row_begin, int V_r, int H)
+{
+    (void)ctx, (void)rank;
+    ref_embed(out, table, tokens, M, row_begin, V_r, H);
+    return RT_ERR_NONE;
+}
+
+static enum rt_err emu_rmsnorm(void *ctx, int rank, void *out, float *residual, const void *x,
+                               const float *w, int M, int H, float eps)
+{
+    (void)ctx, (void)rank;
+    size_t n = (size_t)M * H;
+    float *xf = x ? h2f(x, n) : NULL, *of = xcalloc(n, 4);
+    ref_rmsnorm(of, residual, xf, w, M, H, eps);
+    f2h(out, of, n);
+    free(xf), free(of);
+    return RT_ERR_NONE;
+}
+
+static enum rt_err emu_linear_w4(void *ctx, int rank, const void *x, const uint8_t *qweight,
+                                 const uint8_t *qzeros, const uint16_t *scales, const float *bias,
+                                 int M, int K, int N, int G, void *y)
+{
+    (void)ctx, (void)rank;
+    float *xf = h2f(x, (size_t)M * K), *yf = xcalloc((size_t)M * N, 4);
+    enum ref_err e = ref_w4a16_linear(xf, qweight, qzeros, scales, bias, M, K, N, G, yf, NULL);
+    f2h(y, yf, (size_t)M * N);
+    free(xf), free(yf);
+    return e ? RT_ERR_SHAPE : RT_ERR_NONE;
+}
+
+static enum rt_err emu_linear_f16(void *ctx, int rank, const void *x, const uint16_t *W,
+                                  const float *bias, int M, int K, int N, void *y)
+{
+    (void)ctx, (void)rank;
+    float *xf = h2f(x, (size_t)M * K), *yf = xcalloc((size_t)M * N, 4);
+    ref_linear_f16(xf, W, bias, M, K, N, yf, NULL);
+    f2h(y, yf, (size_t)M * N);
+    free(xf), free(yf);
+    return RT_ERR_NONE;
+}
+
+static enum rt_err emu_lm_head(void *ctx, int rank, const void *x, const uint16_t *W, int M,
+                               int K, int N, float *logits)
+{
+    (void)ctx, (void)rank;
+    float *xf = h2f(x, (size_t)M * K);
+    ref_linear_f16(xf, W, NULL, M, K, N, logits, NULL);
+    free(xf);
+    return RT_ERR_NONE;
+}
+
+static enum rt_err emu_router(void *ctx, int rank, const void *x, const float *W, int M, int K,
+                              int N, float *y)
+{
+    (void)ctx, (void)rank;
+    float *xf = h2f(x, (size_t)M * K);
+    ref_linear_f32(xf, W, NULL, M, K, N, y);
+    free(xf);
+    return RT_ERR_NONE;
+}
+
+static enum rt_err emu_rope(void *ctx, int rank, void *x, int M, int n_heads, int hd,
+                            size_t row_stride, int start_pos, const float *inv_freq)
+{
+    (void)ctx, (void)rank;
+    size_t n = (size_t)(M - 1) * row_stride + (size_t)n_heads * hd;
+    float *xf = h2f(x, n);
+    int32_t *pos = xcalloc((size_t)M, 4);
+    for (int m = 0; m < M; m++)
+        pos[m] = start_pos + m;
+    ref_rope(xf, M, n_heads, hd, row_stride, pos, inv_freq);
+    f2h(x, xf, n);
+    free(xf), free(pos);
+    return RT_ERR_NONE;
+}
+
+static enum rt_err emu_kv_store(void *ctx, int rank, void *k_cache, void *v_cache, const void *k,
+                                const void *v, size_t row_stride, int M, int start_pos,
+                                int n_kv_heads, int hd, int T_cap)
+{
+    (void)ctx, (void)rank;
+    for (int m = 0; m < M; m++)
+        for (int h = 0; h < n_kv_heads; h++) {
+            size_t dst = ((size_t)h * T_cap + (size_t)(start_pos + m)) * hd;
+            size_t src = (size_t)m * row_stride + (size_t)h * hd;
+            memcpy((uint16_t *)k_cache + dst, (const uint16_t *)k + src, (size_t)hd * 2);
+            memcpy((uint16_t *)v_cache + dst, (const uint16_t *)v + src, (size_t)hd * 2);
+        }
+    return RT_ERR_NONE;
+}
+
+static enum rt_err emu_attention(void *ctx, int rank, void *out, size_t out_stride, const void *q,
+                                 size_t q_stride, const void *k_cache, const void *v_cache, int M,
+                                 int start_pos, int n_heads, int n_kv_heads, int hd, int T_cap,
+                                 int sliding_window)
+{
+    (void)ctx, (void)rank;
+    size_t nq = (size_t)(M - 1) * q_stride + (size_t)n_heads * hd;
+    size_t no = (size_t)(M - 1) * out_stride + (size_t)n_heads * hd;
+    size_t nkv = (size_t)n_kv_heads * T_cap * hd;
+    float *qf = h2f(q, nq), *of = h2f(out, no), *kf = h2f(k_cache, nkv), *vf = h2f(v_cache, nkv);
+    enum ref_err e = ref_attention(of, out_stride, qf, q_stride, kf, vf, M, start_pos, n_heads,
+                                   n_kv_heads, hd, T_cap, sliding_window, NULL);
+    f2h(out, of, no);
+    free(qf), free(of), free(kf), free(vf);
+    return e ? RT_ERR_SHAPE : RT_ERR_NONE;
+}
+
+static enum rt_err emu_silu_mul(void *ctx, int rank, void *out, const void *gate_up, int M, int I)
+{
+    (void)ctx, (void)rank;
+    float *gf = h2f(gate_up, (size_t)M * 2 * I), *of = xcalloc((size_t)M * I, 4);
+    ref_silu_mul(of, gf, M, I);
+    f2h(out, of, (size_t)M * I);
+    free(gf), free(of);
+    return RT_ERR_NONE;
+}
+
+static enum rt_err emu_gather(void *ctx, int rank, void *dst, const void *src,
+                              const int32_t *rows, int n, int width)
+{
+    (void)ctx, (void)rank;
+    for (int i = 0; i < n; i++)
+        memcpy((uint16_t *)dst + (size_t)i * width, (const uint16_t *)src + (size_t)rows[i] * width,
+               (size_t)width * 2);
+    return RT_ERR_NONE;
+}
+
+static enum rt_err emu_scatter_add(void *ctx, int rank, void *y, const void *src,
+                                   const int32_t *rows, const float *weights, int n, int width)
+{
+    (void)ctx, (void)rank;
+    for (int i = 0; i < n; i++) {
+        uint16_t *yr = (uint16_t *)y + (size_t)rows[i] * width;
+        const uint16_t *sr = (const uint16_t *)src + (size_t)i * width;
+        for (int j = 0; j < width; j++)
+            yr[j] = ref_f32_to_f16(ref_f16_to_f32(yr[j]) + weights[i] * ref_f16_to_f32(sr[j]));
+    }
+    return RT_ERR_NONE;
+}
+
+static enum rt_err emu_all_reduce(void *ctx, void *const *bufs, int world, size_t n,
+                                  enum rt_buf_type type)
+{
+    (void)ctx;
+    for (size_t i = 0; i < n; i++) {
+        float sum = 0;
+        for (int r = 0; r < world; r++)
+            sum += type == RT_BUF_F32 ? ((float *)bufs[r])[i] : ref_f16_to_f32(((uint16_t *)bufs[r])[i]);
+        for (int r = 0; r < world; r++) {
+            if (type == RT_BUF_F32)
+                ((float *)bufs[r])[i] = sum;
+            else
+                ((uint16_t *)bufs[r])[i] = ref_f32_to_f16(sum);
+        }
+    }
+    return RT_ERR_NONE;
+}
+
+static const struct rt_backend_ops emu_ops = {
+    .name = "cpu-fp16-emulation",
+    .act_size = 2,
+    .kv_size = 2,
+    .destroy = emu_destroy,
+    .load_weights = emu_load,
+    .tensor_ptr = emu_tensor,
+    .alloc = emu_alloc,
+    .free = emu_free,
+    .upload = emu_copy,
+    .download = emu_copy,
+    .zero = emu_zero,
+    .embed = emu_embed,
+    .rmsnorm = emu_rmsnorm,
+    .linear_w4 = emu_linear_w4,
+    .linear_f16 = emu_linear_f16,
+    .lm_head = emu_lm_head,
+    .router = emu_router,
+    .rope = emu_rope,
+    .kv_store = emu_kv_store,
+    .attention = emu_attention,
+    .silu_mul = emu_silu_mul,
+    .gather_rows = emu_gather,
+    .scatter_add_rows = emu_scatter_add,
+    .all_reduce = emu_all_reduce,
+};
+
+/* fp16-activation logits of tok[0..T) (all rows) on the model in dir; NULL on failure. */
+static float *emu_logits(const char *dir, const int32_t *tok, int T, int V, int max_batch)
+{
+    struct rt_backend be = {&emu_ops, NULL};
+    struct rt_opts o = cpu_opts(T, max_batch, 1);
+    struct rt_model *rm = NULL;
+    enum rt_err e = rt_model_open_backend(dir, &o, &be, &rm);
+    CHECK_MSG(e == RT_ERR_NONE, "fp16 emulation: open %s: %s (%s)", dir, rt_err_str(e),
+              qs_log_last());
+    if (e)
+        return NULL;
+    float *lg = xcalloc((size_t)T * V, 4);
+    e = rt_model_forward(rm, tok, T, 0, lg, true);
+    CHECK_MSG(e == RT_ERR_NONE, "fp16 emulation: forward %s: %s", dir, rt_err_str(e));
+    rt_model_free(rm);
+    if (e) {
+        free(lg);
+        return NULL;
+    }
+    return lg;
 }
 
 /* Overwrite the layout tag of tensor `name` in a rank file and fix the tensor-table checksum,
@@ -1276,6 +1570,14 @@ static void test_fixture(const cJSON *model, const char *qshard)
                                   tp, es);
                         free(gs);
                     }
+                }
+                float *el = emu_logits(out, ids, T, V, 0);
+                if (el) { /* what fp16 activations (the CUDA backend's choice) cost */
+                    double ee = rel_l2_f(el, gold, (size_t)T * V);
+                    printf(", fp16-act %.2e", ee);
+                    CHECK_MSG(ee <= 1e-2, "%s %s TP-%d fp16 emulation: rel L2 %g", name, pname,
+                              tp, ee);
+                    free(el);
                 }
                 if (tp == 1) {
                     tp1[pi] = lg;
