@@ -11,6 +11,10 @@
  *     "<|start_header_id|>" role "<|end_header_id|>\n\n" trim(content) "<|eot_id|>";
  *     generation prompt "<|start_header_id|>assistant<|end_header_id|>\n\n" (always, when the
  *     tokenizer's own template of this family does not mention add_generation_prompt).
+ *   Mistral (mistralai/Mistral-7B-Instruct-v0.2, Mixtral-8x7B-Instruct-v0.1):  BOS, then per user
+ *     turn "[INST] " content " [/INST]", per assistant turn content EOS (v0.1's template: EOS " ",
+ *     used when the tokenizer's template has `eos_token + ' '`); no system role (the templates
+ *     raise an exception), no generation prompt.
  *   ChatML (Qwen2):  per message "<|im_start|>" role "\n" content "<|im_end|>\n";
  *     generation prompt "<|im_start|>assistant\n". No BOS. (Qwen's templates insert a default
  *     system message when none is given; we do not: pass one explicitly.)
@@ -34,6 +38,8 @@ enum rt_chat_family rt_chat_detect(const struct rt_tok *tok)
         return RT_CHAT_CHATML;
     if (strstr(t, "[INST]") && strstr(t, "<<SYS>>"))
         return RT_CHAT_LLAMA2;
+    if (strstr(t, "[INST]"))
+        return RT_CHAT_MISTRAL;
     return RT_CHAT_NONE;
 }
 
@@ -47,6 +53,8 @@ enum rt_chat_family rt_chat_family_parse(const char *name)
         return RT_CHAT_LLAMA3;
     if (strcmp(name, "chatml") == 0 || strcmp(name, "qwen") == 0)
         return RT_CHAT_CHATML;
+    if (strcmp(name, "mistral") == 0)
+        return RT_CHAT_MISTRAL;
     return RT_CHAT_NONE;
 }
 
@@ -174,6 +182,39 @@ static enum rt_tok_err format_llama2(const struct rt_tok *tok, const struct rt_c
     return b->err;
 }
 
+static enum rt_tok_err format_mistral(const struct rt_tok *tok, const struct rt_chat_msg *msgs,
+                                      size_t n, struct sbuf *b)
+{
+    const char *bos = rt_tok_piece(tok, tok->bos_id);
+    const char *eos = tok->n_eos ? rt_tok_piece(tok, tok->eos_ids[0]) : NULL;
+    bool eos_space = tok->chat_template && rt_chat_detect(tok) == RT_CHAT_MISTRAL &&
+                     strstr(tok->chat_template, "eos_token + ' '");
+    if (!bos || !eos) {
+        qs_log_error(__func__, "Mistral chat needs BOS and EOS tokens");
+        return RT_TOK_ERR_CHAT;
+    }
+    puts_(b, bos);
+    for (size_t i = 0; i < n; i++) {
+        bool user = strcmp(msgs[i].role, "user") == 0;
+        if (user != (i % 2 == 0) || (!user && strcmp(msgs[i].role, "assistant") != 0)) {
+            qs_log_error(__func__, "Mistral chat: message %zu has role \"%s\"; roles must alternate user/assistant (no system role)",
+                         i, msgs[i].role);
+            return RT_TOK_ERR_CHAT;
+        }
+        if (user) {
+            puts_(b, "[INST] ");
+            puts_(b, msgs[i].content);
+            puts_(b, " [/INST]");
+        } else {
+            puts_(b, msgs[i].content);
+            puts_(b, eos);
+            if (eos_space)
+                puts_(b, " ");
+        }
+    }
+    return b->err;
+}
+
 enum rt_tok_err rt_chat_format(const struct rt_tok *tok, enum rt_chat_family family,
                                const struct rt_chat_msg *msgs, size_t n,
                                bool add_generation_prompt, char **text, size_t *len)
@@ -211,6 +252,9 @@ enum rt_tok_err rt_chat_format(const struct rt_tok *tok, enum rt_chat_family fam
     case RT_CHAT_LLAMA2:
         err = format_llama2(tok, msgs, n, &b);
         break;
+    case RT_CHAT_MISTRAL:
+        err = format_mistral(tok, msgs, n, &b);
+        break;
     case RT_CHAT_LLAMA3:
         if (!need_tokens(tok, llama3_tokens) || tok->bos_id < 0) {
             err = RT_TOK_ERR_CHAT;
@@ -245,7 +289,7 @@ enum rt_tok_err rt_chat_format(const struct rt_tok *tok, enum rt_chat_family fam
         err = b.err;
         break;
     default:
-        qs_log_error(__func__, "no chat format: the tokenizer_config.json chat_template is missing or not a Llama-2, Llama-3 or ChatML template; choose one explicitly");
+        qs_log_error(__func__, "no chat format: the tokenizer_config.json chat_template is missing or not a Llama-2, Llama-3, Mistral or ChatML template; choose one explicitly");
         err = RT_TOK_ERR_CHAT;
         break;
     }

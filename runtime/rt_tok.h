@@ -197,6 +197,7 @@ enum rt_chat_family {
     RT_CHAT_LLAMA2 = 1, /* <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s> */
     RT_CHAT_LLAMA3 = 2, /* <|begin_of_text|><|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|> */
     RT_CHAT_CHATML = 3, /* <|im_start|>{role}\n{content}<|im_end|>\n (Qwen) */
+    RT_CHAT_MISTRAL = 4, /* <s>[INST] {user} [/INST]{assistant}</s> (Mistral/Mixtral Instruct) */
 };
 
 struct rt_chat_msg {
@@ -205,19 +206,23 @@ struct rt_chat_msg {
 };
 
 /* The family of the tokenizer_config.json chat_template, recognised by distinctive substrings
- * ("<|start_header_id|>", "<|im_start|>", "[INST]" with "<<SYS>>"); RT_CHAT_NONE otherwise. */
+ * ("<|start_header_id|>", "<|im_start|>", "[INST]" with "<<SYS>>", "[INST]" alone = Mistral);
+ * RT_CHAT_NONE otherwise. */
 enum rt_chat_family rt_chat_detect(const struct rt_tok *tok);
 
-/* Parse a family name: "llama2", "llama3", "chatml" (or "qwen"); RT_CHAT_NONE if unknown. */
+/* Parse a family name: "llama2", "llama3", "chatml" (or "qwen"), "mistral"; RT_CHAT_NONE if
+ * unknown. */
 enum rt_chat_family rt_chat_family_parse(const char *name);
 
 /* Build the prompt text for msgs [n] in `family` (RT_CHAT_NONE: use rt_chat_detect), as the HF
  * templates of that family do (Llama-2: system folded into the first user turn, contents
  * stripped; Llama-3: contents trimmed; ChatML verbatim), ending with the assistant header when
- * add_generation_prompt (or always, if the tokenizer's template of this family ignores it). The text contains the BOS text where the template has it; encode it with
+ * add_generation_prompt (or always, if the tokenizer's template of this family ignores it);
+ * Mistral: contents verbatim, no system role. The text contains the BOS text where the template has it; encode it with
  * RT_TOK_PARSE_SPECIAL (BOS flags are then harmless: encode never adds a second BOS).
  * *text = malloc'd, NUL-terminated, *len bytes. Errors: RT_TOK_ERR_CHAT (no family, unknown role,
- * roles not alternating user/assistant for Llama-2, tokenizer lacks the family's special tokens),
+ * roles not alternating user/assistant for Llama-2/Mistral, a system message for Mistral, the
+ * tokenizer lacks the family's special tokens),
  * RT_TOK_ERR_UTF8 (a content is not UTF-8), RT_TOK_ERR_NOMEM. */
 enum rt_tok_err rt_chat_format(const struct rt_tok *tok, enum rt_chat_family family,
                                const struct rt_chat_msg *msgs, size_t n,

@@ -809,6 +809,21 @@ static void test_chat(const struct rt_tok *l2, const struct rt_tok *l3, const st
         }
         free(text);
     }
+    /* Mistral (explicit family; no system role): one BOS however encoded */
+    {
+        char *text = NULL;
+        size_t tl;
+        CHECK(rt_chat_format(mistral, RT_CHAT_MISTRAL, msgs + 1, 3, true, &text, &tl) == RT_TOK_ERR_NONE);
+        const unsigned flag_sets[] = {RT_TOK_PARSE_SPECIAL, RT_TOK_PARSE_SPECIAL | RT_TOK_DEFAULT_SPECIAL};
+        for (size_t k = 0; text && k < 2; k++) {
+            int32_t *ids = NULL;
+            size_t n = 0;
+            encode_ok(mistral, text, flag_sets[k], &ids, &n);
+            CHECK(n > 2 && ids[0] == 1 && count_id(ids, n, 1) == 1 && count_id(ids, n, 2) == 1);
+            free(ids);
+        }
+        free(text);
+    }
     qs_log_set_quiet(true);
     char *text = (char *)msgs;
     size_t tl;
@@ -831,14 +846,38 @@ static void test_chat_golden(const struct rt_tok *l2, const struct rt_tok *l3, c
     cJSON *root = g ? cJSON_Parse(g) : NULL;
     free(g);
     CHECK_MSG(root != NULL, "cannot read " TOKDIR "chat-golden.json");
+    /* Mistral: the mistral tokenizer.json with a config holding the case's template, so the
+     * family is detected from it (v0.1 and v0.2 differ in a space after EOS) */
+    size_t mlen;
+    char *mjson = read_all(TOKDIR "mistral/tokenizer.json", &mlen);
+    struct rt_tok *mis[2] = {NULL, NULL};
+    const char *mis_name[2] = {"mistral_v01", "mistral_v02"};
     const cJSON *c;
     int n = 0;
     cJSON_ArrayForEach(c, cJSON_GetObjectItem(root, "cases")) {
         const char *fam = cJSON_GetObjectItem(c, "family")->valuestring;
+        for (int k = 0; k < 2 && mjson; k++) {
+            if (strcmp(fam, mis_name[k]) != 0 || mis[k])
+                continue;
+            cJSON *cfg = cJSON_CreateObject();
+            cJSON_AddStringToObject(cfg, "chat_template", cJSON_GetObjectItem(c, "template")->valuestring);
+            cJSON_AddStringToObject(cfg, "bos_token", "<s>");
+            cJSON_AddStringToObject(cfg, "eos_token", "</s>");
+            char *ctext = cJSON_PrintUnformatted(cfg);
+            struct rt_tok_files f = {.json = mjson, .json_len = mlen, .config = ctext,
+                                     .config_len = strlen(ctext)};
+            CHECK(rt_tok_load(&f, &mis[k]) == RT_TOK_ERR_NONE);
+            CHECK(rt_chat_detect(mis[k]) == RT_CHAT_MISTRAL);
+            free(ctext);
+            cJSON_Delete(cfg);
+        }
         const char *want = cJSON_GetObjectItem(c, "text")->valuestring;
         bool gen = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt"));
         const struct rt_tok *tok = strcmp(fam, "llama3") == 0 ? l3 : strcmp(fam, "llama3_1") == 0 ? l31
-                                 : strcmp(fam, "llama2") == 0 ? l2 : chatml;
+                                 : strcmp(fam, "llama2") == 0 ? l2 : strcmp(fam, "chatml") == 0 ? chatml
+                                 : strcmp(fam, "mistral_v01") == 0 ? mis[0] : mis[1];
+        if (!tok)
+            continue;
         enum rt_chat_family f = strcmp(fam, "llama2") == 0 ? RT_CHAT_LLAMA2
                               : strcmp(fam, "chatml") == 0 ? RT_CHAT_CHATML : RT_CHAT_NONE;
         struct rt_chat_msg msgs[8];
@@ -857,7 +896,18 @@ static void test_chat_golden(const struct rt_tok *l2, const struct rt_tok *l3, c
         free(text);
         n++;
     }
-    CHECK_EQ_INT(n, 32);
+    CHECK_EQ_INT(n, 48);
+    /* Mistral has no system role */
+    struct rt_chat_msg sys[2] = {{"system", "s"}, {"user", "u"}};
+    char *text = NULL;
+    size_t tl;
+    qs_log_set_quiet(true);
+    if (mis[1])
+        CHECK_EQ_INT(rt_chat_format(mis[1], RT_CHAT_NONE, sys, 2, true, &text, &tl), RT_TOK_ERR_CHAT);
+    qs_log_set_quiet(false);
+    rt_tok_free(mis[0]);
+    rt_tok_free(mis[1]);
+    free(mjson);
     cJSON_Delete(root);
 }
 

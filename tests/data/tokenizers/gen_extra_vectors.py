@@ -208,14 +208,19 @@ def main():
 # trim_blocks, lstrip_blocks, raise_exception), from real templates:
 #   llama3, llama3_1: chat_template of tests/data/tokenizers/{llama3,llama3_1}/tokenizer_config.json
 #   llama2: meta-llama/Llama-2-13b-chat-hf's template, chatml: teknium/OpenHermes-2.5-Mistral-7B's,
-#   both as quoted in ggerganov/llama.cpp tests/test-chat-template.cpp and mistral.rs's
-#   chat_template tests, whose transformers-generated expected outputs are asserted below too.
+#   mistral_v02: mistralai/Mistral-7B-Instruct-v0.2's, as quoted in ggerganov/llama.cpp
+#   tests/test-chat-template.cpp; mistral_v01: mistralai/Mistral-7B-Instruct-v0.1's, as quoted in
+#   mistral.rs's chat_template tests; the transformers-generated expected outputs published there
+#   are asserted below too.
 LLAMA2_TEMPLATE = ("{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% endif %}{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}")
 CHATML_TEMPLATE = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+MISTRAL_V01_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token + ' ' }}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}")
+MISTRAL_V02_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}")
 CONV = [["system", "You are a helpful assistant"], ["user", "Hello"], ["assistant", "Hi there"],
         ["user", "Who are you"], ["assistant", "   I am an assistant   "], ["user", "Another question"]]
 PUBLISHED = {  # transformers outputs for CONV with add_generation_prompt=True, as published
     "llama2": "<s>[INST] <<SYS>>\nYou are a helpful assistant\n<</SYS>>\n\nHello [/INST] Hi there </s><s>[INST] Who are you [/INST] I am an assistant </s><s>[INST] Another question [/INST]",
+    "mistral_v01": "<s>[INST] Hello [/INST]Hi there</s> [INST] Who are you [/INST]   I am an assistant   </s> [INST] Another question [/INST]",
     "chatml": "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\nHi there<|im_end|>\n<|im_start|>user\nWho are you<|im_end|>\n<|im_start|>assistant\n   I am an assistant   <|im_end|>\n<|im_start|>user\nAnother question<|im_end|>\n<|im_start|>assistant\n",
 }
 
@@ -237,18 +242,23 @@ def chat_goldens():
     families = [("llama3", cfg("llama3"), "<|begin_of_text|>", "<|end_of_text|>"),
                 ("llama3_1", cfg("llama3_1"), "<|begin_of_text|>", "<|eot_id|>"),
                 ("llama2", LLAMA2_TEMPLATE, "<s>", "</s>"),
-                ("chatml", CHATML_TEMPLATE, "", "")]
+                ("chatml", CHATML_TEMPLATE, "", ""),
+                ("mistral_v01", MISTRAL_V01_TEMPLATE, "<s>", "</s>"),
+                ("mistral_v02", MISTRAL_V02_TEMPLATE, "<s>", "</s>")]
     convs = [CONV, CONV[1:], [["user", "  \u00bfQu\u00e9 tal?\n"]],
              [["system", " sys\n"], ["user", "\U0001f999 a\tb "], ["assistant", "\nok"], ["user", "x"]]]
     cases = []
     for name, tmpl, bos, eos in families:
         for conv in convs:
+            if name.startswith("mistral") and conv[0][0] == "system":
+                conv = conv[1:]  # no system role in Mistral's templates
             for gen in (True, False):
                 out = render(tmpl, conv, gen, bos, eos)
-                if conv is CONV and gen and name in PUBLISHED:
+                published_conv = CONV[1:] if name.startswith("mistral") else CONV
+                if gen and name in PUBLISHED and conv == published_conv:
                     assert out == PUBLISHED[name], name
                 cases.append({"family": name, "messages": conv, "add_generation_prompt": gen,
-                              "text": out})
+                              "template": tmpl, "text": out})
     return cases
 
 
