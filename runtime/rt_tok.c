@@ -868,8 +868,17 @@ static enum rt_tok_err build_added(struct rt_tok *tok, enum rt_tok_err dup_err)
         }
     }
     memset(tok->added_first, 0, sizeof(tok->added_first));
-    for (size_t i = 0; i < n; i++)
-        tok->added_first[(unsigned char)tok->arena[tok->ent[tok->added[i]].piece_off] + 1]++;
+    memset(tok->added_second, 0, sizeof(tok->added_second));
+    memset(tok->added_single, 0, sizeof(tok->added_single));
+    for (size_t i = 0; i < n; i++) {
+        const struct rt_tok_entry *e = &tok->ent[tok->added[i]];
+        const unsigned char *c = (const unsigned char *)tok->arena + e->piece_off;
+        tok->added_first[c[0] + 1]++;
+        if (e->piece_len == 1)
+            tok->added_single[c[0] / 8] |= (uint8_t)(1u << (c[0] % 8));
+        else
+            tok->added_second[c[0]][c[1] / 8] |= (uint8_t)(1u << (c[1] % 8));
+    }
     for (int b = 0; b < 256; b++)
         tok->added_first[b + 1] += tok->added_first[b];
     return RT_TOK_ERR_NONE;
@@ -1094,6 +1103,13 @@ static int32_t match_added(const struct rt_tok *tok, const char *s, size_t n, si
                            unsigned flags)
 {
     unsigned char b = (unsigned char)s[p];
+    if (tok->added_first[b] == tok->added_first[b + 1])
+        return -1;
+    if (!(tok->added_single[b / 8] & (1u << (b % 8)))) { /* all of them are 2+ bytes long */
+        unsigned char c = p + 1 < n ? (unsigned char)s[p + 1] : 0;
+        if (p + 1 >= n || !(tok->added_second[b][c / 8] & (1u << (c % 8))))
+            return -1;
+    }
     for (uint32_t k = tok->added_first[b]; k < tok->added_first[b + 1]; k++) {
         int32_t id = tok->added[k];
         const struct rt_tok_entry *e = &tok->ent[id];

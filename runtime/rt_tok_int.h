@@ -131,6 +131,8 @@ struct rt_tok {
     int32_t *added;         /* owned: added-token ids sorted by (first byte, length desc) */
     size_t n_added;
     uint32_t added_first[257]; /* added[added_first[b] .. added_first[b+1]) start with byte b */
+    uint8_t added_second[256][32]; /* bit c of [b]: some added token starts with bytes b, c */
+    uint8_t added_single[32];      /* bit b: an added token is the single byte b */
 
     char *chat_template;    /* owned, NUL-terminated, or NULL */
 };
