@@ -30,12 +30,14 @@
  *   7. draw: one uniform u in [0, 1) from the PRNG; walk the survivors in ascending id order
  *      and return the first id whose cumulative renormalised probability exceeds u (the last
  *      survivor absorbs rounding). Softmax and sums are in double. (Ascending id order needs
- *      no sort, so it is what the CUDA kernel does too: a prefix sum over the vocabulary.)
+ *      no sort: a CUDA kernel can do it as a prefix sum over the vocabulary.)
  *
  * PRNG: xoshiro256** 1.0 seeded through splitmix64 (D. Blackman, S. Vigna, "Scrambled linear
  * pseudorandom number generators", ACM TOMS 2021; reference description at
- * https://prng.di.unimi.it/). u = (next() >> 11) * 2^-53. The same seed, parameters and logits
- * give the same ids on every platform. One draw per sampled token; greedy draws nothing.
+ * https://prng.di.unimi.it/). u = (next() >> 11) * 2^-53. The PRNG stream is the same on every
+ * platform; the same seed, parameters and logits give the same ids wherever exp() rounds the
+ * same (a draw that lands within an ulp of a cumulative boundary may differ across libm or
+ * between CPU and GPU). One draw per sampled token; greedy draws nothing.
  *
  * Ownership: struct rt_sampler owns its scratch arrays ([vocab_size] each) and the history
  * bitmap; rt_sampler_free releases them. Not thread-safe (one sampler per sequence).
