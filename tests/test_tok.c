@@ -401,6 +401,18 @@ static char *variant_json(const char *src, const char *which)
         strcpy(out + k, b);
         return out;
     }
+    if (strcmp(which, "no_fallback") == 0) { /* "byte_fallback": true -> false */
+        const char *a = strstr(src, "\"byte_fallback\": true");
+        if (!a) {
+            free(out);
+            return NULL;
+        }
+        size_t k = (size_t)(a - src);
+        memcpy(out, src, k);
+        k += (size_t)sprintf(out + k, "\"byte_fallback\": false");
+        strcpy(out + k, a + strlen("\"byte_fallback\": true"));
+        return out;
+    }
     bool meta = strcmp(which, "metaspace") == 0;
     const char *a = strstr(src, meta ? "\"normalizer\": {" : "\"pre_tokenizer\": {");
     const char *b = strstr(src, "\"post_processor\"");
@@ -431,8 +443,8 @@ static char *variant_json(const char *src, const char *which)
 static void test_variant(const cJSON *ex, const char *which)
 {
     size_t len;
-    char *src = read_all(strcmp(which, "metaspace") == 0 ? TOKDIR "mistral/tokenizer.json"
-                                                         : TOKDIR "llama3/tokenizer.json.gz", &len);
+    bool mistral = strcmp(which, "metaspace") == 0 || strcmp(which, "no_fallback") == 0;
+    char *src = read_all(mistral ? TOKDIR "mistral/tokenizer.json" : TOKDIR "llama3/tokenizer.json.gz", &len);
     char *vj = src ? variant_json(src, which) : NULL;
     free(src);
     CHECK_MSG(vj != NULL, "%s: cannot build the edited tokenizer.json", which);
@@ -993,6 +1005,7 @@ int main(void)
         test_variant(ex, "qwen2_re");
         test_variant(ex, "gpt2_re");
         test_variant(ex, "metaspace");
+        test_variant(ex, "no_fallback");
         cJSON_Delete(ex);
         test_speed(l3, "llama3", "The quick brown fox, 12345 jumps\n\tover  the lazy dog's back! \xE9\x95\x87 ");
         test_speed(l2j, "llama2 json", "The quick brown fox, 12345 jumps\n\tover  the lazy dog's back! \xE9\x95\x87 ");

@@ -13,6 +13,7 @@ reference implementations we did not write:
            i.e. the GPT-2 split regex, and ignore_merges false
   metaspace mistral/tokenizer.json with the Prepend/Replace normalizer replaced by a Metaspace
            pre-tokenizer (prepend_scheme "first", split false), as newer Llama/Mistral files have
+  no_fallback mistral/tokenizer.json with byte_fallback false (unknown characters -> <unk>, fused)
 The same text edits are made by tests/test_tok.c, so both sides read identical bytes.
 
 Run from the repository root (dev time only; CI reads the JSON):
@@ -96,6 +97,7 @@ GPT2_PRE = '"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "t
 
 METASPACE_PRE = ('"normalizer": null,\n  "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", '
                  '"prepend_scheme": "first", "split": false},\n  ')
+NO_FALLBACK = ('"byte_fallback": true', '"byte_fallback": false')
 IGNORE_MERGES = ('"ignore_merges": true', '"ignore_merges": false')
 
 
@@ -107,6 +109,9 @@ def variant_json(text, which):
             assert text.count(old) == 1, old
             text = text.replace(old, new)
         return text
+    if which == "no_fallback":  # mistral without byte fallback: unknown characters -> fused <unk>
+        assert text.count(NO_FALLBACK[0]) == 1
+        return text.replace(*NO_FALLBACK)
     if which == "metaspace":
         a, b = text.index('"normalizer": {'), text.index('"post_processor"')
         return text[:a] + METASPACE_PRE + text[b:]
@@ -193,6 +198,11 @@ def main():
             ids = hf_encode(node_dir, vj, m_texts)
             result["metaspace"] = {"reference": "npm tokenizers@0.23.2 on mistral/tokenizer.json edited: metaspace",
                                    "cases": [{"text": t, "ids": i} for t, i in zip(m_texts, ids)]}
+            vj = os.path.join(d, "no_fallback.json")
+            open(vj, "w", encoding="utf-8").write(variant_json(raw, "no_fallback"))
+            ids = hf_encode(node_dir, vj, texts)
+            result["no_fallback"] = {"reference": "npm tokenizers@0.23.2 on mistral/tokenizer.json edited: byte_fallback false",
+                                     "cases": [{"text": t, "ids": i} for t, i in zip(texts, ids)]}
         ids = hf_encode(node_dir, TOK + "mistral/tokenizer.json", texts)
         result["mistral"] = {"reference": "npm tokenizers@0.23.2 (HF tokenizers), mistral/tokenizer.json, addSpecialTokens false",
                              "cases": [{"text": t, "ids": i} for t, i in zip(texts, ids)]}
