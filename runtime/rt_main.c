@@ -594,7 +594,8 @@ static void run_usage(FILE *f)
         "  -p, --prompt TEXT       prompt text (UTF-8), encoded as HF tokenizer(text) does\n"
         "  -f, --file FILE         read the prompt text from FILE\n"
         "  --tokens 1,2,3          prompt as token ids instead of text\n"
-        "  -n, --n-predict N       tokens to generate (default 128)\n"
+        "  -n, --n-predict N       tokens to generate (default 128; -1: until eos, a stop\n"
+        "                          string or a full context)\n"
         "  --print-ids             print the generated ids (comma-separated, one line) instead\n"
         "                          of text: works for models without a tokenizer\n"
         "  --chat                  format the prompt with the model's chat template (Llama-2,\n"
@@ -688,8 +689,8 @@ int cmd_run(int argc, char **argv)
             prompt_file = optarg;
             break;
         case 'n':
-            if (!parse_int(optarg, 0, 1L << 24, &n_predict)) {
-                fprintf(stderr, "qshard run: -n must be an integer >= 0\n");
+            if (!parse_int(optarg, -1, 1L << 24, &n_predict)) {
+                fprintf(stderr, "qshard run: -n must be an integer >= -1\n");
                 return QS_EXIT_USAGE;
             }
             break;
@@ -880,6 +881,8 @@ int cmd_run(int argc, char **argv)
                      (int)sp.top_k, (double)sp.top_p, (double)sp.min_p,
                      (double)sp.repeat_penalty, (unsigned long long)sp.seed);
     logits = malloc((size_t)s.logits_stride * sizeof(float));
+    if (n_predict < 0 || n_predict > s.ctx)
+        n_predict = (long)s.ctx; /* -1: until eos, a stop string or a full context */
     out_ids = malloc(((size_t)n_predict + 1) * sizeof(*out_ids));
     if (!logits || !out_ids) {
         qs_log_error(__func__, "out of memory for the logits row (%lld floats)",
