@@ -25,6 +25,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fmt.h" /* FMT_W4_TILE_K, FMT_W4_TILE_N, FMT_W4_TILE_BYTES */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -68,9 +70,8 @@ const float *ref_f16_lut(void);
 
 /* --- the packed int4 layout (DESIGN 4.1-4.3; kernels/ref_pack.c) ---------------------------- */
 
-#define REF_W4_TILE_K 16   /* k rows per packed tile (mma m16n8k16 k) */
-#define REF_W4_TILE_N 64   /* n columns per packed tile (8 n8 sub-tiles) */
-#define REF_W4_TILE_BYTES 512
+/* Tile constants FMT_W4_TILE_K (16 k rows: mma m16n8k16's k), FMT_W4_TILE_N (64 n columns:
+ * 8 n8 sub-tiles) and FMT_W4_TILE_BYTES (512) come from format/fmt.h. */
 
 /* True when (K, N, G) satisfy DESIGN 4's per-rank requirements: K % 16 == 0, N % 64 == 0,
  * K % G == 0, G % 16 == 0, all positive. G may be 0 to check only K and N. */

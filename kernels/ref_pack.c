@@ -120,7 +120,7 @@ const float *ref_f16_lut(void)
 
 int ref_w4_shape_ok(int K, int N, int G)
 {
-    if (K <= 0 || N <= 0 || K % REF_W4_TILE_K || N % REF_W4_TILE_N)
+    if (K <= 0 || N <= 0 || K % FMT_W4_TILE_K || N % FMT_W4_TILE_N)
         return 0;
     if (G == 0)
         return 1;
@@ -145,7 +145,7 @@ void ref_w4_locate(int K, int N, int k, int n, size_t *byte_off, int *shift)
     int w = j / 2;
     int i = a + 4 * b;
     size_t tile = (size_t)nt * (size_t)(K / 16) + (size_t)kt;
-    *byte_off = tile * REF_W4_TILE_BYTES + (size_t)t * 16 + (size_t)w * 4 + (size_t)(i / 2);
+    *byte_off = tile * FMT_W4_TILE_BYTES + (size_t)t * 16 + (size_t)w * 4 + (size_t)(i / 2);
     *shift = (i % 2) * 4;
 }
 
