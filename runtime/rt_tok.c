@@ -385,9 +385,10 @@ static enum rt_tok_err json_pretok(struct rt_tok *tok, const cJSON *p, struct js
     if (strcmp(type, "Metaspace") == 0) {
         const char *rep = json_str(p, "replacement"), *scheme = json_str(p, "prepend_scheme");
         bool split, add_prefix;
-        if (!rep || strcmp(rep, SPM_SPACE) != 0 || !json_bool(p, "split", false, &split) || split ||
+        if (!rep || strcmp(rep, SPM_SPACE) != 0 || !json_bool(p, "split", true, &split) ||
             !json_bool(p, "add_prefix_space", true, &add_prefix))
             goto unsupported;
+        tok->spm_split_all = split; /* MergedWithNext on "▁": "▁▁a" -> "▁", "▁a" */
         tok->escape_spaces = true;
         tok->prefix_unless_space = true; /* pre_tokenizers/metaspace.rs: not if it starts with "▁" */
         if (scheme) {

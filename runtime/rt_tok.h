@@ -6,7 +6,7 @@
  *     with merges, Prepend/Replace normalizer) or from tokenizer.model (SentencePiece ModelProto,
  *     model_type BPE; merges come from the piece scores). Text gets a dummy prefix "▁", spaces
  *     become "▁", characters outside the vocabulary become <0xXX> byte tokens. The newer
- *     Metaspace pre-tokenizer form (prepend_scheme always/first, split false) is read too.
+ *     Metaspace pre-tokenizer form (prepend_scheme always/first/never, split false/true) is read too.
  *   - Byte-level BPE (Llama 3, Qwen2), from tokenizer.json: the Split pre-tokenizer regex
  *     (implemented by hand for the Llama-3, Qwen2 and GPT-2 patterns), GPT-2 byte-to-unicode map,
  *     merges by rank, ignore_merges, and the NFC normalizer (Qwen2).

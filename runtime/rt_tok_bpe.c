@@ -381,14 +381,15 @@ static enum rt_tok_err encode_spm(const struct rt_tok *tok, const char *s, size_
     }
     /* Words: when no mergeable piece has "▁" after another character (tok->spm_word_split),
      * no merge can cross a "▁" that follows a non-"▁" character, so the text is merged word by
-     * word there (same result, memory bounded by the longest word); else as one word. */
+     * word there (same result, memory bounded by the longest word); else as one word. A
+     * Metaspace pre-tokenizer with split=true starts a word at every "▁" (spm_split_all). */
     for (size_t w0 = 0; w0 < m;) {
         size_t w1 = m;
-        if (tok->spm_word_split) {
+        if (tok->spm_word_split || tok->spm_split_all) {
             bool prev_space = true;
             for (size_t i = w0; i < m; i++) {
                 bool space = i + 3 <= m && memcmp(norm + i, SPM_SPACE, 3) == 0;
-                if (space && !prev_space && i > w0) {
+                if (space && (!prev_space || tok->spm_split_all) && i > w0) {
                     w1 = i;
                     break;
                 }

@@ -119,6 +119,7 @@ struct rt_tok {
     bool escape_spaces;   /* SPM: " " -> "▁" */
     bool remove_extra_ws; /* SPM model normalizer: strip and collapse spaces */
     bool spm_word_split;  /* SPM: no model piece has "▁" after another character (see bpe) */
+    bool spm_split_all;   /* Metaspace split=true: a word starts at every "▁" */
     bool strip_space;     /* decoder strips one leading space of the output */
     bool nfc;             /* normalizer NFC: only NFC-stable text is accepted */
     enum rt_tok_pretok pretok;

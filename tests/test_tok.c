@@ -413,7 +413,7 @@ static char *variant_json(const char *src, const char *which)
         strcpy(out + k, a + strlen("\"byte_fallback\": true"));
         return out;
     }
-    bool meta = strcmp(which, "metaspace") == 0;
+    bool meta = strncmp(which, "metaspace", 9) == 0, split = strcmp(which, "metaspace_split") == 0;
     const char *a = strstr(src, meta ? "\"normalizer\": {" : "\"pre_tokenizer\": {");
     const char *b = strstr(src, "\"post_processor\"");
     if (!a || !b || b < a) {
@@ -423,7 +423,8 @@ static char *variant_json(const char *src, const char *which)
     size_t k = (size_t)(a - src);
     memcpy(out, src, k);
     if (meta)
-        k += (size_t)sprintf(out + k, "\"normalizer\": null,\n  \"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"\xE2\x96\x81\", \"prepend_scheme\": \"first\", \"split\": false},\n  ");
+        k += (size_t)sprintf(out + k, "\"normalizer\": null,\n  \"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"\xE2\x96\x81\", \"prepend_scheme\": \"first\", \"split\": %s},\n  ",
+                             split ? "true" : "false");
     else
         k += (size_t)sprintf(out + k, "\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"trim_offsets\": true, \"use_regex\": true},\n  ");
     strcpy(out + k, b);
@@ -443,7 +444,7 @@ static char *variant_json(const char *src, const char *which)
 static void test_variant(const cJSON *ex, const char *which)
 {
     size_t len;
-    bool mistral = strcmp(which, "metaspace") == 0 || strcmp(which, "no_fallback") == 0;
+    bool mistral = strncmp(which, "metaspace", 9) == 0 || strcmp(which, "no_fallback") == 0;
     char *src = read_all(mistral ? TOKDIR "mistral/tokenizer.json" : TOKDIR "llama3/tokenizer.json.gz", &len);
     char *vj = src ? variant_json(src, which) : NULL;
     free(src);
@@ -1005,6 +1006,7 @@ int main(void)
         test_variant(ex, "qwen2_re");
         test_variant(ex, "gpt2_re");
         test_variant(ex, "metaspace");
+        test_variant(ex, "metaspace_split");
         test_variant(ex, "no_fallback");
         cJSON_Delete(ex);
         test_speed(l3, "llama3", "The quick brown fox, 12345 jumps\n\tover  the lazy dog's back! \xE9\x95\x87 ");

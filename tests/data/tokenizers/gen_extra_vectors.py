@@ -13,6 +13,7 @@ reference implementations we did not write:
            i.e. the GPT-2 split regex, and ignore_merges false
   metaspace mistral/tokenizer.json with the Prepend/Replace normalizer replaced by a Metaspace
            pre-tokenizer (prepend_scheme "first", split false), as newer Llama/Mistral files have
+  metaspace_split  the same with split true
   no_fallback mistral/tokenizer.json with byte_fallback false (unknown characters -> <unk>, fused)
 The same text edits are made by tests/test_tok.c, so both sides read identical bytes.
 
@@ -112,9 +113,10 @@ def variant_json(text, which):
     if which == "no_fallback":  # mistral without byte fallback: unknown characters -> fused <unk>
         assert text.count(NO_FALLBACK[0]) == 1
         return text.replace(*NO_FALLBACK)
-    if which == "metaspace":
+    if which in ("metaspace", "metaspace_split"):
         a, b = text.index('"normalizer": {'), text.index('"post_processor"')
-        return text[:a] + METASPACE_PRE + text[b:]
+        pre = METASPACE_PRE if which == "metaspace" else METASPACE_PRE.replace('"split": false', '"split": true')
+        return text[:a] + pre + text[b:]
     a, b = text.index('"pre_tokenizer": {'), text.index('"post_processor"')
     text = text[:a] + GPT2_PRE + text[b:]
     assert text.count(IGNORE_MERGES[0]) == 1
@@ -198,6 +200,11 @@ def main():
             ids = hf_encode(node_dir, vj, m_texts)
             result["metaspace"] = {"reference": "npm tokenizers@0.23.2 on mistral/tokenizer.json edited: metaspace",
                                    "cases": [{"text": t, "ids": i} for t, i in zip(m_texts, ids)]}
+            vj = os.path.join(d, "metaspace_split.json")
+            open(vj, "w", encoding="utf-8").write(variant_json(raw, "metaspace_split"))
+            ids = hf_encode(node_dir, vj, m_texts)
+            result["metaspace_split"] = {"reference": "npm tokenizers@0.23.2 on mistral/tokenizer.json edited: metaspace, split true",
+                                         "cases": [{"text": t, "ids": i} for t, i in zip(m_texts, ids)]}
             vj = os.path.join(d, "no_fallback.json")
             open(vj, "w", encoding="utf-8").write(variant_json(raw, "no_fallback"))
             ids = hf_encode(node_dir, vj, texts)
