@@ -114,6 +114,7 @@ struct rt_model {
     int max_batch;             /* rows of the activation buffers */
     int logit_rows;            /* LB: rows of lm_head output per pass */
     int n_past;                /* cached positions */
+    uint64_t weight_bytes;     /* bytes of all bound tensors, all ranks */
     void **bufs;               /* owned [world]: scratch array for all_reduce arguments */
     /* host scratch, owned */
     float *h_logits;           /* [LB][V_r] */
@@ -193,6 +194,7 @@ static enum rt_err bind(struct rt_model *m, int r, const char *name, enum fmt_dt
         return RT_ERR_SHAPE;
     }
     m->ranks[r].used[fmt_shard_tensor_index(s, t)] = true;
+    m->weight_bytes += t->size;
     *out = OPS->tensor_ptr(BCTX, r, t);
     return RT_ERR_NONE;
 }
@@ -582,10 +584,11 @@ static enum rt_err model_open(struct rt_model *m, const char *path, const struct
     double kv_mib = 2.0 * c->n_layers * c->kv_heads_per_rank * (double)m->n_ctx * c->head_dim *
                     (double)OPS->kv_size * m->world / (1 << 20);
     qs_log_info("model %s: %s, %d layers, hidden %d, heads %d (kv %d, head_dim %d), vocab %d, "
-                "group_size %d%s; TP %d on %s; KV cache %d tokens (%.1f MiB)",
-                path, c->architecture, c->n_layers, c->hidden_size, c->n_heads, c->n_kv_heads,
-                c->head_dim, c->vocab_size, c->group_size,
-                c->n_experts ? ", mixture of experts" : "", m->world, OPS->name, m->n_ctx, kv_mib);
+                "group_size %d%s; TP %d on %s; weights %.1f MiB per rank; KV cache %d tokens "
+                "(%.1f MiB)", path, c->architecture, c->n_layers, c->hidden_size, c->n_heads,
+                c->n_kv_heads, c->head_dim, c->vocab_size, c->group_size,
+                c->n_experts ? ", mixture of experts" : "", m->world, OPS->name,
+                (double)m->weight_bytes / m->world / (1 << 20), m->n_ctx, kv_mib);
     return RT_ERR_NONE;
 }
 
