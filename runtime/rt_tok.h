@@ -17,6 +17,9 @@
  * between two added tokens is normalised separately: a SentencePiece tokenizer with a per-segment
  * dummy prefix encodes "<s>Hi" (PARSE_SPECIAL) as [<s>, "▁Hi"], like HF's legacy Llama tokenizer.
  * Verified against sentencepiece 0.1.97 and HF tokenizers 0.23.2 (tests/data/PROVENANCE.md).
+ * Not read (deliberately): added-token "single_word" and "normalized" flags, tokenizer_config's
+ * added_tokens_decoder (tokenizer.json's added_tokens are used) and clean_up_tokenization_spaces
+ * (decoding stays lossless: decode(encode(text)) == text for byte-level tokenizers).
  *
  * Who calls it: runtime/rt_main.c (`qshard run/tokenize/perplexity`). Ownership: rt_tok_load
  * copies what it needs, so the caller may free the input buffers right after; every array or
