@@ -778,6 +778,8 @@ static void test_ops(void)
     CHECK_EQ_INT(ref_pool_threads(pools[2]), 3);
     static const int shapes[][4] = {
         {1, 64, 128, 32}, {3, 256, 192, 128}, {17, 128, 64, 16}, {5, 384, 320, 128}, {2, 48, 576, 16},
+        {1, 4096, 1024, 128}, /* Llama-2-7B q_proj at tp 4 (decode) */
+        {3, 1408, 4096, 128}, /* Llama-2-7B down_proj at tp 8, I padded 11008 -> 11264 */
     };
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
         test_w4a16_linear(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], pools, 3);
