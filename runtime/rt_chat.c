@@ -16,8 +16,10 @@
  *     used when the tokenizer's template has `eos_token + ' '`); no system role (the templates
  *     raise an exception), no generation prompt.
  *   ChatML (Qwen2):  per message "<|im_start|>" role "\n" content "<|im_end|>\n";
- *     generation prompt "<|im_start|>assistant\n". No BOS. (Qwen's templates insert a default
- *     system message when none is given; we do not: pass one explicitly.)
+ *     generation prompt "<|im_start|>assistant\n". No BOS. Qwen's templates insert a default
+ *     system message when the first message is not one ("You are a helpful assistant." in Qwen2,
+ *     "You are Qwen, created by Alibaba Cloud. ..." in Qwen2.5): when the tokenizer's ChatML
+ *     template holds such a literal ('<|im_start|>system\n' TEXT '<|im_end|>'), it is used too.
  * Entry points: rt_chat_detect, rt_chat_family_parse, rt_chat_format (rt_tok.h).
  * Test: ./build/test_tok (exactly one BOS after encoding, per family).
  */
@@ -182,6 +184,31 @@ static enum rt_tok_err format_llama2(const struct rt_tok *tok, const struct rt_c
     return b->err;
 }
 
+/* The default system text of a ChatML template: the first literal '<|im_start|>system\n TEXT
+ * <|im_end|>' (TEXT without quotes), with \n escapes undone, into sb; false when none. */
+static bool chatml_default_system(const char *t, struct sbuf *sb)
+{
+    static const char *const opens[2] = {"'<|im_start|>system\\n", "'<|im_start|>system\n"};
+    for (int o = 0; o < 2 && t; o++) {
+        for (const char *p = strstr(t, opens[o]); p; p = strstr(p + 1, opens[o])) {
+            const char *x = p + strlen(opens[o]), *end = strstr(x, "<|im_end|>");
+            if (!end || end == x || memchr(x, '\'', (size_t)(end - x)) ||
+                memchr(x, '{', (size_t)(end - x)))
+                continue;
+            for (const char *c = x; c < end; c++) {
+                if (c[0] == '\\' && c + 1 < end && c[1] == 'n') {
+                    put(sb, "\n", 1);
+                    c++;
+                } else {
+                    put(sb, c, 1);
+                }
+            }
+            return sb->err == RT_TOK_ERR_NONE;
+        }
+    }
+    return false;
+}
+
 static enum rt_tok_err format_mistral(const struct rt_tok *tok, const struct rt_chat_msg *msgs,
                                       size_t n, struct sbuf *b)
 {
@@ -276,6 +303,15 @@ enum rt_tok_err rt_chat_format(const struct rt_tok *tok, enum rt_chat_family fam
         if (!need_tokens(tok, chatml_tokens)) {
             err = RT_TOK_ERR_CHAT;
             break;
+        }
+        if ((n == 0 || strcmp(msgs[0].role, "system") != 0) && rt_chat_detect(tok) == RT_CHAT_CHATML) {
+            struct sbuf def = {0};
+            if (chatml_default_system(tok->chat_template, &def)) {
+                puts_(&b, "<|im_start|>system\n");
+                put(&b, def.s, def.n);
+                puts_(&b, "<|im_end|>\n");
+            }
+            free(def.s);
         }
         for (size_t i = 0; i < n; i++) {
             puts_(&b, "<|im_start|>");

@@ -859,28 +859,37 @@ static void test_chat_golden(const struct rt_tok *l2, const struct rt_tok *l3, c
     cJSON *root = g ? cJSON_Parse(g) : NULL;
     free(g);
     CHECK_MSG(root != NULL, "cannot read " TOKDIR "chat-golden.json");
-    /* Mistral: the mistral tokenizer.json with a config holding the case's template, so the
-     * family is detected from it (v0.1 and v0.2 differ in a space after EOS) */
-    size_t mlen;
+    /* Mistral and Qwen2: a tokenizer.json with a config holding the case's template, so the
+     * family is detected from it (Mistral v0.1 and v0.2 differ in a space after EOS; Qwen2's
+     * template has a default system message) */
+    size_t mlen, llen;
     char *mjson = read_all(TOKDIR "mistral/tokenizer.json", &mlen);
-    struct rt_tok *mis[2] = {NULL, NULL};
-    const char *mis_name[2] = {"mistral_v01", "mistral_v02"};
+    char *ljson = read_all(TOKDIR "llama3/tokenizer.json.gz", &llen);
+    enum { N_TMPL = 3 };
+    struct rt_tok *tmpl_tok[N_TMPL] = {NULL, NULL, NULL};
+    static const char *const tmpl_name[N_TMPL] = {"mistral_v01", "mistral_v02", "qwen2"};
     const cJSON *c;
     int n = 0;
     cJSON_ArrayForEach(c, cJSON_GetObjectItem(root, "cases")) {
         const char *fam = cJSON_GetObjectItem(c, "family")->valuestring;
-        for (int k = 0; k < 2 && mjson; k++) {
-            if (strcmp(fam, mis_name[k]) != 0 || mis[k])
+        for (int k = 0; k < N_TMPL && mjson && ljson; k++) {
+            if (strcmp(fam, tmpl_name[k]) != 0 || tmpl_tok[k])
                 continue;
+            bool qwen = k == 2;
             cJSON *cfg = cJSON_CreateObject();
             cJSON_AddStringToObject(cfg, "chat_template", cJSON_GetObjectItem(c, "template")->valuestring);
-            cJSON_AddStringToObject(cfg, "bos_token", "<s>");
-            cJSON_AddStringToObject(cfg, "eos_token", "</s>");
+            if (!qwen) {
+                cJSON_AddStringToObject(cfg, "bos_token", "<s>");
+                cJSON_AddStringToObject(cfg, "eos_token", "</s>");
+            }
             char *ctext = cJSON_PrintUnformatted(cfg);
-            struct rt_tok_files f = {.json = mjson, .json_len = mlen, .config = ctext,
-                                     .config_len = strlen(ctext)};
-            CHECK(rt_tok_load(&f, &mis[k]) == RT_TOK_ERR_NONE);
-            CHECK(rt_chat_detect(mis[k]) == RT_CHAT_MISTRAL);
+            static const char qmap[] = "{\"<|im_start|>\": 128011, \"<|im_end|>\": 128012}";
+            struct rt_tok_files f = {.json = qwen ? ljson : mjson, .json_len = qwen ? llen : mlen,
+                                     .config = ctext, .config_len = strlen(ctext),
+                                     .special_map = qwen ? qmap : NULL,
+                                     .special_map_len = qwen ? strlen(qmap) : 0};
+            CHECK(rt_tok_load(&f, &tmpl_tok[k]) == RT_TOK_ERR_NONE);
+            CHECK(rt_chat_detect(tmpl_tok[k]) == (qwen ? RT_CHAT_CHATML : RT_CHAT_MISTRAL));
             free(ctext);
             cJSON_Delete(cfg);
         }
@@ -888,7 +897,8 @@ static void test_chat_golden(const struct rt_tok *l2, const struct rt_tok *l3, c
         bool gen = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt"));
         const struct rt_tok *tok = strcmp(fam, "llama3") == 0 ? l3 : strcmp(fam, "llama3_1") == 0 ? l31
                                  : strcmp(fam, "llama2") == 0 ? l2 : strcmp(fam, "chatml") == 0 ? chatml
-                                 : strcmp(fam, "mistral_v01") == 0 ? mis[0] : mis[1];
+                                 : strcmp(fam, "mistral_v01") == 0 ? tmpl_tok[0]
+                                 : strcmp(fam, "mistral_v02") == 0 ? tmpl_tok[1] : tmpl_tok[2];
         if (!tok)
             continue;
         enum rt_chat_family f = strcmp(fam, "llama2") == 0 ? RT_CHAT_LLAMA2
@@ -909,18 +919,19 @@ static void test_chat_golden(const struct rt_tok *l2, const struct rt_tok *l3, c
         free(text);
         n++;
     }
-    CHECK_EQ_INT(n, 48);
+    CHECK_EQ_INT(n, 56);
     /* Mistral has no system role */
     struct rt_chat_msg sys[2] = {{"system", "s"}, {"user", "u"}};
     char *text = NULL;
     size_t tl;
     qs_log_set_quiet(true);
-    if (mis[1])
-        CHECK_EQ_INT(rt_chat_format(mis[1], RT_CHAT_NONE, sys, 2, true, &text, &tl), RT_TOK_ERR_CHAT);
+    if (tmpl_tok[1])
+        CHECK_EQ_INT(rt_chat_format(tmpl_tok[1], RT_CHAT_NONE, sys, 2, true, &text, &tl), RT_TOK_ERR_CHAT);
     qs_log_set_quiet(false);
-    rt_tok_free(mis[0]);
-    rt_tok_free(mis[1]);
+    for (int k = 0; k < N_TMPL; k++)
+        rt_tok_free(tmpl_tok[k]);
     free(mjson);
+    free(ljson);
     cJSON_Delete(root);
 }
 

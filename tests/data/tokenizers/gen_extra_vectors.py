@@ -225,6 +225,8 @@ def main():
 # trim_blocks, lstrip_blocks, raise_exception), from real templates:
 #   llama3, llama3_1: chat_template of tests/data/tokenizers/{llama3,llama3_1}/tokenizer_config.json
 #   llama2: meta-llama/Llama-2-13b-chat-hf's template, chatml: teknium/OpenHermes-2.5-Mistral-7B's,
+#   qwen2: Qwen/Qwen2-7B-Instruct's ChatML template with its default system message, as copied
+#   into many public training scripts (e.g. DistillKit configs);
 #   mistral_v02: mistralai/Mistral-7B-Instruct-v0.2's, as quoted in ggerganov/llama.cpp
 #   tests/test-chat-template.cpp; mistral_v01: mistralai/Mistral-7B-Instruct-v0.1's, as quoted in
 #   mistral.rs's chat_template tests; the transformers-generated expected outputs published there
@@ -233,6 +235,7 @@ LLAMA2_TEMPLATE = ("{% if messages[0]['role'] == 'system' %}{% set loop_messages
 CHATML_TEMPLATE = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 MISTRAL_V01_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token + ' ' }}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}")
 MISTRAL_V02_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}")
+QWEN2_TEMPLATE = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 CONV = [["system", "You are a helpful assistant"], ["user", "Hello"], ["assistant", "Hi there"],
         ["user", "Who are you"], ["assistant", "   I am an assistant   "], ["user", "Another question"]]
 PUBLISHED = {  # transformers outputs for CONV with add_generation_prompt=True, as published
@@ -260,6 +263,7 @@ def chat_goldens():
                 ("llama3_1", cfg("llama3_1"), "<|begin_of_text|>", "<|eot_id|>"),
                 ("llama2", LLAMA2_TEMPLATE, "<s>", "</s>"),
                 ("chatml", CHATML_TEMPLATE, "", ""),
+                ("qwen2", QWEN2_TEMPLATE, "", ""),
                 ("mistral_v01", MISTRAL_V01_TEMPLATE, "<s>", "</s>"),
                 ("mistral_v02", MISTRAL_V02_TEMPLATE, "<s>", "</s>")]
     convs = [CONV, CONV[1:], [["user", "  \u00bfQu\u00e9 tal?\n"]],
