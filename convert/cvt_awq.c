@@ -279,7 +279,7 @@ static enum cvt_err scale_bits(const struct cvt_source *src, const struct cvt_sr
 
 /* --- decoder ------------------------------------------------------------------------------------ */
 
-#define BLK 64 /* transposing loops work on BLK x BLK tiles so writes stay in L1 */
+#define BLK 64 /* output rows staged per transposing pass */
 
 /* One GEMM word -> columns 8c..8c+7 (column j from nibble REV[j], shifts 0,16,4,20,8,24,12,28).
  * Hot path of the converter. */
@@ -350,24 +350,58 @@ static enum cvt_err decode_gemm(const struct cvt_source *src, const struct cvt_a
     return CVT_ERR_NONE;
 }
 
+/*
+ * The output-major variants (GEMV, GEMVFast) store W^T: decoding reads source rows n (K codes
+ * each, sequential) into a staging tile stage[BLK][K_s + STAGE_PAD] and then writes each output
+ * row k as BLK contiguous bytes. The pad keeps the BLK staging rows in distinct cache sets when K
+ * is a power of two (a plain strided transpose thrashes one L1 set at stride 4096).
+ */
+#define STAGE_PAD 64
+
+static void stage_to_rows(const uint8_t *stage, int64_t sstride, int64_t rows, int64_t kw, uint8_t *dst,
+                          int64_t dstride)
+{
+    for (int64_t k = 0; k < kw; k++) {
+        uint8_t *d = dst + k * dstride;
+        for (int64_t j = 0; j < rows; j++)
+            d[j] = stage[j * sstride + k];
+    }
+}
+
+static enum cvt_err stage_alloc(const char *name, int64_t kw, uint8_t **stage)
+{
+    *stage = malloc((size_t)(BLK * (kw + STAGE_PAD)));
+    if (!*stage) {
+        qs_log_error("cvt_awq_load", "linear %s: out of memory", name);
+        return CVT_ERR_NOMEM;
+    }
+    return CVT_ERR_NONE;
+}
+
 static enum cvt_err decode_gemv(const struct cvt_source *src, const struct cvt_awq_info *in,
                                 struct cvt_awq_linear *o)
 {
     const uint8_t *qw = cvt_source_data(src, in->qweight), *qz = cvt_source_data(src, in->zeros),
                   *sc = cvt_source_data(src, in->scales);
     const int64_t K = in->K, G = in->G, Ns = o->N, Wz = in->zeros->shape[1], SW = in->scales->shape[1];
-    const int64_t k0 = o->k0, k1 = o->k0 + o->K, n0 = o->n0, n1 = o->n0 + o->N;
-    const int64_t g0 = k0 / G, g1 = k1 / G;
-    for (int64_t nb = n0; nb < n1; nb += BLK)
-        for (int64_t kb = k0; kb < k1; kb += BLK) {
-            const int64_t ne = nb + BLK < n1 ? nb + BLK : n1, ke = kb + BLK < k1 ? kb + BLK : k1;
-            for (int64_t n = nb; n < ne; n++) {
-                const uint8_t *row = qw + (uint64_t)n * (uint64_t)(K / 8) * 4;
-                uint8_t *dst = o->q + (n - n0) - k0 * Ns;
-                for (int64_t k = kb; k < ke; k++)
-                    dst[k * Ns] = (uint8_t)((cvt_ld32(row + (k / 8) * 4) >> (4 * (k % 8))) & 0xfu);
+    const int64_t k0 = o->k0, k1 = o->k0 + o->K, n0 = o->n0, n1 = o->n0 + o->N, kw = k1 - k0;
+    const int64_t g0 = k0 / G, g1 = k1 / G, ss = kw + STAGE_PAD;
+    uint8_t *stage;
+    CVT_TRY(stage_alloc(in->qweight->name, kw, &stage));
+    for (int64_t nb = n0; nb < n1; nb += BLK) {
+        const int64_t rows = nb + BLK < n1 ? BLK : n1 - nb;
+        for (int64_t j = 0; j < rows; j++) { /* sequential nibbles along K (k0 % 8 == 0: G >= 32) */
+            const uint8_t *row = qw + ((uint64_t)(nb + j) * (uint64_t)(K / 8) + (uint64_t)(k0 / 8)) * 4;
+            uint8_t *st = stage + j * ss;
+            for (int64_t c = 0; c < kw / 8; c++) {
+                uint32_t w = cvt_ld32(row + 4 * c);
+                for (int i = 0; i < 8; i++)
+                    st[8 * c + i] = (uint8_t)((w >> (4 * i)) & 0xfu);
             }
         }
+        stage_to_rows(stage, ss, rows, kw, o->q + (nb - n0), Ns);
+    }
+    free(stage);
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *zrow = qz + (uint64_t)n * (uint64_t)Wz * 4;
         const uint8_t *srow = sc + (uint64_t)n * (uint64_t)SW * 2;
@@ -387,28 +421,29 @@ static enum cvt_err decode_gemv_fast(const struct cvt_source *src, const struct 
     const uint8_t *qw = cvt_source_data(src, in->qweight), *qz = cvt_source_data(src, in->zeros),
                   *sc = cvt_source_data(src, in->scales);
     const int64_t K = in->K, N = in->N, G = in->G, Ns = o->N;
-    const int64_t k0 = o->k0, k1 = o->k0 + o->K, n0 = o->n0, n1 = o->n0 + o->N;
-    /* Closed form (AWQ-FORMATS 1.4): per k%64, word offset (without the 16*r term) and nibble. */
-    uint8_t wofs[64], nib[64];
+    const int64_t k0 = o->k0, k1 = o->k0 + o->K, n0 = o->n0, n1 = o->n0 + o->N, kw = k1 - k0, ss = kw + STAGE_PAD;
+    /* Closed form (AWQ-FORMATS 1.4), per k%64: word offset (without the 16*r term) and shift. */
+    uint8_t wofs[64], sh[64];
     for (int kk = 0; kk < 64; kk++) {
         int t = kk % 32;
         int x = 32 * (kk / 32) + 8 * ((t % 8) / 2) + 4 * (t % 2) + t / 8;
         wofs[kk] = (uint8_t)(x / 4);
-        nib[kk] = (uint8_t)(4 * (x % 4));
+        sh[kk] = (uint8_t)(4 * (x % 4));
     }
-    for (int64_t nb = n0; nb < n1; nb += BLK)
-        for (int64_t kb = k0; kb < k1; kb += BLK) {
-            const int64_t ne = nb + BLK < n1 ? nb + BLK : n1, ke = kb + BLK < k1 ? kb + BLK : k1;
-            for (int64_t n = nb; n < ne; n++) {
-                const uint8_t *row = qw + (uint64_t)(n / 4) * (uint64_t)K * 2;
-                const int64_t r16 = 16 * (n % 4);
-                uint8_t *dst = o->q + (n - n0) - k0 * Ns;
-                for (int64_t k = kb; k < ke; k++) {
-                    int64_t word = 64 * (k / 64) + r16 + wofs[k % 64];
-                    dst[k * Ns] = (uint8_t)((cvt_ld16(row + word * 2) >> nib[k % 64]) & 0xfu);
-                }
-            }
+    uint8_t *stage;
+    CVT_TRY(stage_alloc(in->qweight->name, kw, &stage));
+    for (int64_t nb = n0; nb < n1; nb += BLK) {
+        const int64_t rows = nb + BLK < n1 ? BLK : n1 - nb;
+        for (int64_t j = 0; j < rows; j++) {
+            const int64_t n = nb + j;
+            const uint8_t *row = qw + (uint64_t)(n / 4) * (uint64_t)K * 2 + (uint64_t)(16 * (n % 4)) * 2;
+            uint8_t *st = stage + j * ss - k0;
+            for (int64_t k = k0; k < k1; k++)
+                st[k] = (uint8_t)((cvt_ld16(row + (64 * (k / 64) + wofs[k % 64]) * 2) >> sh[k % 64]) & 0xfu);
         }
+        stage_to_rows(stage, ss, rows, kw, o->q + (nb - n0), Ns);
+    }
+    free(stage);
     const int64_t g0 = k0 / G, g1 = k1 / G;
     for (int64_t g = g0; g < g1; g++)
         for (int64_t n = n0; n < n1; n++) {
@@ -607,15 +642,28 @@ static enum cvt_err dq_gemv(const struct cvt_source *src, const struct cvt_awq_i
             d.s[(g - g0) * Ns + n - n0] = s;
             d.z[(g - g0) * Ns + n - n0] = (uint8_t)((wz >> ((g & 7) * 4)) & 15u);
         }
-    for (int64_t nb = n0; nb < n1; nb += BLK)
-        for (int64_t kb = k0; kb < k1; kb += BLK)
-            for (int64_t n = nb; n < (nb + BLK < n1 ? nb + BLK : n1); n++)
-                for (int64_t k = kb; k < (kb + BLK < k1 ? kb + BLK : k1); k++) {
-                    const int64_t gi = (k / G - g0) * Ns + n - n0;
-                    uint32_t wq = cvt_ld32(qw + ((uint64_t)n * (uint64_t)KW + (uint64_t)(k >> 3)) * 4);
-                    int q = (int)(wq >> ((k & 7) * 4)) & 15;
-                    out[(k - k0) * Ns + (n - n0)] = (float)(q - (int)d.z[gi]) * d.s[gi];
-                }
+    /* Rows n in order (sequential source reads) into a padded float stage, then out rows k. */
+    const int64_t kw = k1 - k0, ss = kw + STAGE_PAD / 4;
+    float *stage = malloc((size_t)(BLK * ss) * sizeof *stage);
+    if (!stage) {
+        dq_groups_free(&d);
+        qs_log_error("cvt_awq_dequant_source", "linear %s: out of memory", in->qweight->name);
+        return CVT_ERR_NOMEM;
+    }
+    for (int64_t nb = n0; nb < n1; nb += BLK) {
+        const int64_t rows = nb + BLK < n1 ? BLK : n1 - nb;
+        for (int64_t n = nb; n < nb + rows; n++)
+            for (int64_t k = k0; k < k1; k++) {
+                const int64_t gi = (k / G - g0) * Ns + n - n0;
+                uint32_t wq = cvt_ld32(qw + ((uint64_t)n * (uint64_t)KW + (uint64_t)(k >> 3)) * 4);
+                int q = (int)(wq >> ((k & 7) * 4)) & 15;
+                stage[(n - nb) * ss + (k - k0)] = (float)(q - (int)d.z[gi]) * d.s[gi];
+            }
+        for (int64_t k = 0; k < kw; k++)
+            for (int64_t j = 0; j < rows; j++)
+                out[k * Ns + (nb - n0) + j] = stage[j * ss + k];
+    }
+    free(stage);
     dq_groups_free(&d);
     return CVT_ERR_NONE;
 }
@@ -648,11 +696,21 @@ static enum cvt_err dq_gemv_fast(const struct cvt_source *src, const struct cvt_
             }
             d.s[(g - g0) * Ns + n - n0] = s;
         }
-    for (int64_t b = k0 / 64; b < (k1 + 63) / 64; b++)
-        for (int64_t R = n0 / 4; R < (n1 + 3) / 4; R++)
-            for (int64_t o = 0; o < 64; o++) {
-                const int64_t wi = 64 * b + o, n = 4 * R + o / 16;
-                if (n < n0 || n >= n1)
+    /* Interleaved rows R (4 output rows each) in order into a padded float stage of BLK output
+     * rows, then out rows k. */
+    const int64_t kw = k1 - k0, ss = kw + STAGE_PAD / 4, nb0 = n0 / 4 * 4;
+    float *stage = malloc((size_t)(BLK * ss) * sizeof *stage);
+    if (!stage) {
+        dq_groups_free(&d);
+        qs_log_error("cvt_awq_dequant_source", "linear %s: out of memory", in->qweight->name);
+        return CVT_ERR_NOMEM;
+    }
+    for (int64_t nb = nb0; nb < n1; nb += BLK) { /* nb % 4 == 0: whole interleaved rows */
+        const int64_t ne = nb + BLK < n1 ? nb + BLK : n1;
+        for (int64_t R = nb / 4; R < (ne + 3) / 4; R++)
+            for (int64_t wi = 64 * (k0 / 64); wi < 64 * ((k1 + 63) / 64); wi++) {
+                const int64_t b = wi / 64, o = wi % 64, n = 4 * R + o / 16;
+                if (n < n0 || n >= ne)
                     continue;
                 uint16_t w = cvt_ld16(qw + ((uint64_t)R * (uint64_t)K + (uint64_t)wi) * 2);
                 for (int i = 0; i < 4; i++) {
@@ -662,9 +720,15 @@ static enum cvt_err dq_gemv_fast(const struct cvt_source *src, const struct cvt_
                         continue;
                     const int64_t gi = (k / G - g0) * Ns + n - n0;
                     int q = (w >> (4 * i)) & 15;
-                    out[(k - k0) * Ns + (n - n0)] = (float)(q - (int)d.z[gi]) * d.s[gi];
+                    stage[(n - nb) * ss + (k - k0)] = (float)(q - (int)d.z[gi]) * d.s[gi];
                 }
             }
+        const int64_t jlo = nb < n0 ? n0 - nb : 0;
+        for (int64_t k = 0; k < kw; k++)
+            for (int64_t j = jlo; j < ne - nb; j++)
+                out[k * Ns + (nb + j - n0)] = stage[j * ss + k];
+    }
+    free(stage);
     dq_groups_free(&d);
     return CVT_ERR_NONE;
 }
