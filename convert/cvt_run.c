@@ -13,7 +13,7 @@
  *      column chunks of whole 64-wide n-tiles: in the packed layouts (DESIGN 4.1-4.3) the bytes of
  *      n-tiles [a, b) of qweight, scales and qzeros are each one contiguous range, in order, so
  *      a chunk is packed on its own and streamed with fmt_writer_put_tensor_part(). Each chunk:
- *      decode the source slices (cvt_awq_load), place them (zero padding elsewhere), pack
+ *      decode the source slices in blocks of rows (cvt_awq_load), place them (zero padding elsewhere), pack
  *      (ref_pack_*), then the SELF-CHECK: ref_dequant_w4 of our packed chunk must equal
  *      cvt_awq_dequant_source of the same source slice bit for bit, and padding must dequantize to
  *      +0.0. Float tensors are converted in row chunks. Memory per worker is bounded by the
@@ -29,6 +29,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -45,9 +46,9 @@
 /* Memory budget for all workers' chunk buffers together (bytes). With the input side dropping
  * mapped pages after each read, this is what bounds peak RSS (plus the plan and the catalog). */
 #define CVT_CHUNK_BUDGET (192ull << 20)
-/* Bytes of working memory per element of a quantized load chunk: codes 1, two fp32 dequantized
- * copies 8 (self-check), the decoder's slice 1, slack. */
-#define CVT_BYTES_PER_CODE 11
+/* Bytes of working memory per element of a quantized load chunk: codes 1, our fp32 dequantized
+ * copy 4 (self-check), slack for the k-blocked decoder slices and the source dequant block. */
+#define CVT_BYTES_PER_CODE 6
 /* Float tensors are converted in pieces of at most this many elements. */
 #define CVT_FLOAT_CHUNK (1u << 20)
 
@@ -260,12 +261,24 @@ static enum cvt_err w4_sub(struct run *R, int rank, const struct cvt_out *o, int
     return CVT_ERR_NONE;
 }
 
+/* Source rows per decoder call: whole groups, about CVT_K_BLOCK rows. Reading a few rows at a
+ * time keeps the pages of the source mapping that one call touches (and the input side drops
+ * again afterwards) small: a column slice of a GEMM qweight [K, N/8] touches every page of the
+ * rows it reads, so a whole-K call would map the entire tensor (35 MB for a 13B gate_proj) in
+ * every worker at once. */
+#define CVT_K_BLOCK 256
+
+static int64_t k_block(int64_t G)
+{
+    return G >= CVT_K_BLOCK ? G : CVT_K_BLOCK / G * G;
+}
+
 /* One load chunk [c0, c0 + cw) of output columns of W4 output o on `rank`. */
 static enum cvt_err w4_chunk(struct run *R, int rank, const struct cvt_out *o, int64_t c0,
                              int64_t cw, struct w4_bufs *b, uint64_t offs[3])
 {
     const struct cvt_plan *p = R->plan;
-    int64_t K = o->rows, G = p->d.group_size, ng = K / G;
+    int64_t K = o->rows, G = p->d.group_size, ng = K / G, kb = k_block(G);
     enum cvt_err e = CVT_ERR_NONE;
     memset(b->q, 0, (size_t)(K * cw));
     memset(b->z, 0, (size_t)(ng * cw));
@@ -279,19 +292,23 @@ static enum cvt_err w4_chunk(struct run *R, int rank, const struct cvt_out *o, i
             continue;
         const struct cvt_plan_src *ps = &p->srcs[sg->src];
         int64_t n0 = sg->src_c0 + (a - sg->dst_c0), n1 = n0 + (z - a);
-        int64_t k0 = sg->src_r0, k1 = k0 + sg->n_rows;
-        struct cvt_awq_linear lin;
-        if ((e = cvt_awq_load(R->src, R->cfg, ps->name, ps->rows, ps->cols, k0, k1, n0, n1,
-                              &lin)))
-            return e;
-        int64_t w = z - a, dc = a - c0, dr = sg->dst_r0;
-        for (int64_t k = 0; k < k1 - k0; k++)
-            memcpy(b->q + (dr + k) * cw + dc, lin.q + k * w, (size_t)w);
-        for (int64_t g = 0; g < (k1 - k0) / G; g++) {
-            memcpy(b->z + (dr / G + g) * cw + dc, lin.z + g * w, (size_t)w);
-            memcpy(b->s + (dr / G + g) * cw + dc, lin.s + g * w, (size_t)w * sizeof(uint16_t));
+        int64_t w = z - a, dc = a - c0;
+        for (int64_t k0 = sg->src_r0; k0 < sg->src_r0 + sg->n_rows; k0 += kb) {
+            int64_t k1 = k0 + kb < sg->src_r0 + sg->n_rows ? k0 + kb : sg->src_r0 + sg->n_rows;
+            int64_t dr = sg->dst_r0 + (k0 - sg->src_r0);
+            struct cvt_awq_linear lin;
+            if ((e = cvt_awq_load(R->src, R->cfg, ps->name, ps->rows, ps->cols, k0, k1, n0, n1,
+                                  &lin)))
+                return e;
+            for (int64_t k = 0; k < k1 - k0; k++)
+                memcpy(b->q + (dr + k) * cw + dc, lin.q + k * w, (size_t)w);
+            for (int64_t g = 0; g < (k1 - k0 + G - 1) / G; g++) {
+                memcpy(b->z + (dr / G + g) * cw + dc, lin.z + g * w, (size_t)w);
+                memcpy(b->s + (dr / G + g) * cw + dc, lin.s + g * w,
+                       (size_t)w * sizeof(uint16_t));
+            }
+            cvt_awq_linear_free(&lin);
         }
-        cvt_awq_linear_free(&lin);
     }
     for (int64_t c = 0; c < cw; c += CVT_SUB_COLS)
         if ((e = w4_sub(R, rank, o, cw, c, CVT_SUB_COLS < cw - c ? CVT_SUB_COLS : cw - c, b,
@@ -309,18 +326,22 @@ static enum cvt_err w4_chunk(struct run *R, int rank, const struct cvt_out *o, i
             continue;
         const struct cvt_plan_src *ps = &p->srcs[sg->src];
         int64_t n0 = sg->src_c0 + (a - sg->dst_c0), n1 = n0 + (z - a);
-        int64_t k0 = sg->src_r0, k1 = k0 + sg->n_rows, w = z - a, dc = a - c0;
-        if ((e = cvt_awq_dequant_source(R->src, R->cfg, ps->name, ps->rows, ps->cols, k0, k1, n0,
-                                        n1, b->ws)))
-            return e;
-        for (int64_t k = 0; k < k1 - k0; k++) {
-            float *ours = b->wq + (sg->dst_r0 + k) * cw + dc;
-            const float *want = b->ws + k * w;
-            if (memcmp(ours, want, (size_t)w * sizeof(float)))
-                for (int64_t n = 0; n < w; n++)
-                    if (memcmp(&ours[n], &want[n], sizeof(float)))
-                        return check_fail(R, rank, o, ps->name, k0 + k, n0 + n,
-                                          sg->dst_r0 + k, dc + c0 + n, want[n], ours[n]);
+        int64_t w = z - a, dc = a - c0;
+        for (int64_t k0 = sg->src_r0; k0 < sg->src_r0 + sg->n_rows; k0 += kb) {
+            int64_t k1 = k0 + kb < sg->src_r0 + sg->n_rows ? k0 + kb : sg->src_r0 + sg->n_rows;
+            int64_t dr = sg->dst_r0 + (k0 - sg->src_r0);
+            if ((e = cvt_awq_dequant_source(R->src, R->cfg, ps->name, ps->rows, ps->cols, k0, k1,
+                                            n0, n1, b->ws)))
+                return e;
+            for (int64_t k = 0; k < k1 - k0; k++) {
+                float *ours = b->wq + (dr + k) * cw + dc;
+                const float *want = b->ws + k * w;
+                if (memcmp(ours, want, (size_t)w * sizeof(float)))
+                    for (int64_t n = 0; n < w; n++)
+                        if (memcmp(&ours[n], &want[n], sizeof(float)))
+                            return check_fail(R, rank, o, ps->name, k0 + k, n0 + n, dr + k,
+                                              dc + c0 + n, want[n], ours[n]);
+            }
         }
     }
     /* everything not covered by a source is padding and must dequantize to +0.0: walk the
@@ -375,7 +396,7 @@ static enum cvt_err job_w4(struct run *R, int rank, const struct cvt_out *o)
     b.zp = malloc((size_t)(ng * S / 2));
     if (ck) {
         b.wq = malloc((size_t)(K * C) * sizeof(float));
-        b.ws = malloc((size_t)(K * C) * sizeof(float));
+        b.ws = malloc((size_t)(k_block(G) * C) * sizeof(float));
         b.xw = malloc((size_t)(K * S) * sizeof(float));
     }
     if (!b.q || !b.z || !b.s || !b.xq || !b.xz || !b.xs || !b.qp || !b.sp || !b.zp ||
@@ -996,6 +1017,11 @@ enum cvt_err cvt_run(const struct cvt_opts *o)
     if ((size_t)threads > R.n_jobs)
         threads = (int)(R.n_jobs ? R.n_jobs : 1);
     R.chunk_bytes = (o->chunk_bytes ? o->chunk_bytes : CVT_CHUNK_BUDGET) / (uint64_t)threads;
+    /* Chunk buffers (ours and the decoder's) are MiB-sized and short-lived. glibc raises its mmap
+     * threshold after the first such free and then serves them from per-thread arenas that keep
+     * their peak; a fixed threshold sends them back to the kernel on free, so peak RSS stays at
+     * what is live (measured: 420 -> see docs/BENCHMARKS.md, 16 threads on a 7B checkpoint). */
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
     for (int r = 0; r < tp; r++)
         R.total_bytes += R.plan->ranks[r].data_bytes;
     R.bar = !o->quiet && isatty(STDERR_FILENO);
