@@ -555,8 +555,8 @@ static enum rt_tok_err encode_word(const struct rt_tok *tok, struct bpe_work *w,
     return bpe_run(tok, w, ns, out);
 }
 
-static enum rt_tok_err encode_bytelevel(const struct rt_tok *tok, const char *s, size_t n,
-                                        struct rt_tok_ids *out)
+static enum rt_tok_err encode_bytelevel_chunk(const struct rt_tok *tok, const char *s, size_t n,
+                                              struct rt_tok_ids *out)
 {
     enum rt_tok_err err = RT_TOK_ERR_NONE;
     struct bpe_work w = {0};
@@ -785,6 +785,34 @@ static bool nfc_stable(const char *s, size_t n)
         i += (size_t)k;
     }
     return true;
+}
+
+/* Long text is split into chunks of about CHUNK bytes at a "\n" followed by an ASCII letter:
+ * no match of the three split regexes contains both (a letter run cannot start with "\n"; the
+ * other alternatives end at a newline or hold only whitespace, digits or punctuation), and the
+ * regexes look only forward, so the chunks tokenize exactly like the whole. This bounds the
+ * per-call scratch memory (~11 bytes per byte of chunk). */
+enum { CHUNK = 1 << 16 };
+
+static enum rt_tok_err encode_bytelevel(const struct rt_tok *tok, const char *s, size_t n,
+                                        struct rt_tok_ids *out)
+{
+    size_t start = 0;
+    while (start < n) {
+        size_t cut = n;
+        for (size_t i = start + CHUNK; i < n; i++) {
+            char c = s[i];
+            if (s[i - 1] == '\n' && ((c | 0x20) >= 'a' && (c | 0x20) <= 'z')) {
+                cut = i;
+                break;
+            }
+        }
+        enum rt_tok_err err = encode_bytelevel_chunk(tok, s + start, cut - start, out);
+        if (err)
+            return err;
+        start = cut;
+    }
+    return RT_TOK_ERR_NONE;
 }
 
 enum rt_tok_err rt_tok_encode_segment(const struct rt_tok *tok, const char *s, size_t n, bool first,

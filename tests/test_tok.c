@@ -935,6 +935,53 @@ static void test_chat_golden(const struct rt_tok *l2, const struct rt_tok *l3, c
     cJSON_Delete(root);
 }
 
+/* A ~300 KB text (extra-long.json.gz): llama3 ids from HF tokenizers (crosses the encoder's
+ * 64 KB chunking), llama2 ids from sentencepiece (word-by-word merging over the whole text). */
+static void test_long(const struct rt_tok *l3, const struct rt_tok *l2m, const struct rt_tok *l2j)
+{
+    size_t len;
+    char *g = read_all(TOKDIR "extra-long.json.gz", &len);
+    cJSON *root = g ? cJSON_Parse(g) : NULL;
+    free(g);
+    CHECK_MSG(root != NULL, "cannot read " TOKDIR "extra-long.json.gz");
+    if (!root)
+        return;
+    const char *text = cJSON_GetObjectItem(root, "text")->valuestring;
+    size_t tl = strlen(text);
+    const struct {
+        const struct rt_tok *tok;
+        const char *key;
+        unsigned flags;
+    } runs[] = {{l3, "llama3", RT_TOK_PARSE_SPECIAL}, {l2m, "llama2", 0}, {l2j, "llama2", 0}};
+    for (size_t r = 0; r < 3; r++) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        double t0 = now_s();
+        CHECK(rt_tok_encode(runs[r].tok, text, tl, runs[r].flags, &ids, &n) == RT_TOK_ERR_NONE);
+        double dt = now_s() - t0;
+        const cJSON *want = cJSON_GetObjectItem(root, runs[r].key);
+        bool eq = ids && ids_equal(ids, n, want);
+        CHECK_MSG(eq, "long text (%s): %zu ids, reference %d", runs[r].key, n, cJSON_GetArraySize(want));
+        if (!eq && ids) {
+            size_t i = 0;
+            while (i < n && i < (size_t)cJSON_GetArraySize(want) &&
+                   ids[i] == (int32_t)cJSON_GetArrayItem(want, (int)i)->valuedouble)
+                i++;
+            fprintf(stderr, "    first difference at id %zu\n", i);
+        }
+        printf("  long text %s: %zu bytes -> %zu ids in %.1f ms\n", runs[r].key, tl, n, 1e3 * dt);
+        if (r == 0 && ids) {
+            char *back = NULL;
+            size_t bl;
+            CHECK(rt_tok_decode(runs[r].tok, ids, n, 0, &back, &bl) == RT_TOK_ERR_NONE);
+            CHECK(back && bl == tl && memcmp(back, text, tl) == 0);
+            free(back);
+        }
+        free(ids);
+    }
+    cJSON_Delete(root);
+}
+
 /* Encoding speed on a long text (perplexity runs): tokens/s printed, a generous bound checked. */
 static void test_speed(const struct rt_tok *tok, const char *name, const char *unit)
 {
@@ -1020,6 +1067,7 @@ int main(void)
         test_variant(ex, "metaspace_split");
         test_variant(ex, "no_fallback");
         cJSON_Delete(ex);
+        test_long(l3, l2m, l2j);
         test_speed(l3, "llama3", "The quick brown fox, 12345 jumps\n\tover  the lazy dog's back! \xE9\x95\x87 ");
         test_speed(l2j, "llama2 json", "The quick brown fox, 12345 jumps\n\tover  the lazy dog's back! \xE9\x95\x87 ");
     }

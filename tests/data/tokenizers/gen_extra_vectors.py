@@ -171,7 +171,7 @@ def main():
         with tempfile.TemporaryDirectory() as d:
             l3 = os.path.join(d, "llama3.json")
             open(l3, "wb").write(gzip.open(TOK + "llama3/tokenizer.json.gz").read())
-            l3_texts = corpus([t for t in pieces], 400)
+            l3_texts = corpus(pieces, 400)  # also the material of extra-long below
             ids = hf_encode(node_dir, l3, l3_texts)
             result["llama3"] = {"reference": "npm tokenizers@0.23.2 (HF tokenizers), llama3/tokenizer.json, addSpecialTokens false",
                                 "cases": [{"text": t, "ids": i} for t, i in zip(l3_texts, ids)]}
@@ -213,6 +213,21 @@ def main():
         ids = hf_encode(node_dir, TOK + "mistral/tokenizer.json", texts)
         result["mistral"] = {"reference": "npm tokenizers@0.23.2 (HF tokenizers), mistral/tokenizer.json, addSpecialTokens false",
                              "cases": [{"text": t, "ids": i} for t, i in zip(texts, ids)]}
+    if node_dir:  # one long text (crosses the C encoder's 64 KB chunking) -> extra-long.json.gz
+        rnd = random.Random(SEED + 2)
+        paras = []
+        while sum(len(p) for p in paras) < 300000:
+            paras.append(rnd.choice(l3_texts) + rnd.choice(["\n", "\n\n", " \n", "\n\t", "\r\n", ".\n"]))
+        long_text = "".join(paras)
+        with tempfile.TemporaryDirectory() as d:
+            l3 = os.path.join(d, "llama3.json")
+            open(l3, "wb").write(gzip.open(TOK + "llama3/tokenizer.json.gz").read())
+            l3_ids = hf_encode(node_dir, l3, [long_text])[0]
+        sp_ids = sp.encode(long_text)
+        with gzip.GzipFile(TOK + "extra-long.json.gz", "wb", mtime=0) as f:
+            f.write(json.dumps({"reference": "llama3: npm tokenizers@0.23.2; llama2: python3-sentencepiece 0.1.97",
+                                "text": long_text, "llama3": l3_ids, "llama2": sp_ids},
+                               ensure_ascii=False).encode())
     with open(TOK + "extra-vectors.json", "w") as f:
         json.dump(result, f, ensure_ascii=False, separators=(",", ":"))
         f.write("\n")
