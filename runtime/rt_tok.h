@@ -117,7 +117,10 @@ enum {
  * when *n == 0). Flags as above. Errors: RT_TOK_ERR_UTF8 (invalid UTF-8: overlong, surrogate,
  * > U+10FFFF, truncated; the byte offset is reported), RT_TOK_ERR_TOO_LONG (len >= 2^30),
  * RT_TOK_ERR_UNSUPPORTED (a character outside the vocabulary with no byte fallback and no unk),
- * RT_TOK_ERR_NOMEM, RT_TOK_ERR_ARG. Cost: O(len log len). */
+ * RT_TOK_ERR_NOMEM, RT_TOK_ERR_ARG. Cost: O(len log len) time; scratch memory about 12 bytes
+ * per byte of the longest unit merged at once (byte-level: a 64 KB chunk; SentencePiece: a
+ * word, the whole segment only for vocabularies with pieces like "a▁"). Measured (test_tok,
+ * this 2-core dev box, -O2): ~18 MB/s on mixed text for both kinds. */
 enum rt_tok_err rt_tok_encode(const struct rt_tok *tok, const char *text, size_t len,
                               unsigned flags, int32_t **ids, size_t *n);
 
