@@ -1106,9 +1106,11 @@ static void perplexity_usage(FILE *f)
         "usage: qshard perplexity MODEL (--file text.txt | --tokens 1,2,3) [--ctx 512]\n"
         "\n"
         "Perplexity of a text file, computed the way llama.cpp's tools/perplexity does\n"
-        "(perplexity()): the whole file is tokenized (with BOS when the tokenizer adds one), cut\n"
+        "(perplexity()): the whole file is tokenized (with BOS when the tokenizer adds one;\n"
+        "text such as \"<s>\" in the file is not read as a special token), cut\n"
         "into non-overlapping chunks of ctx tokens (the remainder is dropped); each chunk is\n"
-        "evaluated from an empty KV cache with its first token replaced by BOS, and only the\n"
+        "evaluated from an empty KV cache with its first token replaced by BOS (if the\n"
+        "tokenizer adds one; not with --tokens), and only the\n"
         "second half is scored: the negative log-likelihood of token j+1 from the logits at j,\n"
         "for j = ctx/2 .. ctx-2. Prints the running estimate after each chunk ([i]ppl) and\n"
         "\"Final estimate: PPL = x +/- y\", where y = ppl * stddev(nll) / sqrt(count - 1) as in\n"
@@ -1192,7 +1194,8 @@ int cmd_perplexity(int argc, char **argv)
     size_t n = 0;
     float *logits = NULL;
     int32_t *chunk = NULL;
-    struct prompt_opts po = {.text = text, .tokens = tokens};
+    /* as llama.cpp: BOS per the tokenizer, special-token text in the file stays plain text */
+    struct prompt_opts po = {.text = text, .tokens = tokens, .no_parse_special = true};
     if (text && strlen(text) != text_len) {
         qs_log_error(__func__, "%s contains a NUL byte (offset %zu): not a text file", file,
                      strlen(text));
