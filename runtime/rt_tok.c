@@ -1425,13 +1425,13 @@ bool rt_tok_is_special(const struct rt_tok *tok, int32_t id)
 
 // --- reading a model directory --------------------------------------------------------------
 
-/* Read a whole file (gzip-compressed when gz) into a malloc'd buffer. Returns 0 on success,
- * ENOENT when it does not exist, another errno value on failure (reported). */
-static int read_file(const char *path, bool gz, char **buf, size_t *len)
+/* Read a whole file into a malloc'd buffer, gunzipping it when it is gzip data (zlib's gzread
+ * passes other files through unchanged). Returns 0 on success, ENOENT when it does not exist,
+ * another errno value on failure (reported). */
+static int read_file(const char *path, char **buf, size_t *len)
 {
     const size_t max = (size_t)1 << 30;
     *buf = NULL, *len = 0;
-    (void)gz;                      /* gzread passes plain files through unchanged */
     errno = 0;
     gzFile f = gzopen(path, "rb");
     if (!f) {
@@ -1504,7 +1504,7 @@ enum rt_tok_err rt_tok_load_dir(const char *dir, struct rt_tok **out)
         }
         if (i == 1 && buf[0])
             continue; /* tokenizer.json found: no need for the .gz */
-        int rc = read_file(path, i == 1, &buf[i], &len[i]);
+        int rc = read_file(path, &buf[i], &len[i]);
         if (rc && rc != ENOENT) {
             err = rc == ENOMEM ? RT_TOK_ERR_NOMEM : RT_TOK_ERR_IO;
             goto out;
