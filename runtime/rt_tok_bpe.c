@@ -284,7 +284,6 @@ static void sym_append(struct bpe_work *w, size_t *n, int32_t id)
 
 // --- SentencePiece kind ---------------------------------------------------------------------
 
-static const char SPM_SPACE[] = "\xE2\x96\x81"; /* U+2581 "▁" */
 
 /* sentencepiece normalizer.cc with remove_extra_whitespaces: drop leading and trailing spaces,
  * collapse inner runs of spaces to one. Writes into dst, returns the length. */
@@ -367,13 +366,13 @@ static enum rt_tok_err encode_spm(const struct rt_tok *tok, const char *s, size_
     size_t m = 0;
     if (tok->dummy_prefix && (first || !tok->prefix_first_only) &&
         !(tok->prefix_unless_space &&
-          ((s[0] == ' ' && tok->escape_spaces) || (n >= 3 && memcmp(s, SPM_SPACE, 3) == 0)))) {
-        memcpy(norm, SPM_SPACE, 3);
+          ((s[0] == ' ' && tok->escape_spaces) || (n >= 3 && memcmp(s, RT_TOK_SPM_SPACE, 3) == 0)))) {
+        memcpy(norm, RT_TOK_SPM_SPACE, 3);
         m = 3;
     }
     for (size_t i = 0; i < n; i++) {
         if (s[i] == ' ' && tok->escape_spaces) {
-            memcpy(norm + m, SPM_SPACE, 3);
+            memcpy(norm + m, RT_TOK_SPM_SPACE, 3);
             m += 3;
         } else {
             norm[m++] = s[i];
@@ -388,7 +387,7 @@ static enum rt_tok_err encode_spm(const struct rt_tok *tok, const char *s, size_
         if (tok->spm_word_split || tok->spm_split_all) {
             bool prev_space = true;
             for (size_t i = w0; i < m; i++) {
-                bool space = i + 3 <= m && memcmp(norm + i, SPM_SPACE, 3) == 0;
+                bool space = i + 3 <= m && memcmp(norm + i, RT_TOK_SPM_SPACE, 3) == 0;
                 if (space && (!prev_space || tok->spm_split_all) && i > w0) {
                     w1 = i;
                     break;

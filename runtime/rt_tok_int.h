@@ -1,6 +1,7 @@
 /*
- * rt_tok_int.h - private to the tokenizer files (rt_tok.c, rt_tok_spm.c, rt_tok_bpe.c,
- * rt_chat.c, rt_tok_unicode.c): the layout of struct rt_tok and the helpers they share.
+ * rt_tok_int.h - private to the tokenizer files (rt_tok.c, rt_tok_json.c, rt_tok_spm.c,
+ * rt_tok_bpe.c, rt_chat.c, rt_tok_unicode.c): the layout of struct rt_tok and the helpers they
+ * share.
  * Nothing outside runtime/rt_tok*.c and runtime/rt_chat.c includes this.
  */
 #ifndef RT_TOK_INT_H
@@ -137,6 +138,25 @@ struct rt_tok {
 
     char *chat_template;    /* owned, NUL-terminated, or NULL */
 };
+
+/* U+2581 LOWER ONE EIGHTH BLOCK "▁", SentencePiece's escaped space (3 bytes). */
+#define RT_TOK_SPM_SPACE "\xE2\x96\x81"
+
+/* --- tokenizer.json / tokenizer_config.json / special map (rt_tok_json.c) --- */
+/* What rt_tok_load needs from tokenizer.json besides the tokens. */
+struct rt_tok_json_opts {
+    bool bytelevel;             /* a ByteLevel pre-tokenizer: RT_TOK_KIND_BYTELEVEL */
+    int32_t tmpl_bos, tmpl_eos; /* TemplateProcessing: special token before / after $A, or -1
+                                 * (checked against n_vocab by the caller) */
+    bool have_tmpl;
+};
+/* Parse tokenizer.json into a new *out (vocab, merges, added tokens, options); NULL on error. */
+enum rt_tok_err rt_tok_json_load(const char *text, size_t len, struct rt_tok **out,
+                                 struct rt_tok_json_opts *o);
+/* Apply tokenizer_config.json: add_bos/add_eos defaults, bos/eos ids, chat_template. */
+enum rt_tok_err rt_tok_config_apply(struct rt_tok *tok, const char *text, size_t len);
+/* Apply a special-token map {"content": id} (rename/mark ids as special added tokens). */
+enum rt_tok_err rt_tok_special_map_apply(struct rt_tok *tok, const char *text, size_t len);
 
 /* --- shared helpers (rt_tok.c) --- */
 enum rt_tok_err rt_tok_arena_put(struct rt_tok *tok, const void *s, size_t n, uint32_t *off);
