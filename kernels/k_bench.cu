@@ -100,31 +100,48 @@ void rand_f16(void *p, size_t n, float lo, float hi, uint32_t seed)
     K_LAUNCH_CHECK();
 }
 
-/* Median over 5 loops of the mean time per call (us) of fn(i), i = rotation index. */
+cudaStream_t g_bs;       /* the bench stream: every timed call runs on it */
+bool g_use_graph = true; /* time CUDA-graph replays (default) or plain back-to-back launches */
+
+/* Median over 5 loops of the mean time per call (us) of fn(i), i = rotation index. With graphs
+ * (default) each loop is one replay of a captured graph of n calls, which removes most of the
+ * CPU launch overhead, as a runtime that graph-launches its decode step sees it. */
 template <class F> double time_us(F fn, double target_ms)
 {
     cudaEvent_t a, b;
     K_CUDA_CHECK(cudaEventCreate(&a));
     K_CUDA_CHECK(cudaEventCreate(&b));
-    for (int i = 0; i < 3; ++i) fn(i); /* warm-up */
-    K_CUDA_CHECK(cudaEventRecord(a));
+    for (int i = 0; i < 3; ++i) fn(i); /* warm-up: module load, attributes, handles */
+    K_CUDA_CHECK(cudaEventRecord(a, g_bs));
     fn(3);
-    K_CUDA_CHECK(cudaEventRecord(b));
+    K_CUDA_CHECK(cudaEventRecord(b, g_bs));
     K_CUDA_CHECK(cudaEventSynchronize(b));
     float one = 0;
     K_CUDA_CHECK(cudaEventElapsedTime(&one, a, b));
-    const int n = std::max(5, std::min(2000, (int)(target_ms / 5 / std::max(one, 1e-3f))));
+    const int n = std::max(5, std::min(1000, (int)(target_ms / 5 / std::max(one, 1e-3f))));
     std::vector<double> t;
     int it = 4;
-    for (int r = 0; r < 5; ++r) {
-        K_CUDA_CHECK(cudaEventRecord(a));
+    cudaGraphExec_t exec = nullptr;
+    if (g_use_graph) {
+        cudaGraph_t graph;
+        K_CUDA_CHECK(cudaStreamBeginCapture(g_bs, cudaStreamCaptureModeThreadLocal));
         for (int i = 0; i < n; ++i) fn(it++);
-        K_CUDA_CHECK(cudaEventRecord(b));
+        K_CUDA_CHECK(cudaStreamEndCapture(g_bs, &graph));
+        K_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        K_CUDA_CHECK(cudaGraphDestroy(graph));
+        K_CUDA_CHECK(cudaGraphLaunch(exec, g_bs)); /* upload the graph */
+    }
+    for (int r = 0; r < 5; ++r) {
+        K_CUDA_CHECK(cudaEventRecord(a, g_bs));
+        if (exec) K_CUDA_CHECK(cudaGraphLaunch(exec, g_bs));
+        else for (int i = 0; i < n; ++i) fn(it++);
+        K_CUDA_CHECK(cudaEventRecord(b, g_bs));
         K_CUDA_CHECK(cudaEventSynchronize(b));
         float ms = 0;
         K_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
         t.push_back(ms * 1000.0 / n);
     }
+    if (exec) K_CUDA_CHECK(cudaGraphExecDestroy(exec));
     K_CUDA_CHECK(cudaEventDestroy(a));
     K_CUDA_CHECK(cudaEventDestroy(b));
     std::sort(t.begin(), t.end());
@@ -138,7 +155,7 @@ double copy_bandwidth_gbs(void)
     K_CUDA_CHECK(cudaMalloc(&src, bytes));
     K_CUDA_CHECK(cudaMalloc(&dst, bytes));
     rand_fill(src, bytes, 1);
-    const double us = time_us([&](int) { K_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }, 100);
+    const double us = time_us([&](int) { K_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g_bs)); }, 100);
     K_CUDA_CHECK(cudaFree(src));
     K_CUDA_CHECK(cudaFree(dst));
     return 2.0 * bytes / (us * 1e3); /* read + write, GB/s */
@@ -186,16 +203,111 @@ bool validate(const __half *a, const __half *b, size_t n, double *rel_out)
     return finite && sr > 0 && *rel_out < 5e-3;
 }
 
+
+/* --- `bench kernel stream`: read-bandwidth of access patterns (explains the W4A16 numbers) --- */
+
+constexpr int ST_DEPTH = 8; /* 512-byte chunks in flight per warp */
+
+/* pattern 0: each warp reads its own contiguous range of chunks (what split-K/stream-K warps do)
+ * pattern 1: the warps of a block interleave over the block's contiguous range
+ * pattern 2: all warps of the grid interleave (warp w reads chunks w, w + W, ...)
+ * use_cp: cp.async.cg ring in shared memory, else ld.global.nc registers */
+template <bool USE_CP>
+__global__ void __launch_bounds__(128) stream_kernel(const uint4 *__restrict__ src, size_t n_chunks,
+                                                     int pattern, unsigned *__restrict__ sink)
+{
+    __shared__ __align__(16) uint4 ring[4][ST_DEPTH][32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const size_t W = (size_t)gridDim.x * 4, gw = (size_t)blockIdx.x * 4 + warp;
+    size_t first, step, count;
+    if (pattern == 0) {
+        const size_t per = (n_chunks + W - 1) / W;
+        first = gw * per; step = 1;
+        count = first < n_chunks ? min(per, n_chunks - first) : 0;
+    } else if (pattern == 1) {
+        const size_t perb = (n_chunks + gridDim.x - 1) / gridDim.x, b0 = blockIdx.x * perb;
+        const size_t nb = b0 < n_chunks ? min(perb, n_chunks - b0) : 0;
+        first = b0 + warp; step = 4;
+        count = nb > (size_t)warp ? (nb - warp + 3) / 4 : 0;
+    } else {
+        first = gw; step = W;
+        count = gw < n_chunks ? (n_chunks - gw + W - 1) / W : 0;
+    }
+    unsigned acc = 0;
+    if (USE_CP) {
+        for (int u = 0; u < ST_DEPTH - 1; ++u) {
+            if ((size_t)u < count) k_cp_async16(&ring[warp][u][lane], src + (first + u * step) * 32 + lane, 16);
+            k_cp_async_commit();
+        }
+        int slot = 0;
+        for (size_t i = 0; i < count; ++i) {
+            const size_t ahead = i + ST_DEPTH - 1;
+            if (ahead < count)
+                k_cp_async16(&ring[warp][(slot + ST_DEPTH - 1) % ST_DEPTH][lane], src + (first + ahead * step) * 32 + lane, 16);
+            k_cp_async_commit();
+            k_cp_async_wait<ST_DEPTH - 1>();
+            const uint4 v = ring[warp][slot][lane];
+            acc ^= v.x + v.y * 3 + v.z * 5 + v.w * 7;
+            slot = (slot + 1) % ST_DEPTH;
+        }
+        k_cp_async_wait<0>();
+    } else {
+        for (size_t i = 0; i < count; i += ST_DEPTH) {
+            uint4 v[ST_DEPTH];
+#pragma unroll
+            for (int u = 0; u < ST_DEPTH; ++u)
+                if (i + u < count) v[u] = k_ld_stream_v4(src + (first + (i + u) * step) * 32 + lane);
+#pragma unroll
+            for (int u = 0; u < ST_DEPTH; ++u)
+                if (i + u < count) acc ^= v[u].x + v[u].y * 3 + v[u].z * 5 + v[u].w * 7;
+        }
+    }
+    if (acc == 0x12345678u) sink[0] = acc; /* keeps the loads alive */
+}
+
+int bench_stream(void)
+{
+    const size_t bytes = (size_t)1 << 30;
+    void *buf = nullptr;
+    unsigned *sink = nullptr;
+    K_CUDA_CHECK(cudaMalloc(&buf, bytes));
+    K_CUDA_CHECK(cudaMalloc(&sink, 4));
+    rand_fill(buf, bytes, 5);
+    const double copy_bw = copy_bandwidth_gbs();
+    int sms = 0;
+    K_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    printf("read patterns over 1 GiB, 512-byte chunks, %d in flight per warp; copy %.0f GB/s\n",
+           ST_DEPTH, copy_bw);
+    const char *pname[3] = {"warp-contiguous", "block-interleaved", "grid-interleaved"};
+    for (int cp = 0; cp < 2; ++cp)
+        for (int pat = 0; pat < 3; ++pat)
+            for (int bps : {4, 8, 16}) {
+                const int blocks = sms * bps;
+                const double us = time_us([&](int) {
+                    if (cp) stream_kernel<true><<<blocks, 128, 0, g_bs>>>((const uint4 *)buf, bytes / 512, pat, sink);
+                    else stream_kernel<false><<<blocks, 128, 0, g_bs>>>((const uint4 *)buf, bytes / 512, pat, sink);
+                }, 50);
+                printf("stream %-8s %-18s %3d warps/SM | %9.1f us | %6.0f GB/s | %5.1f%% copy\n",
+                       cp ? "cp.async" : "ld.nc", pname[pat], bps * 4, us, bytes / (us * 1e3),
+                       100.0 * bytes / (us * 1e3) / copy_bw);
+            }
+    K_CUDA_CHECK(cudaFree(buf));
+    K_CUDA_CHECK(cudaFree(sink));
+    return QS_EXIT_OK;
+}
+
 void usage(FILE *f)
 {
     fprintf(f,
             "usage: qshard bench kernel w4a16 [options]\n"
+            "       qshard bench kernel stream   (read bandwidth of the access patterns)\n"
             "  --m LIST         activation rows M (default 1,16,64,256,4096)\n"
             "  --shapes LIST    llama2-7b,llama3-8b,llama2-13b,70b (default llama2-7b,llama3-8b,70b)\n"
             "  --tp N           tensor-parallel size of the layer shapes (default 1)\n"
             "  --variants LIST  W4A16 variants to time: 0 auto, 1 naive, 2 decode, 3 GEMM (default 0)\n"
             "  --group N        group size G (default 128)\n"
             "  --ms T           target milliseconds per timed loop (default 20)\n"
+            "  --no-graph       time back-to-back launches instead of CUDA-graph replays\n"
             "  -h, --help       this text\n");
 }
 
@@ -207,7 +319,8 @@ int bench_kernel_main(int argc, char **argv)
         {"m", required_argument, nullptr, 'm'},       {"shapes", required_argument, nullptr, 's'},
         {"tp", required_argument, nullptr, 't'},      {"variants", required_argument, nullptr, 'v'},
         {"group", required_argument, nullptr, 'g'},   {"ms", required_argument, nullptr, 'T'},
-        {"help", no_argument, nullptr, 'h'},          {nullptr, 0, nullptr, 0}};
+        {"no-graph", no_argument, nullptr, 'G'},      {"help", no_argument, nullptr, 'h'},
+        {nullptr, 0, nullptr, 0}};
     std::vector<int> Ms = {1, 16, 64, 256, 4096}, variants = {0};
     std::string shapes = "llama2-7b,llama3-8b,70b";
     int tp = 1, G = 128;
@@ -222,10 +335,18 @@ int bench_kernel_main(int argc, char **argv)
         case 'v': variants = parse_ints(optarg); break;
         case 'g': G = atoi(optarg); break;
         case 'T': target_ms = atof(optarg); break;
+        case 'G': g_use_graph = false; break;
         case 'h': usage(stdout); return QS_EXIT_OK;
         default: usage(stderr); return QS_EXIT_USAGE;
         }
     }
+    /* a blocking stream: setup work on the legacy default stream is ordered before it */
+    if (!g_bs && cudaStreamCreate(&g_bs) != cudaSuccess) {
+        fprintf(stderr, "qshard bench kernel: no usable CUDA device (%s)\n",
+                cudaGetErrorString(cudaGetLastError()));
+        return QS_EXIT_RUNTIME;
+    }
+    if (optind < argc && strcmp(argv[optind], "stream") == 0) return bench_stream();
     if (optind >= argc || strcmp(argv[optind], "w4a16") != 0) {
         fprintf(stderr, "qshard bench kernel: name the op (only 'w4a16' so far)\n");
         usage(stderr);
@@ -268,11 +389,14 @@ int bench_kernel_main(int argc, char **argv)
     }
     cublasHandle_t cub;
     B_CUBLAS_CHECK(cublasCreate(&cub));
+    B_CUBLAS_CHECK(cublasSetStream(cub, g_bs));
     const double l2 = prop.l2CacheSize;
     const double copy_bw = copy_bandwidth_gbs();
     printf("device: %s, sm_%d%d, %d SMs, L2 %.0f MB, memory %.0f GB\n", prop.name, prop.major,
            prop.minor, prop.multiProcessorCount, l2 / 1e6, prop.totalGlobalMem / 1e9);
     printf("device-to-device copy (cudaMemcpy 1 GiB, read + write): %.0f GB/s\n", copy_bw);
+    printf("timing: %s, median of 5 loops, weights rotated over >= 3x L2\n",
+           g_use_graph ? "CUDA-graph replays of n calls" : "back-to-back launches (--no-graph)");
     printf("%-34s %-9s | %9s | %7s | %6s | %7s | %8s\n", "op shape (K x N) M", "variant", "us",
            "GB/s", "% copy", "TFLOP/s", "x cuBLAS");
 
@@ -325,7 +449,7 @@ int bench_kernel_main(int argc, char **argv)
 
             double t_best = 0;
             for (int v : variants) {
-                if (v == K_W4A16_V2_DECODE && M > K_W4A16_DECODE_MAX_M) continue;
+                if ((v == K_W4A16_V2_DECODE || v == K_W4A16_V4_STREAMK) && M > K_W4A16_DECODE_MAX_M) continue;
                 char vname[16];
                 snprintf(vname, sizeof vname, "w4a16 v%d", v);
                 if (v == 0) snprintf(vname, sizeof vname, "w4a16 auto");
@@ -333,14 +457,14 @@ int bench_kernel_main(int argc, char **argv)
                 int rc = k_w4a16_linear_variant(v, reinterpret_cast<uint16_t *>(x[0]), qw[0], qz[0], sc[0], nullptr,
                                                 reinterpret_cast<uint16_t *>(y), M, N, K, G, ws, wsb, nullptr);
                 double rel = 0;
-                if (rc != K_ERR_NONE || !validate(y, yref, (size_t)M * N, &rel)) {
+                if (v < 90 && (rc != K_ERR_NONE || !validate(y, yref, (size_t)M * N, &rel))) {
                     printf("%-34s %-9s | INVALID (rc %d, rel L2 %.3g vs dequant+cuBLAS): not timed\n", shape, vname, rc, rel);
                     ++invalid;
                     continue;
                 }
                 const double t = time_us([&](int i) {
                     k_w4a16_linear_variant(v, reinterpret_cast<uint16_t *>(x[i % 2]), qw[i % R], qz[i % R], sc[i % R], nullptr,
-                                           reinterpret_cast<uint16_t *>(y), M, N, K, G, ws, wsb, nullptr);
+                                           reinterpret_cast<uint16_t *>(y), M, N, K, G, ws, wsb, g_bs);
                 }, target_ms);
                 const double gbs = q_bytes / (t * 1e3);
                 printf("%-34s %-9s | %9.2f | %7.0f | %5.1f%% | %7.1f | %7.2fx\n", shape, vname, t, gbs,
@@ -349,11 +473,21 @@ int bench_kernel_main(int argc, char **argv)
             }
             printf("%-34s %-9s | %9.2f | %7.0f | %5.1f%% | %7.1f |\n", shape, "cublas", t_cub,
                    w16_b / (t_cub * 1e3), 100.0 * (w16_b / (t_cub * 1e3)) / copy_bw, flops / (t_cub * 1e6));
-            if (M >= 256) { /* dequant to fp16 then cuBLAS: the large-M alternative */
-                const double t = time_us([&](int i) {
-                    k_w4a16_dequant(qw[i % R], qz[i % R], sc[i % R], reinterpret_cast<uint16_t *>(w16[0]), N, K, G, nullptr);
-                    cublas_linear(cub, x[i % 2], w16[0], y, M, N, K);
-                }, target_ms);
+            if (M >= 32) { /* k_w4a16_linear_dq_gemm: dequant to fp16 then cuBLAS (large M) */
+                auto run_dq = [&](int i) {
+                    if (k_w4a16_linear_dq_gemm(cub, reinterpret_cast<uint16_t *>(x[i % 2]), qw[i % R], qz[i % R],
+                                               sc[i % R], nullptr, reinterpret_cast<uint16_t *>(y), M, N, K, G,
+                                               w16[0], w16_b, g_bs))
+                        abort();
+                };
+                run_dq(0);
+                double rel = 0;
+                if (!validate(y, yref, (size_t)M * N, &rel)) {
+                    printf("%-34s %-9s | INVALID (rel L2 %.3g): not timed\n", shape, "dq+cublas", rel);
+                    ++invalid;
+                }
+                const double t = time_us(run_dq, target_ms);
+                if (t < t_best) t_best = t;
                 printf("%-34s %-9s | %9.2f | %7s | %6s | %7.1f | %7.2fx\n", shape, "dq+cublas", t, "", "",
                        flops / (t * 1e6), t_cub / t);
             }

@@ -191,6 +191,21 @@ __device__ __forceinline__ void k_w4_dequant_word(uint32_t word, const k_w4_grou
     b[3] = k_half2_as_u32(__hmul2(v, g.s[j1]));
 }
 
+/* Same as k_w4a16_dequant_word without the scale: the exact small integers q - z in fp16
+ * (the caller applies the group's scales to fp32 sums afterwards). */
+__device__ __forceinline__ void k_w4_dequant_word_int(uint32_t word, const k_w4_group &g, int w,
+                                                      uint32_t b[4])
+{
+    const uint32_t EXP = 0x64006400u; /* fp16 {1024, 1024} */
+    const __half2 SIXTEENTH = __float2half2_rn(0.0625f);
+    const uint32_t hi = word >> 8;
+    const int j0 = 2 * w, j1 = 2 * w + 1;
+    b[0] = k_half2_as_u32(__hsub2(k_u32_as_half2(k_lop3_and_or(word, 0x000F000Fu, EXP)), g.zl[j0]));
+    b[1] = k_half2_as_u32(__hfma2(k_u32_as_half2(k_lop3_and_or(word, 0x00F000F0u, EXP)), SIXTEENTH, g.zh[j0]));
+    b[2] = k_half2_as_u32(__hsub2(k_u32_as_half2(k_lop3_and_or(hi, 0x000F000Fu, EXP)), g.zl[j1]));
+    b[3] = k_half2_as_u32(__hfma2(k_u32_as_half2(k_lop3_and_or(hi, 0x00F000F0u, EXP)), SIXTEENTH, g.zh[j1]));
+}
+
 /* Plain scalar form of the layout (DESIGN 4.1) for naive kernels: code q[k][n] of a packed
  * [K, N] qweight. Mirrors ref_w4_locate. */
 __device__ __forceinline__ int k_w4_code(const uint8_t *qweight, int K, int k, int n)

@@ -23,6 +23,8 @@
  */
 #include "k_common.cuh" /* K_CUDA_CHECK, k_mma_16816, k_w4_dequant_word, k_cp_async16 */
 
+#include <cublas_v2.h> /* cublasGemmEx (k_w4a16_linear_dq_gemm) */
+
 #include <algorithm>
 
 // --- v1: naive oracle ------------------------------------------------------------------------
@@ -51,21 +53,224 @@ static __global__ void w4a16_v1_kernel(const __half *__restrict__ x, /* [M, K] *
     }
 }
 
-// --- v2: decode, stream-K ----------------------------------------------------------------------
+// --- v2: decode, split-K slices -----------------------------------------------------------------
 
 namespace v2 {
+constexpr int WARPS = 4;  /* warps per block, one n-tile each */
+constexpr int STAGES = 8; /* weight tiles in flight per warp (8 x 512 B) */
+constexpr int X_BUDGET = 16384; /* bytes of the staged activation slice at most */
+constexpr int SZ_BYTES = 160;   /* one group of one n-tile: 128 B scales + 32 B zero words */
+constexpr int RING_BYTES = WARPS * STAGES * 512;
+/* resident blocks per SM the register allocation must allow: 6 x 4 warps keep ~96 KB of
+ * weights in flight per SM at M <= 16; larger M needs the registers for accumulators */
+template <int MB8> constexpr int MIN_BLOCKS = MB8 <= 2 ? 6 : 1;
+} // namespace v2
+
+/*
+ * Transposed product, so that small M wastes no tensor-core work: y^T[n, m] = W^T[n, k] x^T[k, m]
+ * with mma m16n8k16 where A = W^T (16 output columns x 16 k) and B = x^T (16 k x 8 tokens).
+ * The A fragment of W^T for columns {2w*8 + g, (2w+1)*8 + g} (g = lane/4) is exactly what the
+ * DESIGN 4.1 word w of this lane dequantises to: {b0 of sub-tile 2w, b0 of 2w+1, b1 of 2w,
+ * b1 of 2w+1} (PTX ISA "mma.m16n8k16" fragments A and B), so one 16-byte load per lane feeds
+ * 4 mma per 8 tokens instead of 8.
+ *
+ * Block (slice s, n-group): k-tiles [s*kc, s*kc + kc) of n-tiles ng*WARPS + warp. The block
+ * stages the activation slice x[0 .. 8*MB8)[k range] in shared memory once (cp.async, 16-byte
+ * chunks swizzled so ldmatrix is conflict-free; rows >= M zero-filled), each warp its n-tile's
+ * scale and zero rows; then each warp streams its kc contiguous packed tiles through an 8-deep
+ * cp.async ring of 16 bytes per lane (each lane copies exactly its own fragments) and
+ * dequantises in registers. SCALE_AFTER (MB8 <= 2): the mma runs on the exact integers q - z
+ * and the group's fp32 sums are scaled once per group (fewer instructions per tile, more
+ * accurate); otherwise the fp16 weight (q - z) * s goes into the mma. Partial sums go to the
+ * fp32 workspace with atomics; the slice that arrives last at an n-tile's counter writes y.
+ */
+template <int MB8, bool SCALE_AFTER>
+static __global__ void __launch_bounds__(v2::WARPS *K_WARP, v2::MIN_BLOCKS<MB8>)
+w4a16_v2_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
+                       const uint4 *__restrict__ qweight,   /* [N/64][K/16] tiles of 32 x 16 B */
+                       const uint4 *__restrict__ qzeros,    /* [N/64][K/G] rows of 2 x 16 B */
+                       const uint4 *__restrict__ scales,    /* [N/64][K/G] rows of 8 x 16 B */
+                       const float *__restrict__ bias,      /* [N] or NULL */
+                       __half *__restrict__ y,              /* [M, N] */
+                       float *__restrict__ ws,              /* [M, N] fp32, zero on entry/exit */
+                       unsigned *__restrict__ counters,     /* [N/64], zero on entry/exit */
+                       int M, int N, int K, int G, int kc, int S)
+{
+    constexpr int ROWS = 8 * MB8;
+    extern __shared__ __align__(128) unsigned char k_smem[];
+    const int tid = threadIdx.x, lane = tid % K_WARP, warp = tid / K_WARP;
+    const int KT = K / 16, NT = N / 64, GT = G / 16, KG = K / G;
+    const int s = blockIdx.x % S, nt = (blockIdx.x / S) * v2::WARPS + warp;
+    const bool active = nt < NT;
+    const int k_a = s * kc, kc_eff = min(kc, KT - k_a);
+    const int g_a = k_a / GT, n_g = (kc_eff + GT - 1) / GT;
+    const int row_bytes = kc * 32; /* one staged activation row: kc k-tiles of 16 fp16 */
+
+    unsigned char *xs = k_smem;                                   /* [ROWS][kc*16] fp16 */
+    uint4 *ring = reinterpret_cast<uint4 *>(xs + ROWS * row_bytes) + warp * v2::STAGES * K_WARP;
+    unsigned char *sz = xs + ROWS * row_bytes + v2::RING_BYTES +
+                        warp * ((kc + GT - 1) / GT) * v2::SZ_BYTES; /* [n_g][160 B] */
+
+    /* group 0: activation slice (all threads), this warp's scales/zeros, tile 0 */
+    for (int id = tid; id < ROWS * kc * 2; id += v2::WARPS * K_WARP) {
+        const int r = id / (kc * 2), c = id % (kc * 2);
+        const bool ok = r < M && c < kc_eff * 2;
+        const __half *src = ok ? x + (size_t)r * K + (size_t)k_a * 16 + c * 8 : x;
+        k_cp_async16(xs + r * row_bytes + ((c ^ (r & 7)) * 16), src, ok ? 16 : 0);
+    }
+    const uint4 *qw = qweight + ((size_t)nt * KT + k_a) * K_WARP + lane;
+    if (active) {
+        for (int id = lane; id < n_g * 10; id += K_WARP) {
+            const int g = id / 10, part = id % 10;
+            const size_t row = (size_t)nt * KG + g_a + g;
+            const uint4 *src = part < 8 ? scales + row * 8 + part : qzeros + row * 2 + (part - 8);
+            k_cp_async16(sz + g * v2::SZ_BYTES + part * 16, src, 16);
+        }
+        k_cp_async16(&ring[lane], qw, 16);
+    }
+    k_cp_async_commit();
+#pragma unroll
+    for (int u = 1; u < v2::STAGES - 1; ++u) {
+        if (active && u < kc_eff) k_cp_async16(&ring[u * K_WARP + lane], qw + (size_t)u * K_WARP, 16);
+        k_cp_async_commit();
+    }
+
+    /* acc[tb][w][c]: D fragment of token block tb and column pair w: c0,c1 = column 2w*8+g,
+     * tokens tb*8 + 2t, +1; c2,c3 = column (2w+1)*8+g, same tokens (t = lane%4). */
+    float acc[MB8][4][4], gacc[SCALE_AFTER ? MB8 : 1][4][4];
+#pragma unroll
+    for (int tb = 0; tb < MB8; ++tb)
+#pragma unroll
+        for (int w = 0; w < 4; ++w)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                acc[tb][w][c] = 0.0f;
+                if (SCALE_AFTER) gacc[tb][w][c] = 0.0f;
+            }
+
+    k_w4_group grp;
+    float sf[8]; /* this lane's scales as fp32 (SCALE_AFTER) */
+    int slot = 0, g_left = 0;
+    const unsigned char *gz = sz;
+    for (int i = 0; i < kc_eff; ++i) {
+        const int ahead = i + v2::STAGES - 1;
+        if (active && ahead < kc_eff)
+            k_cp_async16(&ring[((slot + v2::STAGES - 1) % v2::STAGES) * K_WARP + lane],
+                         qw + (size_t)ahead * K_WARP, 16);
+        k_cp_async_commit();
+        k_cp_async_wait<v2::STAGES - 1>(); /* this thread's copies of tile i (and group 0) landed */
+        if (i == 0) {
+            __syncthreads(); /* everyone's activation chunks landed */
+            if (!active) return;
+        }
+        if (--g_left <= 0) { /* a new group starts (i % GT == 0) without a division */
+            if (SCALE_AFTER && i > 0) {
+#pragma unroll
+                for (int tb = 0; tb < MB8; ++tb)
+#pragma unroll
+                    for (int w = 0; w < 4; ++w)
+#pragma unroll
+                        for (int c = 0; c < 4; ++c) {
+                            acc[tb][w][c] = fmaf(sf[2 * w + c / 2], gacc[tb][w][c], acc[tb][w][c]);
+                            gacc[tb][w][c] = 0.0f;
+                        }
+            }
+            k_w4_group_load(grp, reinterpret_cast<const uint32_t *>(gz + 128)[lane / 4],
+                            reinterpret_cast<const uint4 *>(gz)[lane / 4]);
+            if (SCALE_AFTER) {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) sf[j] = __low2float(grp.s[j]);
+            }
+            gz += v2::SZ_BYTES;
+            g_left = GT;
+        }
+        /* B fragments (x^T, 16 k x 8 tokens) of each token block, from the staged slice */
+        uint32_t bx[MB8][2];
+#pragma unroll
+        for (int tb = 0; tb < MB8; ++tb) {
+            const int r = tb * 8 + (lane & 7), c = i * 2 + ((lane >> 3) & 1);
+            const uint32_t sa = (uint32_t)__cvta_generic_to_shared(xs + r * row_bytes + ((c ^ (r & 7)) * 16));
+            asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                         : "=r"(bx[tb][0]), "=r"(bx[tb][1]) : "r"(sa));
+        }
+        const uint4 wv = ring[slot * K_WARP + lane];
+        const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            uint32_t b[4];
+            if (SCALE_AFTER) k_w4_dequant_word_int(words[w], grp, w, b);
+            else k_w4_dequant_word(words[w], grp, w, b);
+            const uint32_t a[4] = {b[0], b[2], b[1], b[3]};
+#pragma unroll
+            for (int tb = 0; tb < MB8; ++tb) {
+                if (SCALE_AFTER) k_mma_16816(gacc[tb][w], a, bx[tb][0], bx[tb][1]);
+                else k_mma_16816(acc[tb][w], a, bx[tb][0], bx[tb][1]);
+            }
+        }
+        slot = (slot + 1) % v2::STAGES;
+    }
+    k_cp_async_wait<0>();
+    if (!active || kc_eff < 1) return;
+    if (SCALE_AFTER) {
+#pragma unroll
+        for (int tb = 0; tb < MB8; ++tb)
+#pragma unroll
+            for (int w = 0; w < 4; ++w)
+#pragma unroll
+                for (int c = 0; c < 4; ++c)
+                    acc[tb][w][c] = fmaf(sf[2 * w + c / 2], gacc[tb][w][c], acc[tb][w][c]);
+    }
+
+    /* partial sums of this slice -> workspace */
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int tb = 0; tb < MB8; ++tb) {
+        const int m0 = tb * 8 + 2 * t, m1 = m0 + 1;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            const int n0 = nt * 64 + 2 * w * 8 + g, n1 = n0 + 8;
+            if (m0 < M) {
+                atomicAdd(ws + (size_t)m0 * N + n0, acc[tb][w][0]);
+                atomicAdd(ws + (size_t)m0 * N + n1, acc[tb][w][2]);
+            }
+            if (m1 < M) {
+                atomicAdd(ws + (size_t)m1 * N + n0, acc[tb][w][1]);
+                atomicAdd(ws + (size_t)m1 * N + n1, acc[tb][w][3]);
+            }
+        }
+    }
+    __threadfence(); /* our adds are visible device-wide before the counter moves */
+    __syncwarp();
+    unsigned prev = 0;
+    if (lane == 0) prev = atomicAdd(counters + nt, 1u);
+    prev = __shfl_sync(0xffffffffu, prev, 0);
+    if (prev != (unsigned)S - 1) return;
+    __threadfence(); /* the last slice sees every other slice's adds */
+    for (int e = lane; e < M * 64; e += K_WARP) {
+        const int r = e / 64, c = nt * 64 + e % 64;
+        float v = __ldcg(ws + (size_t)r * N + c);
+        if (bias) v += bias[c];
+        y[(size_t)r * N + c] = __float2half_rn(v);
+        __stcg(ws + (size_t)r * N + c, 0.0f);
+    }
+    if (lane == 0) atomicExch(counters + nt, 0u);
+}
+
+// --- v4: decode, stream-K over warps --------------------------------------------------------------
+
+namespace v4 {
 constexpr int WARPS = 4;  /* warps per block: small blocks let the grid tile the SMs evenly */
 constexpr int STAGES = 8; /* tiles in flight per warp: 8 x 512 B, ~96 KB in flight per SM */
 constexpr int MIN_CHUNK = 16; /* fewest tiles per warp: below this the flush dominates */
 /* shared memory per warp: per stage 32 lanes x (16 B weights + 16 B scales + 4 B zero word) */
 constexpr int SMEM_PER_WARP = STAGES * K_WARP * (16 + 16 + 4);
 constexpr int SMEM_BYTES = WARPS * SMEM_PER_WARP;
-} // namespace v2
+} // namespace v4
 
 /* MB = number of 16-row blocks of M handled per tile (1: M <= 16, 2: M <= 32, 4: M <= 64). */
 template <int MB>
-static __global__ void __launch_bounds__(v2::WARPS *K_WARP)
-w4a16_v2_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
+static __global__ void __launch_bounds__(v4::WARPS *K_WARP)
+w4a16_v4_streamk_kernel(const __half *__restrict__ x,        /* [M, K] */
                        const uint4 *__restrict__ qweight,   /* [N/64][K/16] tiles of 32 x 16 B */
                        const uint32_t *__restrict__ qzeros, /* [N/64][K/G][8] words */
                        const uint4 *__restrict__ scales,    /* [N/64][K/G][64] fp16 = 8 x 16 B */
@@ -75,18 +280,18 @@ w4a16_v2_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
                        unsigned *__restrict__ counters,     /* [N/64], zero on entry/exit */
                        int M, int N, int K, int G, int chunk)
 {
-    extern __shared__ __align__(16) unsigned char k_smem[];
+    extern __shared__ __align__(128) unsigned char k_smem[];
     const int lane = threadIdx.x % K_WARP, warp = threadIdx.x / K_WARP;
     const int KT = K / 16, GT = G / 16;
     const int T = KT * (N / 64);
-    const int start = (blockIdx.x * v2::WARPS + warp) * chunk;
+    const int start = (blockIdx.x * v4::WARPS + warp) * chunk;
     if (start >= T) return;
     const int end = min(T, start + chunk);
 
-    unsigned char *base = k_smem + warp * v2::SMEM_PER_WARP;
+    unsigned char *base = k_smem + warp * v4::SMEM_PER_WARP;
     uint4 *ring_w = reinterpret_cast<uint4 *>(base);                         /* [STAGES][32] */
-    uint4 *ring_s = ring_w + v2::STAGES * K_WARP;                            /* [STAGES][32] */
-    uint32_t *ring_z = reinterpret_cast<uint32_t *>(ring_s + v2::STAGES * K_WARP);
+    uint4 *ring_s = ring_w + v4::STAGES * K_WARP;                            /* [STAGES][32] */
+    uint32_t *ring_z = reinterpret_cast<uint32_t *>(ring_s + v4::STAGES * K_WARP);
 
     /* Issue the copies of tile i into ring slot `slot`: weights always, scales and zeros when
      * the tile opens a group or the chunk (flat group index i / GT: DESIGN 4.2/4.3 are
@@ -103,7 +308,7 @@ w4a16_v2_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
     };
 
 #pragma unroll
-    for (int u = 0; u < v2::STAGES - 1; ++u) {
+    for (int u = 0; u < v4::STAGES - 1; ++u) {
         if (start + u < end) issue(start + u, u);
         k_cp_async_commit();
     }
@@ -128,10 +333,10 @@ w4a16_v2_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
     k_w4_group grp;
     int nt = start / KT, kt = start % KT, slot = 0;
     for (int i = start; i < end; ++i) {
-        const int ahead = i + v2::STAGES - 1;
-        if (ahead < end) issue(ahead, (slot + v2::STAGES - 1) % v2::STAGES);
+        const int ahead = i + v4::STAGES - 1;
+        if (ahead < end) issue(ahead, (slot + v4::STAGES - 1) % v4::STAGES);
         k_cp_async_commit();
-        k_cp_async_wait<v2::STAGES - 1>(); /* tile i's group has landed (own lane's bytes) */
+        k_cp_async_wait<v4::STAGES - 1>(); /* tile i's group has landed (own lane's bytes) */
 
         /* activations first: their L1/L2 latency overlaps the dequant below */
         uint32_t a[MB][4];
@@ -157,7 +362,7 @@ w4a16_v2_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
                 k_mma_16816(acc[mb][2 * w + 1], a[mb], b[2], b[3]);
             }
         }
-        slot = (slot + 1) % v2::STAGES;
+        slot = (slot + 1) % v4::STAGES;
 
         if (++kt == KT || i + 1 == end) {
             /* Flush this warp's partial sums of n-tile nt (C fragment: rows lane/4 (+8), cols
@@ -413,31 +618,90 @@ size_t k_w4a16_workspace_bytes(int M, int N)
     return (b + 255) / 256 * 256;
 }
 
-static int launch_v2(const __half *x, const uint4 *qw, const uint32_t *qz, const uint4 *sc,
+template <int MB8, bool SCALE_AFTER>
+static void launch_v2_tb(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
+                         const float *bias, __half *y, int M, int N, int K, int G, void *ws,
+                         cudaStream_t stream)
+{
+    constexpr int ROWS = 8 * MB8;
+    const int KT = K / 16, NT = N / 64, GT = G / 16;
+    auto kern = w4a16_v2_decode_kernel<MB8, SCALE_AFTER>;
+    /* kc: a multiple of lcm(8, GT) (whole groups; >= 4 k-tiles per row for the swizzle) */
+    int unit = 8;
+    while (unit % GT) unit += 8;
+    const int kc_max = std::max(unit, (v2::X_BUDGET / (ROWS * 32)) / unit * unit);
+    auto smem_for = [&](int kc) {
+        return ROWS * kc * 32 + v2::RING_BYTES + v2::WARPS * ((kc + GT - 1) / GT) * v2::SZ_BYTES;
+    };
+    static int blocks_per_sm; /* at the largest slice, per instantiation; queried once */
+    if (blocks_per_sm == 0) {
+        K_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          200 * 1024));
+        int b = 0;
+        K_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kern, v2::WARPS * K_WARP,
+                                                                   smem_for(kc_max)));
+        blocks_per_sm = std::max(b, 1);
+    }
+    /* Slices: fill the resident block slots in whole waves (a partial last wave would run the
+     * tail at a fraction of the bandwidth), with at most kc_max k-tiles per slice. */
+    const int n_groups = (NT + v2::WARPS - 1) / v2::WARPS;
+    const long slots = (long)k_device_sm_count() * blocks_per_sm;
+    int kc = kc_max;
+    for (int waves = 1; waves <= 64; ++waves) {
+        const long S_w = std::max(1L, slots * waves / n_groups);
+        kc = (int)((KT + S_w - 1) / S_w);
+        kc = (kc + unit - 1) / unit * unit;
+        if (kc <= kc_max) break;
+        kc = kc_max;
+    }
+    const int S = (KT + kc - 1) / kc;
+    float *wsf = static_cast<float *>(ws);
+    unsigned *counters = reinterpret_cast<unsigned *>(wsf + (size_t)M * N);
+    static const bool verbose = getenv("QS_K_VERBOSE") != nullptr; /* launch shapes, for tuning */
+    if (verbose)
+        fprintf(stderr, "w4a16 v2<%d,%d> M=%d N=%d K=%d: kc=%d S=%d blocks=%d (%d/SM) smem=%d\n",
+                MB8, (int)SCALE_AFTER, M, N, K, kc, S, n_groups * S, blocks_per_sm, smem_for(kc));
+    kern<<<n_groups * S, v2::WARPS * K_WARP, smem_for(kc), stream>>>(x, qw, qz, sc, bias, y, wsf,
+                                                                     counters, M, N, K, G, kc, S);
+    K_LAUNCH_CHECK();
+}
+
+static int launch_v2(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
+                     const float *bias, __half *y, int M, int N, int K, int G, void *ws,
+                     cudaStream_t stream)
+{
+    if (M <= 8) launch_v2_tb<1, true>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
+    else if (M <= 16) launch_v2_tb<2, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
+    else if (M <= 32) launch_v2_tb<4, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
+    else launch_v2_tb<8, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
+    return K_ERR_NONE;
+}
+
+static int launch_v4(const __half *x, const uint4 *qw, const uint32_t *qz, const uint4 *sc,
                      const float *bias, __half *y, int M, int N, int K, int G, void *ws,
                      cudaStream_t stream)
 {
     const int T = (K / 16) * (N / 64);
     static int blocks_per_sm[3]; /* occupancy per MB instantiation, queried once */
     const int mbi = M <= 16 ? 0 : M <= 32 ? 1 : 2;
-    auto kern = mbi == 0 ? w4a16_v2_decode_kernel<1>
-              : mbi == 1 ? w4a16_v2_decode_kernel<2> : w4a16_v2_decode_kernel<4>;
+    auto kern = mbi == 0 ? w4a16_v4_streamk_kernel<1>
+              : mbi == 1 ? w4a16_v4_streamk_kernel<2> : w4a16_v4_streamk_kernel<4>;
     if (blocks_per_sm[mbi] == 0) {
         int b = 0;
         K_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          v2::SMEM_BYTES));
-        K_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kern, v2::WARPS * K_WARP,
-                                                                   v2::SMEM_BYTES));
+                                          v4::SMEM_BYTES));
+        K_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kern, v4::WARPS * K_WARP,
+                                                                   v4::SMEM_BYTES));
         blocks_per_sm[mbi] = std::max(b, 1);
     }
-    const long max_warps = (long)k_device_sm_count() * blocks_per_sm[mbi] * v2::WARPS;
+    const long max_warps = (long)k_device_sm_count() * blocks_per_sm[mbi] * v4::WARPS;
     int chunk = (int)((T + max_warps - 1) / max_warps);
-    chunk = std::max(chunk, std::min(v2::MIN_CHUNK, T));
+    chunk = std::max(chunk, std::min(v4::MIN_CHUNK, T));
     const int warps = (T + chunk - 1) / chunk;
-    const int blocks = (warps + v2::WARPS - 1) / v2::WARPS;
+    const int blocks = (warps + v4::WARPS - 1) / v4::WARPS;
     float *wsf = static_cast<float *>(ws);
     unsigned *counters = reinterpret_cast<unsigned *>(wsf + (size_t)M * N);
-    kern<<<blocks, v2::WARPS * K_WARP, v2::SMEM_BYTES, stream>>>(x, qw, qz, sc, bias, y, wsf,
+    kern<<<blocks, v4::WARPS * K_WARP, v4::SMEM_BYTES, stream>>>(x, qw, qz, sc, bias, y, wsf,
                                                                  counters, M, N, K, G, chunk);
     K_LAUNCH_CHECK();
     return K_ERR_NONE;
@@ -454,8 +718,9 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
         K_REFUSE(K_ERR_ARG, "NULL tensor (x %p, qweight %p, qzeros %p, scales %p, y %p)",
                  (const void *)x, (const void *)qweight, (const void *)qzeros,
                  (const void *)scales, (const void *)y);
-    if (variant == K_W4A16_AUTO)
-        variant = M <= K_W4A16_DECODE_MAX_M ? K_W4A16_V2_DECODE : K_W4A16_V3_GEMM;
+    if (variant == K_W4A16_AUTO) /* measured on H200: docs/BENCHMARKS.md */
+        variant = M <= 32 ? K_W4A16_V2_DECODE
+                : M <= K_W4A16_DECODE_MAX_M ? K_W4A16_V4_STREAMK : K_W4A16_V3_GEMM;
     const __half *xh = reinterpret_cast<const __half *>(x);
     __half *yh = reinterpret_cast<__half *>(y);
     switch (variant) {
@@ -472,6 +737,16 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
             K_REFUSE(K_ERR_WORKSPACE, "W4A16 decode M=%d N=%d: workspace %zu bytes at %p, need %zu",
                      M, N, workspace_bytes, workspace, k_w4a16_workspace_bytes(M, N));
         return launch_v2(xh, reinterpret_cast<const uint4 *>(qweight),
+                         reinterpret_cast<const uint4 *>(qzeros),
+                         reinterpret_cast<const uint4 *>(scales), bias, yh, M, N, K, G,
+                         workspace, stream);
+    case K_W4A16_V4_STREAMK:
+        if (M > K_W4A16_DECODE_MAX_M)
+            K_REFUSE(K_ERR_SHAPE, "W4A16 stream-K variant: M=%d > %d", M, K_W4A16_DECODE_MAX_M);
+        if (!workspace || workspace_bytes < k_w4a16_workspace_bytes(M, N))
+            K_REFUSE(K_ERR_WORKSPACE, "W4A16 stream-K M=%d N=%d: workspace %zu bytes at %p, need %zu",
+                     M, N, workspace_bytes, workspace, k_w4a16_workspace_bytes(M, N));
+        return launch_v4(xh, reinterpret_cast<const uint4 *>(qweight),
                          reinterpret_cast<const uint32_t *>(qzeros),
                          reinterpret_cast<const uint4 *>(scales), bias, yh, M, N, K, G,
                          workspace, stream);
@@ -512,6 +787,61 @@ int k_w4a16_dequant(const uint8_t *qweight, const uint8_t *qzeros, const uint16_
     w4a16_dequant_kernel<<<(T + DQ_WARPS - 1) / DQ_WARPS, DQ_WARPS * K_WARP, 0, stream>>>(
         reinterpret_cast<const uint4 *>(qweight), reinterpret_cast<const uint32_t *>(qzeros),
         reinterpret_cast<const uint4 *>(scales), reinterpret_cast<__half *>(w), N, K, G);
+    K_LAUNCH_CHECK();
+    return K_ERR_NONE;
+}
+
+static __global__ void bias_add_kernel(__half *__restrict__ y, const float *__restrict__ bias,
+                                       int M, int N)
+{
+    const long long id = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (long long)M * N) return;
+    y[id] = __float2half_rn(__half2float(y[id]) + bias[id % N]);
+}
+
+int k_w4a16_linear_dq_gemm(struct cublasContext *cublas, const uint16_t *x, const uint8_t *qweight,
+                           const uint8_t *qzeros, const uint16_t *scales, const float *bias,
+                           uint16_t *y, int M, int N, int K, int G, void *scratch,
+                           size_t scratch_bytes, struct CUstream_st *stream)
+{
+    int rc = check_shape(__func__, M, N, K, G);
+    if (rc) return rc;
+    if (!cublas || !x || !qweight || !qzeros || !scales || !y)
+        K_REFUSE(K_ERR_ARG, "NULL handle or tensor (cublas %p, x %p, qweight %p, y %p)",
+                 (void *)cublas, (const void *)x, (const void *)qweight, (void *)y);
+    if (!scratch || scratch_bytes < (size_t)K * N * 2)
+        K_REFUSE(K_ERR_WORKSPACE, "W4A16 dequant+GEMM K=%d N=%d: scratch %zu bytes at %p, need %zu",
+                 K, N, scratch_bytes, scratch, (size_t)K * N * 2);
+    rc = k_w4a16_dequant(qweight, qzeros, scales, static_cast<uint16_t *>(scratch), N, K, G, stream);
+    if (rc) return rc;
+    /* row-major y[M,N] = x[M,K] . W[K,N]  <=>  column-major y^T[N,M] = W^T[N,K] . x^T[K,M] */
+    const float alpha = 1.0f, beta = 0.0f;
+    const cublasStatus_t st = cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &alpha,
+                                           scratch, CUDA_R_16F, N, x, CUDA_R_16F, K, &beta, y,
+                                           CUDA_R_16F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        int dev = -1;
+        cudaGetDevice(&dev);
+        fprintf(stderr, "qshard: cuBLAS error %d in cublasGemmEx (M=%d N=%d K=%d) in %s at %s:%d on device %d\n",
+                (int)st, M, N, K, __func__, __FILE__, __LINE__, dev);
+        abort();
+    }
+    if (bias) {
+        const long long n = (long long)M * N;
+        bias_add_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(
+            reinterpret_cast<__half *>(y), bias, M, N);
+        K_LAUNCH_CHECK();
+    }
+    return K_ERR_NONE;
+}
+
+int k_bias_add(uint16_t *y, const float *bias, int M, int N, struct CUstream_st *stream)
+{
+    if (M < 1 || N < 1) K_REFUSE(K_ERR_SHAPE, "bias_add M=%d N=%d", M, N);
+    if (!y || !bias) K_REFUSE(K_ERR_ARG, "bias_add: NULL y or bias");
+    const long long n = (long long)M * N;
+    bias_add_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(reinterpret_cast<__half *>(y),
+                                                                    bias, M, N);
     K_LAUNCH_CHECK();
     return K_ERR_NONE;
 }

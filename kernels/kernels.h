@@ -52,10 +52,14 @@ const char *k_err_str(enum k_err e);
 
 /*
  * Variants of the W4A16 linear, selected with k_w4a16_linear_variant():
- *   0  auto: K_W4A16_V2_DECODE for M <= K_W4A16_DECODE_MAX_M, else K_W4A16_V3_GEMM
+ *   0  auto: v2 for M <= 32, v4 for M <= K_W4A16_DECODE_MAX_M, else v3 (the fastest of each
+ *      range on the H200, docs/BENCHMARKS.md)
  *   1  naive: one thread per output, fp32, straight from ref_w4a16_linear (the device oracle)
- *   2  decode: stream-K over the packed tiles, all SMs stream weights, mma.sync m16n8k16,
- *      fp32 atomics into the workspace, the last warp of each 64-column tile writes y (M <= 64)
+ *   2  decode (M <= 64): split-K slices x 4 n-tiles per block so every SM streams weights;
+ *      activation slice staged once per block, mma.sync m16n8k16, fp32 atomics into the
+ *      workspace, the last slice of each 64-column tile writes y
+ *   4  stream-K (M <= 64): the tile stream cut into equal contiguous chunks, one per warp,
+ *      activations read from L1/L2 per tile; fastest at 33 <= M <= 64
  *   3  GEMM: 128x128 block tiles, cp.async 4-stage pipeline, mma.sync m16n8k16 (any M)
  */
 enum k_w4a16_variant {
@@ -63,6 +67,7 @@ enum k_w4a16_variant {
     K_W4A16_V1_NAIVE = 1,
     K_W4A16_V2_DECODE = 2,
     K_W4A16_V3_GEMM = 3,
+    K_W4A16_V4_STREAMK = 4,
 };
 #define K_W4A16_DECODE_MAX_M 64
 
@@ -103,6 +108,46 @@ int k_w4a16_linear(const uint16_t *x, const uint8_t *qweight, const uint8_t *qze
  */
 int k_w4a16_dequant(const uint8_t *qweight, const uint8_t *qzeros, const uint16_t *scales,
                     uint16_t *w, int N, int K, int G, struct CUstream_st *stream);
+
+struct cublasContext; /* == cublasHandle_t's pointee */
+
+/*
+ * The large-M W4A16 linear (prefill): k_w4a16_dequant into `scratch` (fp16 [K, N], K*N*2 bytes),
+ * then y = x . W with cublasGemmEx (fp16 inputs and output, fp32 compute), then + bias (fp32
+ * add, one more fp16 rounding). At M >= K_W4A16_DQ_GEMM_MIN_M this beats every mma.sync
+ * variant here (cuBLAS uses Hopper's wgmma; the dequant costs ~5 fp16 weight passes), see
+ * docs/BENCHMARKS.md. cublas: a handle the caller created and bound to `stream`
+ * (cublasSetStream). Same inputs as k_w4a16_linear. Errors: K_ERR_SHAPE, K_ERR_ARG,
+ * K_ERR_WORKSPACE (scratch NULL or smaller than K*N*2). cuBLAS failures abort like CUDA ones.
+ */
+#define K_W4A16_DQ_GEMM_MIN_M 64
+int k_w4a16_linear_dq_gemm(struct cublasContext *cublas, const uint16_t *x, const uint8_t *qweight,
+                           const uint8_t *qzeros, const uint16_t *scales, const float *bias,
+                           uint16_t *y, int M, int N, int K, int G, void *scratch,
+                           size_t scratch_bytes, struct CUstream_st *stream);
+
+/* y[M, N] (fp16) += bias[N] (fp32), in fp32 then rounded once (the epilogue of cuBLAS linears).
+ * Errors: K_ERR_SHAPE (M, N < 1), K_ERR_ARG (NULL). */
+int k_bias_add(uint16_t *y, const float *bias, int M, int N, struct CUstream_st *stream);
+
+/* --- MoE helpers (kernels/k_moe.cu) ------------------------------------------------------- */
+
+/* Router logits y[M, N] (fp32) = x[M, K] (fp16) . W^T, W fp32 [N, K] (Mixtral's
+ * block_sparse_moe.gate, N = experts), fp32 math in increasing k (reference ref_linear_f32).
+ * One warp per output. Errors: K_ERR_SHAPE, K_ERR_ARG. */
+int k_router(float *y, const uint16_t *x, const float *W, int M, int K, int N,
+             struct CUstream_st *stream);
+
+/* dst[i][:] = src[rows[i]][:] for i < n, rows of `width` fp16; rows: device [n].
+ * Errors: K_ERR_SHAPE (n, width < 1), K_ERR_ARG (NULL). */
+int k_gather_rows(uint16_t *dst, const uint16_t *src, const int32_t *rows, int n, int width,
+                  struct CUstream_st *stream);
+
+/* y[rows[i]][:] += weights[i] * src[i][:] (fp32 math, fp16 storage), i in order, so rows may
+ * repeat (one block walks all i for its columns). rows, weights: device [n].
+ * Errors: K_ERR_SHAPE, K_ERR_ARG. */
+int k_scatter_add_rows(uint16_t *y, const uint16_t *src, const int32_t *rows,
+                       const float *weights, int n, int width, struct CUstream_st *stream);
 
 /* --- normalisation, elementwise, embedding, sampling ------------------------------------- */
 

@@ -13,6 +13,7 @@
  * Run: build-gpu/gpu_test_kernels [--quick] (tests/run_gpu_tests.sh; --quick = small subset
  * for compute-sanitizer). Seed: QS_TEST_SEED (default from the clock, printed).
  */
+#include <cublas_v2.h>    /* cublasCreate (k_w4a16_linear_dq_gemm) */
 #include <cuda_runtime.h> /* cudaMalloc, cudaMemcpy */
 
 #include <math.h>
@@ -146,6 +147,8 @@ static bool compare(const char *what, const float *got, const float *ref, size_t
 // --- w4a16 ---------------------------------------------------------------------------------------
 
 static struct ref_pool *g_pool;
+static cublasHandle_t g_cublas;
+#define K_W4A16_DQ_GEMM 100 /* test-only tag: run k_w4a16_linear_dq_gemm */
 
 struct w4_case {
     std::vector<uint8_t> qweight, qzeros;
@@ -201,13 +204,23 @@ static void test_w4a16_shape(const char *label, int M, int N, int K, int G, bool
     TCUDA(cudaMalloc(&ws, wsb));
     TCUDA(cudaMemset(ws, 0, wsb));
     for (int v : variants) {
-        if (v == K_W4A16_V2_DECODE && M > K_W4A16_DECODE_MAX_M) continue;
-        /* the decode variant runs twice: the second run proves the workspace came back zeroed */
-        const int reps = (v == K_W4A16_V2_DECODE || (v == 0 && M <= K_W4A16_DECODE_MAX_M)) ? 2 : 1;
+        if ((v == K_W4A16_V2_DECODE || v == K_W4A16_V4_STREAMK) && M > K_W4A16_DECODE_MAX_M) continue;
+        /* the decode variants run twice: the second run proves the workspace came back zeroed */
+        const int reps = (v == K_W4A16_V2_DECODE || v == K_W4A16_V4_STREAMK ||
+                          (v == 0 && M <= K_W4A16_DECODE_MAX_M)) ? 2 : 1;
         for (int r = 0; r < reps; ++r) {
             TCUDA(cudaMemset(dy, 0xFF, (size_t)M * N * 2));
-            const int rc = k_w4a16_linear_variant(v, dx, dq, dz, ds, db, dy, M, N, K, G, ws, wsb,
-                                                  nullptr);
+            int rc;
+            if (v == K_W4A16_DQ_GEMM) {
+                void *scratch = nullptr;
+                TCUDA(cudaMalloc(&scratch, (size_t)K * N * 2));
+                rc = k_w4a16_linear_dq_gemm(g_cublas, dx, dq, dz, ds, db, dy, M, N, K, G, scratch,
+                                            (size_t)K * N * 2, nullptr);
+                TCUDA(cudaDeviceSynchronize());
+                TCUDA(cudaFree(scratch));
+            } else {
+                rc = k_w4a16_linear_variant(v, dx, dq, dz, ds, db, dy, M, N, K, G, ws, wsb, nullptr);
+            }
             CHECK_EQ_INT(rc, K_ERR_NONE);
             const std::vector<float> y = f16_to_f32(dev_download(dy, (size_t)M * N));
             char what[200];
@@ -274,6 +287,10 @@ static void test_w4a16_rejects(void)
     CHECK_EQ_INT(k_w4a16_linear(d16, d8, d8, d16, nullptr, d16, 16, 128, 64, 64, nullptr, wsb, nullptr),
                  K_ERR_WORKSPACE);
     CHECK_EQ_INT(k_w4a16_dequant(d8, d8, d16, d16, 96, 64, 64, nullptr), K_ERR_SHAPE);
+    CHECK_EQ_INT(k_w4a16_linear_dq_gemm(g_cublas, d16, d8, d8, d16, nullptr, d16, 4, 128, 64, 64,
+                                        ws, 100, nullptr), K_ERR_WORKSPACE);
+    CHECK_EQ_INT(k_w4a16_linear_dq_gemm(nullptr, d16, d8, d8, d16, nullptr, d16, 4, 128, 64, 64,
+                                        ws, wsb, nullptr), K_ERR_ARG);
     CHECK(strlen(qs_log_last()) > 0);
     qs_log_set_quiet(false);
     TCUDA(cudaDeviceSynchronize());
@@ -311,7 +328,8 @@ static int tp_shapes(const model_dims &md, int tp, int G, layer_shape out[4])
 static void test_w4a16(bool quick)
 {
     test_w4a16_rejects();
-    const std::vector<int> all = {K_W4A16_V1_NAIVE, K_W4A16_V2_DECODE, K_W4A16_V3_GEMM, K_W4A16_AUTO};
+    const std::vector<int> all = {K_W4A16_V1_NAIVE, K_W4A16_V2_DECODE, K_W4A16_V3_GEMM,
+                                  K_W4A16_V4_STREAMK, K_W4A16_AUTO, K_W4A16_DQ_GEMM};
     /* odd M and small shapes: canonical packing, every variant */
     struct { int N, K, G; } small[] = {{64, 16, 16}, {128, 128, 128}, {192, 256, 64},
                                       {320, 384, 32}, {576, 1024, 128}, {256, 4096, 128}};
@@ -338,7 +356,7 @@ static void test_w4a16(bool quick)
                 test_w4a16_shape(label, 3, l.N, l.K, 128, false, true, {K_W4A16_AUTO});
                 if (tp >= 4) test_w4a16_shape(label, 16, l.N, l.K, 128, false, false, {K_W4A16_AUTO});
                 if (tp == 8) {
-                    test_w4a16_shape(label, 80, l.N, l.K, 128, false, false, {K_W4A16_AUTO});
+                    test_w4a16_shape(label, 80, l.N, l.K, 128, false, false, {K_W4A16_AUTO, K_W4A16_DQ_GEMM});
                     test_w4a16_shape(label, 1, l.N, l.K, 128, false, false, {K_W4A16_V1_NAIVE});
                 }
             }
@@ -541,6 +559,54 @@ static void test_attention(bool quick)
     TCUDA(cudaFree(d));
 }
 
+
+// --- moe helpers ----------------------------------------------------------------------------------
+
+static void test_moe(void)
+{
+    const int M = 7, K = 4096, E = 8, width = 4096, n = 9;
+    std::vector<uint16_t> xh;
+    std::vector<float> xf, W((size_t)E * K), yref((size_t)M * E);
+    rand_f16(xh, xf, (size_t)M * K, -1.0f, 1.0f);
+    for (auto &w : W) w = rng_uniform(-0.05f, 0.05f);
+    uint16_t *dx = dev_upload(xh);
+    float *dW = dev_upload(W), *dy = dev_poisoned<float>((size_t)M * E);
+    CHECK_EQ_INT(k_router(dy, dx, dW, M, K, E, nullptr), K_ERR_NONE);
+    ref_linear_f32(xf.data(), W.data(), nullptr, M, K, E, yref.data());
+    const std::vector<float> y = dev_download(dy, (size_t)M * E);
+    compare("router", y.data(), yref.data(), y.size(), 1e-5, 1e-5, 1e-5);
+
+    /* gather then weighted scatter-add with a repeated row (two experts of one token) */
+    std::vector<uint16_t> src_h, yh;
+    std::vector<float> src_f, yf;
+    rand_f16(src_h, src_f, (size_t)M * width, -1.0f, 1.0f);
+    rand_f16(yh, yf, (size_t)M * width, -1.0f, 1.0f);
+    std::vector<int32_t> rows = {3, 0, 6, 3, 1, 5, 2, 4, 0};
+    std::vector<float> wts(n);
+    for (auto &w : wts) w = rng_uniform(0.1f, 0.9f);
+    uint16_t *dsrc = dev_upload(src_h), *dyy = dev_upload(yh);
+    uint16_t *dg = dev_poisoned<uint16_t>((size_t)n * width);
+    int32_t *drows = dev_upload(rows);
+    float *dw = dev_upload(wts);
+    CHECK_EQ_INT(k_gather_rows(dg, dsrc, drows, n, width, nullptr), K_ERR_NONE);
+    const std::vector<uint16_t> g = dev_download(dg, (size_t)n * width);
+    size_t bad = 0;
+    for (int i = 0; i < n; ++i)
+        for (int j = 0; j < width; ++j) bad += g[(size_t)i * width + j] != src_h[(size_t)rows[i] * width + j];
+    CHECK_MSG(bad == 0, "gather_rows: %zu values differ", bad);
+    CHECK_EQ_INT(k_scatter_add_rows(dyy, dg, drows, dw, n, width, nullptr), K_ERR_NONE);
+    std::vector<float> want(yf);
+    for (int i = 0; i < n; ++i) /* fp16 storage after each add, like the CPU fp16 emulation */
+        for (int j = 0; j < width; ++j) {
+            float &v = want[(size_t)rows[i] * width + j];
+            v = ref_f16_to_f32(ref_f32_to_f16(v + wts[i] * src_f[(size_t)rows[i] * width + j]));
+        }
+    const std::vector<float> got = f16_to_f32(dev_download(dyy, (size_t)M * width));
+    compare("scatter_add_rows", got.data(), want.data(), got.size(), 1e-3, 1e-3, 1e-3);
+    TCUDA(cudaFree(dx)); TCUDA(cudaFree(dW)); TCUDA(cudaFree(dy)); TCUDA(cudaFree(dsrc));
+    TCUDA(cudaFree(dyy)); TCUDA(cudaFree(dg)); TCUDA(cudaFree(drows)); TCUDA(cudaFree(dw));
+}
+
 // --- main -----------------------------------------------------------------------------------------
 
 typedef void (*area_fn)(bool quick);
@@ -569,6 +635,7 @@ int main(int argc, char **argv)
     printf("gpu_test_kernels: %s (sm_%d%d, %d SMs), seed %llu%s\n", prop.name, prop.major,
            prop.minor, prop.multiProcessorCount, (unsigned long long)seed, quick ? ", quick" : "");
     if (ref_pool_create(quick ? 2 : 0, &g_pool) != REF_ERR_NONE) return 2;
+    if (cublasCreate(&g_cublas) != CUBLAS_STATUS_SUCCESS) return 2;
     int tp = 0, tf = 0;
     run_area("w4a16", test_w4a16, quick, &tp, &tf);
     run_area("rmsnorm", [](bool) { test_rmsnorm(); }, quick, &tp, &tf);
@@ -577,7 +644,9 @@ int main(int argc, char **argv)
     run_area("embed", [](bool) { test_embed(); }, quick, &tp, &tf);
     run_area("argmax", [](bool) { test_argmax(); }, quick, &tp, &tf);
     run_area("attention", test_attention, quick, &tp, &tf);
+    run_area("moe", [](bool) { test_moe(); }, quick, &tp, &tf);
     ref_pool_free(g_pool);
+    cublasDestroy(g_cublas);
     TCUDA(cudaDeviceSynchronize());
     printf("gpu_kernels: %d passed, %d failed\n", tp, tf);
     return tf != 0;

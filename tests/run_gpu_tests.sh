@@ -1,6 +1,8 @@
 #!/bin/sh
 # run_gpu_tests.sh - run the GPU test programs given as arguments (tests/gpu_test_*.cu builds),
-# then a quick subset of each under compute-sanitizer memcheck (when it is installed), sum their
+# the end-to-end fixture check (tests/gpu_test_e2e.py with $QSHARD, default: the qshard next to
+# the first program), then a quick subset of each program under compute-sanitizer memcheck
+# (when it is installed), sum their
 # "<area>: N passed, N failed" lines and print the total last ("gpu: N passed, N failed").
 # Exit status non-zero if anything failed or crashed. Used by `make test-gpu`; needs a GPU.
 #   sh tests/run_gpu_tests.sh build-gpu/gpu_test_kernels
@@ -28,6 +30,15 @@ for t in "$@"; do
     head -n 1 "$tmp"
     tally "$t" "$tmp" "$rc"
 done
+# end to end on the fixtures: CUDA vs CPU backend vs transformers goldens, greedy ids
+QSHARD=${QSHARD:-$(dirname "$1")/qshard}
+if [ -x "$QSHARD" ] && python3 -c 'import numpy' 2>/dev/null; then
+    QSHARD="$QSHARD" python3 "$(dirname "$0")/gpu_test_e2e.py" >"$tmp" 2>&1; rc=$?
+    grep -E '^(FAIL|.*rel L2)' "$tmp" | head -n 60
+    tally "e2e" "$tmp" "$rc"
+else
+    echo "e2e skipped: no $QSHARD or no python3 numpy"
+fi
 if [ -x "$SAN" ]; then
     for t in "$@"; do
         "$SAN" --tool memcheck --leak-check full --error-exitcode 99 "$t" --quick >"$tmp" 2>&1; rc=$?

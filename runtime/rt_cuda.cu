@@ -1,0 +1,641 @@
+/*
+ * rt_cuda.cu - the CUDA backend of the runtime: struct rt_backend_ops (runtime/rt.h) on GPUs,
+ * every op one of our kernels (kernels/kernels.h) or a cuBLAS GEMM, on one stream per rank.
+ *
+ *   - Activations and the KV cache are fp16 (act_size = kv_size = 2); the residual stream,
+ *     logits and router logits fp32 (rt.h).
+ *   - Weights: each rank's tensors are copied once into ONE device allocation (the rank file's
+ *     data region, byte for byte, so a tensor's device address is base + its file offset minus
+ *     the region start). The copy goes page cache -> pinned staging buffers -> device by
+ *     RT_CUDA_UPLOAD_THREADS threads, each with its own stream and two pinned buffers, so
+ *     reads from the mapping and PCIe copies overlap; never cudaMemcpy from pageable memory
+ *     (7x slower on the test machine, /work/shared/PERF-NOTES.md). -v prints bytes, seconds and
+ *     GB/s of each phase.
+ *   - W4A16 linears: k_w4a16_linear (decode variants, M <= 64 or up to the dq threshold) or
+ *     dequant + cuBLAS (k_w4a16_linear_dq_gemm) for M >= K_W4A16_DQ_GEMM_MIN_M.
+ *   - Multi-rank (world_size GPUs of one process): all_reduce by peer copies to rank 0, a sum
+ *     there, and peer copies back (correct, not fast; NCCL belongs in rt_tp*.c).
+ *   - GPUs older than sm_80 are refused at creation with the GPU's name and compute capability;
+ *     out-of-memory says what did not fit and how much was free.
+ *
+ * Entry points: rt_cuda_backend_create, rt_cuda_available (rt.h). Test: `make test-gpu`
+ * (tests/run_gpu_tests.sh runs the end-to-end CUDA-vs-CPU logits check when fixtures exist).
+ */
+#include <cublas_v2.h>    /* cublasGemmEx */
+#include <cuda_fp16.h>    /* __half (all_reduce of fp16 activations) */
+#include <cuda_runtime.h> /* cudaMalloc, streams, events */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fmt.h"     /* struct fmt_shard, fmt_shard_tensor */
+#include "kernels.h" /* k_* launchers */
+#include "qs_log.h"  /* qs_log_error, qs_log_debug */
+#include "rt.h"
+
+#define RT_CUDA_MAX_RANKS 16
+#define RT_CUDA_UPLOAD_THREADS 4            /* readers: one page-cache stream each */
+#define RT_CUDA_STAGE_BYTES (16u << 20)     /* pinned staging buffer: >= 16 MiB runs at ~55 GB/s */
+#define RT_CUDA_MIN_CC 80                   /* mma.sync m16n8k16, cp.async, ldmatrix */
+
+/* Report a failed CUDA call once (expression, file:line, device) and return RT_ERR_DEVICE. */
+#define RT_CUDA_TRY(expr)                                                                   \
+    do {                                                                                    \
+        cudaError_t e_ = (expr);                                                            \
+        if (e_ != cudaSuccess) {                                                            \
+            int d_ = -1;                                                                    \
+            cudaGetDevice(&d_);                                                             \
+            qs_log_error(__func__, "CUDA error %s (%s) at %s:%d on device %d",              \
+                         cudaGetErrorString(e_), #expr, __FILE__, __LINE__, d_);            \
+            return RT_ERR_DEVICE;                                                           \
+        }                                                                                   \
+    } while (0)
+
+#define RT_CUBLAS_TRY(expr)                                                                 \
+    do {                                                                                    \
+        cublasStatus_t s_ = (expr);                                                         \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                  \
+            int d_ = -1;                                                                    \
+            cudaGetDevice(&d_);                                                             \
+            qs_log_error(__func__, "cuBLAS error %d (%s) at %s:%d on device %d", (int)s_,   \
+                         #expr, __FILE__, __LINE__, d_);                                    \
+            return RT_ERR_DEVICE;                                                           \
+        }                                                                                   \
+    } while (0)
+
+/* A kernel launcher's status -> rt_err (the launcher already reported the shape). */
+#define RT_K_TRY(expr)                                                                      \
+    do {                                                                                    \
+        int k_ = (expr);                                                                    \
+        if (k_ != K_ERR_NONE) return k_ == K_ERR_SHAPE ? RT_ERR_SHAPE : RT_ERR_ARG;          \
+    } while (0)
+
+/* A device buffer that only grows (workspaces, small uploads). */
+struct grow_buf {
+    void *p;
+    size_t bytes;
+};
+
+struct cuda_rank {
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    unsigned char *weights; /* owned: the rank file's data region */
+    size_t weights_bytes;
+    uint64_t region_off;    /* file offset of weights[0] */
+    struct grow_buf ws;     /* k_w4a16 workspace (zeroed once, left zeroed by every call) */
+    struct grow_buf scratch;/* dequantised fp16 weight for the dq + cuBLAS path */
+    struct grow_buf pos;    /* int32 0, 1, 2, ...: positions for k_rope */
+    struct grow_buf small;  /* token ids, MoE rows and weights */
+    struct grow_buf reduce; /* all_reduce staging (rank 0) */
+};
+
+struct cuda_ctx {
+    int world;
+    struct cuda_rank r[RT_CUDA_MAX_RANKS];
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* cudaMalloc with an out-of-memory message naming what and how much was free. */
+static enum rt_err dev_alloc(const char *what, int device, size_t bytes, void **out)
+{
+    *out = NULL;
+    if (bytes == 0) return RT_ERR_NONE;
+    cudaError_t e = cudaMalloc(out, bytes);
+    if (e == cudaSuccess) return RT_ERR_NONE;
+    cudaGetLastError(); /* clear the sticky-free allocation error */
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    *out = NULL;
+    if (e == cudaErrorMemoryAllocation) {
+        qs_log_error(__func__, "GPU %d out of memory: %s needs %.3f GB, %.3f GB free of %.3f GB",
+                     device, what, bytes / 1e9, fr / 1e9, tot / 1e9);
+        return RT_ERR_NOMEM;
+    }
+    qs_log_error(__func__, "cudaMalloc of %zu bytes for %s on GPU %d: %s", bytes, what, device,
+                 cudaGetErrorString(e));
+    return RT_ERR_DEVICE;
+}
+
+static enum rt_err grow(struct cuda_rank *r, struct grow_buf *b, size_t bytes, const char *what,
+                        bool zero)
+{
+    if (b->bytes >= bytes) return RT_ERR_NONE;
+    RT_CUDA_TRY(cudaStreamSynchronize(r->stream)); /* the old buffer may be in use */
+    RT_CUDA_TRY(cudaFree(b->p));
+    b->p = NULL;
+    b->bytes = 0;
+    const size_t want = bytes + bytes / 4; /* headroom: fewer regrowths */
+    enum rt_err e = dev_alloc(what, r->device, want, &b->p);
+    if (e) return e;
+    if (zero) RT_CUDA_TRY(cudaMemset(b->p, 0, want));
+    b->bytes = want;
+    return RT_ERR_NONE;
+}
+
+/* Host data (pageable, small) into a rank's growable buffer; returns the device copy. */
+static enum rt_err upload_small(struct cuda_rank *r, const void *host, size_t bytes, size_t off,
+                                void **dev)
+{
+    enum rt_err e = grow(r, &r->small, off + bytes, "small upload buffer", false);
+    if (e) return e;
+    *dev = static_cast<unsigned char *>(r->small.p) + off;
+    RT_CUDA_TRY(cudaMemcpyAsync(*dev, host, bytes, cudaMemcpyHostToDevice, r->stream));
+    return RT_ERR_NONE;
+}
+
+static void rank_free(struct cuda_rank *r)
+{
+    if (r->device < 0) return;
+    cudaSetDevice(r->device);
+    if (r->stream) cudaStreamSynchronize(r->stream);
+    cudaFree(r->weights);
+    struct grow_buf *bufs[] = {&r->ws, &r->scratch, &r->pos, &r->small, &r->reduce};
+    for (struct grow_buf *b : bufs) {
+        cudaFree(b->p);
+        b->p = NULL;
+        b->bytes = 0;
+    }
+    if (r->cublas) cublasDestroy(r->cublas);
+    if (r->stream) cudaStreamDestroy(r->stream);
+    r->weights = NULL;
+    r->cublas = NULL;
+    r->stream = NULL;
+}
+
+static void cuda_destroy(void *vctx)
+{
+    struct cuda_ctx *c = static_cast<struct cuda_ctx *>(vctx);
+    if (!c) return;
+    for (int i = 0; i < c->world; ++i) rank_free(&c->r[i]);
+    free(c);
+}
+
+static struct cuda_rank *R(void *ctx, int rank)
+{
+    struct cuda_rank *r = &static_cast<struct cuda_ctx *>(ctx)->r[rank];
+    cudaSetDevice(r->device);
+    return r;
+}
+
+// --- weights ---------------------------------------------------------------------------------
+
+struct upload_job {
+    const unsigned char *src; /* mapping */
+    unsigned char *dst;       /* device */
+    size_t bytes;
+    int device, slot, n_slots;
+    double copy_s;            /* time in memcpy from the mapping (page cache or disk) */
+    char err[256];
+};
+
+/* Worker `slot` takes chunks slot, slot + n_slots, ...: memcpy from the mapping into one of its
+ * two pinned buffers while the other one's cudaMemcpyAsync is in flight. */
+static void *upload_worker(void *arg)
+{
+    struct upload_job *j = static_cast<struct upload_job *>(arg);
+    cudaStream_t st = NULL;
+    unsigned char *pin[2] = {NULL, NULL};
+    cudaEvent_t done[2] = {NULL, NULL};
+    cudaError_t e = cudaSetDevice(j->device);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+    for (int b = 0; b < 2 && e == cudaSuccess; ++b) {
+        e = cudaHostAlloc(reinterpret_cast<void **>(&pin[b]), RT_CUDA_STAGE_BYTES, cudaHostAllocDefault);
+        if (e == cudaSuccess) e = cudaEventCreateWithFlags(&done[b], cudaEventDisableTiming);
+    }
+    int k = 0;
+    for (size_t c = (size_t)j->slot; e == cudaSuccess && c * RT_CUDA_STAGE_BYTES < j->bytes;
+         c += (size_t)j->n_slots, k ^= 1) {
+        const size_t off = c * RT_CUDA_STAGE_BYTES;
+        const size_t len = j->bytes - off < RT_CUDA_STAGE_BYTES ? j->bytes - off : RT_CUDA_STAGE_BYTES;
+        e = cudaEventSynchronize(done[k]); /* buffer k's previous copy has finished */
+        if (e != cudaSuccess) break;
+        const double t0 = now_s();
+        memcpy(pin[k], j->src + off, len);
+        j->copy_s += now_s() - t0;
+        e = cudaMemcpyAsync(j->dst + off, pin[k], len, cudaMemcpyHostToDevice, st);
+        if (e == cudaSuccess) e = cudaEventRecord(done[k], st);
+    }
+    if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+    if (e != cudaSuccess)
+        snprintf(j->err, sizeof j->err, "upload worker %d on GPU %d: %s", j->slot, j->device,
+                 cudaGetErrorString(e));
+    for (int b = 0; b < 2; ++b) {
+        if (done[b]) cudaEventDestroy(done[b]);
+        if (pin[b]) cudaFreeHost(pin[b]);
+    }
+    if (st) cudaStreamDestroy(st);
+    return NULL;
+}
+
+static enum rt_err cuda_load_weights(void *ctx, int rank, const struct fmt_shard *s)
+{
+    struct cuda_rank *r = R(ctx, rank);
+    const uint32_t n = fmt_shard_n_tensors(s);
+    if (n == 0) return RT_ERR_NONE;
+    /* the data region: from the lowest tensor offset to the highest end (tensors are laid out
+     * in one mapping, so data pointers differ exactly as offsets do) */
+    const struct fmt_tensor *lo = fmt_shard_tensor(s, 0);
+    uint64_t end = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+        const struct fmt_tensor *t = fmt_shard_tensor(s, i);
+        if (t->offset < lo->offset) lo = t;
+        if (t->offset + t->size > end) end = t->offset + t->size;
+    }
+    const size_t bytes = (size_t)(end - lo->offset);
+    const unsigned char *src = static_cast<const unsigned char *>(lo->data);
+    const double t0 = now_s();
+    char what[96];
+    snprintf(what, sizeof what, "the weights of rank %d", rank);
+    void *dst = NULL;
+    enum rt_err e = dev_alloc(what, r->device, bytes, &dst);
+    if (e) return e;
+    r->weights = static_cast<unsigned char *>(dst);
+    r->weights_bytes = bytes;
+    r->region_off = lo->offset;
+    const double t1 = now_s();
+
+    struct upload_job jobs[RT_CUDA_UPLOAD_THREADS];
+    pthread_t th[RT_CUDA_UPLOAD_THREADS];
+    bool started[RT_CUDA_UPLOAD_THREADS] = {false};
+    for (int i = 0; i < RT_CUDA_UPLOAD_THREADS; ++i) {
+        jobs[i] = upload_job{src, r->weights, bytes, r->device, i, RT_CUDA_UPLOAD_THREADS, 0.0, {0}};
+        started[i] = pthread_create(&th[i], NULL, upload_worker, &jobs[i]) == 0;
+        if (!started[i]) upload_worker(&jobs[i]); /* no thread: do its share here */
+    }
+    double copy_s = 0;
+    const char *err = NULL;
+    for (int i = 0; i < RT_CUDA_UPLOAD_THREADS; ++i) {
+        if (started[i]) pthread_join(th[i], NULL);
+        copy_s += jobs[i].copy_s;
+        if (jobs[i].err[0] && !err) err = jobs[i].err;
+    }
+    cudaSetDevice(r->device);
+    if (err) {
+        qs_log_error(__func__, "rank %d: %s", rank, err);
+        return RT_ERR_DEVICE;
+    }
+    const double t2 = now_s();
+    qs_log_debug("rank %d on GPU %d: weights %.3f GB: device alloc %.3f s; read + upload %.3f s "
+                 "(%.1f GB/s, %d threads, %u MiB pinned buffers; memcpy from the mapping %.3f "
+                 "thread-s = %.1f GB/s per thread)",
+                 rank, r->device, bytes / 1e9, t1 - t0, t2 - t1, bytes / 1e9 / (t2 - t1),
+                 RT_CUDA_UPLOAD_THREADS, RT_CUDA_STAGE_BYTES >> 20, copy_s,
+                 copy_s > 0 ? bytes / 1e9 / copy_s : 0.0);
+    return RT_ERR_NONE;
+}
+
+static const void *cuda_tensor_ptr(void *ctx, int rank, const struct fmt_tensor *t)
+{
+    struct cuda_rank *r = &static_cast<struct cuda_ctx *>(ctx)->r[rank];
+    if (!r->weights || t->offset < r->region_off ||
+        t->offset + t->size > r->region_off + r->weights_bytes)
+        return NULL;
+    return r->weights + (t->offset - r->region_off);
+}
+
+// --- memory ------------------------------------------------------------------------------------
+
+static enum rt_err cuda_alloc(void *ctx, int rank, size_t bytes, void **out)
+{
+    struct cuda_rank *r = R(ctx, rank);
+    enum rt_err e = dev_alloc("an activation or KV cache buffer", r->device, bytes, out);
+    if (e) return e;
+    if (bytes) RT_CUDA_TRY(cudaMemsetAsync(*out, 0, bytes, r->stream));
+    return RT_ERR_NONE;
+}
+
+static void cuda_free(void *ctx, int rank, void *p)
+{
+    struct cuda_rank *r = R(ctx, rank);
+    if (!p) return;
+    cudaStreamSynchronize(r->stream);
+    cudaFree(p);
+}
+
+static enum rt_err cuda_upload(void *ctx, int rank, void *dst, const void *src, size_t bytes)
+{
+    struct cuda_rank *r = R(ctx, rank);
+    RT_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, r->stream));
+    RT_CUDA_TRY(cudaStreamSynchronize(r->stream)); /* the host buffer may be reused at once */
+    return RT_ERR_NONE;
+}
+
+static enum rt_err cuda_download(void *ctx, int rank, void *dst, const void *src, size_t bytes)
+{
+    struct cuda_rank *r = R(ctx, rank);
+    RT_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, r->stream));
+    RT_CUDA_TRY(cudaStreamSynchronize(r->stream));
+    return RT_ERR_NONE;
+}
+
+static enum rt_err cuda_zero(void *ctx, int rank, void *dst, size_t bytes)
+{
+    struct cuda_rank *r = R(ctx, rank);
+    RT_CUDA_TRY(cudaMemsetAsync(dst, 0, bytes, r->stream));
+    return RT_ERR_NONE;
+}
+
+// --- ops -----------------------------------------------------------------------------------------
+
+static enum rt_err cuda_embed(void *ctx, int rank, float *out, const uint16_t *table,
+                              const int32_t *tokens, int M, int64_t row_begin, int V_r, int H)
+{
+    struct cuda_rank *r = R(ctx, rank);
+    void *dt = NULL;
+    enum rt_err e = upload_small(r, tokens, (size_t)M * sizeof(int32_t), 0, &dt);
+    if (e) return e;
+    RT_K_TRY(k_embed(out, table, static_cast<int32_t *>(dt), M, row_begin, V_r, H, r->stream));
+    RT_CUDA_TRY(cudaStreamSynchronize(r->stream)); /* `small` is reused by the next upload */
+    return RT_ERR_NONE;
+}
+
+static enum rt_err cuda_rmsnorm(void *ctx, int rank, void *out, float *residual, const void *x,
+                                const float *w, int M, int H, float eps)
+{
+    struct cuda_rank *r = R(ctx, rank);
+    RT_K_TRY(k_rmsnorm(static_cast<uint16_t *>(out), residual, static_cast<const uint16_t *>(x),
+                       w, M, H, eps, r->stream));
+    return RT_ERR_NONE;
+}
+
+static enum rt_err cuda_linear_w4(void *ctx, int rank, const void *x, const uint8_t *qweight,
+                                  const uint8_t *qzeros, const uint16_t *scales, const float *bias,
+                                  int M, int K, int N, int G, void *y)
+{
+    struct cuda_rank *r = R(ctx, rank);
+    const uint16_t *xh = static_cast<const uint16_t *>(x);
+    uint16_t *yh = static_cast<uint16_t *>(y);
+    if (M >= K_W4A16_DQ_GEMM_MIN_M) {
+        enum rt_err e = grow(r, &r->scratch, (size_t)K * N * 2, "the dequantised weight of a prefill linear", false);
+        if (e) return e;
+        RT_K_TRY(k_w4a16_linear_dq_gemm(r->cublas, xh, qweight, qzeros, scales, bias, yh, M, N, K,
+                                        G, r->scratch.p, r->scratch.bytes, r->stream));
+        return RT_ERR_NONE;
+    }
+    enum rt_err e = grow(r, &r->ws, k_w4a16_workspace_bytes(M, N), "the W4A16 workspace", true);
+    if (e) return e;
+    RT_K_TRY(k_w4a16_linear(xh, qweight, qzeros, scales, bias, yh, M, N, K, G, r->ws.p,
+                            r->ws.bytes, r->stream));
+    return RT_ERR_NONE;
+}
+
+static enum rt_err cuda_linear_f16(void *ctx, int rank, const void *x, const uint16_t *W,
+                                   const float *bias, int M, int K, int N, void *y)
+{
+    struct cuda_rank *r = R(ctx, rank);
+    const float alpha = 1.0f, beta = 0.0f;
+    /* row-major y[M,N] = x[M,K] . W^T with W [N,K]: column-major y^T = op_T(W) . x^T */
+    RT_CUBLAS_TRY(cublasGemmEx(r->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, W,
+                               CUDA_R_16F, K, x, CUDA_R_16F, K, &beta, y, CUDA_R_16F, N,
+                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (bias) RT_K_TRY(k_bias_add(static_cast<uint16_t *>(y), bias, M, N, r->stream));
+    return RT_ERR_NONE;
+}
+
+static enum rt_err cuda_lm_head(void *ctx, int rank, const void *x, const uint16_t *W, int M,
+                                int K, int N, float *logits)
+{
+    struct cuda_rank *r = R(ctx, rank);
+    const float alpha = 1.0f, beta = 0.0f;
+    RT_CUBLAS_TRY(cublasGemmEx(r->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, W,
+                               CUDA_R_16F, K, x, CUDA_R_16F, K, &beta, logits, CUDA_R_32F, N,
+                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return RT_ERR_NONE;
+}
+
+static enum rt_err cuda_router(void *ctx, int rank, const void *x, const float *W, int M, int K,
+                               int N, float *y)
+{
+    struct cuda_rank *r = R(ctx, rank);
+    RT_K_TRY(k_router(y, static_cast<const uint16_t *>(x), W, M, K, N, r->stream));
+    return RT_ERR_NONE;
+}
+
+static enum rt_err cuda_rope(void *ctx, int rank, void *x, int M, int n_heads, int hd,
+                             size_t row_stride, int start_pos, const float *inv_freq)
+{
+    struct cuda_rank *r = R(ctx, rank);
+    const size_t need = (size_t)(start_pos + M) * sizeof(int32_t);
+    if (r->pos.bytes < need) { /* positions 0, 1, 2, ... once, grown as the context grows */
+        enum rt_err e = grow(r, &r->pos, need, "the position table", false);
+        if (e) return e;
+        const size_t n = r->pos.bytes / sizeof(int32_t);
+        int32_t *h = static_cast<int32_t *>(malloc(n * sizeof(int32_t)));
+        if (!h) {
+            qs_log_error(__func__, "out of host memory for %zu positions", n);
+            return RT_ERR_NOMEM;
+        }
+        for (size_t i = 0; i < n; ++i) h[i] = (int32_t)i;
+        cudaError_t ce = cudaMemcpy(r->pos.p, h, n * sizeof(int32_t), cudaMemcpyHostToDevice);
+        free(h);
+        RT_CUDA_TRY(ce);
+    }
+    RT_K_TRY(k_rope(static_cast<uint16_t *>(x), M, n_heads, hd, row_stride,
+                    static_cast<const int32_t *>(r->pos.p) + start_pos, inv_freq, r->stream));
+    return RT_ERR_NONE;
+}
+
+static enum rt_err cuda_kv_store(void *ctx, int rank, void *k_cache, void *v_cache, const void *k,
+                                 const void *v, size_t row_stride, int M, int start_pos,
+                                 int n_kv_heads, int hd, int T_cap)
+{
+    struct cuda_rank *r = R(ctx, rank);
+    RT_K_TRY(k_kv_store(static_cast<uint16_t *>(k_cache), static_cast<uint16_t *>(v_cache),
+                        static_cast<const uint16_t *>(k), static_cast<const uint16_t *>(v),
+                        row_stride, M, start_pos, n_kv_heads, hd, T_cap, r->stream));
+    return RT_ERR_NONE;
+}
+
+static enum rt_err cuda_attention(void *ctx, int rank, void *out, size_t out_stride, const void *q,
+                                  size_t q_stride, const void *k_cache, const void *v_cache, int M,
+                                  int start_pos, int n_heads, int n_kv_heads, int hd, int T_cap,
+                                  int sliding_window)
+{
+    struct cuda_rank *r = R(ctx, rank);
+    RT_K_TRY(k_attention(static_cast<uint16_t *>(out), out_stride,
+                         static_cast<const uint16_t *>(q), q_stride,
+                         static_cast<const uint16_t *>(k_cache),
+                         static_cast<const uint16_t *>(v_cache), M, start_pos, n_heads,
+                         n_kv_heads, hd, T_cap, sliding_window, r->stream));
+    return RT_ERR_NONE;
+}
+
+static enum rt_err cuda_silu_mul(void *ctx, int rank, void *out, const void *gate_up, int M, int I)
+{
+    struct cuda_rank *r = R(ctx, rank);
+    RT_K_TRY(k_silu_mul(static_cast<uint16_t *>(out), static_cast<const uint16_t *>(gate_up), M,
+                        I, r->stream));
+    return RT_ERR_NONE;
+}
+
+static enum rt_err cuda_gather_rows(void *ctx, int rank, void *dst, const void *src,
+                                    const int32_t *rows, int n, int width)
+{
+    struct cuda_rank *r = R(ctx, rank);
+    if (n < 1) return RT_ERR_NONE;
+    void *drows = NULL;
+    enum rt_err e = upload_small(r, rows, (size_t)n * sizeof(int32_t), 0, &drows);
+    if (e) return e;
+    RT_K_TRY(k_gather_rows(static_cast<uint16_t *>(dst), static_cast<const uint16_t *>(src),
+                           static_cast<int32_t *>(drows), n, width, r->stream));
+    RT_CUDA_TRY(cudaStreamSynchronize(r->stream));
+    return RT_ERR_NONE;
+}
+
+static enum rt_err cuda_scatter_add_rows(void *ctx, int rank, void *y, const void *src,
+                                         const int32_t *rows, const float *weights, int n,
+                                         int width)
+{
+    struct cuda_rank *r = R(ctx, rank);
+    if (n < 1) return RT_ERR_NONE;
+    const size_t rb = ((size_t)n * sizeof(int32_t) + 255) / 256 * 256;
+    void *drows = NULL, *dw = NULL;
+    enum rt_err e = grow(r, &r->small, rb + (size_t)n * sizeof(float), "small upload buffer", false);
+    if (e) return e;
+    e = upload_small(r, rows, (size_t)n * sizeof(int32_t), 0, &drows);
+    if (!e) e = upload_small(r, weights, (size_t)n * sizeof(float), rb, &dw);
+    if (e) return e;
+    RT_K_TRY(k_scatter_add_rows(static_cast<uint16_t *>(y), static_cast<const uint16_t *>(src),
+                                static_cast<int32_t *>(drows), static_cast<float *>(dw), n, width,
+                                r->stream));
+    RT_CUDA_TRY(cudaStreamSynchronize(r->stream));
+    return RT_ERR_NONE;
+}
+
+static __global__ void add_kernel(void *acc, const void *b, size_t n, int is_f32)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        if (is_f32) {
+            static_cast<float *>(acc)[i] += static_cast<const float *>(b)[i];
+        } else {
+            __half *a = static_cast<__half *>(acc);
+            a[i] = __float2half_rn(__half2float(a[i]) + __half2float(static_cast<const __half *>(b)[i]));
+        }
+    }
+}
+
+/* Sum on rank 0 in rank order (peer copies into a staging buffer), then copy back. fp16 sums
+ * are rounded after each add; the CPU emulation rounds once (a difference of rounding only). */
+static enum rt_err cuda_all_reduce(void *vctx, void *const *bufs, int world, size_t n,
+                                   enum rt_buf_type type)
+{
+    struct cuda_ctx *c = static_cast<struct cuda_ctx *>(vctx);
+    if (world <= 1) return RT_ERR_NONE;
+    const size_t esz = type == RT_BUF_F32 ? 4 : 2, bytes = n * esz;
+    for (int i = 0; i < world; ++i) {
+        cudaSetDevice(c->r[i].device);
+        RT_CUDA_TRY(cudaStreamSynchronize(c->r[i].stream));
+    }
+    struct cuda_rank *r0 = R(vctx, 0);
+    enum rt_err e = grow(r0, &r0->reduce, bytes, "the all-reduce staging buffer", false);
+    if (e) return e;
+    for (int i = 1; i < world; ++i) {
+        RT_CUDA_TRY(cudaMemcpyPeerAsync(r0->reduce.p, r0->device, bufs[i], c->r[i].device, bytes,
+                                        r0->stream));
+        add_kernel<<<1024, 256, 0, r0->stream>>>(bufs[0], r0->reduce.p, n, type == RT_BUF_F32);
+        RT_CUDA_TRY(cudaGetLastError());
+    }
+    for (int i = 1; i < world; ++i)
+        RT_CUDA_TRY(cudaMemcpyPeerAsync(bufs[i], c->r[i].device, bufs[0], r0->device, bytes,
+                                        r0->stream));
+    RT_CUDA_TRY(cudaStreamSynchronize(r0->stream));
+    return RT_ERR_NONE;
+}
+
+static const struct rt_backend_ops cuda_ops = {
+    "cuda", 2, 2, cuda_destroy, cuda_load_weights, cuda_tensor_ptr, cuda_alloc, cuda_free,
+    cuda_upload, cuda_download, cuda_zero, cuda_embed, cuda_rmsnorm, cuda_linear_w4,
+    cuda_linear_f16, cuda_lm_head, cuda_router, cuda_rope, cuda_kv_store, cuda_attention,
+    cuda_silu_mul, cuda_gather_rows, cuda_scatter_add_rows, cuda_all_reduce,
+};
+
+bool rt_cuda_available(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+        cudaGetLastError();
+        return false;
+    }
+    cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) return false;
+    return p.major * 10 + p.minor >= RT_CUDA_MIN_CC;
+}
+
+enum rt_err rt_cuda_backend_create(const struct rt_opts *opts, int world_size,
+                                   struct rt_backend *out)
+{
+    out->ops = NULL;
+    out->ctx = NULL;
+    const int first = opts ? opts->cuda_device : 0;
+    int n_dev = 0;
+    cudaError_t ce = cudaGetDeviceCount(&n_dev);
+    if (ce != cudaSuccess || n_dev < 1) {
+        qs_log_error(__func__, "no usable CUDA GPU (%s); run with --device cpu",
+                     ce != cudaSuccess ? cudaGetErrorString(ce) : "0 devices");
+        cudaGetLastError();
+        return RT_ERR_NO_DEVICE;
+    }
+    if (world_size < 1 || world_size > RT_CUDA_MAX_RANKS || first < 0 || first + world_size > n_dev) {
+        qs_log_error(__func__, "%d rank(s) starting at GPU %d need GPUs %d..%d, but %d GPU(s) "
+                     "are visible", world_size, first, first, first + world_size - 1, n_dev);
+        return RT_ERR_NO_DEVICE;
+    }
+    for (int i = 0; i < world_size; ++i) {
+        cudaDeviceProp p;
+        if (cudaGetDeviceProperties(&p, first + i) != cudaSuccess) {
+            qs_log_error(__func__, "cannot query GPU %d", first + i);
+            return RT_ERR_NO_DEVICE;
+        }
+        if (p.major * 10 + p.minor < RT_CUDA_MIN_CC) {
+            qs_log_error(__func__, "GPU %d (%s) has compute capability %d.%d; qshard's kernels need "
+                         "8.0 or newer (Ampere, Ada, Hopper); run with --device cpu",
+                         first + i, p.name, p.major, p.minor);
+            return RT_ERR_NO_DEVICE;
+        }
+    }
+    struct cuda_ctx *c = static_cast<struct cuda_ctx *>(calloc(1, sizeof(*c)));
+    if (!c) {
+        qs_log_error(__func__, "out of host memory");
+        return RT_ERR_NOMEM;
+    }
+    c->world = world_size;
+    for (int i = 0; i < world_size; ++i) c->r[i].device = -1;
+    for (int i = 0; i < world_size; ++i) {
+        struct cuda_rank *r = &c->r[i];
+        r->device = first + i;
+        cudaError_t e = cudaSetDevice(r->device);
+        if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking);
+        cublasStatus_t be = CUBLAS_STATUS_SUCCESS;
+        if (e == cudaSuccess) be = cublasCreate(&r->cublas);
+        if (e == cudaSuccess && be == CUBLAS_STATUS_SUCCESS) be = cublasSetStream(r->cublas, r->stream);
+        for (int j = 0; j < world_size && e == cudaSuccess && world_size > 1; ++j) {
+            int can = 0;
+            if (j != i && cudaDeviceCanAccessPeer(&can, r->device, first + j) == cudaSuccess && can) {
+                cudaError_t pe = cudaDeviceEnablePeerAccess(first + j, 0);
+                if (pe != cudaSuccess && pe != cudaErrorPeerAccessAlreadyEnabled)
+                    qs_log_warn("GPU %d cannot map GPU %d (%s): all-reduce goes through the host",
+                                r->device, first + j, cudaGetErrorString(pe));
+                cudaGetLastError();
+            }
+        }
+        if (e != cudaSuccess || be != CUBLAS_STATUS_SUCCESS) {
+            qs_log_error(__func__, "GPU %d: cannot create its stream or cuBLAS handle (%s, cuBLAS %d)",
+                         r->device, cudaGetErrorString(e), (int)be);
+            cuda_destroy(c);
+            return RT_ERR_DEVICE;
+        }
+    }
+    out->ops = &cuda_ops;
+    out->ctx = c;
+    return RT_ERR_NONE;
+}
