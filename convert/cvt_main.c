@@ -35,7 +35,8 @@ static void usage(FILE *f)
             "  -h, --help         this text\n"
             "\n"
             "exit codes: 0 ok, 1 usage, 2 bad input (unsupported or corrupt checkpoint, impossible\n"
-            "--tp), 3 out of memory, 4 I/O error, 5 self-check failed\n");
+            "--tp), 3 out of memory or interrupted (nothing is left in OUT_DIR), 4 I/O error,\n"
+            "5 self-check failed\n");
 }
 
 static bool parse_int(const char *s, int lo, int hi, int *out)
@@ -54,6 +55,7 @@ static int exit_code(enum cvt_err e)
     switch (e) {
     case CVT_ERR_SELF_CHECK: return QS_EXIT_VERIFY;
     case CVT_ERR_EXISTS: return QS_EXIT_USAGE;
+    case CVT_ERR_INTERRUPTED: return QS_EXIT_RUNTIME;
     default: return cvt_err_exit_code(e);
     }
 }

@@ -31,6 +31,7 @@
 #include <inttypes.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,6 +86,15 @@ struct run {
     pthread_mutex_t bar_lock;
     double last_draw;
 };
+
+/* Set by SIGINT / SIGTERM / SIGHUP while cvt_run writes: workers stop, everything written so far
+ * is removed, cvt_run returns CVT_ERR_INTERRUPTED. */
+static volatile sig_atomic_t g_signal;
+
+static void on_signal(int sig) { g_signal = sig; }
+
+/* Should workers stop (a failure elsewhere, or a signal)? */
+static bool run_stopped(struct run *R) { return atomic_load(&R->failed) || g_signal; }
 
 static double now_s(void)
 {
@@ -407,7 +417,7 @@ static enum cvt_err job_w4(struct run *R, int rank, const struct cvt_out *o)
         e = CVT_ERR_NOMEM;
         goto out;
     }
-    for (int64_t c0 = 0; c0 < N && !atomic_load(&R->failed); c0 += C)
+    for (int64_t c0 = 0; c0 < N && !run_stopped(R); c0 += C)
         if ((e = w4_chunk(R, rank, o, c0, C < N - c0 ? C : N - c0, &b, offs)))
             break;
 out:
@@ -431,7 +441,7 @@ static enum cvt_err job_linear_f16(struct run *R, int rank, const struct cvt_out
     uint64_t off = 0;
     if (!buf)
         return CVT_ERR_NOMEM;
-    for (int64_t n0 = 0; n0 < N && !e && !atomic_load(&R->failed); n0 += rows_per) {
+    for (int64_t n0 = 0; n0 < N && !e && !run_stopped(R); n0 += rows_per) {
         int64_t nr = rows_per < N - n0 ? rows_per : N - n0;
         memset(buf, 0, (size_t)(nr * K) * sizeof(uint16_t));
         for (int si = 0; si < o->n_segs && !e; si++) {
@@ -471,7 +481,7 @@ static enum cvt_err job_float(struct run *R, int rank, const struct cvt_out *o)
     uint64_t off = 0;
     if (!buf)
         return CVT_ERR_NOMEM;
-    for (int64_t r0 = 0; r0 < o->rows && !e && !atomic_load(&R->failed); r0 += rows_per) {
+    for (int64_t r0 = 0; r0 < o->rows && !e && !run_stopped(R); r0 += rows_per) {
         int64_t nr = rows_per < o->rows - r0 ? rows_per : o->rows - r0;
         memset(buf, 0, (size_t)(nr * C) * es);
         for (int si = 0; si < o->n_segs && !e; si++) {
@@ -511,7 +521,7 @@ static void *worker(void *arg)
 {
     struct run *R = arg;
     for (;;) {
-        if (atomic_load(&R->failed))
+        if (run_stopped(R))
             break;
         size_t j = atomic_fetch_add(&R->next_job, 1);
         if (j >= R->n_jobs)
@@ -943,7 +953,7 @@ enum cvt_err cvt_run(const struct cvt_opts *o)
 {
     struct run R;
     enum cvt_err e;
-    bool *finished = NULL;
+    bool *finished = NULL, handlers = false;
     struct made_dirs made;
     const char **names = NULL;
     int n_names = 0;
@@ -975,6 +985,15 @@ enum cvt_err cvt_run(const struct cvt_opts *o)
     }
 
     int tp = R.plan->tp;
+    struct sigaction sa, old_int, old_term, old_hup;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    g_signal = 0;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGHUP, &sa, &old_hup);
+    handlers = true;
     if ((e = prepare_out_dir(o, tp, &made)))
         goto out_fail; /* removes only directories this call made */
     R.w = calloc((size_t)tp, sizeof(*R.w));
@@ -1043,6 +1062,10 @@ enum cvt_err cvt_run(const struct cvt_opts *o)
         progress_draw(&R, true);
     if ((e = atomic_load(&R.failed) ? R.err : CVT_ERR_NONE))
         goto out_fail;
+    if (g_signal) {
+        e = CVT_ERR_INTERRUPTED;
+        goto out_fail;
+    }
 
     for (int r = 0; r < tp; r++) {
         enum fmt_err fe = fmt_writer_finish(R.w[r]);
@@ -1057,6 +1080,10 @@ enum cvt_err cvt_run(const struct cvt_opts *o)
         e = CVT_ERR_IO;
         goto out_fail;
     }
+    if (g_signal) { /* arrived while finishing: the user asked for nothing to be left */
+        e = CVT_ERR_INTERRUPTED;
+        goto out_fail;
+    }
     double el = now_s() - R.t0;
     qs_log_info("wrote %d rank file(s) and %s to %s: %.1f MiB of tensors in %.2f s (%.0f MiB/s "
                 "of input)",
@@ -1065,6 +1092,9 @@ enum cvt_err cvt_run(const struct cvt_opts *o)
     goto out;
 
 out_fail:
+    if (e == CVT_ERR_INTERRUPTED)
+        qs_log_error(__func__, "interrupted by signal %d: removing the partial output in %s",
+                     (int)g_signal, o->out_dir);
     if (R.w)
         for (int r = 0; r < tp; r++) {
             fmt_writer_abort(R.w[r]);
@@ -1072,6 +1102,11 @@ out_fail:
         }
     cleanup_outputs(o, tp, finished, &made);
 out:
+    if (handlers) {
+        sigaction(SIGINT, &old_int, NULL);
+        sigaction(SIGTERM, &old_term, NULL);
+        sigaction(SIGHUP, &old_hup, NULL);
+    }
     run_free(&R);
     free(finished);
     free(names);
