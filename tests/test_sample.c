@@ -362,6 +362,44 @@ static void test_top_p_boundary(void)
     }
 }
 
+static void test_top_k_ties(void)
+{
+    /* HF keeps every id whose score is >= the k-th largest: with ties at the boundary more
+     * than k ids survive. Fresh random values, then copies of the k-th largest planted. */
+    enum { V = 40 };
+    float x[V];
+    for (int rep = 0; rep < 20; rep++) {
+        fill_logits(x, V, 1.0f);
+        int k = 1 + (int)(urand() * 10);
+        float srt[V];
+        memcpy(srt, x, sizeof(x));
+        for (int i = 1; i < V; i++)
+            for (int j = i; j > 0 && srt[j] > srt[j - 1]; j--) {
+                float t = srt[j];
+                srt[j] = srt[j - 1];
+                srt[j - 1] = t;
+            }
+        float kth = srt[k - 1];
+        int planted = 1 + (int)(urand() * 3);
+        for (int i = 0, done = 0; i < V && done < planted; i++)
+            if (x[i] < kth) {
+                x[i] = kth;
+                done++;
+            }
+        int want = 0;
+        for (int i = 0; i < V; i++)
+            want += x[i] >= kth;
+        struct rt_sample_params p = rt_sample_params_default();
+        p.top_k = k;
+        struct rt_sampler s;
+        CHECK_EQ_INT(rt_sampler_init(&s, &p, V), RT_SAMPLE_ERR_NONE);
+        int n = rt_sampler_candidates(&s, x, V);
+        CHECK_MSG(n == want, "top-k %d with %d planted ties: %d survivors, expected %d", k,
+                  planted, n, want);
+        rt_sampler_free(&s);
+    }
+}
+
 static void test_penalty_greedy(void)
 {
     /* the penalty flips the argmax: a seen positive leader is divided, a seen negative id is
@@ -492,6 +530,7 @@ int main(void)
     test_padded_vocab();
     test_distributions();
     test_top_p_boundary();
+    test_top_k_ties();
     test_penalty_greedy();
     test_seeds();
     test_errors();
