@@ -996,7 +996,7 @@ static void logits_usage(FILE *f)
         "\n"
         "  --tokens 1,2,3      prompt token ids\n"
         "  --text TEXT         prompt text (needs the model's tokenizer)\n"
-        "  --out FILE          output .npy (written to a temp name, then renamed)\n"
+        "  -o, --out FILE      output .npy (written to a temp name, then renamed)\n"
         "  --no-bos            with --text: do not add BOS\n"
         "  --ctx N             context limit (default: min(max_position_embeddings, 4096));\n"
         "                      T must be <= N\n"
@@ -1286,6 +1286,7 @@ static void tokenize_usage(FILE *f)
         "  --ids               print the ids on one line as [1, 2, 3]\n"
         "  --no-bos            do not add BOS (HF add_special_tokens=False)\n"
         "  --no-parse-special  treat special-token text as plain text\n"
+        "  -v, --verbose       debug messages\n"
         "  -h, --help          this text\n");
 }
 
