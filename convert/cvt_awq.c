@@ -357,6 +357,7 @@ static enum cvt_err decode_gemm(const struct cvt_source *src, const struct cvt_a
  * is a power of two (a plain strided transpose thrashes one L1 set at stride 4096).
  */
 #define STAGE_PAD 64
+#define STAGE_K   512 /* K chunk per staging pass: BLK x STAGE_K stays in L1/L2 */
 
 static void stage_to_rows(const uint8_t *stage, int64_t sstride, int64_t rows, int64_t kw, uint8_t *dst,
                           int64_t dstride)
@@ -385,21 +386,25 @@ static enum cvt_err decode_gemv(const struct cvt_source *src, const struct cvt_a
                   *sc = cvt_source_data(src, in->scales);
     const int64_t K = in->K, G = in->G, Ns = o->N, Wz = in->zeros->shape[1], SW = in->scales->shape[1];
     const int64_t k0 = o->k0, k1 = o->k0 + o->K, n0 = o->n0, n1 = o->n0 + o->N, kw = k1 - k0;
-    const int64_t g0 = k0 / G, g1 = k1 / G, ss = kw + STAGE_PAD;
+    const int64_t g0 = k0 / G, g1 = k1 / G, ss = STAGE_K + STAGE_PAD;
     uint8_t *stage;
-    CVT_TRY(stage_alloc(in->qweight->name, kw, &stage));
+    (void)kw;
+    CVT_TRY(stage_alloc(in->qweight->name, STAGE_K, &stage));
     for (int64_t nb = n0; nb < n1; nb += BLK) {
         const int64_t rows = nb + BLK < n1 ? BLK : n1 - nb;
-        for (int64_t j = 0; j < rows; j++) { /* sequential nibbles along K (k0 % 8 == 0: G >= 32) */
-            const uint8_t *row = qw + ((uint64_t)(nb + j) * (uint64_t)(K / 8) + (uint64_t)(k0 / 8)) * 4;
-            uint8_t *st = stage + j * ss;
-            for (int64_t c = 0; c < kw / 8; c++) {
-                uint32_t w = cvt_ld32(row + 4 * c);
-                for (int i = 0; i < 8; i++)
-                    st[8 * c + i] = (uint8_t)((w >> (4 * i)) & 0xfu);
+        for (int64_t kc = k0; kc < k1; kc += STAGE_K) { /* k0 % 8 == 0 (G >= 32), STAGE_K % 8 == 0 */
+            const int64_t kce = kc + STAGE_K < k1 ? kc + STAGE_K : k1;
+            for (int64_t j = 0; j < rows; j++) { /* sequential nibbles along K */
+                const uint8_t *row = qw + ((uint64_t)(nb + j) * (uint64_t)(K / 8) + (uint64_t)(kc / 8)) * 4;
+                uint8_t *st = stage + j * ss;
+                for (int64_t c = 0; c < (kce - kc) / 8; c++) {
+                    uint32_t w = cvt_ld32(row + 4 * c);
+                    for (int i = 0; i < 8; i++)
+                        st[8 * c + i] = (uint8_t)((w >> (4 * i)) & 0xfu);
+                }
             }
+            stage_to_rows(stage, ss, rows, kce - kc, o->q + (kc - k0) * Ns + (nb - n0), Ns);
         }
-        stage_to_rows(stage, ss, rows, kw, o->q + (nb - n0), Ns);
     }
     free(stage);
     for (int64_t n = n0; n < n1; n++) {
@@ -431,17 +436,23 @@ static enum cvt_err decode_gemv_fast(const struct cvt_source *src, const struct 
         sh[kk] = (uint8_t)(4 * (x % 4));
     }
     uint8_t *stage;
-    CVT_TRY(stage_alloc(in->qweight->name, kw, &stage));
+    (void)kw;
+    (void)ss;
+    const int64_t sst = STAGE_K + STAGE_PAD;
+    CVT_TRY(stage_alloc(in->qweight->name, STAGE_K, &stage));
     for (int64_t nb = n0; nb < n1; nb += BLK) {
         const int64_t rows = nb + BLK < n1 ? BLK : n1 - nb;
-        for (int64_t j = 0; j < rows; j++) {
-            const int64_t n = nb + j;
-            const uint8_t *row = qw + (uint64_t)(n / 4) * (uint64_t)K * 2 + (uint64_t)(16 * (n % 4)) * 2;
-            uint8_t *st = stage + j * ss - k0;
-            for (int64_t k = k0; k < k1; k++)
-                st[k] = (uint8_t)((cvt_ld16(row + (64 * (k / 64) + wofs[k % 64]) * 2) >> sh[k % 64]) & 0xfu);
+        for (int64_t kc = k0; kc < k1; kc += STAGE_K) {
+            const int64_t kce = kc + STAGE_K < k1 ? kc + STAGE_K : k1;
+            for (int64_t j = 0; j < rows; j++) {
+                const int64_t n = nb + j;
+                const uint8_t *row = qw + (uint64_t)(n / 4) * (uint64_t)K * 2 + (uint64_t)(16 * (n % 4)) * 2;
+                uint8_t *st = stage + j * sst - kc;
+                for (int64_t k = kc; k < kce; k++)
+                    st[k] = (uint8_t)((cvt_ld16(row + (64 * (k / 64) + wofs[k % 64]) * 2) >> sh[k % 64]) & 0xfu);
+            }
+            stage_to_rows(stage, sst, rows, kce - kc, o->q + (kc - k0) * Ns + (nb - n0), Ns);
         }
-        stage_to_rows(stage, ss, rows, kw, o->q + (nb - n0), Ns);
     }
     free(stage);
     const int64_t g0 = k0 / G, g1 = k1 / G;
@@ -603,11 +614,18 @@ static enum cvt_err dq_gemm(const struct cvt_source *src, const struct cvt_awq_i
         float *orow = out + (k - k0) * Ns - n0;
         for (int64_t c = n0 / 8; c < (n1 + 7) / 8; c++) {
             uint32_t wq = cvt_ld32(qw + ((uint64_t)k * (uint64_t)W + (uint64_t)c) * 4);
-            if (8 * c >= n0 && 8 * c + 8 <= n1) { /* whole word (hot path) */
-                for (unsigned i = 0; i < 8; i++) {
-                    const int64_t col = 8 * c + ORDER[i];
-                    orow[col] = (float)((int)((wq >> (4 * i)) & 0xfu) - (int)zrow[col]) * srow[col];
-                }
+            if (8 * c >= n0 && 8 * c + 8 <= n1) { /* whole word (hot path): nibble i -> ORDER[i] */
+                const uint8_t *zc = zrow + 8 * c;
+                const float *sc8 = srow + 8 * c;
+                float *oc = orow + 8 * c;
+                oc[0] = (float)((int)(wq & 15u) - (int)zc[0]) * sc8[0];
+                oc[2] = (float)((int)((wq >> 4) & 15u) - (int)zc[2]) * sc8[2];
+                oc[4] = (float)((int)((wq >> 8) & 15u) - (int)zc[4]) * sc8[4];
+                oc[6] = (float)((int)((wq >> 12) & 15u) - (int)zc[6]) * sc8[6];
+                oc[1] = (float)((int)((wq >> 16) & 15u) - (int)zc[1]) * sc8[1];
+                oc[3] = (float)((int)((wq >> 20) & 15u) - (int)zc[3]) * sc8[3];
+                oc[5] = (float)((int)((wq >> 24) & 15u) - (int)zc[5]) * sc8[5];
+                oc[7] = (float)((int)(wq >> 28) - (int)zc[7]) * sc8[7];
                 continue;
             }
             for (unsigned i = 0; i < 8; i++) {
@@ -643,7 +661,7 @@ static enum cvt_err dq_gemv(const struct cvt_source *src, const struct cvt_awq_i
             d.z[(g - g0) * Ns + n - n0] = (uint8_t)((wz >> ((g & 7) * 4)) & 15u);
         }
     /* Rows n in order (sequential source reads) into a padded float stage, then out rows k. */
-    const int64_t kw = k1 - k0, ss = kw + STAGE_PAD / 4;
+    const int64_t ss = STAGE_K + STAGE_PAD / 4;
     float *stage = malloc((size_t)(BLK * ss) * sizeof *stage);
     if (!stage) {
         dq_groups_free(&d);
@@ -652,16 +670,19 @@ static enum cvt_err dq_gemv(const struct cvt_source *src, const struct cvt_awq_i
     }
     for (int64_t nb = n0; nb < n1; nb += BLK) {
         const int64_t rows = nb + BLK < n1 ? BLK : n1 - nb;
-        for (int64_t n = nb; n < nb + rows; n++)
-            for (int64_t k = k0; k < k1; k++) {
-                const int64_t gi = (k / G - g0) * Ns + n - n0;
-                uint32_t wq = cvt_ld32(qw + ((uint64_t)n * (uint64_t)KW + (uint64_t)(k >> 3)) * 4);
-                int q = (int)(wq >> ((k & 7) * 4)) & 15;
-                stage[(n - nb) * ss + (k - k0)] = (float)(q - (int)d.z[gi]) * d.s[gi];
-            }
-        for (int64_t k = 0; k < kw; k++)
-            for (int64_t j = 0; j < rows; j++)
-                out[k * Ns + (nb - n0) + j] = stage[j * ss + k];
+        for (int64_t kc = k0; kc < k1; kc += STAGE_K) {
+            const int64_t kce = kc + STAGE_K < k1 ? kc + STAGE_K : k1;
+            for (int64_t n = nb; n < nb + rows; n++)
+                for (int64_t k = kc; k < kce; k++) {
+                    const int64_t gi = (k / G - g0) * Ns + n - n0;
+                    uint32_t wq = cvt_ld32(qw + ((uint64_t)n * (uint64_t)KW + (uint64_t)(k >> 3)) * 4);
+                    int q = (int)(wq >> ((k & 7) * 4)) & 15;
+                    stage[(n - nb) * ss + (k - kc)] = (float)(q - (int)d.z[gi]) * d.s[gi];
+                }
+            for (int64_t k = kc; k < kce; k++)
+                for (int64_t j = 0; j < rows; j++)
+                    out[(k - k0) * Ns + (nb - n0) + j] = stage[j * ss + (k - kc)];
+        }
     }
     free(stage);
     dq_groups_free(&d);
@@ -698,17 +719,19 @@ static enum cvt_err dq_gemv_fast(const struct cvt_source *src, const struct cvt_
         }
     /* Interleaved rows R (4 output rows each) in order into a padded float stage of BLK output
      * rows, then out rows k. */
-    const int64_t kw = k1 - k0, ss = kw + STAGE_PAD / 4, nb0 = n0 / 4 * 4;
+    const int64_t ss = STAGE_K + STAGE_PAD / 4, nb0 = n0 / 4 * 4;
     float *stage = malloc((size_t)(BLK * ss) * sizeof *stage);
     if (!stage) {
         dq_groups_free(&d);
         qs_log_error("cvt_awq_dequant_source", "linear %s: out of memory", in->qweight->name);
         return CVT_ERR_NOMEM;
     }
-    for (int64_t nb = nb0; nb < n1; nb += BLK) { /* nb % 4 == 0: whole interleaved rows */
-        const int64_t ne = nb + BLK < n1 ? nb + BLK : n1;
+    for (int64_t nb = nb0; nb < n1; nb += BLK) /* nb % 4 == 0: whole interleaved rows */
+        for (int64_t kc = k0 / 64 * 64; kc < k1; kc += STAGE_K) { /* 64-aligned chunks */
+        const int64_t ne = nb + BLK < n1 ? nb + BLK : n1, kce = kc + STAGE_K < k1 ? kc + STAGE_K : k1;
+        const int64_t klo = kc > k0 ? kc : k0;
         for (int64_t R = nb / 4; R < (ne + 3) / 4; R++)
-            for (int64_t wi = 64 * (k0 / 64); wi < 64 * ((k1 + 63) / 64); wi++) {
+            for (int64_t wi = kc; wi < 64 * ((kce + 63) / 64); wi++) {
                 const int64_t b = wi / 64, o = wi % 64, n = 4 * R + o / 16;
                 if (n < n0 || n >= ne)
                     continue;
@@ -716,17 +739,17 @@ static enum cvt_err dq_gemv_fast(const struct cvt_source *src, const struct cvt_
                 for (int i = 0; i < 4; i++) {
                     const int64_t x = 4 * (o % 16) + i, h = x / 32, p = x % 32;
                     const int64_t t = 8 * (p % 4) + 2 * (p / 8) + (p / 4) % 2, k = 64 * b + 32 * h + t;
-                    if (k < k0 || k >= k1)
+                    if (k < klo || k >= kce)
                         continue;
                     const int64_t gi = (k / G - g0) * Ns + n - n0;
                     int q = (w >> (4 * i)) & 15;
-                    stage[(n - nb) * ss + (k - k0)] = (float)(q - (int)d.z[gi]) * d.s[gi];
+                    stage[(n - nb) * ss + (k - kc)] = (float)(q - (int)d.z[gi]) * d.s[gi];
                 }
             }
         const int64_t jlo = nb < n0 ? n0 - nb : 0;
-        for (int64_t k = 0; k < kw; k++)
+        for (int64_t k = klo; k < kce; k++)
             for (int64_t j = jlo; j < ne - nb; j++)
-                out[k * Ns + (nb + j - n0)] = stage[j * ss + k];
+                out[(k - k0) * Ns + (nb + j - n0)] = stage[j * ss + (k - kc)];
     }
     free(stage);
     dq_groups_free(&d);

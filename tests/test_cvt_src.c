@@ -742,7 +742,7 @@ static void check_variant(const struct canon *c, int v, bool bf16, const char *c
 
 static void test_variants(void)
 {
-    const int64_t shapes[][3] = {{256, 128, 64}, {384, 64, 128}, {128, 128, 32}, {256, 256, 256}};
+    const int64_t shapes[][3] = {{256, 128, 64}, {384, 64, 128}, {128, 128, 32}, {256, 256, 256}, {1152, 136, 128}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         struct canon c;
         canon_rand(&c, shapes[si][0], shapes[si][1], shapes[si][2]);
