@@ -17,7 +17,8 @@
  *     context (and --truncate), invalid UTF-8, empty prompt, a rank file from another model or
  *     TP set, text for a model without tokenizer, bad flags, missing paths, --help.
  * Without tests/data/models/INDEX.json only the fixture-free cases run (a line says so).
- * Run: ./build/test_cli (from the repository root).
+ * Run: ./build/test_cli (from the repository root); QSHARD_DEVICE=cuda runs the golden
+ * comparisons (greedy, logits, perplexity, stop strings) on the GPU.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -44,6 +45,7 @@
 #define MAX_ARGS 64
 
 static const char *g_bin;
+static const char *g_device = "cpu"; /* env QSHARD_DEVICE: where the golden comparisons run */
 static char g_tmp[256];
 
 // --- running the binary --------------------------------------------------------------------
@@ -225,7 +227,7 @@ static void check_greedy(const char *model, const char *name, const cJSON *promp
     int ng = cJSON_GetArraySize(gold);
     snprintf(nstr, sizeof(nstr), "%d", ng);
     struct proc p = run("run", model, "--tokens", csv, "--temp", "0", "-n", nstr, "--print-ids",
-                        "--ignore-eos", "--device", "cpu", NULL);
+                        "--ignore-eos", "--device", g_device, NULL);
     CHECK_EXIT(p, 0, name);
     int32_t got[256];
     int n = parse_ids(p.out, got, 256);
@@ -258,7 +260,8 @@ static void check_logits(const char *model, const char *name, const cJSON *promp
     snprintf(gpath, sizeof(gpath), DATA "%s", lpath);
     snprintf(out, sizeof(out), "%s/logits.npy", g_tmp);
     char *csv = ids_csv(pids);
-    struct proc p = run("logits", model, "--tokens", csv, "--out", out, "--device", "cpu", NULL);
+    struct proc p =
+        run("logits", model, "--tokens", csv, "--out", out, "--device", g_device, NULL);
     CHECK_EXIT(p, 0, name);
     float *a = NULL, *b = NULL;
     int64_t ra = 0, ca = 0, rb = 0, cb = 0;
@@ -325,13 +328,15 @@ static void check_perplexity(const char *model, const char *name, const cJSON *p
         char *csv = NULL;
         if (mode == 0) {
             csv = ids_csv(pids);
-            p = run("perplexity", model, "--tokens", csv, "--ctx", ctx, "--device", "cpu", NULL);
+            p = run("perplexity", model, "--tokens", csv, "--ctx", ctx, "--device", g_device,
+                    NULL);
         } else {
             snprintf(file, sizeof(file), "%s/ppl.txt", g_tmp);
             FILE *f = fopen(file, "wb");
             fputs(text, f);
             fclose(f);
-            p = run("perplexity", model, "--file", file, "--ctx", ctx, "--device", "cpu", NULL);
+            p = run("perplexity", model, "--file", file, "--ctx", ctx, "--device", g_device,
+                    NULL);
         }
         CHECK_EXIT(p, 0, name);
         const char *fin = strstr(p.out, "Final estimate: PPL = ");
@@ -392,7 +397,7 @@ static void check_stop(const char *model, const char *name, const cJSON *prompt)
     if (!text)
         return;
     struct proc full = run("run", model, "-p", text, "--temp", "0", "-n", "24", "--ignore-eos",
-                           "--device", "cpu", NULL);
+                           "--device", g_device, NULL);
     CHECK_EXIT(full, 0, name);
     size_t tl = strlen(text);
     CHECK_MSG(full.out_len > tl && !strncmp(full.out, text, tl), "%s: prompt not echoed", name);
@@ -403,7 +408,7 @@ static void check_stop(const char *model, const char *name, const cJSON *prompt)
     fputs(text, f);
     fclose(f);
     struct proc byfile = run("run", model, "-f", pf, "--temp", "0", "-n", "24", "--ignore-eos",
-                             "--device", "cpu", NULL);
+                             "--device", g_device, NULL);
     CHECK_EXIT(byfile, 0, name);
     CHECK_MSG(!strcmp(byfile.out, full.out), "%s: -f output differs from -p", name);
     proc_free(&byfile);
@@ -434,7 +439,7 @@ static void check_stop(const char *model, const char *name, const cJSON *prompt)
     stop[sl] = '\0';
     size_t first = (size_t)(strstr(cont, stop) - cont);
     struct proc p = run("run", model, "-p", text, "--temp", "0", "-n", "24", "--ignore-eos",
-                        "--stop", stop, "--stop", "\xF0\x9F\xA6\x99 never", "--device", "cpu",
+                        "--stop", stop, "--stop", "\xF0\x9F\xA6\x99 never", "--device", g_device,
                         NULL);
     CHECK_EXIT(p, 0, name);
     /* expected: prompt + continuation before the stop string, then the closing newline */
@@ -465,7 +470,7 @@ static void check_eos(const char *model, const char *name, const cJSON *prompt,
     char *csv = ids_csv(pids), nstr[16];
     snprintf(nstr, sizeof(nstr), "%d", ng);
     struct proc p = run("run", model, "--tokens", csv, "--temp", "0", "-n", nstr, "--print-ids",
-                        "--device", "cpu", NULL);
+                        "--device", g_device, NULL);
     CHECK_EXIT(p, 0, name);
     int32_t got[256];
     int n = parse_ids(p.out, got, 256);
@@ -981,6 +986,9 @@ int main(void)
 {
     T_INIT("cli");
     g_bin = getenv("QSHARD") ? getenv("QSHARD") : "build/qshard";
+    if (getenv("QSHARD_DEVICE"))
+        g_device = getenv("QSHARD_DEVICE");
+    printf("cli: golden comparisons on --device %s\n", g_device);
     const char *tmpdir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     snprintf(g_tmp, sizeof(g_tmp), "%s/qshard_test_cli_XXXXXX", tmpdir);
     if (!mkdtemp(g_tmp)) {
