@@ -571,6 +571,21 @@ out:
     return err;
 }
 
+/* Remove trainer side files (not weights) from a name list; returns the new count. */
+static size_t drop_training_files(char **names, size_t n)
+{
+    size_t w = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (strncmp(names[i], "training_args", 13) == 0 || strncmp(names[i], "optimizer", 9) == 0 ||
+            strncmp(names[i], "scheduler", 9) == 0 || strncmp(names[i], "rng_state", 9) == 0) {
+            free(names[i]);
+            continue;
+        }
+        names[w++] = names[i];
+    }
+    return w;
+}
+
 /* Pick the weight files (see the top comment) and load them into the catalog. */
 static enum cvt_err load_weights(struct cvt_source *src)
 {
@@ -580,17 +595,9 @@ static enum cvt_err load_weights(struct cvt_source *src)
     if ((err = list_dir(src->dir, ".safetensors", &st, &n_st)) || (err = list_dir(src->dir, ".bin", &bins, &n_bin)) ||
         (err = list_dir(src->dir, ".pt", &pts, &n_pt)))
         goto out;
-    /* training_args.bin etc. are not weights. */
-    size_t w = 0;
-    for (size_t i = 0; i < n_bin; i++) {
-        if (strcmp(bins[i], "training_args.bin") == 0 || strncmp(bins[i], "optimizer", 9) == 0 ||
-            strncmp(bins[i], "scheduler", 9) == 0 || strncmp(bins[i], "rng_state", 9) == 0) {
-            free(bins[i]);
-            continue;
-        }
-        bins[w++] = bins[i];
-    }
-    n_bin = w;
+    /* training_args.bin, optimizer.pt etc. are not weights. */
+    n_bin = drop_training_files(bins, n_bin);
+    n_pt = drop_training_files(pts, n_pt);
     bool st_index = file_exists(src->dir, "model.safetensors.index.json");
     bool bin_index = file_exists(src->dir, "pytorch_model.bin.index.json");
     if ((st_index || n_st) && (bin_index || n_bin || n_pt))

@@ -151,7 +151,9 @@ struct st_tensor {
     size_t      nbytes;
 };
 
-/* Header JSON (space-padded to 8) + data, tensors in the given order. */
+static bool st_no_pad; /* PITFALLS P19: data region at an unaligned offset */
+
+/* Header JSON (space-padded to 8 unless st_no_pad) + data, tensors in the given order. */
 static struct buf st_build(const struct st_tensor *t, int n)
 {
     struct buf h = {0}, out = {0};
@@ -170,7 +172,9 @@ static struct buf st_build(const struct st_tensor *t, int n)
         off += t[i].nbytes;
     }
     puts_(&h, "}");
-    while (h.n % 8)
+    while (!st_no_pad && h.n % 8)
+        puts_(&h, " ");
+    while (st_no_pad && h.n % 8 != 3)
         puts_(&h, " ");
     put64(&out, h.n);
     put(&out, h.p, h.n);
@@ -738,6 +742,46 @@ static void check_variant(const struct canon *c, int v, bool bf16, const char *c
     qs_log_set_quiet(false);
     free(w);
     cvt_source_close(src);
+}
+
+/* PITFALLS P19: data region starting at an offset = 3 (mod 8) and an odd-length F16 tensor in
+ * front of the I32 qweight: every tensor is misaligned; decoding (under UBSan) must not care. */
+static void test_unaligned(void)
+{
+    struct canon c;
+    canon_rand(&c, 128, 64, 64);
+    struct st_tensor t[8];
+    void *keep[8];
+    int nkeep = 0;
+    static const uint16_t odd[3] = {0x3c00, 0x4000, 0x4200};
+    t[0] = (struct st_tensor){"model.norm.weight", "F16", 1, {3}, odd, sizeof odd};
+    int nt = 1 + pack_variant(&c, CVT_VARIANT_GEMM, "model.layers.0.mlp.down_proj", true, false, t + 1, keep, &nkeep);
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", mkdir_tmp("unaligned"));
+    write_config(dir, 64, "gemm", NULL);
+    st_no_pad = true;
+    struct buf b = st_build(t, nt);
+    st_no_pad = false;
+    write_file(dir, "model.safetensors", b.p, b.n);
+    free(b.p);
+    struct cvt_source *src = NULL;
+    CHECK_EQ_INT(cvt_source_open(dir, &src), CVT_ERR_NONE);
+    if (src) {
+        const struct cvt_src_tensor *qw = cvt_source_find(src, "model.layers.0.mlp.down_proj.qweight");
+        CHECK(qw && qw->offset % 4 != 0);
+        struct cvt_awq_linear lin;
+        CHECK_EQ_INT(cvt_awq_load(src, cvt_source_config(src), "model.layers.0.mlp.down_proj", 128, 64, 0, 128, 0, 64, &lin),
+                     CVT_ERR_NONE);
+        CHECK(lin.q && memcmp(lin.q, c.q, 128 * 64) == 0 && memcmp(lin.s, c.s, 2 * 64 * 2) == 0);
+        cvt_awq_linear_free(&lin);
+        float f[3];
+        CHECK_EQ_INT(cvt_source_read_f32(src, cvt_source_find(src, "model.norm.weight"), 0, 3, f), CVT_ERR_NONE);
+        CHECK(f[0] == 1.0f && f[2] == 3.0f);
+        cvt_source_close(src);
+    }
+    for (int i = 0; i < nkeep; i++)
+        free(keep[i]);
+    canon_free(&c);
 }
 
 static void test_variants(void)
@@ -1914,6 +1958,7 @@ int main(int argc, char **argv)
     test_err_strings();
     test_gemm_worked_example();
     test_variants();
+    test_unaligned();
     test_awq_errors();
     test_safetensors_hostile();
     test_pickle_hostile();
