@@ -13,6 +13,9 @@
  * F32; every tensor of the rank must be accounted for. Twins (same weights, other variant,
  * container or config spelling: PITFALLS P03, P21) must give identical tensors, generation config,
  * tokenizer and config (except quant.source_variant / quant.source_container).
+ * A mixed-precision model built here from a fixture (layer 0's MLP as F32 .weight listed in
+ * modules_to_not_convert, PITFALLS P09; an o_proj bias) must give F16 [N_r, K_r] linears equal to
+ * the source rounded to fp16 and the row-parallel bias on rank 0 only.
  * Also: --threads 1 and --no-check give identical files; every bad input exits as INDEX.json says,
  * names what it promises, and leaves no file behind, including a failure after the writers were
  * opened (NaN scale found while repacking) into a pre-existing directory; CLI usage errors;
@@ -761,6 +764,194 @@ static void test_bad_inputs(void)
     cJSON_Delete(idx);
 }
 
+/* --- a mixed-precision model built here (PITFALLS P09, row-parallel bias) ----------------- */
+
+struct st_entry {
+    char name[128];
+    const char *dtype;
+    int n_dims;
+    int64_t shape[2];
+    void *data;   /* owned */
+    size_t size;
+};
+
+/* Write a safetensors file (AWQ-FORMATS 7.1): u64 header length, JSON header padded with spaces
+ * to a multiple of 8, data back to back in entry order. */
+static bool write_safetensors(const char *path, const struct st_entry *e, int n)
+{
+    cJSON *h = cJSON_CreateObject();
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        cJSON *t = cJSON_AddObjectToObject(h, e[i].name);
+        cJSON_AddStringToObject(t, "dtype", e[i].dtype);
+        cJSON *sh = cJSON_AddArrayToObject(t, "shape");
+        for (int d = 0; d < e[i].n_dims; d++)
+            cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)e[i].shape[d]));
+        cJSON *o = cJSON_AddArrayToObject(t, "data_offsets");
+        cJSON_AddItemToArray(o, cJSON_CreateNumber((double)off));
+        off += e[i].size;
+        cJSON_AddItemToArray(o, cJSON_CreateNumber((double)off));
+    }
+    char *js = cJSON_PrintUnformatted(h);
+    cJSON_Delete(h);
+    FILE *f = fopen(path, "wb");
+    bool ok = js && f;
+    if (ok) {
+        size_t len = strlen(js), padded = (len + 7) / 8 * 8;
+        uint64_t hl = padded;
+        ok = fwrite(&hl, 8, 1, f) == 1 && fwrite(js, 1, len, f) == len;
+        for (size_t i = len; ok && i < padded; i++)
+            ok = fputc(' ', f) != EOF;
+        for (int i = 0; ok && i < n; i++)
+            ok = fwrite(e[i].data, 1, e[i].size, f) == e[i].size;
+    }
+    if (f)
+        ok = fclose(f) == 0 && ok;
+    free(js);
+    return ok;
+}
+
+static uint32_t rng_state = 12345u;
+static float rnd(void) /* uniform in [-0.5, 0.5), xorshift32 */
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 17;
+    rng_state ^= rng_state << 5;
+    return (float)(rng_state >> 8) / 16777216.0f - 0.5f;
+}
+
+/* llama-gqa-gemm with layer 0's MLP stored as F32 .weight (listed in modules_to_not_convert) and
+ * an F16 o_proj.bias in layer 1; converted at tp 1 and 2 and checked element by element. */
+static void test_mixed_precision(void)
+{
+    const char *base = DATA "models/llama-gqa-gemm";
+    char dir[512], path[600], out[512];
+    struct cvt_source *src = NULL;
+    snprintf(dir, sizeof(dir), "%s/mixed/model", g_tmp);
+    snprintf(path, sizeof(path), "%s/mixed", g_tmp);
+    mkdir(path, 0777);
+    mkdir(dir, 0777);
+    CHECK(cvt_source_open(base, &src) == CVT_ERR_NONE);
+    if (!src)
+        return;
+    const struct cvt_hf_config *cfg = cvt_source_config(src);
+    int64_t H = cfg->hidden_size, I = cfg->intermediate_size;
+    size_t n_src = cvt_source_n_tensors(src), n = 0;
+    struct st_entry *e = calloc(n_src + 8, sizeof(*e));
+    static const char *const mlp[3] = {"gate_proj", "up_proj", "down_proj"};
+    float *w32[3] = {NULL, NULL, NULL};
+    uint16_t *obias = NULL;
+    for (size_t i = 0; e && i < n_src; i++) {
+        const struct cvt_src_tensor *t = cvt_source_tensor(src, i);
+        if (!strncmp(t->name, "model.layers.0.mlp.", 19))
+            continue; /* replaced below */
+        struct st_entry *x = &e[n++];
+        snprintf(x->name, sizeof(x->name), "%s", t->name);
+        x->dtype = cvt_dtype_str(t->dtype);
+        x->n_dims = t->n_dims;
+        for (int d = 0; d < t->n_dims && d < 2; d++)
+            x->shape[d] = t->shape[d];
+        x->size = (size_t)t->nbytes;
+        x->data = malloc(x->size);
+        CHECK(x->data && cvt_source_read(src, t, x->data, x->size) == CVT_ERR_NONE);
+    }
+    for (int j = 0; e && j < 3; j++) {
+        struct st_entry *x = &e[n++];
+        int64_t N = j < 2 ? I : H, K = j < 2 ? H : I; /* nn.Linear weight [N, K] */
+        snprintf(x->name, sizeof(x->name), "model.layers.0.mlp.%s.weight", mlp[j]);
+        x->dtype = "F32";
+        x->n_dims = 2;
+        x->shape[0] = N;
+        x->shape[1] = K;
+        x->size = (size_t)(N * K) * 4;
+        x->data = w32[j] = malloc(x->size);
+        for (int64_t i = 0; w32[j] && i < N * K; i++)
+            w32[j][i] = rnd() * 0.1f;
+    }
+    if (e) {
+        struct st_entry *x = &e[n++];
+        snprintf(x->name, sizeof(x->name), "model.layers.1.self_attn.o_proj.bias");
+        x->dtype = "F16";
+        x->n_dims = 1;
+        x->shape[0] = H;
+        x->size = (size_t)H * 2;
+        x->data = obias = malloc(x->size);
+        for (int64_t i = 0; obias && i < H; i++)
+            obias[i] = ref_f32_to_f16(1.0f + rnd());
+    }
+    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+    CHECK(e && write_safetensors(path, e, (int)n));
+    /* config: the fixture's, with modules_to_not_convert = ["layers.0.mlp"] */
+    snprintf(path, sizeof(path), "%s/config.json", base);
+    cJSON *cj = load_json(path);
+    cJSON *qc = cJSON_GetObjectItem(cj, "quantization_config");
+    cJSON_DeleteItemFromObject(qc, "modules_to_not_convert");
+    cJSON *lst = cJSON_AddArrayToObject(qc, "modules_to_not_convert");
+    cJSON_AddItemToArray(lst, cJSON_CreateString("layers.0.mlp"));
+    char *cjs = cJSON_Print(cj);
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    CHECK(f && cjs && fputs(cjs, f) >= 0);
+    if (f)
+        fclose(f);
+    free(cjs);
+    cJSON_Delete(cj);
+
+    for (int tp = 1; tp <= 2; tp++) {
+        char *err = NULL;
+        snprintf(out, sizeof(out), "%s/mixed/tp%d", g_tmp, tp);
+        int rc = run(&err, NULL, "convert %s %s --tp %d -q", dir, out, tp);
+        CHECK_MSG(rc == 0, "mixed tp %d: exit %d: %s", tp, rc, err ? err : "");
+        free(err);
+        struct fmt_model *fm = NULL;
+        if (rc || fmt_model_open(out, &fm))
+            continue;
+        int64_t I_r = I / tp; /* I = 256 = 2 groups: no padding at tp 1, 2 */
+        for (int r = 0; r < tp; r++) {
+            const struct fmt_shard *sh = fmt_model_shard(fm, (uint32_t)r);
+            const struct fmt_tensor *gu =
+                fmt_shard_find(sh, "model.layers.0.mlp.gate_up_proj.weight");
+            const struct fmt_tensor *dn = fmt_shard_find(sh, "model.layers.0.mlp.down_proj.weight");
+            CHECK(fmt_shard_find(sh, "model.layers.0.mlp.gate_up_proj.qweight") == NULL);
+            CHECK(fmt_shard_find(sh, "model.layers.1.mlp.gate_up_proj.qweight") != NULL);
+            CHECK(gu && gu->dtype == FMT_DTYPE_F16 && gu->shape[0] == (uint64_t)(2 * I_r) &&
+                  gu->shape[1] == (uint64_t)H);
+            CHECK(dn && dn->dtype == FMT_DTYPE_F16 && dn->shape[0] == (uint64_t)H &&
+                  dn->shape[1] == (uint64_t)I_r);
+            bool ok = gu && dn && w32[0] && w32[1] && w32[2];
+            /* gate_up row n < I_r: gate row r*I_r + n; row I_r + n: up row r*I_r + n */
+            for (int64_t row = 0; ok && row < 2 * I_r; row++)
+                for (int64_t k = 0; ok && k < H; k++) {
+                    const float *srcw = w32[row < I_r ? 0 : 1];
+                    float v = srcw[(r * I_r + row % I_r) * H + k];
+                    ok = ((const uint16_t *)gu->data)[row * H + k] == ref_f32_to_f16(v);
+                }
+            /* down [H, I_r]: column c = source column r*I_r + c */
+            for (int64_t h = 0; ok && h < H; h++)
+                for (int64_t c = 0; ok && c < I_r; c++)
+                    ok = ((const uint16_t *)dn->data)[h * I_r + c] ==
+                         ref_f32_to_f16(w32[2][h * I + r * I_r + c]);
+            CHECK_MSG(ok, "mixed tp %d rank %d: unquantized MLP differs from the source", tp, r);
+            /* row-parallel bias: rank 0 only, as F32 of the F16 values */
+            const struct fmt_tensor *ob =
+                fmt_shard_find(sh, "model.layers.1.self_attn.o_proj.bias");
+            if (r == 0) {
+                bool bok = ob && ob->dtype == FMT_DTYPE_F32 && ob->numel == (uint64_t)H && obias;
+                for (int64_t i = 0; bok && i < H; i++)
+                    bok = ((const float *)ob->data)[i] == ref_f16_to_f32(obias[i]);
+                CHECK_MSG(bok, "mixed tp %d: o_proj.bias on rank 0 wrong", tp);
+            } else {
+                CHECK_MSG(ob == NULL, "mixed tp %d: o_proj.bias on rank %d (added twice)", tp, r);
+            }
+        }
+        fmt_model_close(fm);
+    }
+    for (size_t i = 0; e && i < n; i++)
+        free(e[i].data);
+    free(e);
+    cvt_source_close(src);
+}
+
 static void test_cli(void)
 {
     const char *dir = DATA "models/qwen2-bias-tied-v509";
@@ -816,6 +1007,7 @@ int main(void)
     qs_log_set_quiet(true);
     test_models();
     test_determinism();
+    test_mixed_precision();
     test_bad_inputs();
     test_cli();
     char cmd[512];
