@@ -865,6 +865,7 @@ static void test_chat_golden(const struct rt_tok *l2, const struct rt_tok *l3, c
     size_t mlen, llen;
     char *mjson = read_all(TOKDIR "mistral/tokenizer.json", &mlen);
     char *ljson = read_all(TOKDIR "llama3/tokenizer.json.gz", &llen);
+    int n_meta = 0;
     enum { N_TMPL = 3 };
     struct rt_tok *tmpl_tok[N_TMPL] = {NULL, NULL, NULL};
     static const char *const tmpl_name[N_TMPL] = {"mistral_v01", "mistral_v02", "qwen2"};
@@ -916,10 +917,21 @@ static void test_chat_golden(const struct rt_tok *l2, const struct rt_tok *l3, c
         enum rt_tok_err err = rt_chat_format(tok, f, msgs, nm, gen, &text, &tl);
         CHECK_MSG(err == RT_TOK_ERR_NONE && text && strcmp(text, want) == 0,
                   "chat golden %d (%s, gen %d): got \"%s\"", n, fam, gen, text ? text : rt_tok_err_str(err));
+        /* Llama-2: the ids Meta's own chat code builds ([bos] + sentencepiece(turn) + [eos]) */
+        const cJSON *meta = cJSON_GetObjectItem(c, "ids_llama2_meta");
+        if (meta && text) {
+            int32_t *ids = NULL;
+            size_t ni = 0;
+            encode_ok(tok, text, RT_TOK_PARSE_SPECIAL | RT_TOK_DEFAULT_SPECIAL, &ids, &ni);
+            CHECK_MSG(ids && ids_equal(ids, ni, meta), "chat golden %d: Llama-2 ids differ from Meta's", n);
+            free(ids);
+            n_meta++;
+        }
         free(text);
         n++;
     }
     CHECK_EQ_INT(n, 56);
+    CHECK_EQ_INT(n_meta, 8);
     /* Mistral has no system role */
     struct rt_chat_msg sys[2] = {{"system", "s"}, {"user", "u"}};
     char *text = NULL;

@@ -298,12 +298,37 @@ def chat_goldens():
     return cases
 
 
+def meta_llama2_ids(text, sp):
+    """Ids of a rendered Llama-2 chat prompt the way Meta's llama code builds them
+    (llama/generation.py chat_completion: per turn [bos] + encode(turn text) [+ eos]), i.e. the
+    text between <s> / </s> encoded by sentencepiece, which adds its dummy prefix to each."""
+    import re
+    ids = []
+    for part in re.split(r"(<s>|</s>)", text):
+        if part == "<s>":
+            ids.append(1)
+        elif part == "</s>":
+            ids.append(2)
+        elif part:
+            ids.extend(sp.encode(part))
+    return ids
+
+
 def write_chat_goldens():
     import jinja2
+    cases = chat_goldens()
+    try:  # sentencepiece lives in Debian's python3, jinja2 in the other one: run both ways
+        import sentencepiece as spm
+        sp = spm.SentencePieceProcessor(model_file=TOK + "llama2/tokenizer.model")
+        for c in cases:
+            if c["family"] == "llama2":
+                c["ids_llama2_meta"] = meta_llama2_ids(c["text"], sp)
+    except ImportError:
+        print("note: no sentencepiece here, ids_llama2_meta left out", file=sys.stderr)
     with open(TOK + "chat-golden.json", "w") as f:
         json.dump({"README": "chat prompts rendered by jinja2 %s from real chat templates; "
                              "written by gen_extra_vectors.py --chat" % jinja2.__version__,
-                   "cases": chat_goldens()}, f, ensure_ascii=False, indent=1)
+                   "cases": cases}, f, ensure_ascii=False, indent=1)
         f.write("\n")
 
 
