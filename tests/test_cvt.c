@@ -27,7 +27,8 @@
  * P08 (tied embeddings, no lm_head), P09/P10 (mixtral router listed in modules_to_not_convert,
  * replicated F32), P11 (qwen2 q/k/v biases split with their heads), P13 (w-bit-8), P14
  * (zero-point-false, unknown version), P17 (unknown / missing tensor), P19/P20 via bad inputs,
- * P21 (quant_config.json / quantize_config.json twins).
+ * P21 (quant_config.json / quantize_config.json twins; (d) disagreeing quant configs, (e) no quant
+ * config at all, built here), P09 (b) (listed float tensors missing, built here).
  *
  * Run from the repository root: ./build/test_cvt (QSHARD names the binary, default build/qshard).
  */
@@ -952,6 +953,124 @@ static void test_mixed_precision(void)
     cvt_source_close(src);
 }
 
+/* Copy file a to b (small files). */
+static bool copy_file(const char *a, const char *b)
+{
+    size_t len = 0;
+    char *d = slurp(a, &len);
+    FILE *f = d ? fopen(b, "wb") : NULL;
+    bool ok = f && fwrite(d, 1, len, f) == len;
+    if (f)
+        ok = fclose(f) == 0 && ok;
+    free(d);
+    return ok;
+}
+
+static bool write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    bool ok = f && fputs(text, f) >= 0;
+    if (f)
+        ok = fclose(f) == 0 && ok;
+    return ok;
+}
+
+/* PITFALLS P21 (d), (e) and P09 (b), end to end: each must exit 2, name the problem, leave
+ * nothing. Built from llama-gqa-gemm (config.json:quantization_config, group 128). */
+static void test_config_pitfalls(void)
+{
+    const char *base = DATA "models/llama-gqa-gemm";
+    char dir[512], a[600], b[600], out[600], *err = NULL;
+    snprintf(dir, sizeof(dir), "%s/p21", g_tmp);
+    mkdir(dir, 0777);
+    snprintf(a, sizeof(a), "%s/model.safetensors", base);
+    snprintf(b, sizeof(b), "%s/model.safetensors", dir);
+    CHECK(copy_file(a, b));
+    snprintf(a, sizeof(a), "%s/generation_config.json", base);
+    snprintf(b, sizeof(b), "%s/generation_config.json", dir);
+    CHECK(copy_file(a, b));
+    snprintf(a, sizeof(a), "%s/config.json", base);
+    cJSON *cj = load_json(a);
+    snprintf(out, sizeof(out), "%s/p21-out", g_tmp);
+
+    /* (e) quantized tensors but no quant config anywhere */
+    cJSON *qc = cJSON_DetachItemFromObject(cj, "quantization_config");
+    char *txt = cJSON_Print(cj);
+    snprintf(b, sizeof(b), "%s/config.json", dir);
+    CHECK(txt && write_text(b, txt));
+    free(txt);
+    CHECK_EQ_INT(run(&err, NULL, "convert %s %s --tp 1", dir, out), 2);
+    CHECK_MSG(err && strstr(err, "error"), "P21 (e): %s", err ? err : "");
+    CHECK(!exists(out));
+    free(err);
+    err = NULL;
+
+    /* (d) config.json says group 128, quant_config.json says 64 */
+    cJSON_AddItemToObject(cj, "quantization_config", qc);
+    txt = cJSON_Print(cj);
+    CHECK(txt && write_text(b, txt));
+    free(txt);
+    snprintf(b, sizeof(b), "%s/quant_config.json", dir);
+    CHECK(write_text(b, "{\"zero_point\": true, \"q_group_size\": 64, \"w_bit\": 4, "
+                        "\"version\": \"GEMM\"}\n"));
+    CHECK_EQ_INT(run(&err, NULL, "convert %s %s --tp 1", dir, out), 2);
+    CHECK_MSG(err && strstr(err, "error"), "P21 (d): %s", err ? err : "");
+    CHECK(!exists(out));
+    free(err);
+    err = NULL;
+    /* the same quant_config.json agreeing (group 128): converts, identical to the fixture's */
+    CHECK(write_text(b, "{\"zero_point\": true, \"q_group_size\": 128, \"w_bit\": 4, "
+                        "\"version\": \"GEMM\"}\n"));
+    CHECK_EQ_INT(run(&err, NULL, "convert %s %s --tp 1 -q", dir, out), 0);
+    free(err);
+    err = NULL;
+    snprintf(a, sizeof(a), "%s/models/llama-gqa-gemm/tp1", g_tmp);
+    if (exists(a))
+        ck_twins(a, out, "P21 agreeing quant configs");
+
+    /* P09 (b): modules_to_not_convert names layer 0's MLP, whose float tensors are absent */
+    snprintf(b, sizeof(b), "%s/mixed/model/model.safetensors", g_tmp);
+    if (exists(b)) {
+        char d2[600], e2[700];
+        snprintf(d2, sizeof(d2), "%s/p09b", g_tmp);
+        mkdir(d2, 0777);
+        /* rewrite the mixed model without layer 0's down_proj.weight */
+        struct cvt_source *src = NULL;
+        snprintf(e2, sizeof(e2), "%s/mixed/model", g_tmp);
+        CHECK(cvt_source_open(e2, &src) == CVT_ERR_NONE);
+        size_t n_src = src ? cvt_source_n_tensors(src) : 0, n = 0;
+        struct st_entry *e = calloc(n_src + 1, sizeof(*e));
+        for (size_t i = 0; e && i < n_src; i++) {
+            const struct cvt_src_tensor *t = cvt_source_tensor(src, i);
+            if (!strcmp(t->name, "model.layers.0.mlp.down_proj.weight"))
+                continue;
+            struct st_entry *x = &e[n++];
+            snprintf(x->name, sizeof(x->name), "%s", t->name);
+            x->dtype = cvt_dtype_str(t->dtype);
+            x->n_dims = t->n_dims;
+            for (int d = 0; d < t->n_dims && d < 2; d++)
+                x->shape[d] = t->shape[d];
+            x->size = (size_t)t->nbytes;
+            x->data = malloc(x->size);
+            CHECK(x->data && cvt_source_read(src, t, x->data, x->size) == CVT_ERR_NONE);
+        }
+        snprintf(e2, sizeof(e2), "%s/model.safetensors", d2);
+        CHECK(e && write_safetensors(e2, e, (int)n));
+        snprintf(a, sizeof(a), "%s/mixed/model/config.json", g_tmp);
+        snprintf(e2, sizeof(e2), "%s/config.json", d2);
+        CHECK(copy_file(a, e2));
+        CHECK_EQ_INT(run(&err, NULL, "convert %s %s --tp 1", d2, out), 2);
+        CHECK_MSG(err && strstr(err, "model.layers.0.mlp.down_proj"), "P09 (b): %s",
+                  err ? err : "");
+        free(err);
+        for (size_t i = 0; e && i < n; i++)
+            free(e[i].data);
+        free(e);
+        cvt_source_close(src);
+    }
+    cJSON_Delete(cj);
+}
+
 static void test_cli(void)
 {
     const char *dir = DATA "models/qwen2-bias-tied-v509";
@@ -1008,6 +1127,7 @@ int main(void)
     test_models();
     test_determinism();
     test_mixed_precision();
+    test_config_pitfalls();
     test_bad_inputs();
     test_cli();
     char cmd[512];
