@@ -375,7 +375,7 @@ struct cvt_awq_linear {
     uint8_t  *q;                /* owned; [K][N] codes 0..15 */
     uint8_t  *z;                /* owned; [K/G][N] zero points 0..15 */
     uint16_t *s;                /* owned; [K/G][N] fp16 bits, finite and > 0 */
-    float    *bias;             /* owned; [N] (fp16 source values, exact) or NULL */
+    float    *bias;             /* owned; [N] source values (exact in fp32) or NULL */
 };
 
 /*
@@ -384,8 +384,10 @@ struct cvt_awq_linear {
  * 0 <= n0 < n1 <= N. Pass k0 = 0, k1 = K, n0 = 0, n1 = N for the whole linear.
  * Runs cvt_awq_probe() first (same errors), then checks values: every scale of the slice finite
  * and > 0 (CVT_ERR_NAN naming the scales tensor and [row, col]); BF16 scales must convert to
- * fp16 exactly (CVT_ERR_RANGE); GEMVFast / gen-3 zeros must be exactly -(s*z) for an integer
- * z in 0..15 (CVT_ERR_RANGE). Bias: F16/BF16/F32 `[N]`. On error `out` is zeroed.
+ * fp16 exactly (CVT_ERR_RANGE); GEMVFast / gen-3 zeros qz must be -(s*z) for an integer z in
+ * 0..15 up to the rounding of the stored value, |-qz/s - z| <= 0.1 (CVT_ERR_RANGE otherwise);
+ * the canonical z is that integer, so w = (q - z) * s, as the fixtures' goldens define it.
+ * Bias: F16/BF16/F32 `[N]`, finite. On error `out` is zeroed.
  */
 enum cvt_err cvt_awq_load(const struct cvt_source *src, const struct cvt_hf_config *cfg,
                           const char *prefix, int64_t K, int64_t N,
