@@ -148,14 +148,18 @@ struct k_w4_group {
 
 __device__ __forceinline__ void k_w4_group_load(k_w4_group &g, uint32_t zword, uint4 sc)
 {
+    /* Integer construction of the fp16 constants (no int->float->half conversions on the
+     * group boundary): 1024 + z is 0x6400 | z (mantissa step 1 in [1024, 2048)), and
+     * -(64 + z) is 0xD400 + 16z (mantissa step 1/16 in [64, 128), sign bit set). */
     const uint32_t sw[4] = {sc.x, sc.y, sc.z, sc.w};
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-        const float z = (float)((zword >> (4 * j)) & 0xF);
-        g.zl[j] = __float2half2_rn(1024.0f + z);
-        g.zh[j] = __float2half2_rn(-(64.0f + z));
-        const __half2 s2 = k_u32_as_half2(sw[j / 2]);
-        g.s[j] = (j % 2) ? __high2half2(s2) : __low2half2(s2);
+        const uint32_t z = (zword >> (4 * j)) & 0xFu;
+        const uint32_t zz = z | (z << 16);
+        g.zl[j] = k_u32_as_half2(0x64006400u | zz);
+        g.zh[j] = k_u32_as_half2(0xD400D400u + (zz << 4));
+        const uint32_t s = sw[j / 2];
+        g.s[j] = k_u32_as_half2((j % 2) ? __byte_perm(s, s, 0x3232) : __byte_perm(s, s, 0x1010));
     }
 }
 

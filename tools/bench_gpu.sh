@@ -1,10 +1,12 @@
 #!/bin/sh
 # bench_gpu.sh - GPU benchmarks (`make bench-gpu`, on the GPU machine): the W4A16 linear vs the
-# device copy bandwidth and cuBLAS fp16, Llama shapes at tp 1 and the 70B shapes at tp 8.
+# device copy bandwidth and cuBLAS fp16 in one run, Llama-2-7B / Llama-3-8B / 70B layer shapes at
+# tp 1 and the 70B shapes at tp 8, then the read-bandwidth ceilings of the access patterns.
 # docs/BENCHMARKS.md ("GPU kernels (H200)") records the output.
 #   QSHARD=build-gpu/qshard sh tools/bench_gpu.sh
 set -e
 QSHARD=${QSHARD:-build/qshard}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null || true
-"$QSHARD" bench kernel w4a16 --m 1,16,64,256,4096 --shapes llama2-7b,llama3-8b,70b --variants 0
-"$QSHARD" bench kernel w4a16 --m 1,16,64 --shapes 70b --tp 8 --variants 0
+"$QSHARD" bench kernel w4a16 --m 1,16,64,256,4096 --shapes llama2-7b,llama3-8b,70b --variants 0 --ms 10
+"$QSHARD" bench kernel w4a16 --m 1,16,64 --shapes 70b --tp 8 --variants 0 --ms 10
+"$QSHARD" bench kernel stream
