@@ -20,7 +20,7 @@
  *     system message when the first message is not one ("You are a helpful assistant." in Qwen2,
  *     "You are Qwen, created by Alibaba Cloud. ..." in Qwen2.5): when the tokenizer's ChatML
  *     template holds such a literal ('<|im_start|>system\n' TEXT '<|im_end|>'), it is used too.
- * Entry points: rt_chat_detect, rt_chat_family_parse, rt_chat_format (rt_tok.h).
+ * Entry points: rt_chat_detect, rt_chat_family_parse, rt_chat_end_id, rt_chat_format (rt_tok.h).
  * Test: ./build/test_tok (exactly one BOS after encoding, per family).
  */
 #include <stdlib.h>
@@ -58,6 +58,25 @@ enum rt_chat_family rt_chat_family_parse(const char *name)
     if (strcmp(name, "mistral") == 0)
         return RT_CHAT_MISTRAL;
     return RT_CHAT_NONE;
+}
+
+int32_t rt_chat_end_id(const struct rt_tok *tok, enum rt_chat_family family)
+{
+    if (!tok)
+        return -1;
+    if (family == RT_CHAT_NONE)
+        family = rt_chat_detect(tok);
+    switch (family) {
+    case RT_CHAT_LLAMA3:
+        return rt_tok_find(tok, "<|eot_id|>");
+    case RT_CHAT_CHATML:
+        return rt_tok_find(tok, "<|im_end|>");
+    case RT_CHAT_LLAMA2:
+    case RT_CHAT_MISTRAL:
+        return tok->n_eos ? tok->eos_ids[0] : -1;
+    default:
+        return -1;
+    }
 }
 
 /* Growable output string; `err` latches the first failure so appends can be chained. */

@@ -220,6 +220,11 @@ enum rt_chat_family rt_chat_detect(const struct rt_tok *tok);
  * unknown. */
 enum rt_chat_family rt_chat_family_parse(const char *name);
 
+/* The token that ends an assistant turn in `family` (RT_CHAT_NONE: rt_chat_detect), to stop
+ * generation on even when generation_config.json does not list it: Llama-3 <|eot_id|>,
+ * ChatML <|im_end|>, Llama-2 / Mistral the EOS token; -1 when the tokenizer lacks it. */
+int32_t rt_chat_end_id(const struct rt_tok *tok, enum rt_chat_family family);
+
 /* Build the prompt text for msgs [n] in `family` (RT_CHAT_NONE: use rt_chat_detect), as the HF
  * templates of that family do (Llama-2: system folded into the first user turn, contents
  * stripped; Llama-3: contents trimmed; ChatML verbatim), ending with the assistant header when

@@ -787,6 +787,12 @@ static void test_chat(const struct rt_tok *l2, const struct rt_tok *l3, const st
     CHECK_EQ_INT(rt_chat_detect(l31), RT_CHAT_LLAMA3);
     CHECK_EQ_INT(rt_chat_detect(mistral), RT_CHAT_NONE); /* base model: no template */
     CHECK_EQ_INT(rt_chat_family_parse("chatml"), RT_CHAT_CHATML);
+    CHECK_EQ_INT(rt_chat_family_parse("mistral"), RT_CHAT_MISTRAL);
+    CHECK_EQ_INT(rt_chat_family_parse("nope"), RT_CHAT_NONE);
+    CHECK_EQ_INT(rt_chat_end_id(l3, RT_CHAT_NONE), 128009);  /* <|eot_id|> */
+    CHECK_EQ_INT(rt_chat_end_id(l2, RT_CHAT_LLAMA2), 2);      /* </s> */
+    CHECK_EQ_INT(rt_chat_end_id(l2, RT_CHAT_CHATML), -1);     /* no <|im_end|> */
+    CHECK_EQ_INT(rt_chat_end_id(mistral, RT_CHAT_NONE), -1);  /* no template */
     const struct {
         const struct rt_tok *tok;
         enum rt_chat_family fam;
