@@ -910,8 +910,13 @@ void cvt_plan_print(const struct cvt_plan *p, FILE *f)
                    "(rank r holds kv head r/%d)",
                 d->n_kv_heads, p->kv_head_replicas, p->kv_head_replicas);
     fprintf(f, "\n");
-    fprintf(f, "plan: intermediate: U = lcm(group_size %d, 64) = %d; %" PRId64 " = %.2f groups; ",
-            d->group_size, p->inter_unit, I, (double)I / d->group_size);
+    fprintf(f, "plan: intermediate: U = lcm(group_size %d, 64) = %d; %" PRId64, d->group_size,
+            p->inter_unit, I);
+    if (I % d->group_size == 0)
+        fprintf(f, " = %" PRId64 " groups (%.2f per rank); ", I / d->group_size,
+                (double)I / d->group_size / tp);
+    else
+        fprintf(f, " = %.2f groups; ", (double)I / d->group_size);
     if (p->inter_padded == I)
         fprintf(f, "no padding, I_r = %" PRId64 " per rank\n", I_r);
     else

@@ -27,6 +27,7 @@
 #include "cvt.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <malloc.h>
@@ -933,6 +934,74 @@ static enum cvt_err names_of(const struct cvt_source *src, const char ***out, in
     return CVT_ERR_NONE;
 }
 
+/* Does dir hold any weight file (*.safetensors, *.bin, *.pt)? */
+static bool has_weight_files(const char *dir)
+{
+    static const char *const sfx[] = {".safetensors", ".bin", ".pt"};
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    bool found = false;
+    if (!d)
+        return true; /* let cvt_source_open report the problem */
+    while (!found && (de = readdir(d))) {
+        size_t n = strlen(de->d_name);
+        for (size_t i = 0; i < sizeof(sfx) / sizeof(sfx[0]) && !found; i++) {
+            size_t m = strlen(sfx[i]);
+            found = n > m && !strcmp(de->d_name + n - m, sfx[i]);
+        }
+    }
+    closedir(d);
+    return found;
+}
+
+/* --dry-run of a directory with config files but no weights (a config checked before a large
+ * download, or tests/data/real-configs/): plan from the config alone (every decoder linear
+ * quantized unless modules_to_not_convert names it) and print it. */
+static enum cvt_err dry_run_config_only(const struct cvt_opts *o)
+{
+    static const char *const files[4] = {"config.json", "quant_config.json",
+                                          "quantize_config.json", "generation_config.json"};
+    char *text[4] = {NULL, NULL, NULL, NULL};
+    size_t len[4] = {0, 0, 0, 0};
+    struct cvt_hf_config cfg;
+    struct cvt_dims d;
+    struct cvt_plan *plan = NULL;
+    enum cvt_err e = CVT_ERR_NONE;
+    memset(&cfg, 0, sizeof(cfg));
+    for (int i = 0; i < 4; i++) {
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/%s", o->model_dir, files[i]);
+        FILE *f = fopen(path, "rb");
+        if (!f)
+            continue;
+        if (fseek(f, 0, SEEK_END) == 0) {
+            long n = ftell(f);
+            if (n >= 0 && n < (16 << 20) && fseek(f, 0, SEEK_SET) == 0 &&
+                (text[i] = malloc((size_t)n + 1)) && fread(text[i], 1, (size_t)n, f) == (size_t)n)
+                len[i] = (size_t)n;
+        }
+        fclose(f);
+    }
+    if (!text[0]) {
+        qs_log_error(__func__, "%s: no config.json (and no weight files)", o->model_dir);
+        e = CVT_ERR_IO;
+        goto out;
+    }
+    if ((e = cvt_config_parse(o->model_dir, text[0], len[0], text[1], len[1], text[2], len[2],
+                              text[3], len[3], &cfg)) ||
+        (e = cvt_dims_from_hf(&cfg, &d)) || (e = cvt_plan_build(&d, NULL, o->tp, &plan)))
+        goto out;
+    qs_log_info("%s: no weight files: planning from the config alone (%s, quant config from %s)",
+                o->model_dir, cvt_arch_str(cfg.arch), cvt_qcfg_file_str(cfg.quant.from));
+    cvt_plan_print(plan, stdout);
+out:
+    cvt_plan_free(plan);
+    cvt_config_free(&cfg);
+    for (int i = 0; i < 4; i++)
+        free(text[i]);
+    return e;
+}
+
 static void run_free(struct run *R)
 {
     if (R->w)
@@ -963,6 +1032,10 @@ enum cvt_err cvt_run(const struct cvt_opts *o)
     pthread_mutex_init(&R.lock, NULL);
     pthread_mutex_init(&R.bar_lock, NULL);
 
+    if (o->dry_run && !has_weight_files(o->model_dir)) {
+        e = dry_run_config_only(o);
+        goto out;
+    }
     if ((e = cvt_source_open(o->model_dir, &R.src)))
         goto out;
     R.cfg = cvt_source_config(R.src);

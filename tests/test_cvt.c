@@ -1094,6 +1094,16 @@ static void test_cli(void)
     CHECK(sout && strstr(sout, "V_r = ceil(509 / 2) = 255") && strstr(sout, "I_pad = 512"));
     CHECK(!exists(out));
     free(sout);
+    /* --dry-run of a directory holding only a real config.json (no weights) */
+    CHECK_EQ_INT(run(NULL, &sout, "convert " DATA "real-configs/twhoool02--Llama-2-7b-chat-hf-AWQ "
+                                  "--tp 4 --dry-run"), 0);
+    CHECK(sout && strstr(sout, "I_pad = 11264") && strstr(sout, "I_r = 2816"));
+    free(sout);
+    CHECK_EQ_INT(run(&err, NULL, "convert " DATA "real-configs/twhoool02--Llama-2-7b-chat-hf-AWQ "
+                                 "--tp 3 --dry-run"), 2);
+    CHECK(err && strstr(err, "valid --tp values for this model: 1 2 4 8 16 32"));
+    free(err);
+    err = NULL;
     /* second conversion into the same place: refused without --force, files untouched */
     CHECK_EQ_INT(run(NULL, NULL, "convert %s %s --tp 2 -q", dir, out), 0);
     snprintf(f, sizeof(f), "%s/rank-1-of-2.qshard", out);
