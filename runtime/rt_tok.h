@@ -107,7 +107,8 @@ void rt_tok_free(struct rt_tok *tok);
 
 /* Encode flags. */
 enum {
-    RT_TOK_ADD_BOS = 1u << 0,         /* prepend BOS (never twice: not if the text starts with it) */
+    RT_TOK_ADD_BOS = 1u << 0,         /* prepend BOS (never twice: not if the text starts with the
+                                       * BOS token, parsed with RT_TOK_PARSE_SPECIAL) */
     RT_TOK_ADD_EOS = 1u << 1,         /* append EOS */
     RT_TOK_DEFAULT_SPECIAL = 1u << 2, /* BOS/EOS as the tokenizer files say; ignores the two above */
     RT_TOK_PARSE_SPECIAL = 1u << 3,   /* match special added tokens ("<s>", "<|eot_id|>") in text */
@@ -117,7 +118,8 @@ enum {
  * when *n == 0). Flags as above. Errors: RT_TOK_ERR_UTF8 (invalid UTF-8: overlong, surrogate,
  * > U+10FFFF, truncated; the byte offset is reported), RT_TOK_ERR_TOO_LONG (len >= 2^30),
  * RT_TOK_ERR_UNSUPPORTED (a character outside the vocabulary with no byte fallback and no unk),
- * RT_TOK_ERR_NOMEM, RT_TOK_ERR_ARG. Cost: O(len log len) time; scratch memory about 12 bytes
+ * RT_TOK_ERR_NOMEM, RT_TOK_ERR_ARG (NULL pointers; BOS/EOS asked for explicitly but the
+ * tokenizer has none - RT_TOK_DEFAULT_SPECIAL never asks for what is missing). Cost: O(len log len) time; scratch memory about 12 bytes
  * per byte of the longest unit merged at once (byte-level: a 64 KB chunk; SentencePiece: a
  * word, the whole segment only for vocabularies with pieces like "a▁"). Measured (test_tok,
  * this 2-core dev box, -O2): ~18 MB/s on mixed text for both kinds. */
