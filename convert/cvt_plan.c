@@ -32,6 +32,10 @@
 
 /* --- small helpers ------------------------------------------------------------------------ */
 
+/* Bound on outputs over all ranks (~1.4 GB of plan); 70B at tp 8 needs ~6k, a 256-expert MoE
+ * with 60 layers at tp 8 ~250k. */
+#define CVT_PLAN_MAX_OUTPUTS (4 * 1000 * 1000)
+
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 static int64_t gcd64(int64_t a, int64_t b)
@@ -764,6 +768,16 @@ enum cvt_err cvt_plan_build(const struct cvt_dims *d, const struct cvt_name_list
         qs_log_error(__func__, "--tp %d: %s; valid --tp values for this model: %s", tp, why,
                      valid);
         return CVT_ERR_TP;
+    }
+    /* outputs per rank: vocab tables, norm, per layer 2 norms + qkv(+bias) + o(+bias) + router +
+     * 2 per MLP/expert; a hostile config (4096 layers x 1024 experts x tp 4096) must not make
+     * the plan itself exhaust memory */
+    int64_t per_rank = 4 + (int64_t)d->n_layers * (7 + 2 * (d->n_experts > 0 ? d->n_experts : 1));
+    if (per_rank * tp > CVT_PLAN_MAX_OUTPUTS) {
+        qs_log_error(__func__, "config: %d layers x %d experts at tp %d gives %" PRId64
+                               " output tensors; at most %d are supported",
+                     d->n_layers, d->n_experts, tp, per_rank * tp, CVT_PLAN_MAX_OUTPUTS);
+        return CVT_ERR_UNSUPPORTED;
     }
     struct cvt_plan *p = calloc(1, sizeof(*p));
     if (!p)

@@ -709,6 +709,15 @@ static void test_pitfall_groups(void)
     d.intermediate = 1120; /* 35 groups of 32, not a multiple of 64 even at tp 1 */
     check_dense_plan("T-LLAMA g32", &d, 1);
     check_dense_plan("T-LLAMA g32", &d, 4);
+    /* a hostile config cannot make the plan itself exhaust memory */
+    d = tiny();
+    d.arch = CVT_ARCH_MIXTRAL;
+    d.n_layers = 4096;
+    d.n_experts = 1024;
+    d.n_experts_per_tok = 2;
+    d.n_heads = d.n_kv_heads = 4;
+    CHECK_EQ_INT(cvt_plan_build(&d, NULL, 2, &p), CVT_ERR_UNSUPPORTED);
+    CHECK(p == NULL);
 }
 
 int main(void)
