@@ -1400,6 +1400,13 @@ static void test_configs(void)
         CHECK(cfg.config_json == NULL);
     }
     qs_log_set_quiet(false);
+    /* quant config nested under text_config (VLM-style wrapper, PITFALLS P21 c) */
+    CHECK_EQ_INT(cfg_parse("{" BASE_CFG ", \"text_config\": {\"quantization_config\": {\"quant_method\": \"awq\", "
+                           "\"bits\": 4, \"group_size\": 64, \"version\": \"gemv\"}}}", NULL, NULL, NULL, &cfg),
+                 CVT_ERR_NONE);
+    CHECK_EQ_INT(cfg.quant.group_size, 64);
+    CHECK_EQ_INT(cfg.quant.variant_mask, CVT_VARIANT_BIT(CVT_VARIANT_GEMV));
+    cvt_config_free(&cfg);
     /* quantize_config.json that is really GPTQ */
     qs_log_set_quiet(true);
     CHECK_EQ_INT(cfg_parse("{" BASE_CFG "}", NULL, "{\"bits\": 4, \"group_size\": 128, \"desc_act\": false, \"sym\": true}", NULL, &cfg),
