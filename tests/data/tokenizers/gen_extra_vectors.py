@@ -17,6 +17,8 @@ reference implementations we did not write:
   no_fallback mistral/tokenizer.json with byte_fallback false (unknown characters -> <unk>, fused)
 The same text edits are made by tests/test_tok.c, so both sides read identical bytes.
 
+Needs Debian's python3-sentencepiece and python3-jinja2 (run with /usr/bin/python3), and for the
+HF blocks node plus `npm install tokenizers@0.23.2` in some DIR.
 Run from the repository root (dev time only; CI reads the JSON):
   python3 tests/data/tokenizers/gen_extra_vectors.py [--node-tokenizers DIR]
   python3 tests/data/tokenizers/gen_extra_vectors.py --chat   (writes chat-golden.json)
