@@ -720,6 +720,108 @@ static void test_pitfall_groups(void)
     CHECK(p == NULL);
 }
 
+/* Property test: random small models and tp values. Either the plan is refused with a tp /
+ * config error, or every segment lies inside its source and its output, W4 outputs satisfy the
+ * packed-layout rules, segments of one output do not overlap, and every source element lands in
+ * exactly one rank (kv heads: exactly kv_head_replicas ranks). */
+static uint32_t prop_rng = 2463534242u;
+static int prop_rand(int n)
+{
+    prop_rng ^= prop_rng << 13;
+    prop_rng ^= prop_rng >> 17;
+    prop_rng ^= prop_rng << 5;
+    return (int)(prop_rng % (uint32_t)n);
+}
+
+static void test_random_plans(void)
+{
+    static const int Gs[] = {16, 32, 64, 128, 256};
+    static const int hds[] = {16, 32, 64, 128};
+    int n_ok = 0, n_refused = 0;
+    for (int it = 0; it < 3000; it++) {
+        struct cvt_dims d = tiny();
+        d.arch = prop_rand(4) == 0 ? CVT_ARCH_MIXTRAL : CVT_ARCH_LLAMA;
+        d.group_size = Gs[prop_rand(5)];
+        d.head_dim = hds[prop_rand(4)];
+        d.n_heads = 1 + prop_rand(16);
+        int kv_div[16], n_div = 0;
+        for (int k = 1; k <= d.n_heads; k++)
+            if (d.n_heads % k == 0)
+                kv_div[n_div++] = k;
+        d.n_kv_heads = kv_div[prop_rand(n_div)];
+        d.hidden = 64 * (1 + prop_rand(16));
+        d.intermediate = 1 + prop_rand(3000);
+        d.vocab = 1 + prop_rand(3000);
+        d.n_layers = 1 + prop_rand(3);
+        d.tie_word_embeddings = prop_rand(2);
+        d.qkv_bias = prop_rand(3) == 0;
+        if (d.arch == CVT_ARCH_MIXTRAL) {
+            d.n_experts = 1 + prop_rand(4);
+            d.n_experts_per_tok = 1;
+        }
+        int tp = 1 + prop_rand(16), vals[16];
+        int n_valid = cvt_plan_valid_tp(&d, 16, vals, 16);
+        bool listed = false;
+        if (n_valid && prop_rand(4))
+            tp = vals[prop_rand(n_valid)]; /* mostly values the rules allow */
+        for (int v = 0; v < n_valid; v++)
+            listed |= vals[v] == tp;
+        struct cvt_plan *p = NULL;
+        enum cvt_err e = cvt_plan_build(&d, NULL, tp, &p);
+        /* the hint's list and the plan agree */
+        CHECK_MSG(listed == (e == CVT_ERR_NONE), "iteration %d: tp %d listed %d, build %d", it, tp,
+                  listed, (int)e);
+        if (e) {
+            CHECK_MSG(e == CVT_ERR_TP && p == NULL, "iteration %d: error %d", it, (int)e);
+            n_refused++;
+            continue;
+        }
+        n_ok++;
+        long long *cover = calloc((size_t)p->n_srcs, sizeof(*cover));
+        bool ok = cover != NULL;
+        for (int r = 0; ok && r < tp; r++)
+            for (int j = 0; ok && j < p->ranks[r].n_outs; j++) {
+                const struct cvt_out *o = &p->ranks[r].outs[j];
+                if (o->kind == CVT_OUT_W4)
+                    ok = o->rows % 16 == 0 && o->cols % 64 == 0 && o->rows % d.group_size == 0;
+                for (int a = 0; ok && a < o->n_segs; a++) {
+                    const struct cvt_seg *s = &o->segs[a];
+                    const struct cvt_plan_src *ps = &p->srcs[s->src];
+                    ok = s->n_rows > 0 && s->n_cols > 0 && s->src_r0 >= 0 && s->src_c0 >= 0 &&
+                         s->src_r0 + s->n_rows <= ps->rows && s->src_c0 + s->n_cols <= ps->cols &&
+                         s->dst_r0 >= 0 && s->dst_c0 >= 0 && s->dst_r0 + s->n_rows <= o->rows &&
+                         s->dst_c0 + s->n_cols <= o->cols;
+                    cover[s->src] += (long long)s->n_rows * s->n_cols;
+                    for (int b2 = 0; ok && b2 < a; b2++) {
+                        const struct cvt_seg *t = &o->segs[b2];
+                        bool disjoint = s->dst_c0 + s->n_cols <= t->dst_c0 ||
+                                        t->dst_c0 + t->n_cols <= s->dst_c0 ||
+                                        s->dst_r0 + s->n_rows <= t->dst_r0 ||
+                                        t->dst_r0 + t->n_rows <= s->dst_r0;
+                        ok = disjoint;
+                    }
+                }
+            }
+        for (int i = 0; ok && i < p->n_srcs; i++) {
+            const struct cvt_plan_src *ps = &p->srcs[i];
+            bool kv = strstr(ps->name, "k_proj") || strstr(ps->name, "v_proj");
+            bool repl = strstr(ps->name, "norm") || strstr(ps->name, "block_sparse_moe.gate.");
+            long long want = ps->rows * ps->cols * (kv ? p->kv_head_replicas : repl ? tp : 1);
+            ok = cover[i] == want;
+            if (!ok)
+                fprintf(stderr, "source %s covered %lld times, want %lld\n", ps->name, cover[i],
+                        want);
+        }
+        CHECK_MSG(ok, "iteration %d: arch %d H %d heads %d/%d hd %d I %d V %d G %d tp %d", it,
+                  (int)d.arch, d.hidden, d.n_heads, d.n_kv_heads, d.head_dim, d.intermediate,
+                  d.vocab, d.group_size, tp);
+        free(cover);
+        cvt_plan_free(p);
+    }
+    CHECK(n_ok > 300 && n_refused > 300);
+    printf("random plans: %d built and checked, %d refused\n", n_ok, n_refused);
+}
+
 int main(void)
 {
     T_INIT("cvt_plan");
@@ -734,5 +836,6 @@ int main(void)
     test_qwen2_bias_and_gqa();
     test_mixtral();
     test_pitfall_groups();
+    test_random_plans();
     return t_done();
 }
