@@ -272,16 +272,35 @@ static enum cvt_err w4_sub(struct run *R, int rank, const struct cvt_out *o, int
     return CVT_ERR_NONE;
 }
 
-/* Source rows per decoder call: whole groups, about CVT_K_BLOCK rows. Reading a few rows at a
- * time keeps the pages of the source mapping that one call touches (and the input side drops
- * again afterwards) small: a column slice of a GEMM qweight [K, N/8] touches every page of the
- * rows it reads, so a whole-K call would map the entire tensor (35 MB for a 13B gate_proj) in
- * every worker at once. */
-#define CVT_K_BLOCK 256
+/* Source rows per decoder call: whole groups, about CVT_K_BLOCK_BYTES of 4-bit codes of the
+ * source's full rows (at most CVT_K_BLOCK_MAX rows). Reading a block of rows at a time keeps the
+ * pages of the source mapping that one call touches (and the input side drops again afterwards)
+ * small: a column slice of a GEMM qweight [K, N/8] touches every page of the rows it reads, so a
+ * whole-K call would map the entire tensor (35 MB for a 13B gate_proj) in every worker at once.
+ * Larger blocks mean fewer calls (each probes the tensors and madvises them). */
+#define CVT_K_BLOCK_BYTES (2u << 20)
+#define CVT_K_BLOCK_MAX 2048
 
-static int64_t k_block(int64_t G)
+static int64_t k_block(const struct run *R, int64_t G, int64_t N_src)
 {
-    return G >= CVT_K_BLOCK ? G : CVT_K_BLOCK / G * G;
+    /* a quarter of the worker's budget when that is smaller (the tests' tiny budgets) */
+    uint64_t bytes = R->chunk_bytes / 4 < CVT_K_BLOCK_BYTES ? R->chunk_bytes / 4 : CVT_K_BLOCK_BYTES;
+    int64_t rows = (int64_t)bytes / (N_src / 2 > 0 ? N_src / 2 : 1);
+    if (rows > CVT_K_BLOCK_MAX)
+        rows = CVT_K_BLOCK_MAX;
+    rows = rows / G * G;
+    return rows < G ? G : rows;
+}
+
+/* Largest k_block over the sources of output o (sizes the source-dequant buffer). */
+static int64_t k_block_max(const struct run *R, const struct cvt_out *o)
+{
+    int64_t m = 0;
+    for (int si = 0; si < o->n_segs; si++) {
+        int64_t kb = k_block(R, R->plan->d.group_size, R->plan->srcs[o->segs[si].src].cols);
+        m = kb > m ? kb : m;
+    }
+    return m ? m : R->plan->d.group_size;
 }
 
 /* One load chunk [c0, c0 + cw) of output columns of W4 output o on `rank`. */
@@ -289,7 +308,7 @@ static enum cvt_err w4_chunk(struct run *R, int rank, const struct cvt_out *o, i
                              int64_t cw, struct w4_bufs *b, uint64_t offs[3])
 {
     const struct cvt_plan *p = R->plan;
-    int64_t K = o->rows, G = p->d.group_size, ng = K / G, kb = k_block(G);
+    int64_t K = o->rows, G = p->d.group_size, ng = K / G;
     enum cvt_err e = CVT_ERR_NONE;
     memset(b->q, 0, (size_t)(K * cw));
     memset(b->z, 0, (size_t)(ng * cw));
@@ -303,7 +322,7 @@ static enum cvt_err w4_chunk(struct run *R, int rank, const struct cvt_out *o, i
             continue;
         const struct cvt_plan_src *ps = &p->srcs[sg->src];
         int64_t n0 = sg->src_c0 + (a - sg->dst_c0), n1 = n0 + (z - a);
-        int64_t w = z - a, dc = a - c0;
+        int64_t w = z - a, dc = a - c0, kb = k_block(R, G, ps->cols);
         for (int64_t k0 = sg->src_r0; k0 < sg->src_r0 + sg->n_rows; k0 += kb) {
             int64_t k1 = k0 + kb < sg->src_r0 + sg->n_rows ? k0 + kb : sg->src_r0 + sg->n_rows;
             int64_t dr = sg->dst_r0 + (k0 - sg->src_r0);
@@ -337,7 +356,7 @@ static enum cvt_err w4_chunk(struct run *R, int rank, const struct cvt_out *o, i
             continue;
         const struct cvt_plan_src *ps = &p->srcs[sg->src];
         int64_t n0 = sg->src_c0 + (a - sg->dst_c0), n1 = n0 + (z - a);
-        int64_t w = z - a, dc = a - c0;
+        int64_t w = z - a, dc = a - c0, kb = k_block(R, G, ps->cols);
         for (int64_t k0 = sg->src_r0; k0 < sg->src_r0 + sg->n_rows; k0 += kb) {
             int64_t k1 = k0 + kb < sg->src_r0 + sg->n_rows ? k0 + kb : sg->src_r0 + sg->n_rows;
             int64_t dr = sg->dst_r0 + (k0 - sg->src_r0);
@@ -407,7 +426,7 @@ static enum cvt_err job_w4(struct run *R, int rank, const struct cvt_out *o)
     b.zp = malloc((size_t)(ng * S / 2));
     if (ck) {
         b.wq = malloc((size_t)(K * C) * sizeof(float));
-        b.ws = malloc((size_t)(k_block(G) * C) * sizeof(float));
+        b.ws = malloc((size_t)(k_block_max(R, o) * C) * sizeof(float));
         b.xw = malloc((size_t)(K * S) * sizeof(float));
     }
     if (!b.q || !b.z || !b.s || !b.xq || !b.xz || !b.xs || !b.qp || !b.sp || !b.zp ||
