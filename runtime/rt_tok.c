@@ -202,6 +202,9 @@ void rt_tok_free(struct rt_tok *tok)
     free(tok->model_map.slot);
     free(tok->merges.slot);
     free(tok->added);
+    free(tok->nadded);
+    free(tok->nadded_off);
+    free(tok->nadded_len);
     free(tok->chat_template);
     free(tok);
 }
@@ -212,10 +215,11 @@ int32_t rt_tok_find(const struct rt_tok *tok, const char *piece)
     if (!tok || !piece)
         return -1;
     size_t n = strlen(piece);
-    for (size_t i = 0; i < tok->n_added; i++) {
-        const struct rt_tok_entry *e = &tok->ent[tok->added[i]];
+    for (size_t i = 0; i < tok->n_added + tok->n_nadded; i++) {
+        int32_t id = i < tok->n_added ? tok->added[i] : tok->nadded[i - tok->n_added];
+        const struct rt_tok_entry *e = &tok->ent[id];
         if (e->piece_len == n && memcmp(tok->arena + e->piece_off, piece, n) == 0)
-            return tok->added[i];
+            return id;
     }
     if (tok->added == NULL) { /* during loading, before the added index exists */
         for (int32_t id = 0; id < tok->n_vocab; id++) {
@@ -244,13 +248,109 @@ static int added_cmp(const void *pa, const void *pb, void *ctx)
     return memcmp(tok->arena + a->piece_off, tok->arena + b->piece_off, a->piece_len);
 }
 
+static int nadded_cmp(const void *pa, const void *pb, void *ctx)
+{
+    const struct rt_tok *tok = ctx;
+    size_t a = (size_t)(*(const int32_t *)pa), b = (size_t)(*(const int32_t *)pb);
+    uint32_t la = tok->nadded_len[a], lb = tok->nadded_len[b];
+    return la != lb ? (la > lb ? -1 : 1) : (a < b ? -1 : a > b);
+}
+
+/* Added tokens with normalized=true under a SentencePiece normalizer (Prepend / Replace) are
+ * matched in the normalised text against their normalised content ("▁" + content, spaces as
+ * "▁"), longest first: RT_TOKA_NMATCH, listed in tok->nadded. */
+static enum rt_tok_err build_nadded(struct rt_tok *tok)
+{
+    if (tok->kind != RT_TOK_KIND_SPM || !(tok->norm_prepend || tok->norm_replace))
+        return RT_TOK_ERR_NONE;
+    size_t n = 0;
+    for (int32_t id = 0; id < tok->n_vocab; id++)
+        n += (tok->ent[id].attr & (RT_TOKA_ADDED | RT_TOKA_NORMALIZED)) ==
+             (RT_TOKA_ADDED | RT_TOKA_NORMALIZED);
+    if (n == 0)
+        return RT_TOK_ERR_NONE;
+    int32_t *ids = malloc(n * sizeof(int32_t)), *order = malloc(n * sizeof(int32_t));
+    uint32_t *off = malloc(n * sizeof(uint32_t)), *len = malloc(n * sizeof(uint32_t));
+    char *buf = NULL;
+    enum rt_tok_err err = RT_TOK_ERR_NONE;
+    if (!ids || !order || !off || !len) {
+        qs_log_error(__func__, "out of memory");
+        err = RT_TOK_ERR_NOMEM;
+        goto out;
+    }
+    size_t k = 0;
+    for (int32_t id = 0; id < tok->n_vocab && !err; id++) {
+        struct rt_tok_entry *e = &tok->ent[id];
+        if ((e->attr & (RT_TOKA_ADDED | RT_TOKA_NORMALIZED)) != (RT_TOKA_ADDED | RT_TOKA_NORMALIZED))
+            continue;
+        char *nb = realloc(buf, 3 * (size_t)e->piece_len + 4);
+        if (!nb) {
+            qs_log_error(__func__, "out of memory");
+            err = RT_TOK_ERR_NOMEM;
+            break;
+        }
+        buf = nb;
+        size_t m = 0;
+        if (tok->norm_prepend) {
+            memcpy(buf, RT_TOK_SPM_SPACE, 3);
+            m = 3;
+        }
+        for (uint32_t i = 0; i < e->piece_len; i++) {
+            char c = tok->arena[e->piece_off + i];
+            if (c == ' ' && tok->norm_replace) {
+                memcpy(buf + m, RT_TOK_SPM_SPACE, 3);
+                m += 3;
+            } else {
+                buf[m++] = c;
+            }
+        }
+        e->attr |= RT_TOKA_NMATCH;
+        ids[k] = id;
+        len[k] = (uint32_t)m;
+        order[k] = (int32_t)k;
+        err = rt_tok_arena_put(tok, buf, m, &off[k]);
+        k++;
+    }
+    if (err)
+        goto out;
+    tok->nadded_off = off, tok->nadded_len = len; /* for the sort */
+    qsort_r(order, n, sizeof(int32_t), nadded_cmp, tok);
+    tok->nadded = malloc(n * sizeof(int32_t));
+    uint32_t *soff = malloc(n * sizeof(uint32_t)), *slen = malloc(n * sizeof(uint32_t));
+    if (!tok->nadded || !soff || !slen) {
+        free(soff);
+        free(slen);
+        tok->nadded_off = tok->nadded_len = NULL;
+        qs_log_error(__func__, "out of memory");
+        err = RT_TOK_ERR_NOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        tok->nadded[i] = ids[order[i]];
+        soff[i] = off[order[i]];
+        slen[i] = len[order[i]];
+    }
+    tok->nadded_off = soff, tok->nadded_len = slen;
+    tok->n_nadded = n;
+out:
+    free(ids);
+    free(order);
+    free(off);
+    free(len);
+    free(buf);
+    return err;
+}
+
 /* Index the added tokens by first byte, longest first. Two added tokens with the same content
  * are an error (`dup_err`): which one a match meant would be ambiguous. */
 static enum rt_tok_err build_added(struct rt_tok *tok, enum rt_tok_err dup_err)
 {
+    enum rt_tok_err err = build_nadded(tok);
+    if (err)
+        return err;
     size_t n = 0;
     for (int32_t id = 0; id < tok->n_vocab; id++)
-        n += (tok->ent[id].attr & RT_TOKA_ADDED) != 0;
+        n += (tok->ent[id].attr & (RT_TOKA_ADDED | RT_TOKA_NMATCH)) == RT_TOKA_ADDED;
     free(tok->added);
     tok->added = malloc((n ? n : 1) * sizeof(int32_t));
     if (!tok->added) {
@@ -259,7 +359,7 @@ static enum rt_tok_err build_added(struct rt_tok *tok, enum rt_tok_err dup_err)
     }
     tok->n_added = 0;
     for (int32_t id = 0; id < tok->n_vocab; id++)
-        if (tok->ent[id].attr & RT_TOKA_ADDED)
+        if ((tok->ent[id].attr & (RT_TOKA_ADDED | RT_TOKA_NMATCH)) == RT_TOKA_ADDED)
             tok->added[tok->n_added++] = id;
     qsort_r(tok->added, n, sizeof(int32_t), added_cmp, tok);
     for (size_t i = 1; i < n; i++) {
@@ -593,7 +693,7 @@ enum rt_tok_err rt_tok_encode(const struct rt_tok *tok, const char *text, size_t
                     next += k;
             }
         }
-        if ((err = rt_tok_encode_segment(tok, text + seg, end - seg, seg == 0, &out)))
+        if ((err = rt_tok_encode_segment(tok, text + seg, end - seg, seg == 0, flags, &out)))
             goto fail;
         if (id >= 0) {
             /* never a second BOS: a text that starts with the BOS token already has it */

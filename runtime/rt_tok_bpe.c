@@ -344,8 +344,40 @@ static enum rt_tok_err spm_word(const struct rt_tok *tok, struct bpe_work *w, co
     return bpe_run(tok, w, ns, out);
 }
 
+/* Merge normalised text norm[0..m) into ids, word by word where that is exact. */
+static enum rt_tok_err spm_merge(const struct rt_tok *tok, struct bpe_work *w, const char *norm,
+                                 size_t m, struct rt_tok_ids *out)
+{
+    enum rt_tok_err err = RT_TOK_ERR_NONE;
+    /* Words: when no mergeable piece has "▁" after another character (tok->spm_word_split),
+     * no merge can cross a "▁" that follows a non-"▁" character, so the text is merged word by
+     * word there (same result, memory bounded by the longest word); else as one word. A
+     * Metaspace pre-tokenizer with split=true starts a word at every "▁" (spm_split_all). */
+    for (size_t w0 = 0; w0 < m;) {
+        size_t w1 = m;
+        if (tok->spm_word_split || tok->spm_split_all) {
+            bool prev_space = true;
+            for (size_t i = w0; i < m; i++) {
+                bool space = i + 3 <= m && memcmp(norm + i, RT_TOK_SPM_SPACE, 3) == 0;
+                if (space && (!prev_space || tok->spm_split_all) && i > w0) {
+                    w1 = i;
+                    break;
+                }
+                if (space)
+                    i += 2;
+                else if (((unsigned char)norm[i] & 0xC0) != 0x80)
+                    prev_space = false;
+            }
+        }
+        if ((err = spm_word(tok, w, norm + w0, w1 - w0, out)))
+            return err;
+        w0 = w1;
+    }
+    return err;
+}
+
 static enum rt_tok_err encode_spm(const struct rt_tok *tok, const char *s, size_t n, bool first,
-                                  struct rt_tok_ids *out)
+                                  unsigned flags, struct rt_tok_ids *out)
 {
     enum rt_tok_err err = RT_TOK_ERR_NONE;
     struct bpe_work w = {0};
@@ -378,30 +410,28 @@ static enum rt_tok_err encode_spm(const struct rt_tok *tok, const char *s, size_
             norm[m++] = s[i];
         }
     }
-    /* Words: when no mergeable piece has "▁" after another character (tok->spm_word_split),
-     * no merge can cross a "▁" that follows a non-"▁" character, so the text is merged word by
-     * word there (same result, memory bounded by the longest word); else as one word. A
-     * Metaspace pre-tokenizer with split=true starts a word at every "▁" (spm_split_all). */
-    for (size_t w0 = 0; w0 < m;) {
-        size_t w1 = m;
-        if (tok->spm_word_split || tok->spm_split_all) {
-            bool prev_space = true;
-            for (size_t i = w0; i < m; i++) {
-                bool space = i + 3 <= m && memcmp(norm + i, RT_TOK_SPM_SPACE, 3) == 0;
-                if (space && (!prev_space || tok->spm_split_all) && i > w0) {
-                    w1 = i;
-                    break;
-                }
-                if (space)
-                    i += 2;
-                else if (((unsigned char)norm[i] & 0xC0) != 0x80)
-                    prev_space = false;
-            }
+    /* Added tokens matched in the normalised text split it further (HF added_vocabulary.rs:
+     * normalized=true tokens are found after normalisation, as their normalised content). */
+    size_t a = 0;
+    for (size_t p = 0; p < m && tok->n_nadded; p++) {
+        int32_t id = -1;
+        size_t len = 0;
+        for (size_t k = 0; k < tok->n_nadded && id < 0; k++) {
+            const struct rt_tok_entry *e = &tok->ent[tok->nadded[k]];
+            uint32_t L = tok->nadded_len[k];
+            if ((e->attr & RT_TOKA_SPECIAL) && !(flags & RT_TOK_PARSE_SPECIAL))
+                continue;
+            if (L <= m - p && memcmp(norm + p, tok->arena + tok->nadded_off[k], L) == 0)
+                id = tok->nadded[k], len = L;
         }
-        if ((err = spm_word(tok, &w, norm + w0, w1 - w0, out)))
+        if (id < 0)
+            continue;
+        if ((err = spm_merge(tok, &w, norm + a, p - a, out)) || (err = rt_tok_ids_push(out, id)))
             goto out;
-        w0 = w1;
+        a = p + len;
+        p = a - 1;
     }
+    err = spm_merge(tok, &w, norm + a, m - a, out);
     goto out;
 out_nomem:
     qs_log_error(__func__, "out of memory normalising a segment of %zu bytes", n);
@@ -815,7 +845,7 @@ static enum rt_tok_err encode_bytelevel(const struct rt_tok *tok, const char *s,
 }
 
 enum rt_tok_err rt_tok_encode_segment(const struct rt_tok *tok, const char *s, size_t n, bool first,
-                                      struct rt_tok_ids *out)
+                                      unsigned flags, struct rt_tok_ids *out)
 {
     char *norm = NULL;
     if (tok->nfc && !nfc_stable(s, n)) { /* HF normalizers/unicode.rs NFC, per segment */
@@ -825,7 +855,7 @@ enum rt_tok_err rt_tok_encode_segment(const struct rt_tok *tok, const char *s, s
         s = norm;
     }
     enum rt_tok_err err = tok->kind == RT_TOK_KIND_BYTELEVEL ? encode_bytelevel(tok, s, n, out)
-                                                             : encode_spm(tok, s, n, first, out);
+                                                             : encode_spm(tok, s, n, first, flags, out);
     free(norm);
     return err;
 }

@@ -70,6 +70,8 @@ enum {
     RT_TOKA_RSTRIP = 1u << 4,  /* ... and on its right */
     RT_TOKA_BYTE = 1u << 5,    /* SentencePiece byte piece <0xXX> */
     RT_TOKA_UNUSED = 1u << 6,  /* SentencePiece UNUSED piece: resegmented after merging */
+    RT_TOKA_NORMALIZED = 1u << 7, /* added token with "normalized": true */
+    RT_TOKA_NMATCH = 1u << 8,  /* ... matched in the normalised text (SentencePiece normalizer) */
 };
 
 /* One token id. Offsets index tok->arena. */
@@ -117,6 +119,7 @@ struct rt_tok {
     bool dummy_prefix;    /* SPM: prepend "▁" to each segment (or only the first, below) */
     bool prefix_first_only;
     bool prefix_unless_space; /* Metaspace: no prefix when the segment already starts with " " */
+    bool norm_prepend, norm_replace; /* the normalizer itself has Prepend "▁" / Replace " "->"▁" */
     bool escape_spaces;   /* SPM: " " -> "▁" */
     bool remove_extra_ws; /* SPM model normalizer: strip and collapse spaces */
     bool spm_word_split;  /* SPM: no model piece has "▁" after another character (see bpe) */
@@ -135,6 +138,11 @@ struct rt_tok {
     uint32_t added_first[257]; /* added[added_first[b] .. added_first[b+1]) start with byte b */
     uint8_t added_second[256][32]; /* bit c of [b]: some added token starts with bytes b, c */
     uint8_t added_single[32];      /* bit b: an added token is the single byte b */
+    /* Added tokens with normalized=true under a SentencePiece normalizer: HF matches them in the
+     * normalised text, against their normalised content (added_vocabulary.rs). Longest first. */
+    int32_t *nadded;               /* owned: ids */
+    uint32_t *nadded_off, *nadded_len; /* owned: normalised content in the arena */
+    size_t n_nadded;
 
     char *chat_template;    /* owned, NUL-terminated, or NULL */
 };
@@ -190,8 +198,9 @@ struct rt_tok_ids {
     size_t n, cap;
 };
 enum rt_tok_err rt_tok_ids_push(struct rt_tok_ids *ids, int32_t id);
-/* Encode one segment (text between added tokens) with the model; `first` = it starts the text. */
+/* Encode one segment (text between added tokens) with the model; `first` = it starts the text;
+ * flags: RT_TOK_PARSE_SPECIAL for normalised-matched special added tokens. */
 enum rt_tok_err rt_tok_encode_segment(const struct rt_tok *tok, const char *s, size_t n, bool first,
-                                      struct rt_tok_ids *out);
+                                      unsigned flags, struct rt_tok_ids *out);
 
 #endif /* RT_TOK_INT_H */

@@ -87,7 +87,7 @@ static enum rt_tok_err json_normalizer(struct rt_tok *tok, const cJSON *n)
         const char *p = json_str(n, "prepend");
         if (!p || strcmp(p, RT_TOK_SPM_SPACE) != 0)
             goto unsupported;
-        tok->dummy_prefix = true;
+        tok->dummy_prefix = tok->norm_prepend = true;
         return RT_TOK_ERR_NONE;
     }
     if (strcmp(type, "Replace") == 0) {
@@ -95,7 +95,7 @@ static enum rt_tok_err json_normalizer(struct rt_tok *tok, const cJSON *n)
         const char *from = json_str(pat, "String"), *to = json_str(n, "content");
         if (!from || !to || strcmp(from, " ") != 0 || strcmp(to, RT_TOK_SPM_SPACE) != 0)
             goto unsupported;
-        tok->escape_spaces = true;
+        tok->escape_spaces = tok->norm_replace = true;
         return RT_TOK_ERR_NONE;
     }
     if (strcmp(type, "NFC") == 0) {
@@ -329,7 +329,7 @@ out:
 
 /* Mark an added token: content replaces the piece string; attrs from the HF fields. */
 static enum rt_tok_err set_added(struct rt_tok *tok, int32_t id, const char *content, bool special,
-                                 bool lstrip, bool rstrip)
+                                 bool lstrip, bool rstrip, bool normalized)
 {
     struct rt_tok_entry *e = &tok->ent[id];
     size_t n = strlen(content);
@@ -340,9 +340,9 @@ static enum rt_tok_err set_added(struct rt_tok *tok, int32_t id, const char *con
             return err;
         e->piece_len = (uint32_t)n;
     }
-    e->attr &= ~(uint32_t)(RT_TOKA_SPECIAL | RT_TOKA_LSTRIP | RT_TOKA_RSTRIP);
+    e->attr &= ~(uint32_t)(RT_TOKA_SPECIAL | RT_TOKA_LSTRIP | RT_TOKA_RSTRIP | RT_TOKA_NORMALIZED);
     e->attr |= RT_TOKA_ADDED | (special ? RT_TOKA_SPECIAL : 0) | (lstrip ? RT_TOKA_LSTRIP : 0) |
-               (rstrip ? RT_TOKA_RSTRIP : 0);
+               (rstrip ? RT_TOKA_RSTRIP : 0) | (normalized ? RT_TOKA_NORMALIZED : 0);
     return RT_TOK_ERR_NONE;
 }
 
@@ -352,15 +352,16 @@ static enum rt_tok_err json_added(struct rt_tok *tok, const cJSON *added)
     cJSON_ArrayForEach(a, added) {
         long id;
         const char *content = json_str(a, "content");
-        bool special, lstrip, rstrip;
+        bool special, lstrip, rstrip, normalized;
         if (!json_int(cJSON_GetObjectItemCaseSensitive(a, "id"), 0, tok->n_vocab - 1, &id) ||
             !content || !*content || !json_bool(a, "special", false, &special) ||
-            !json_bool(a, "lstrip", false, &lstrip) || !json_bool(a, "rstrip", false, &rstrip)) {
+            !json_bool(a, "lstrip", false, &lstrip) || !json_bool(a, "rstrip", false, &rstrip) ||
+            !json_bool(a, "normalized", !special, &normalized)) { /* HF AddedToken default */
             qs_log_error(__func__, "tokenizer.json: added_tokens entry %s is malformed (needs id in [0, %d), non-empty content, boolean flags)",
                          content ? content : "(no content)", (int)tok->n_vocab);
             return RT_TOK_ERR_JSON;
         }
-        enum rt_tok_err err = set_added(tok, (int32_t)id, content, special, lstrip, rstrip);
+        enum rt_tok_err err = set_added(tok, (int32_t)id, content, special, lstrip, rstrip, normalized);
         if (err)
             return err;
     }
@@ -598,7 +599,7 @@ enum rt_tok_err rt_tok_special_map_apply(struct rt_tok *tok, const char *text, s
             qs_log_error(__func__, "special-token map: \"%s\" needs an id in [0, %d)", v->string, (int)tok->n_vocab);
             goto out;
         }
-        if ((err = set_added(tok, (int32_t)id, v->string, true, false, false)))
+        if ((err = set_added(tok, (int32_t)id, v->string, true, false, false, false)))
             goto out;
         err = RT_TOK_ERR_SPECIAL_MAP;
     }

@@ -384,7 +384,7 @@ static void test_extra(const cJSON *ex, const char *block, const struct rt_tok *
 static char *variant_json(const char *src, const char *which)
 {
     size_t n = strlen(src);
-    char *out = malloc(n + 256);
+    char *out = malloc(n + 1024); /* room for the largest edit */
     if (strcmp(which, "qwen2_re") == 0) {
         const char *a = strstr(src, "\"normalizer\": null,"), *b = strstr(src, "\\\\p{N}{1,3}|");
         if (!a || !b || b < a) {
@@ -399,6 +399,22 @@ static char *variant_json(const char *src, const char *which)
         k += (size_t)sprintf(out + k, "\\\\p{N}|");
         b += strlen("\\\\p{N}{1,3}|");
         strcpy(out + k, b);
+        return out;
+    }
+    if (strcmp(which, "added_norm") == 0) { /* two ChatML added tokens, one normalized */
+        const char *key = "\"added_tokens\": [";
+        const char *a = strstr(src, key);
+        if (!a) {
+            free(out);
+            return NULL;
+        }
+        size_t k = (size_t)(a - src) + strlen(key);
+        memcpy(out, src, k);
+        k += (size_t)sprintf(out + k, "{\"id\": 32000, \"content\": \"<|im_end|>\", \"single_word\": false, \"lstrip\": false, "
+                                      "\"rstrip\": false, \"normalized\": false, \"special\": true}, "
+                                      "{\"id\": 32001, \"content\": \"<|im_start|>\", \"single_word\": false, \"lstrip\": false, "
+                                      "\"rstrip\": false, \"normalized\": true, \"special\": false}, ");
+        strcpy(out + k, a + strlen(key));
         return out;
     }
     if (strcmp(which, "no_fallback") == 0) { /* "byte_fallback": true -> false */
@@ -444,7 +460,8 @@ static char *variant_json(const char *src, const char *which)
 static void test_variant(const cJSON *ex, const char *which)
 {
     size_t len;
-    bool mistral = strncmp(which, "metaspace", 9) == 0 || strcmp(which, "no_fallback") == 0;
+    bool mistral = strncmp(which, "metaspace", 9) == 0 || strcmp(which, "no_fallback") == 0 ||
+                   strcmp(which, "added_norm") == 0;
     char *src = read_all(mistral ? TOKDIR "mistral/tokenizer.json" : TOKDIR "llama3/tokenizer.json.gz", &len);
     char *vj = src ? variant_json(src, which) : NULL;
     free(src);
@@ -1084,6 +1101,7 @@ int main(void)
         test_variant(ex, "metaspace");
         test_variant(ex, "metaspace_split");
         test_variant(ex, "no_fallback");
+        test_variant(ex, "added_norm");
         cJSON_Delete(ex);
         test_long(l3, l2m, l2j);
         test_speed(l3, "llama3", "The quick brown fox, 12345 jumps\n\tover  the lazy dog's back! \xE9\x95\x87 ");

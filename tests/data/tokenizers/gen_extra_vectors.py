@@ -14,6 +14,8 @@ reference implementations we did not write:
   metaspace mistral/tokenizer.json with the Prepend/Replace normalizer replaced by a Metaspace
            pre-tokenizer (prepend_scheme "first", split false), as newer Llama/Mistral files have
   metaspace_split  the same with split true
+  added_norm mistral/tokenizer.json plus "<|im_end|>" (special, normalized false) and
+           "<|im_start|>" (not special, normalized true), as ChatML fine-tunes of Mistral add them
   no_fallback mistral/tokenizer.json with byte_fallback false (unknown characters -> <unk>, fused)
 The same text edits are made by tests/test_tok.c, so both sides read identical bytes.
 
@@ -100,6 +102,11 @@ GPT2_PRE = '"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "t
 
 METASPACE_PRE = ('"normalizer": null,\n  "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", '
                  '"prepend_scheme": "first", "split": false},\n  ')
+ADDED_NORM = ('"added_tokens": [',
+              '{"id": 32000, "content": "<|im_end|>", "single_word": false, "lstrip": false, '
+              '"rstrip": false, "normalized": false, "special": true}, '
+              '{"id": 32001, "content": "<|im_start|>", "single_word": false, "lstrip": false, '
+              '"rstrip": false, "normalized": true, "special": false}, ')
 NO_FALLBACK = ('"byte_fallback": true', '"byte_fallback": false')
 IGNORE_MERGES = ('"ignore_merges": true', '"ignore_merges": false')
 
@@ -112,6 +119,9 @@ def variant_json(text, which):
             assert text.count(old) == 1, old
             text = text.replace(old, new)
         return text
+    if which == "added_norm":  # ChatML tokens added as OpenHermes-style fine-tunes do
+        assert text.count(ADDED_NORM[0]) == 1
+        return text.replace(ADDED_NORM[0], ADDED_NORM[0] + ADDED_NORM[1])
     if which == "no_fallback":  # mistral without byte fallback: unknown characters -> fused <unk>
         assert text.count(NO_FALLBACK[0]) == 1
         return text.replace(*NO_FALLBACK)
@@ -207,6 +217,16 @@ def main():
             ids = hf_encode(node_dir, vj, m_texts)
             result["metaspace_split"] = {"reference": "npm tokenizers@0.23.2 on mistral/tokenizer.json edited: metaspace, split true",
                                          "cases": [{"text": t, "ids": i} for t, i in zip(m_texts, ids)]}
+            vj = os.path.join(d, "added_norm.json")
+            open(vj, "w", encoding="utf-8").write(variant_json(raw, "added_norm"))
+            a_texts = texts + [
+                "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", "Hi<|im_start|>x",
+                "Hi <|im_start|> x", "<|im_start|>", "a<|im_end|>b", " <|im_start|>system\nYou are"
+                " a bot.<|im_end|>\n<|im_start|>user\n  two  spaces <|im_start|><|im_start|>",
+                "<s><|im_start|> x</s>", "x <|im_start|>"]
+            ids = hf_encode(node_dir, vj, a_texts)
+            result["added_norm"] = {"reference": "npm tokenizers@0.23.2 on mistral/tokenizer.json edited: added_norm",
+                                    "cases": [{"text": t, "ids": i} for t, i in zip(a_texts, ids)]}
             vj = os.path.join(d, "no_fallback.json")
             open(vj, "w", encoding="utf-8").write(variant_json(raw, "no_fallback"))
             ids = hf_encode(node_dir, vj, texts)
