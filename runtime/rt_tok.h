@@ -17,7 +17,9 @@
  * between two added tokens is normalised separately: a SentencePiece tokenizer with a per-segment
  * dummy prefix encodes "<s>Hi" (PARSE_SPECIAL) as [<s>, "▁Hi"], like HF's legacy Llama tokenizer.
  * Verified against sentencepiece 0.1.97 and HF tokenizers 0.23.2 (tests/data/PROVENANCE.md).
- * Not read (deliberately): added-token "single_word" and "normalized" flags, tokenizer_config's
+ * Added tokens with "normalized": true under a SentencePiece normalizer are matched, as in HF, in
+ * the normalised text as "▁" + content (so "<|im_start|>" added that way to Mistral matches only
+ * at the start or after a space). Not read: the added-token "single_word" flag, tokenizer_config's
  * added_tokens_decoder (tokenizer.json's added_tokens are used) and clean_up_tokenization_spaces
  * (decoding stays lossless: decode(encode(text)) == text for byte-level tokenizers).
  *
