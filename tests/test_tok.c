@@ -413,7 +413,11 @@ static char *variant_json(const char *src, const char *which)
         k += (size_t)sprintf(out + k, "{\"id\": 32000, \"content\": \"<|im_end|>\", \"single_word\": false, \"lstrip\": false, "
                                       "\"rstrip\": false, \"normalized\": false, \"special\": true}, "
                                       "{\"id\": 32001, \"content\": \"<|im_start|>\", \"single_word\": false, \"lstrip\": false, "
-                                      "\"rstrip\": false, \"normalized\": true, \"special\": false}, ");
+                                      "\"rstrip\": false, \"normalized\": true, \"special\": false}, "
+                                      "{\"id\": 32002, \"content\": \"<L>\", \"single_word\": false, \"lstrip\": true, "
+                                      "\"rstrip\": false, \"normalized\": false, \"special\": true}, "
+                                      "{\"id\": 32003, \"content\": \"<R>\", \"single_word\": false, \"lstrip\": false, "
+                                      "\"rstrip\": true, \"normalized\": false, \"special\": false}, ");
         strcpy(out + k, a + strlen(key));
         return out;
     }

@@ -15,7 +15,8 @@ reference implementations we did not write:
            pre-tokenizer (prepend_scheme "first", split false), as newer Llama/Mistral files have
   metaspace_split  the same with split true
   added_norm mistral/tokenizer.json plus "<|im_end|>" (special, normalized false) and
-           "<|im_start|>" (not special, normalized true), as ChatML fine-tunes of Mistral add them
+           "<|im_start|>" (not special, normalized true), as ChatML fine-tunes of Mistral add them,
+           and "<L>" (lstrip) / "<R>" (rstrip)
   no_fallback mistral/tokenizer.json with byte_fallback false (unknown characters -> <unk>, fused)
 The same text edits are made by tests/test_tok.c, so both sides read identical bytes.
 
@@ -106,7 +107,11 @@ ADDED_NORM = ('"added_tokens": [',
               '{"id": 32000, "content": "<|im_end|>", "single_word": false, "lstrip": false, '
               '"rstrip": false, "normalized": false, "special": true}, '
               '{"id": 32001, "content": "<|im_start|>", "single_word": false, "lstrip": false, '
-              '"rstrip": false, "normalized": true, "special": false}, ')
+              '"rstrip": false, "normalized": true, "special": false}, '
+              '{"id": 32002, "content": "<L>", "single_word": false, "lstrip": true, '
+              '"rstrip": false, "normalized": false, "special": true}, '
+              '{"id": 32003, "content": "<R>", "single_word": false, "lstrip": false, '
+              '"rstrip": true, "normalized": false, "special": false}, ')
 NO_FALLBACK = ('"byte_fallback": true', '"byte_fallback": false')
 IGNORE_MERGES = ('"ignore_merges": true', '"ignore_merges": false')
 
@@ -223,7 +228,9 @@ def main():
                 "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", "Hi<|im_start|>x",
                 "Hi <|im_start|> x", "<|im_start|>", "a<|im_end|>b", " <|im_start|>system\nYou are"
                 " a bot.<|im_end|>\n<|im_start|>user\n  two  spaces <|im_start|><|im_start|>",
-                "<s><|im_start|> x</s>", "x <|im_start|>"]
+                "<s><|im_start|> x</s>", "x <|im_start|>",
+                "a <L> b", "a  \t<L>b", " <L>", "<L>", "a<R>  b", "<R> \n x", "a <R> <L> b",
+                "\u3000<L>\u3000", "x<R>"]
             ids = hf_encode(node_dir, vj, a_texts)
             result["added_norm"] = {"reference": "npm tokenizers@0.23.2 on mistral/tokenizer.json edited: added_norm",
                                     "cases": [{"text": t, "ids": i} for t, i in zip(a_texts, ids)]}
