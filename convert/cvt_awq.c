@@ -148,6 +148,11 @@ enum cvt_err cvt_awq_probe(const struct cvt_source *src, const struct cvt_hf_con
                          want_gemv ? (long long)N : (long long)KG, want_gemv ? (long long)(8 * Wz) : (long long)N);
             return CVT_ERR_SHAPE;
         }
+        if (v == CVT_VARIANT_GEMV && G % 8 != 0) { /* group rows must start on a packed word */
+            qs_log_error(__func__, "%s: linear %s: group size %lld is not a multiple of 8: not supported in the GEMV layout",
+                         dir, prefix, (long long)G);
+            return CVT_ERR_UNSUPPORTED;
+        }
     } else if (qw->dtype == CVT_DT_I16) {
         if (qz && sz) {
             qs_log_error(__func__, "%s: linear %s has both qzeros and scaled_zeros: ambiguous layout", dir, prefix);

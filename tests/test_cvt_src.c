@@ -915,6 +915,27 @@ static void test_awq_errors(void)
     for (int i = 0; i < nkeep; i++)
         free(keep[i]);
     nkeep = 0;
+    /* GEMV with a group size that does not start groups on packed words */
+    {
+        struct canon c2;
+        canon_rand(&c2, 1056, 64, 132);
+        write_config(d2, 132, "gemv", NULL);
+        nt = pack_variant(&c2, CVT_VARIANT_GEMV, "model.layers.0.self_attn.q_proj", false, false, t, keep, &nkeep);
+        b = st_build(t, nt);
+        write_file(d2, "model.safetensors", b.p, b.n);
+        free(b.p);
+        CHECK_EQ_INT(cvt_source_open(d2, &src), CVT_ERR_NONE);
+        if (src) {
+            CHECK_EQ_INT(cvt_awq_load(src, cvt_source_config(src), "model.layers.0.self_attn.q_proj", 1056, 64, 132, 1056, 0,
+                                      64, &lin),
+                         CVT_ERR_UNSUPPORTED);
+            cvt_source_close(src);
+        }
+        for (int i = 0; i < nkeep; i++)
+            free(keep[i]);
+        nkeep = 0;
+        canon_free(&c2);
+    }
     /* GEMM with BF16 scales: one of them (7.0e4) has no fp16 value (PITFALLS P15) */
     write_config(d2, 64, "gemm", NULL);
     nt = pack_variant(&c, CVT_VARIANT_GEMM, "model.layers.0.self_attn.q_proj", false, true, t, keep, &nkeep);
