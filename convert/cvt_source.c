@@ -44,7 +44,7 @@
 
 #define MAX_CONFIG_FILE (16u << 20)
 #define MAX_TOKEN_FILE  (64u << 20)
-#define MAX_INDEX_FILE  (256u << 20)
+#define MAX_INDEX_FILE  (64u << 20)
 #define MAX_WEIGHT_FILES 100000u
 #define MAX_SHARDS       4096u
 
@@ -167,7 +167,7 @@ static enum cvt_err read_small(const char *dir, const char *name, size_t max, ch
         qs_log_error(__func__, "out of memory");
         return CVT_ERR_NOMEM;
     }
-    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    int fd = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block */
     if (fd < 0) {
         enum cvt_err e = CVT_ERR_NONE;
         if (errno != ENOENT) {
@@ -239,7 +239,7 @@ static enum cvt_err add_file(struct cvt_source *src, const char *name, size_t *i
         qs_log_error(__func__, "out of memory");
         return CVT_ERR_NOMEM;
     }
-    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    int fd = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block */
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         qs_log_error(__func__, "cannot open weight file %s: %s", p, fd < 0 ? strerror(errno) : "not a regular file");
