@@ -302,7 +302,6 @@ static enum cvt_err load_weight_file(struct cvt_source *src, const char *name, b
         src->t[src->n++] = l.t[i]; /* name ownership moves */
     }
     free(l.t);
-    /* The catalog's tensors must lie inside the file (parsers checked; cheap belt and braces). */
     return CVT_ERR_NONE;
 }
 
