@@ -12,6 +12,7 @@
  * chat formats (no double BOS).
  * Run: ./build/test_tok (from the repository root).
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -1021,6 +1022,56 @@ static void test_long(const struct rt_tok *l3, const struct rt_tok *l2m, const s
     cJSON_Delete(root);
 }
 
+/* A loaded tokenizer is read-only: several threads may encode with it at once. */
+struct thread_job {
+    const struct rt_tok *tok;
+    const char *text;
+    size_t len;
+    int32_t *ids;
+    size_t n;
+    enum rt_tok_err err;
+};
+
+static void *thread_encode(void *arg)
+{
+    struct thread_job *j = arg;
+    j->err = rt_tok_encode(j->tok, j->text, j->len, RT_TOK_PARSE_SPECIAL, &j->ids, &j->n);
+    return NULL;
+}
+
+static void test_threads(const struct rt_tok *tok)
+{
+    size_t len;
+    char *g = read_all(TOKDIR "extra-long.json.gz", &len);
+    cJSON *root = g ? cJSON_Parse(g) : NULL;
+    free(g);
+    if (!root)
+        return;
+    const char *text = cJSON_GetObjectItem(root, "text")->valuestring;
+    enum { N_THREADS = 4 };
+    struct thread_job jobs[N_THREADS];
+    pthread_t th[N_THREADS];
+    for (int i = 0; i < N_THREADS; i++) {
+        size_t cut = strlen(text) - (size_t)i * 1000; /* different lengths, at a character start */
+        while (cut > 0 && ((unsigned char)text[cut] & 0xC0) == 0x80)
+            cut--;
+        jobs[i] = (struct thread_job){tok, text, cut, NULL, 0, RT_TOK_ERR_NONE};
+        CHECK(pthread_create(&th[i], NULL, thread_encode, &jobs[i]) == 0);
+    }
+    for (int i = 0; i < N_THREADS; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < N_THREADS; i++) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        CHECK(jobs[i].err == RT_TOK_ERR_NONE);
+        CHECK(rt_tok_encode(tok, text, jobs[i].len, RT_TOK_PARSE_SPECIAL, &ids, &n) == RT_TOK_ERR_NONE);
+        CHECK(ids && jobs[i].ids && n == jobs[i].n && memcmp(ids, jobs[i].ids, n * sizeof(int32_t)) == 0);
+        free(ids);
+        free(jobs[i].ids);
+    }
+    cJSON_Delete(root);
+}
+
 /* Encoding speed on a long text (perplexity runs): tokens/s printed, a generous bound checked. */
 static void test_speed(const struct rt_tok *tok, const char *name, const char *unit)
 {
@@ -1108,6 +1159,8 @@ int main(void)
         test_variant(ex, "added_norm");
         cJSON_Delete(ex);
         test_long(l3, l2m, l2j);
+        test_threads(l3);
+        test_threads(l2j);
         test_speed(l3, "llama3", "The quick brown fox, 12345 jumps\n\tover  the lazy dog's back! \xE9\x95\x87 ");
         test_speed(l2j, "llama2 json", "The quick brown fox, 12345 jumps\n\tover  the lazy dog's back! \xE9\x95\x87 ");
     }
