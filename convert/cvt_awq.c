@@ -495,11 +495,22 @@ static enum cvt_err read_bias(const struct cvt_source *src, const struct cvt_awq
     return CVT_ERR_NONE;
 }
 
-static void release_all(const struct cvt_source *src, const struct cvt_awq_info *in)
+/* Drop the source pages a slice touched: for GEMM only its rows (the converter decodes
+ * k-blocks of one linear from several threads), for the output-major layouts every row was
+ * touched, so the whole tensors. */
+static void release_all(const struct cvt_source *src, const struct cvt_awq_info *in, int64_t k0, int64_t k1)
 {
-    cvt_source_release(src, in->qweight);
-    cvt_source_release(src, in->zeros);
-    cvt_source_release(src, in->scales);
+    if (in->variant == CVT_VARIANT_GEMM) {
+        const uint64_t qrow = (uint64_t)(in->N / 8) * 4, srow = (uint64_t)in->N * 2;
+        const uint64_t g0 = (uint64_t)(k0 / in->G), g1 = (uint64_t)(k1 / in->G);
+        cvt_source_release_range(src, in->qweight, (uint64_t)k0 * qrow, (uint64_t)(k1 - k0) * qrow);
+        cvt_source_release_range(src, in->zeros, g0 * qrow, (g1 - g0) * qrow);
+        cvt_source_release_range(src, in->scales, g0 * srow, (g1 - g0) * srow);
+    } else {
+        cvt_source_release(src, in->qweight);
+        cvt_source_release(src, in->zeros);
+        cvt_source_release(src, in->scales);
+    }
     if (in->bias)
         cvt_source_release(src, in->bias);
 }
@@ -549,7 +560,7 @@ enum cvt_err cvt_awq_load(const struct cvt_source *src, const struct cvt_hf_conf
     }
     if (!err && in.bias)
         err = read_bias(src, &in, n0, Ns, out->bias);
-    release_all(src, &in);
+    release_all(src, &in, k0, k1);
     if (err)
         goto out_err;
     return CVT_ERR_NONE;
@@ -776,6 +787,6 @@ enum cvt_err cvt_awq_dequant_source(const struct cvt_source *src, const struct c
     case CVT_VARIANT_LLMAWQ_V3: err = dq_gemv_fast(src, &in, k0, k1, n0, n1, out); break;
     default: err = CVT_ERR_VARIANT; break;
     }
-    release_all(src, &in);
+    release_all(src, &in, k0, k1);
     return err;
 }

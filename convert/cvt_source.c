@@ -799,6 +799,16 @@ void cvt_source_release(const struct cvt_source *src, const struct cvt_src_tenso
     release_pages(src, t->file, t->offset, t->nbytes, false);
 }
 
+void cvt_source_release_range(const struct cvt_source *src, const struct cvt_src_tensor *t,
+                              uint64_t byte_off, uint64_t nbytes)
+{
+    if (byte_off >= t->nbytes)
+        return;
+    if (nbytes > t->nbytes - byte_off)
+        nbytes = t->nbytes - byte_off;
+    release_pages(src, t->file, t->offset + byte_off, nbytes, false);
+}
+
 static void release_range(const struct cvt_source *src, uint32_t f, uint64_t off, uint64_t n)
 {
     release_pages(src, f, off, n, true);

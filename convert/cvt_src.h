@@ -329,6 +329,10 @@ const void *cvt_source_data(const struct cvt_source *src, const struct cvt_src_t
 /* Advise the kernel that t's pages are no longer needed by this process (RSS stays bounded;
  * the page cache keeps them). Safe while other threads read other tensors. */
 void cvt_source_release(const struct cvt_source *src, const struct cvt_src_tensor *t);
+/* The same for bytes [byte_off, byte_off + nbytes) of t (clamped to the tensor; every page the
+ * range touches). */
+void cvt_source_release_range(const struct cvt_source *src, const struct cvt_src_tensor *t,
+                              uint64_t byte_off, uint64_t nbytes);
 
 /*
  * Convert elements [first, first + count) of the flattened float tensor t (F16, BF16, F32, F64)
