@@ -18,7 +18,8 @@
  *     TP set, text for a model without tokenizer, bad flags, missing paths, --help.
  * Without tests/data/models/INDEX.json only the fixture-free cases run (a line says so).
  * Run: ./build/test_cli (from the repository root); QSHARD_DEVICE=cuda runs the golden
- * comparisons (greedy, logits, perplexity, stop strings) on the GPU.
+ * comparisons (greedy, logits, perplexity, stop strings) on the GPU; QSHARD_DEVICE_TP2=cuda
+ * the TP-2 ones too (two GPUs).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -46,6 +47,9 @@
 
 static const char *g_bin;
 static const char *g_device = "cpu"; /* env QSHARD_DEVICE: where the golden comparisons run */
+/* env QSHARD_DEVICE_TP2: where the TP-2 comparisons run (default cpu: all ranks in one process;
+ * cuda needs two GPUs) */
+static const char *g_device_tp2 = "cpu";
 static char g_tmp[256];
 
 // --- running the binary --------------------------------------------------------------------
@@ -265,8 +269,9 @@ static void check_logits(const char *model, const char *name, const cJSON *promp
     CHECK_EXIT(p, 0, name);
     float *a = NULL, *b = NULL;
     int64_t ra = 0, ca = 0, rb = 0, cb = 0;
-    CHECK_EQ_INT(rt_npy_read_f32(out, &a, &ra, &ca), RT_IO_ERR_NONE);
-    CHECK_EQ_INT(rt_npy_read_f32(gpath, &b, &rb, &cb), RT_IO_ERR_NONE);
+    CHECK_MSG(rt_npy_read_f32(out, &a, &ra, &ca) == RT_IO_ERR_NONE, "%s: no logits file", name);
+    CHECK_MSG(rt_npy_read_f32(gpath, &b, &rb, &cb) == RT_IO_ERR_NONE, "%s: golden unreadable",
+              name);
     CHECK_MSG(ra == rb && ca == cb, "%s: logits shape (%lld, %lld), golden (%lld, %lld)", name,
               (long long)ra, (long long)ca, (long long)rb, (long long)cb);
     if (a && b && ra == rb && ca == cb) {
@@ -988,7 +993,9 @@ int main(void)
     g_bin = getenv("QSHARD") ? getenv("QSHARD") : "build/qshard";
     if (getenv("QSHARD_DEVICE"))
         g_device = getenv("QSHARD_DEVICE");
-    printf("cli: golden comparisons on --device %s\n", g_device);
+    if (getenv("QSHARD_DEVICE_TP2"))
+        g_device_tp2 = getenv("QSHARD_DEVICE_TP2");
+    printf("cli: golden comparisons on --device %s (TP-2: %s)\n", g_device, g_device_tp2);
     const char *tmpdir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     snprintf(g_tmp, sizeof(g_tmp), "%s/qshard_test_cli_XXXXXX", tmpdir);
     if (!mkdtemp(g_tmp)) {
@@ -1073,6 +1080,8 @@ int main(void)
                 if (d2) {
                     tp2[n_tp2++] = d2;
                     tp2_group = tg;
+                    const char *dev1 = g_device;
+                    g_device = g_device_tp2;
                     cJSON_ArrayForEach(pr, prompts)
                     {
                         char what[256];
@@ -1080,6 +1089,7 @@ int main(void)
                         check_greedy(d2, what, pr);
                         check_logits(d2, what, pr);
                     }
+                    g_device = dev1;
                 }
             }
             printf("cli: %s: %d checks%s\n", name, t_pass + t_fail - checks_before,
