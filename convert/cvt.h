@@ -13,7 +13,8 @@
  * output tensor of which rank, as rectangles ("segments") of the source placed into the output;
  * whatever no segment covers is zero padding (codes 0, zeros 0, scales 0: contributes exactly 0).
  * Coordinates are always the canonical [K][N] of a linear (K = in_features, N = out_features),
- * also for unquantized linears (stored [N, K] on both sides; the writer transposes the indices),
+ * also for unquantized linears (stored [N, K] in the source and the rank file; the driver maps
+ * the indices),
  * and [rows][cols] for other matrices ([V][H] embeddings, [E][H] router); vectors have rows = 1.
  */
 #ifndef QS_CVT_H
