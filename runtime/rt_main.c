@@ -909,6 +909,7 @@ int cmd_run(int argc, char **argv)
     int64_t pos = (int64_t)n_ids;
     long n_decode = 0;
     const char *why = n_predict == 0 ? "-n 0" : "-n reached";
+    bool warned_no_text = false;
     for (long i = 0; i < n_predict; i++) {
         int32_t next;
         if (rt_sampler_next(&smp, logits, s.logits_stride, &next) != RT_SAMPLE_ERR_NONE) {
@@ -921,7 +922,14 @@ int cmd_run(int argc, char **argv)
         }
         out_ids[n_out++] = next;
         rt_sampler_accept(&smp, next);
-        if (have_stream) {
+        /* ids past the tokenizer's vocabulary (config vocab_size padded beyond it, as Qwen2's
+         * 151936 vs 151646) have no text: they are generated but print nothing */
+        if (have_stream && next >= rt_tok_n_vocab(s.tok)) {
+            if (!warned_no_text)
+                qs_log_warn("generated id %d has no text (the tokenizer has %d ids)", (int)next,
+                            (int)rt_tok_n_vocab(s.tok));
+            warned_no_text = true;
+        } else if (have_stream) {
             const char *t;
             size_t tl;
             if (rt_tok_stream_push(&ts, next, &t, &tl) != RT_TOK_ERR_NONE) {
