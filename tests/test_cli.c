@@ -8,11 +8,16 @@
  *     below GREEDY_TIE_MARGIN, where fp32 rounding may legitimately pick the other id);
  *   - `logits --tokens ... --out x.npy` equals the golden [T, vocab] within relative L2 5e-3;
  *   - the same through a TP-2 conversion (all ranks in one process);
- *   - `tokenize --text` equals HF's ids, `tokenize --decode` gives back the text;
+ *   - `tokenize --text` equals HF's ids, `tokenize --decode` gives back the text, and the
+ *     real Llama-2 tokenizer vectors (tests/data/tokenizer-test-vectors.json) come out of
+ *     `qshard tokenize` on the rank file's embedded tokenizer;
  *   - `perplexity` equals the perplexity computed here from the golden logits with llama.cpp's
- *     method (second half of the chunk scored);
- *   - `--stop STR`: the output is exactly the unstopped output cut before STR; eos ids of
- *     generation_config stop generation;
+ *     method (second half of the chunk scored), and over several chunks from `logits` of each
+ *     chunk (BOS replacement, running estimates, the +/- term);
+ *   - `--stop STR`: the output is exactly the unstopped output cut before STR; a rewritten
+ *     generation_config eos list stops greedy generation at the golden step;
+ *   - streaming: stdout read from a pipe piece by piece is whole UTF-8 in every piece;
+ *   - --chat gives one BOS; a seed repeats its sample, another seed differs; -f equals -p;
  *   - errors and their exit codes (DESIGN 2): token id >= vocab, prompt longer than the
  *     context (and --truncate), invalid UTF-8, empty prompt, a rank file from another model or
  *     TP set, text for a model without tokenizer, bad flags, missing paths, --help.
