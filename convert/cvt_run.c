@@ -210,21 +210,44 @@ static enum cvt_err check_fail(const struct run *R, int rank, const struct cvt_o
  * references are 1.5-2x faster on a [4096][256] block than on [4096][2688]. */
 #define CVT_SUB_COLS 256
 
+/* Owned by one worker, kept across its jobs (grown when a job needs more), so chunk buffers
+ * are not mapped, zero-filled by the kernel and unmapped again for every output. */
 struct w4_bufs {
     uint8_t *q, *z;         /* [K][C], [K/G][C] */
     uint16_t *s;            /* [K/G][C] */
-    float *wq, *ws;         /* [K][C] each (self-check only) */
+    float *wq, *ws;         /* [K][C], [k_block][C] (self-check only) */
     uint8_t *xq, *xz, *qp, *zp; /* sub-block [K][S], [K/G][S] and packed */
     uint16_t *xs, *sp;
     float *xw;              /* [K][S] */
+    size_t cap[12];         /* bytes allocated for each pointer above, in order */
 };
+
+#define W4_NBUF 12
+
+static void **w4_slot(struct w4_bufs *b, int i)
+{
+    void **slots[W4_NBUF] = {(void **)&b->q,  (void **)&b->z,  (void **)&b->s,  (void **)&b->wq,
+                             (void **)&b->ws, (void **)&b->xq, (void **)&b->xz, (void **)&b->qp,
+                             (void **)&b->zp, (void **)&b->xs, (void **)&b->sp, (void **)&b->xw};
+    return slots[i];
+}
+
+/* Make buffer i at least `need` bytes (contents not kept). */
+static bool w4_ensure(struct w4_bufs *b, int i, size_t need)
+{
+    void **p = w4_slot(b, i);
+    if (need <= b->cap[i])
+        return true;
+    free(*p);
+    *p = malloc(need ? need : 1);
+    b->cap[i] = *p ? need : 0;
+    return *p != NULL;
+}
 
 static void w4_bufs_free(struct w4_bufs *b)
 {
-    void *all[] = {b->q, b->z, b->s, b->wq, b->ws, b->xq, b->xz, b->qp, b->zp, b->xs, b->sp,
-                   b->xw};
-    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
-        free(all[i]);
+    for (int i = 0; i < W4_NBUF; i++)
+        free(*w4_slot(b, i));
     memset(b, 0, sizeof(*b));
 }
 
@@ -407,41 +430,28 @@ static enum cvt_err w4_chunk(struct run *R, int rank, const struct cvt_out *o, i
     return CVT_ERR_NONE;
 }
 
-static enum cvt_err job_w4(struct run *R, int rank, const struct cvt_out *o)
+static enum cvt_err job_w4(struct run *R, int rank, const struct cvt_out *o, struct w4_bufs *b)
 {
     int64_t K = o->rows, N = o->cols, G = R->plan->d.group_size, ng = K / G;
     int64_t C = chunk_cols(R, K, N), S = CVT_SUB_COLS < C ? CVT_SUB_COLS : C;
     bool ck = !R->o->no_check;
-    struct w4_bufs b = {0};
     enum cvt_err e = CVT_ERR_NONE;
     uint64_t offs[3] = {0, 0, 0};
-    b.q = malloc((size_t)(K * C));
-    b.z = malloc((size_t)(ng * C));
-    b.s = malloc((size_t)(ng * C) * sizeof(uint16_t));
-    b.xq = malloc((size_t)(K * S));
-    b.xz = malloc((size_t)(ng * S));
-    b.xs = malloc((size_t)(ng * S) * sizeof(uint16_t));
-    b.qp = malloc((size_t)(K * S / 2));
-    b.sp = malloc((size_t)(ng * S) * sizeof(uint16_t));
-    b.zp = malloc((size_t)(ng * S / 2));
-    if (ck) {
-        b.wq = malloc((size_t)(K * C) * sizeof(float));
-        b.ws = malloc((size_t)(k_block_max(R, o) * C) * sizeof(float));
-        b.xw = malloc((size_t)(K * S) * sizeof(float));
-    }
-    if (!b.q || !b.z || !b.s || !b.xq || !b.xz || !b.xs || !b.qp || !b.sp || !b.zp ||
-        (ck && (!b.wq || !b.ws || !b.xw))) {
-        qs_log_error(__func__, "rank %d: tensor %s: out of memory for a %" PRId64 " x %" PRId64
-                               " chunk",
-                     rank, o->name, K, C);
-        e = CVT_ERR_NOMEM;
-        goto out;
-    }
+    size_t need[W4_NBUF] = {
+        (size_t)(K * C), (size_t)(ng * C), (size_t)(ng * C) * 2,
+        ck ? (size_t)(K * C) * 4 : 0, ck ? (size_t)(k_block_max(R, o) * C) * 4 : 0,
+        (size_t)(K * S), (size_t)(ng * S), (size_t)(K * S / 2), (size_t)(ng * S / 2),
+        (size_t)(ng * S) * 2, (size_t)(ng * S) * 2, ck ? (size_t)(K * S) * 4 : 0};
+    for (int i = 0; i < W4_NBUF; i++)
+        if (!w4_ensure(b, i, need[i])) {
+            qs_log_error(__func__, "rank %d: tensor %s: out of memory for a %" PRId64
+                                   " x %" PRId64 " chunk",
+                         rank, o->name, K, C);
+            return CVT_ERR_NOMEM;
+        }
     for (int64_t c0 = 0; c0 < N && !run_stopped(R); c0 += C)
-        if ((e = w4_chunk(R, rank, o, c0, C < N - c0 ? C : N - c0, &b, offs)))
+        if ((e = w4_chunk(R, rank, o, c0, C < N - c0 ? C : N - c0, b, offs)))
             break;
-out:
-    w4_bufs_free(&b);
     return e;
 }
 
@@ -540,6 +550,8 @@ static enum cvt_err job_float(struct run *R, int rank, const struct cvt_out *o)
 static void *worker(void *arg)
 {
     struct run *R = arg;
+    struct w4_bufs b;
+    memset(&b, 0, sizeof(b));
     for (;;) {
         if (run_stopped(R))
             break;
@@ -550,13 +562,14 @@ static void *worker(void *arg)
         const struct cvt_out *o = &R->plan->ranks[rank].outs[R->jobs[j].out];
         enum cvt_err e;
         switch (o->kind) {
-        case CVT_OUT_W4: e = job_w4(R, rank, o); break;
+        case CVT_OUT_W4: e = job_w4(R, rank, o, &b); break;
         case CVT_OUT_LINEAR_F16: e = job_linear_f16(R, rank, o); break;
         default: e = job_float(R, rank, o); break;
         }
         if (e)
             run_fail(R, e);
     }
+    w4_bufs_free(&b);
     return NULL;
 }
 
