@@ -688,9 +688,12 @@ static enum cvt_err dq_gemv(const struct cvt_source *src, const struct cvt_awq_i
         const int64_t rows = nb + BLK < n1 ? BLK : n1 - nb;
         for (int64_t kc = k0; kc < k1; kc += STAGE_K) {
             const int64_t kce = kc + STAGE_K < k1 ? kc + STAGE_K : k1;
+            int32_t grow[STAGE_K]; /* k -> group row offset, hoisted out of the element loop */
+            for (int64_t k = kc; k < kce; k++)
+                grow[k - kc] = (int32_t)((k / G - g0) * Ns);
             for (int64_t n = nb; n < nb + rows; n++)
                 for (int64_t k = kc; k < kce; k++) {
-                    const int64_t gi = (k / G - g0) * Ns + n - n0;
+                    const int64_t gi = grow[k - kc] + n - n0;
                     uint32_t wq = cvt_ld32(qw + ((uint64_t)n * (uint64_t)KW + (uint64_t)(k >> 3)) * 4);
                     int q = (int)(wq >> ((k & 7) * 4)) & 15;
                     stage[(n - nb) * ss + (k - kc)] = (float)(q - (int)d.z[gi]) * d.s[gi];
@@ -746,6 +749,9 @@ static enum cvt_err dq_gemv_fast(const struct cvt_source *src, const struct cvt_
         for (int64_t kc = k0 / 64 * 64; kc < k1; kc += STAGE_K) { /* 64-aligned chunks */
         const int64_t ne = nb + BLK < n1 ? nb + BLK : n1, kce = kc + STAGE_K < k1 ? kc + STAGE_K : k1;
         const int64_t klo = kc > k0 ? kc : k0;
+        int64_t grow[STAGE_K]; /* k -> group row offset (k in [klo, kce)) */
+        for (int64_t k = klo; k < kce; k++)
+            grow[k - kc] = (k / G - g0) * Ns;
         for (int64_t R = nb / 4; R < (ne + 3) / 4; R++)
             for (int64_t wi = kc; wi < 64 * ((kce + 63) / 64); wi++) {
                 const int64_t b = wi / 64, o = wi % 64, n = 4 * R + o / 16;
@@ -757,7 +763,7 @@ static enum cvt_err dq_gemv_fast(const struct cvt_source *src, const struct cvt_
                     const int64_t t = 8 * (p % 4) + 2 * (p / 8) + (p / 4) % 2, k = 64 * b + 32 * h + t;
                     if (k < klo || k >= kce)
                         continue;
-                    const int64_t gi = (k / G - g0) * Ns + n - n0;
+                    const int64_t gi = grow[k - kc] + n - n0;
                     int q = (w >> (4 * i)) & 15;
                     stage[(n - nb) * ss + (k - kc)] = (float)(q - (int)d.z[gi]) * d.s[gi];
                 }
