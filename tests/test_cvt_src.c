@@ -11,9 +11,14 @@
  * data, the bad-input fixtures under tests/data/bad (expected error and the strings the message
  * must name come from their INDEX.json), and real config files from HuggingFace repos
  * (tests/data/fuzz/fuzz_config/, provenance in tests/data/fuzz/README.md).
- * Hand-built inputs: every variant packed here from the format facts with random codes, hostile
+ * Hand-built inputs: every variant packed here from the format facts with random codes (whole
+ * linears and slices, F16/BF16 scales, safetensors and torch zip, misaligned data), hostile
  * safetensors headers (truncation at every byte, huge lengths, offset overflow), hostile pickles
- * (forbidden GLOBALs, deep nesting, memo out of range, truncation at every byte).
+ * (forbidden GLOBALs, deep nesting, memo out of range, truncation at every byte), zips (ZIP64,
+ * compressed entries, big-endian, CRC), sharded-index inconsistencies. Also: 4 threads decoding
+ * one source concurrently, and file-backed RSS staying flat while a 16 MiB linear is decoded.
+ *
+ * `test_cvt_src --write-corpus DIR` writes the hand-built fuzz seeds (tests/data/fuzz/README.md).
  */
 #include <errno.h>
 #include <pthread.h>
