@@ -136,7 +136,9 @@ static enum rt_err grow(struct cuda_rank *r, struct grow_buf *b, size_t bytes, c
     const size_t want = bytes + bytes / 4; /* headroom: fewer regrowths */
     enum rt_err e = dev_alloc(what, r->device, want, &b->p);
     if (e) return e;
-    if (zero) RT_CUDA_TRY(cudaMemset(b->p, 0, want));
+    /* on the rank's (non-blocking) stream: a legacy-stream memset would not be ordered
+     * before the kernels that use the buffer */
+    if (zero) RT_CUDA_TRY(cudaMemsetAsync(b->p, 0, want, r->stream));
     b->bytes = want;
     return RT_ERR_NONE;
 }
@@ -435,7 +437,9 @@ static enum rt_err cuda_rope(void *ctx, int rank, void *x, int M, int n_heads, i
             return RT_ERR_NOMEM;
         }
         for (size_t i = 0; i < n; ++i) h[i] = (int32_t)i;
-        cudaError_t ce = cudaMemcpy(r->pos.p, h, n * sizeof(int32_t), cudaMemcpyHostToDevice);
+        cudaError_t ce = cudaMemcpyAsync(r->pos.p, h, n * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                         r->stream);
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(r->stream); /* before h is freed */
         free(h);
         RT_CUDA_TRY(ce);
     }
