@@ -4,20 +4,23 @@
  *
  *   W[k][n] = (q[k][n] - z[k/G][n]) * s[k/G][n]; reference ref_w4a16_linear (kernels/ref.h).
  *
- * Variants (kernels.h, enum k_w4a16_variant):
+ * Variants (kernels.h, enum k_w4a16_variant; auto picks by M from the H200 measurements in
+ * docs/BENCHMARKS.md):
  *   v1 naive   one thread per output, scalar fp32 dequant via the layout formula: the oracle.
- *   v2 decode  M <= 64. Stream-K: the packed tiles of one linear are one contiguous stream
- *              (n-tile-major, DESIGN 4.1), cut into equal contiguous chunks, one per warp, over
- *              a grid that fills every SM. Each lane cp.async-copies exactly the 16 bytes that are
- *              its own B fragments (no shared-memory exchange), several tiles in flight per warp;
- *              dequant in registers (lop3 + 0x6400 trick); mma.sync m16n8k16 with the activation
- *              rows as A. When a chunk leaves a 64-column tile, the warp adds its partial sums to
- *              the fp32 workspace (atomics) and bumps that tile's counter; the last contributor
- *              writes y (+ bias) in fp16 and zeroes the workspace again.
- *   v3 GEMM    any M. 128 x 128 block tile, 4 warps of 64 x 64, 2 k-tiles per stage, 4-stage
- *              cp.async pipeline for activations (swizzled, read with ldmatrix), packed weights,
- *              scales and zeros; dequant once per warp and k-tile, 32 mma per k-tile per warp.
- *   dequant    packed -> fp16 [K, N] row-major (for cuBLAS at large M, and tests).
+ *   v2 decode  M <= 64 (auto: M <= 32). Split-K slices x 4 n-tiles per block, sized to fill the
+ *              resident block slots in whole waves. The block stages its activation slice in
+ *              shared memory once; each lane cp.async-copies exactly the 16 bytes of a packed tile
+ *              that are its own fragments (8 tiles in flight per warp), dequantises in registers
+ *              (lop3 + 0x6400 trick) and runs the product transposed (weights as the mma A
+ *              operand, tokens as n8) so M <= 8 costs 4 mma per tile. Slices meet through fp32
+ *              atomics in the workspace; the last slice of a 64-column tile writes y.
+ *   v4 stream  M <= 64 (auto: 33..64). Stream-K: the tile stream (n-tile-major, DESIGN 4.1) cut
+ *              into equal contiguous chunks, one per warp; activations read per tile from L1/L2.
+ *   v3 GEMM    any M (auto: M > 64). 128 x 128 block tile, 4 warps of 64 x 64, 2 k-tiles per
+ *              stage, 4-stage cp.async pipeline for activations (swizzled, read with ldmatrix),
+ *              packed weights, scales and zeros; 32 mma per k-tile per warp. No split-K yet.
+ *   dequant    packed -> fp16 [K, N] row-major; with cuBLAS it is k_w4a16_linear_dq_gemm, the
+ *              prefill path (M >= K_W4A16_DQ_GEMM_MIN_M) of the CUDA runtime.
  *
  * Test: build-gpu/gpu_test_kernels (tests/run_gpu_tests.sh). Bench: qshard bench kernel w4a16.
  */
