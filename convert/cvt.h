@@ -47,7 +47,8 @@ struct cvt_dims {
     int vocab;              /* V = config vocab_size */
     int n_experts;          /* Mixtral num_local_experts, 0 for dense models */
     int n_experts_per_tok;
-    int group_size;         /* G, > 0 (per-channel G = -1 is refused earlier) */
+    int group_size;         /* G: a positive multiple of 16, or -1 = per-channel (one group per
+                             * linear: G = that linear's K) */
     bool tie_word_embeddings;
     bool qkv_bias;          /* q/k/v carry a bias by config (qwen2 always; llama attention_bias) */
     bool o_bias;            /* o_proj carries a bias by config (llama attention_bias) */
@@ -55,9 +56,9 @@ struct cvt_dims {
     char not_convert[CVT_MAX_NOT_CONVERT][96];
 };
 
-/* Fill *d from a parsed HF config. Errors: CVT_ERR_UNSUPPORTED (group_size -1 or not a multiple
- * of 16, too many modules_to_not_convert), CVT_ERR_CONFIG (a dimension out of int range);
- * reported once with the key name. */
+/* Fill *d from a parsed HF config (group_size -1, per-channel, is kept as -1). Errors:
+ * CVT_ERR_UNSUPPORTED (group_size 0, too many modules_to_not_convert), CVT_ERR_CONFIG (a
+ * dimension out of int range); reported once with the key name. */
 enum cvt_err cvt_dims_from_hf(const struct cvt_hf_config *hf, struct cvt_dims *d);
 
 /* --- the plan ------------------------------------------------------------------------------ */
@@ -93,6 +94,7 @@ struct cvt_plan_src {
     int64_t rows, cols;     /* expected logical shape: [K, N] for linears (also float .weight,
                              * whose file shape is [N, K]); [rows, cols] matrices; [1, n] vectors */
     bool file_transposed;   /* float linear .weight: the file holds [cols, rows] = [N, K] */
+    int64_t group;          /* AWQ: the source's group size G (= rows for per-channel); 0 otherwise */
 };
 
 /* A rectangle of a source placed into an output: source rows [src_r0, src_r0 + n_rows) and
@@ -115,6 +117,10 @@ struct cvt_out {
     int n_segs;
     struct cvt_seg segs[CVT_MAX_SEGS];
     uint64_t bytes;         /* data bytes in the rank file (W4: qweight + scales + qzeros) */
+    int64_t group;          /* W4: this output's local group size G_r; scales/qzeros have
+                             * rows / G_r rows (DESIGN 4: G_r = gcd(G, K_r), which divides G and
+                             * every slice start, so each local group lies inside one source
+                             * group and takes its scale/zero row); 0 for other kinds */
 };
 
 struct cvt_rank_plan {
@@ -137,7 +143,7 @@ struct cvt_plan {
     int heads_per_rank;     /* nq_r */
     int kv_heads_per_rank;  /* nkv_r */
     int kv_head_replicas;   /* ranks sharing one kv head (1 when tp <= n_kv_heads) */
-    int inter_unit;         /* U = lcm(G, 64) */
+    int inter_unit;         /* U = lcm(G, 64); 64 for per-channel */
     int inter_padded;       /* I_pad = ceil(I / (U*tp)) * U*tp */
     int inter_per_rank;     /* I_r = I_pad / tp */
     int vocab_per_rank;     /* V_r = ceil(V / tp) */

@@ -15,8 +15,13 @@
  * AWQ-FORMATS.md section 5):
  *   column-parallel (q, k, v, gate, up, w1, w3): output columns; q/k/v fused [q_r | k_r | v_r],
  *     gate/up fused [gate_r | up_r]; kv heads replicated when tp > kv heads.
- *   row-parallel (o, down, w2): input rows; bias on rank 0 only.
- *   intermediate: U = lcm(G, 64), I_pad = ceil(I / (U*tp)) * U*tp, I_r = I_pad / tp, rank r holds
+ *   row-parallel (o, down, w2): input rows; bias on rank 0 only. A rank holding part of a
+ *     group gets the local group size G_r = gcd(G, K_r) (DESIGN 4): G_r divides G and every
+ *     slice start, so each local group lies inside one source group and repeats its scale/zero
+ *     row; dequantization is unchanged. Refused when G_r is not a multiple of 16.
+ *   per-channel (group_size -1): G = K of each linear, so the same rule gives G_r = K_r for a
+ *     row split at any tp (and gcd(I, I_r) for a padded down_proj).
+ *   intermediate: U = lcm(G, 64) (64 per-channel), I_pad = ceil(I / (U*tp)) * U*tp, I_r = I_pad / tp, rank r holds
  *     [r*I_r, min((r+1)*I_r, I)), the rest zero.
  *   vocab: V_r = ceil(V / tp), rows [r*V_r, min((r+1)*V_r, V)), the rest zero.
  *
@@ -51,6 +56,35 @@ static int64_t gcd64(int64_t a, int64_t b)
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+/* The source group size of a quantized linear with K input rows: G, or K when per-channel. */
+static int64_t src_group(const struct cvt_dims *d, int64_t K)
+{
+    return d->group_size > 0 ? d->group_size : K;
+}
+
+/* Intermediate padding unit U = lcm(G, 64) (DESIGN 5): whole groups and whole n-tiles per rank.
+ * Per-channel has no group to keep whole on gate/up (G = H there); 64 keeps the n-tiles. */
+static int64_t inter_unit(const struct cvt_dims *d)
+{
+    int64_t G = d->group_size;
+    return G > 0 ? G / gcd64(G, 64) * 64 : 64;
+}
+
+/*
+ * Local group size G_r of a W4 output with K_out rows whose rows [dst_r0, dst_r0 + n_rows) come
+ * from source rows [src_r0, ...) of a linear with source group size Gs (n_rows = 0: all
+ * padding). G_r = gcd(Gs, K_out, src_r0, dst_r0, dst_r0 + n_rows) (gcd(x, 0) = x): it divides Gs
+ * and the slice start, so every local group of real rows lies inside one source group (and takes
+ * that group's scale/zero row), and it divides the real/padding boundary, so no local group mixes
+ * real rows with padding (whose scales are 0). For the DESIGN 5 splits this is gcd(G, K_r).
+ */
+static int64_t local_group(int64_t Gs, int64_t K_out, int64_t src_r0, int64_t dst_r0,
+                           int64_t n_rows)
+{
+    int64_t g = gcd64(gcd64(Gs, K_out), src_r0);
+    return gcd64(gcd64(g, dst_r0), n_rows > 0 ? dst_r0 + n_rows : 0);
+}
 
 /* --- tp rules ----------------------------------------------------------------------------- */
 
@@ -90,14 +124,31 @@ static bool tp_heads_ok(const struct cvt_dims *d, int tp, int *nq_r, int *nkv_r,
     return true;
 }
 
-/* Per-rank packed-layout rules of one quantized output (DESIGN 4: K % 16, N % 64, K % G). */
-static bool w4_shape_ok(int64_t K, int64_t N, int G, const char *what, char *why, size_t n_why)
+/* Per-rank packed-layout rules of one quantized output (DESIGN 4: K % 16, N % 64, and the local
+ * group size G_r = local_group(...) a multiple of 16; G_r divides K by construction), plus the
+ * source's own rule: its K_src is whole groups of Gs (AWQ quantizes whole groups). */
+static bool w4_shape_ok(int64_t K, int64_t N, int64_t K_src, int64_t Gs, int64_t G_r,
+                        const char *what, char *why, size_t n_why)
 {
-    if (K % 16 || N % 64 || K % G) {
+    if (K_src % Gs) {
+        snprintf(why, n_why,
+                 "%s: the source linear has K=%" PRId64 " input rows, not a multiple of "
+                 "group_size %" PRId64 " (AWQ quantizes whole groups)",
+                 what, K_src, Gs);
+        return false;
+    }
+    if (K % 16 || N % 64) {
         snprintf(why, n_why,
                  "%s per rank is [K=%" PRId64 ", N=%" PRId64 "] but the packed int4 layout needs "
-                 "K %% 16 == 0, K %% group_size(%d) == 0 and N %% 64 == 0",
-                 what, K, N, G);
+                 "K %% 16 == 0 and N %% 64 == 0",
+                 what, K, N);
+        return false;
+    }
+    if (G_r % 16) {
+        snprintf(why, n_why,
+                 "%s per rank has K=%" PRId64 " rows; its local group size gcd(group_size %" PRId64
+                 ", K_r %" PRId64 ") = %" PRId64 " is not a multiple of 16 (packed int4 layout)",
+                 what, K, Gs, K, G_r);
         return false;
     }
     return true;
@@ -109,14 +160,24 @@ static bool tp_ok(const struct cvt_dims *d, int tp, char *why, size_t n_why)
     int nq_r, nkv_r, rep;
     if (!tp_heads_ok(d, tp, &nq_r, &nkv_r, &rep, why, n_why))
         return false;
-    int64_t hd = d->head_dim, H = d->hidden, G = d->group_size;
-    int64_t U = G / gcd64(G, 64) * 64;
-    int64_t I_r = ceil_div(d->intermediate, U * tp) * U;
-    return w4_shape_ok(H, (nq_r + 2 * (int64_t)nkv_r) * hd, (int)G, "self_attn.qkv_proj", why,
-                       n_why) &&
-           w4_shape_ok(nq_r * hd, H, (int)G, "self_attn.o_proj", why, n_why) &&
-           w4_shape_ok(H, 2 * I_r, (int)G, "mlp.gate_up_proj", why, n_why) &&
-           w4_shape_ok(I_r, H, (int)G, "mlp.down_proj", why, n_why);
+    int64_t hd = d->head_dim, H = d->hidden, I = d->intermediate, U = inter_unit(d);
+    int64_t I_r = ceil_div(I, U * tp) * U, K_o = nq_r * hd;
+    int64_t G_h = src_group(d, H), G_o = src_group(d, d->n_heads * hd), G_i = src_group(d, I);
+    if (!w4_shape_ok(H, (nq_r + 2 * (int64_t)nkv_r) * hd, H, G_h, local_group(G_h, H, 0, 0, H),
+                     "self_attn.qkv_proj", why, n_why) ||
+        !w4_shape_ok(K_o, H, d->n_heads * hd, G_o, local_group(G_o, K_o, K_o, 0, K_o),
+                     "self_attn.o_proj", why, n_why) ||
+        !w4_shape_ok(H, 2 * I_r, H, G_h, local_group(G_h, H, 0, 0, H), "mlp.gate_up_proj", why,
+                     n_why))
+        return false;
+    /* down_proj: every rank's slice start and real row count (the same rule emit_row applies) */
+    for (int r = 0; r < tp; r++) {
+        int64_t k0 = r * I_r, n_k = min64(I_r, I - k0);
+        if (!w4_shape_ok(I_r, H, I, G_i, local_group(G_i, I_r, k0, 0, n_k), "mlp.down_proj", why,
+                         n_why))
+            return false;
+    }
+    return true;
 }
 
 int cvt_plan_valid_tp(const struct cvt_dims *d, int max_tp, int *vals, int cap)
@@ -170,9 +231,9 @@ enum cvt_err cvt_dims_from_hf(const struct cvt_hf_config *hf, struct cvt_dims *d
         }
         *dims[i].dst = (int)dims[i].v;
     }
-    if (d->group_size <= 0) {
-        qs_log_error(__func__, "quant config group_size: expected a positive multiple of 16, got "
-                               "%d (per-channel group_size -1 cannot be split across ranks)",
+    if (d->group_size == 0 || d->group_size < -1) {
+        qs_log_error(__func__, "quant config group_size: expected a positive multiple of 16 or -1 "
+                               "(per-channel), got %d",
                      d->group_size);
         return CVT_ERR_UNSUPPORTED;
     }
@@ -267,16 +328,17 @@ static int add_src(struct builder *b, const char *name, enum cvt_src_kind kind, 
     s->kind = kind;
     s->rows = rows;
     s->cols = cols;
+    s->group = kind == CVT_SRC_AWQ ? src_group(&p->d, rows) : 0;
     return p->n_srcs++;
 }
 
-static uint64_t out_bytes(const struct cvt_out *o, int G, bool aligned)
+static uint64_t out_bytes(const struct cvt_out *o, bool aligned)
 {
     uint64_t K = (uint64_t)o->rows, N = (uint64_t)o->cols, a = aligned ? CVT_FILE_ALIGN : 1;
     switch (o->kind) {
     case CVT_OUT_W4:
-        return align_up(K * N / 2, a) + align_up(K / (uint64_t)G * N * 2, a) +
-               align_up(K / (uint64_t)G * N / 2, a);
+        return align_up(K * N / 2, a) + align_up(K / (uint64_t)o->group * N * 2, a) +
+               align_up(K / (uint64_t)o->group * N / 2, a);
     case CVT_OUT_LINEAR_F16:
     case CVT_OUT_MAT_F16:
         return align_up(K * N * 2, a);
@@ -438,15 +500,17 @@ static enum cvt_err emit_column(struct builder *b, int r, const char *out_name, 
     const struct lin *l0 = pc[0].l;
     char why[320], nm[200];
     struct cvt_out *o;
+    int64_t Gs = src_group(&b->p->d, K), G_r = local_group(Gs, K, 0, 0, K);
     if (l0->quantized) {
-        if (!w4_shape_ok(K, N_out, b->p->d.group_size, out_name, why, sizeof(why))) {
+        if (!w4_shape_ok(K, N_out, pc[0].l->K, Gs, G_r, out_name, why, sizeof(why))) {
             char valid[256];
             valid_tp_str(&b->p->d, valid, sizeof(valid));
             qs_log_error(__func__, "tensor %s: --tp %d: %s; valid --tp values for this model: %s",
                          out_name, b->p->tp, why, valid);
             return CVT_ERR_TP;
         }
-        o = add_out(b, r, out_name, CVT_OUT_W4, K, N_out);
+        if ((o = add_out(b, r, out_name, CVT_OUT_W4, K, N_out)))
+            o->group = G_r;
     } else {
         snprintf(nm, sizeof(nm), "%s.weight", out_name);
         o = add_out(b, r, nm, CVT_OUT_LINEAR_F16, K, N_out);
@@ -474,15 +538,17 @@ static enum cvt_err emit_row(struct builder *b, int r, const char *out_name, con
 {
     char why[320], nm[200];
     struct cvt_out *o;
+    int64_t Gs = src_group(&b->p->d, l->K), G_r = local_group(Gs, K_out, k0, 0, n_k);
     if (l->quantized) {
-        if (!w4_shape_ok(K_out, l->N, b->p->d.group_size, out_name, why, sizeof(why))) {
+        if (!w4_shape_ok(K_out, l->N, l->K, Gs, G_r, out_name, why, sizeof(why))) {
             char valid[256];
             valid_tp_str(&b->p->d, valid, sizeof(valid));
             qs_log_error(__func__, "tensor %s: --tp %d: %s; valid --tp values for this model: %s",
                          out_name, b->p->tp, why, valid);
             return CVT_ERR_TP;
         }
-        o = add_out(b, r, out_name, CVT_OUT_W4, K_out, l->N);
+        if ((o = add_out(b, r, out_name, CVT_OUT_W4, K_out, l->N)))
+            o->group = G_r;
     } else {
         snprintf(nm, sizeof(nm), "%s.weight", out_name);
         o = add_out(b, r, nm, CVT_OUT_LINEAR_F16, K_out, l->N);
@@ -723,8 +789,7 @@ static enum cvt_err dims_check(const struct cvt_dims *d)
                {"num_attention_heads", d->n_heads},
                {"num_key_value_heads", d->n_kv_heads},
                {"head_dim", d->head_dim},
-               {"vocab_size", d->vocab},
-               {"group_size", d->group_size}};
+               {"vocab_size", d->vocab}};
     for (size_t i = 0; i < sizeof(req) / sizeof(req[0]); i++)
         if (req[i].v <= 0) {
             qs_log_error(__func__, "config key %s: expected a positive integer, got %d",
@@ -736,8 +801,9 @@ static enum cvt_err dims_check(const struct cvt_dims *d)
                      (int)d->arch);
         return CVT_ERR_UNSUPPORTED;
     }
-    if (d->group_size % 16) {
-        qs_log_error(__func__, "group_size: expected a multiple of 16 (packed int4 layout), got %d",
+    if (d->group_size == 0 || d->group_size < -1 || (d->group_size > 0 && d->group_size % 16)) {
+        qs_log_error(__func__, "group_size: expected a positive multiple of 16 (packed int4 "
+                               "layout) or -1 (per-channel), got %d",
                      d->group_size);
         return CVT_ERR_UNSUPPORTED;
     }
@@ -788,8 +854,7 @@ enum cvt_err cvt_plan_build(const struct cvt_dims *d, const struct cvt_name_list
     p->heads_per_rank = nq_r;
     p->kv_heads_per_rank = nkv_r;
     p->kv_head_replicas = rep;
-    int64_t G = d->group_size;
-    p->inter_unit = (int)(G / gcd64(G, 64) * 64);
+    p->inter_unit = (int)inter_unit(d);
     p->inter_padded = (int)(ceil_div(d->intermediate, (int64_t)p->inter_unit * tp) *
                             p->inter_unit * tp);
     p->inter_per_rank = p->inter_padded / tp;
@@ -851,9 +916,9 @@ enum cvt_err cvt_plan_build(const struct cvt_dims *d, const struct cvt_name_list
         struct cvt_rank_plan *rp = &p->ranks[r];
         for (int j = 0; j < rp->n_outs; j++) {
             struct cvt_out *o = &rp->outs[j];
-            o->bytes = out_bytes(o, d->group_size, false);
+            o->bytes = out_bytes(o, false);
             rp->data_bytes += o->bytes;
-            rp->file_bytes += out_bytes(o, d->group_size, true);
+            rp->file_bytes += out_bytes(o, true);
             if (r == 0 && o->kind == CVT_OUT_LINEAR_F16)
                 p->n_unquantized++;
         }
@@ -906,15 +971,47 @@ static void print_bytes(FILE *f, uint64_t b)
     fprintf(f, " (%" PRIu64 " bytes)", b);
 }
 
+/* One line per quantized output of layer 0 (first expert only): its source group size and the
+ * local group size G_r on each rank, and what a G_r below G means. Every layer has the same
+ * shapes, so layer 0 stands for all. */
+static void print_local_groups(const struct cvt_plan *p, FILE *f)
+{
+    const struct cvt_rank_plan *rp0 = &p->ranks[0];
+    for (int j = 0; j < rp0->n_outs; j++) {
+        const struct cvt_out *o = &rp0->outs[j];
+        if (o->kind != CVT_OUT_W4 || strncmp(o->name, "model.layers.0.", 15) ||
+            (strstr(o->name, ".experts.") && !strstr(o->name, ".experts.0.")))
+            continue;
+        int64_t Gs = o->n_segs ? p->srcs[o->segs[0].src].group : 0, lo = o->group, hi = o->group;
+        for (int r = 1; r < p->tp; r++) {
+            const struct cvt_out *x = cvt_plan_find(p, r, o->name);
+            lo = x && x->group < lo ? x->group : lo;
+            hi = x && x->group > hi ? x->group : hi;
+        }
+        fprintf(f, "plan: local group size: %s [K_r=%" PRId64 ", N_r=%" PRId64 "]: ", o->name + 15,
+                o->rows, o->cols);
+        if (lo != hi)
+            fprintf(f, "G_r %" PRId64 "..%" PRId64 " over the ranks", lo, hi);
+        else
+            fprintf(f, "G_r = %" PRId64, lo);
+        if (Gs > lo)
+            fprintf(f, " < source group %" PRId64 ": each source scale/zero row is repeated for "
+                       "its %" PRId64 " local groups (dequantization unchanged)",
+                    Gs, Gs / lo);
+        fprintf(f, ", %" PRId64 " scale row(s)\n", o->rows / lo);
+    }
+}
+
 void cvt_plan_print(const struct cvt_plan *p, FILE *f)
 {
     const struct cvt_dims *d = &p->d;
     int64_t I = d->intermediate, I_r = p->inter_per_rank, V = d->vocab, V_r = p->vocab_per_rank;
     int tp = p->tp;
     fprintf(f, "plan: %s, %d layers, hidden %d, heads %d, kv heads %d, head_dim %d, "
-               "intermediate %d, vocab %d, group_size %d",
+               "intermediate %d, vocab %d, group_size %d%s",
             cvt_arch_str(d->arch), d->n_layers, d->hidden, d->n_heads, d->n_kv_heads,
-            d->head_dim, d->intermediate, d->vocab, d->group_size);
+            d->head_dim, d->intermediate, d->vocab, d->group_size,
+            d->group_size > 0 ? "" : " (per-channel: G = K of each linear)");
     if (d->n_experts)
         fprintf(f, ", %d experts (top %d)", d->n_experts, d->n_experts_per_tok);
     fprintf(f, "\nplan: tp %d: %d query heads and %d kv heads per rank", tp, p->heads_per_rank,
@@ -924,9 +1021,14 @@ void cvt_plan_print(const struct cvt_plan *p, FILE *f)
                    "(rank r holds kv head r/%d)",
                 d->n_kv_heads, p->kv_head_replicas, p->kv_head_replicas);
     fprintf(f, "\n");
-    fprintf(f, "plan: intermediate: U = lcm(group_size %d, 64) = %d; %" PRId64, d->group_size,
-            p->inter_unit, I);
-    if (I % d->group_size == 0)
+    if (d->group_size > 0)
+        fprintf(f, "plan: intermediate: U = lcm(group_size %d, 64) = %d; %" PRId64,
+                d->group_size, p->inter_unit, I);
+    else
+        fprintf(f, "plan: intermediate: U = %d (per-channel); %" PRId64, p->inter_unit, I);
+    if (d->group_size < 0)
+        fprintf(f, "; ");
+    else if (I % d->group_size == 0)
         fprintf(f, " = %" PRId64 " groups (%.2f per rank); ", I / d->group_size,
                 (double)I / d->group_size / tp);
     else
@@ -954,6 +1056,7 @@ void cvt_plan_print(const struct cvt_plan *p, FILE *f)
     fprintf(f, "plan: lm_head: %s; %d linear(s) stored unquantized (F16)\n",
             p->has_lm_head ? "separate" : "tied to the embedding (stored once)",
             p->n_unquantized);
+    print_local_groups(p, f);
     uint64_t total = 0;
     for (int r = 0; r < tp; r++) {
         const struct cvt_rank_plan *rp = &p->ranks[r];

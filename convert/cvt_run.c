@@ -13,7 +13,10 @@
  *      column chunks of whole 64-wide n-tiles: in the packed layouts (DESIGN 4.1-4.3) the bytes of
  *      n-tiles [a, b) of qweight, scales and qzeros are each one contiguous range, in order, so
  *      a chunk is packed on its own and streamed with fmt_writer_put_tensor_part(). Each chunk:
- *      decode the source slices in blocks of rows (cvt_awq_load), place them (zero padding elsewhere), pack
+ *      decode the source slices in blocks of whole source groups (cvt_awq_load; a row slice that
+ *      starts inside a group reads the whole group and keeps its rows), place them with the
+ *      output's local group size G_r (each local group's scale/zero row is its source group's,
+ *      DESIGN 4; zero padding elsewhere), pack
  *      (ref_pack_*), then the SELF-CHECK: ref_dequant_w4 of our packed chunk must equal
  *      cvt_awq_dequant_source of the same source slice bit for bit, and padding must dequantize to
  *      +0.0. Float tensors are converted in row chunks. Memory per worker is bounded by the
@@ -218,7 +221,7 @@ struct w4_bufs {
     float *wq, *ws;         /* [K][C], [k_block][C] (self-check only) */
     uint8_t *xq, *xz, *qp, *zp; /* sub-block [K][S], [K/G][S] and packed */
     uint16_t *xs, *sp;
-    float *xw;              /* [K][S] */
+    float *xw;              /* unused: the self-check dequantizes straight into wq */
     size_t cap[12];         /* bytes allocated for each pointer above, in order */
 };
 
@@ -265,7 +268,7 @@ static void copy_cols(void *dst, const void *src, int64_t rows, int64_t C, int64
 static enum cvt_err w4_sub(struct run *R, int rank, const struct cvt_out *o, int64_t cw,
                            int64_t c, int64_t S, struct w4_bufs *b, uint64_t offs[3])
 {
-    int64_t K = o->rows, G = R->plan->d.group_size, ng = K / G;
+    int64_t K = o->rows, G = o->group, ng = K / G;
     enum cvt_err e;
     copy_cols(b->xq, b->q, K, cw, c, S, 1);
     copy_cols(b->xz, b->z, ng, cw, c, S, 1);
@@ -277,12 +280,10 @@ static enum cvt_err w4_sub(struct run *R, int rank, const struct cvt_out *o, int
                      o->name);
         return CVT_ERR_RANGE;
     }
-    if (!R->o->no_check) {
-        if (ref_dequant_w4(b->qp, b->zp, b->sp, (int)K, (int)S, (int)G, b->xw))
-            return CVT_ERR_RANGE;
-        for (int64_t r = 0; r < K; r++)
-            memcpy(b->wq + r * cw + c, b->xw + r * S, (size_t)S * sizeof(float));
-    }
+    /* our packed sub-block dequantized straight into its columns of wq (row stride cw) */
+    if (!R->o->no_check &&
+        ref_dequant_w4_strided(b->qp, b->zp, b->sp, (int)K, (int)S, (int)G, b->wq + c, (size_t)cw))
+        return CVT_ERR_RANGE;
     uint32_t i0 = R->idx[rank][o - R->plan->ranks[rank].outs];
     size_t nq = (size_t)(K * S / 2), ns = (size_t)(ng * S) * 2, nz = (size_t)(ng * S / 2);
     if ((e = put_part(R, rank, i0, offs[0], b->qp, nq)) ||
@@ -320,10 +321,35 @@ static int64_t k_block_max(const struct run *R, const struct cvt_out *o)
 {
     int64_t m = 0;
     for (int si = 0; si < o->n_segs; si++) {
-        int64_t kb = k_block(R, R->plan->d.group_size, R->plan->srcs[o->segs[si].src].cols);
+        const struct cvt_plan_src *ps = &R->plan->srcs[o->segs[si].src];
+        int64_t kb = k_block(R, ps->group, ps->cols);
         m = kb > m ? kb : m;
     }
-    return m ? m : R->plan->d.group_size;
+    return m ? m : o->group;
+}
+
+/* The source row blocks a segment is read in: cvt_awq_load / cvt_awq_dequant_source take whole
+ * source groups, but a row-parallel slice may start or end inside one (local group size G_r < G,
+ * DESIGN 4), so block i reads the group-aligned rows [b0, b1) and uses only [k0, k1), the part
+ * inside the segment's source rows. Blocks step by kb (a multiple of the source group). */
+struct src_blk {
+    int64_t b0, b1; /* rows read (multiples of the source group; b1 may be the source's K) */
+    int64_t k0, k1; /* rows used, inside [b0, b1) and the segment */
+};
+
+static bool src_blk_next(const struct cvt_seg *sg, const struct cvt_plan_src *ps, int64_t kb,
+                         struct src_blk *bl, bool first)
+{
+    int64_t Gs = ps->group, s0 = sg->src_r0, s1 = sg->src_r0 + sg->n_rows;
+    bl->b0 = first ? s0 / Gs * Gs : bl->b0 + kb;
+    if (bl->b0 >= s1)
+        return false;
+    int64_t end = (s1 + Gs - 1) / Gs * Gs;
+    end = end < ps->rows ? end : ps->rows;
+    bl->b1 = bl->b0 + kb < end ? bl->b0 + kb : end;
+    bl->k0 = bl->b0 > s0 ? bl->b0 : s0;
+    bl->k1 = bl->b1 < s1 ? bl->b1 : s1;
+    return true;
 }
 
 /* One load chunk [c0, c0 + cw) of output columns of W4 output o on `rank`. */
@@ -331,7 +357,7 @@ static enum cvt_err w4_chunk(struct run *R, int rank, const struct cvt_out *o, i
                              int64_t cw, struct w4_bufs *b, uint64_t offs[3])
 {
     const struct cvt_plan *p = R->plan;
-    int64_t K = o->rows, G = p->d.group_size, ng = K / G;
+    int64_t K = o->rows, G = o->group, ng = K / G;
     enum cvt_err e = CVT_ERR_NONE;
     memset(b->q, 0, (size_t)(K * cw));
     memset(b->z, 0, (size_t)(ng * cw));
@@ -345,20 +371,23 @@ static enum cvt_err w4_chunk(struct run *R, int rank, const struct cvt_out *o, i
             continue;
         const struct cvt_plan_src *ps = &p->srcs[sg->src];
         int64_t n0 = sg->src_c0 + (a - sg->dst_c0), n1 = n0 + (z - a);
-        int64_t w = z - a, dc = a - c0, kb = k_block(R, G, ps->cols);
-        for (int64_t k0 = sg->src_r0; k0 < sg->src_r0 + sg->n_rows; k0 += kb) {
-            int64_t k1 = k0 + kb < sg->src_r0 + sg->n_rows ? k0 + kb : sg->src_r0 + sg->n_rows;
-            int64_t dr = sg->dst_r0 + (k0 - sg->src_r0);
+        int64_t w = z - a, dc = a - c0, kb = k_block(R, ps->group, ps->cols);
+        struct src_blk bl;
+        for (bool ok = src_blk_next(sg, ps, kb, &bl, true); ok;
+             ok = src_blk_next(sg, ps, kb, &bl, false)) {
             struct cvt_awq_linear lin;
-            if ((e = cvt_awq_load(R->src, R->cfg, ps->name, ps->rows, ps->cols, k0, k1, n0, n1,
-                                  &lin)))
+            if ((e = cvt_awq_load(R->src, R->cfg, ps->name, ps->rows, ps->cols, bl.b0, bl.b1, n0,
+                                  n1, &lin)))
                 return e;
-            for (int64_t k = 0; k < k1 - k0; k++)
-                memcpy(b->q + (dr + k) * cw + dc, lin.q + k * w, (size_t)w);
-            for (int64_t g = 0; g < (k1 - k0 + G - 1) / G; g++) {
-                memcpy(b->z + (dr / G + g) * cw + dc, lin.z + g * w, (size_t)w);
-                memcpy(b->s + (dr / G + g) * cw + dc, lin.s + g * w,
-                       (size_t)w * sizeof(uint16_t));
+            int64_t dr = sg->dst_r0 + (bl.k0 - sg->src_r0); /* a multiple of G (plan) */
+            for (int64_t k = bl.k0; k < bl.k1; k++)
+                memcpy(b->q + (dr + k - bl.k0) * cw + dc, lin.q + (k - bl.b0) * w, (size_t)w);
+            /* local group of output row dr + (k - k0) <- source group of row k, both whole:
+             * G divides the source group, the slice start and dr (cvt_plan.c local_group) */
+            for (int64_t k = bl.k0; k < bl.k1; k += G) {
+                int64_t go = (dr + k - bl.k0) / G, gs = (k - bl.b0) / ps->group;
+                memcpy(b->z + go * cw + dc, lin.z + gs * w, (size_t)w);
+                memcpy(b->s + go * cw + dc, lin.s + gs * w, (size_t)w * sizeof(uint16_t));
             }
             cvt_awq_linear_free(&lin);
         }
@@ -379,20 +408,21 @@ static enum cvt_err w4_chunk(struct run *R, int rank, const struct cvt_out *o, i
             continue;
         const struct cvt_plan_src *ps = &p->srcs[sg->src];
         int64_t n0 = sg->src_c0 + (a - sg->dst_c0), n1 = n0 + (z - a);
-        int64_t w = z - a, dc = a - c0, kb = k_block(R, G, ps->cols);
-        for (int64_t k0 = sg->src_r0; k0 < sg->src_r0 + sg->n_rows; k0 += kb) {
-            int64_t k1 = k0 + kb < sg->src_r0 + sg->n_rows ? k0 + kb : sg->src_r0 + sg->n_rows;
-            int64_t dr = sg->dst_r0 + (k0 - sg->src_r0);
-            if ((e = cvt_awq_dequant_source(R->src, R->cfg, ps->name, ps->rows, ps->cols, k0, k1,
-                                            n0, n1, b->ws)))
+        int64_t w = z - a, dc = a - c0, kb = k_block(R, ps->group, ps->cols);
+        struct src_blk bl;
+        for (bool ok = src_blk_next(sg, ps, kb, &bl, true); ok;
+             ok = src_blk_next(sg, ps, kb, &bl, false)) {
+            int64_t dr = sg->dst_r0 + (bl.k0 - sg->src_r0);
+            if ((e = cvt_awq_dequant_source(R->src, R->cfg, ps->name, ps->rows, ps->cols, bl.b0,
+                                            bl.b1, n0, n1, b->ws)))
                 return e;
-            for (int64_t k = 0; k < k1 - k0; k++) {
+            for (int64_t k = 0; k < bl.k1 - bl.k0; k++) {
                 float *ours = b->wq + (dr + k) * cw + dc;
-                const float *want = b->ws + k * w;
+                const float *want = b->ws + (bl.k0 - bl.b0 + k) * w;
                 if (memcmp(ours, want, (size_t)w * sizeof(float)))
                     for (int64_t n = 0; n < w; n++)
                         if (memcmp(&ours[n], &want[n], sizeof(float)))
-                            return check_fail(R, rank, o, ps->name, k0 + k, n0 + n, dr + k,
+                            return check_fail(R, rank, o, ps->name, bl.k0 + k, n0 + n, dr + k,
                                               dc + c0 + n, want[n], ours[n]);
             }
         }
@@ -432,7 +462,7 @@ static enum cvt_err w4_chunk(struct run *R, int rank, const struct cvt_out *o, i
 
 static enum cvt_err job_w4(struct run *R, int rank, const struct cvt_out *o, struct w4_bufs *b)
 {
-    int64_t K = o->rows, N = o->cols, G = R->plan->d.group_size, ng = K / G;
+    int64_t K = o->rows, N = o->cols, G = o->group, ng = K / G;
     int64_t C = chunk_cols(R, K, N), S = CVT_SUB_COLS < C ? CVT_SUB_COLS : C;
     bool ck = !R->o->no_check;
     enum cvt_err e = CVT_ERR_NONE;
@@ -441,7 +471,7 @@ static enum cvt_err job_w4(struct run *R, int rank, const struct cvt_out *o, str
         (size_t)(K * C), (size_t)(ng * C), (size_t)(ng * C) * 2,
         ck ? (size_t)(K * C) * 4 : 0, ck ? (size_t)(k_block_max(R, o) * C) * 4 : 0,
         (size_t)(K * S), (size_t)(ng * S), (size_t)(K * S / 2), (size_t)(ng * S / 2),
-        (size_t)(ng * S) * 2, (size_t)(ng * S) * 2, ck ? (size_t)(K * S) * 4 : 0};
+        (size_t)(ng * S) * 2, (size_t)(ng * S) * 2, 0 /* xw: no longer used */};
     for (int i = 0; i < W4_NBUF; i++)
         if (!w4_ensure(b, i, need[i])) {
             qs_log_error(__func__, "rank %d: tensor %s: out of memory for a %" PRId64
@@ -769,12 +799,13 @@ static enum cvt_err declare_out(struct run *R, int rank, const struct cvt_out *o
 {
     struct fmt_writer *w = R->w[rank];
     enum fmt_split sp = fmt_split_of(o->split, R->plan->tp);
-    uint64_t K = (uint64_t)o->rows, N = (uint64_t)o->cols, G = (uint64_t)R->plan->d.group_size;
+    uint64_t K = (uint64_t)o->rows, N = (uint64_t)o->cols, G = (uint64_t)o->group;
     char nm[200];
     enum fmt_err fe = FMT_ERR_NONE;
     uint32_t idx;
     if (o->kind == CVT_OUT_W4) {
-        /* [K, N] and [K/G, N]: column split on axis 1, row split on axis 0 */
+        /* [K, N] and [K/G_r, N] (G_r: this output's local group size, DESIGN 4): column split
+         * on axis 1, row split on axis 0 */
         uint32_t ax = o->split == CVT_SPLIT_COLUMN ? 1 : 0;
         uint64_t sq[2] = {K, N}, sg[2] = {K / G, N};
         snprintf(nm, sizeof(nm), "%s.qweight", o->name);

@@ -58,7 +58,9 @@ struct rt_opts rt_opts_default(void)
 /* One linear of one rank: packed W4 (DESIGN 4) or unquantised fp16, plus an optional bias.
  * All pointers are backend addresses borrowed from the weight memory. */
 struct rt_linear {
-    int K, N, G;                /* in_features, out_features, group_size (per rank) */
+    int K, N, G;                /* in_features, out_features, group size of this tensor on this
+                                 * rank: K / rows of its scales (G_r of DESIGN 4, may be below
+                                 * the config group_size) */
     const uint8_t *qweight;     /* [K, N] packed 4.1, or NULL when weight_f16 is set */
     const uint8_t *qzeros;      /* [K/G, N] packed 4.3 */
     const uint16_t *scales;     /* [K/G, N] fp16 packed 4.2 */
@@ -199,32 +201,69 @@ static enum rt_err bind(struct rt_model *m, int r, const char *name, enum fmt_dt
     return RT_ERR_NONE;
 }
 
-/* Bind linear `prefix` of rank r: packed W4 triple, else `<prefix>.weight` fp16 [N, K];
- * `<prefix>.bias` fp32 [N] optional unless need_bias. */
+/*
+ * The group size of the packed linear `prefix` of rank r from its scales tensor: G = K / rows of
+ * `<prefix>.scales` [K/G, N]. It is per tensor, not the config's: a row-parallel rank holding part
+ * of a source group has a local group size G_r = gcd(G, K_r) (DESIGN 4), each local group taking
+ * its source group's scale/zero row. Checked: 2-D, rows > 0 dividing K, G % 16 == 0, and G divides
+ * the config's group_size (a local group lies inside one source group). Errors: RT_ERR_MISSING_TENSOR,
+ * RT_ERR_SHAPE, reported naming the tensor. The full dtype / layout / shape check is bind()'s.
+ */
+static enum rt_err linear_group(const struct rt_model *m, int r, const char *prefix, int K, int *G)
+{
+    const struct rt_config *c = &m->ranks[r].cfg;
+    const char *file = fmt_shard_path(m->ranks[r].shard);
+    char name[FMT_NAME_MAX + 1];
+    snprintf(name, sizeof(name), "%s.scales", prefix);
+    const struct fmt_tensor *t = fmt_shard_find(m->ranks[r].shard, name);
+    if (!t) {
+        qs_log_error(__func__, "file %s: tensor %s is missing (%s.qweight is present)", file, name,
+                     prefix);
+        return RT_ERR_MISSING_TENSOR;
+    }
+    uint64_t rows = t->n_dims == 2 ? t->shape[0] : 0;
+    if (rows == 0 || (uint64_t)K % rows) {
+        qs_log_error(__func__, "file %s: tensor %s: %llu rows with K=%d input features; expected "
+                     "[K/G, N] with G dividing K", file, name, (unsigned long long)rows, K);
+        return RT_ERR_SHAPE;
+    }
+    int g = K / (int)rows;
+    if (g % 16 || (c->group_size > 0 && c->group_size % g)) {
+        qs_log_error(__func__, "file %s: tensor %s: [%llu, N] implies group size %d for K=%d; "
+                     "expected a multiple of 16 that divides the config group_size %d", file,
+                     name, (unsigned long long)rows, g, K, c->group_size);
+        return RT_ERR_SHAPE;
+    }
+    *G = g;
+    return RT_ERR_NONE;
+}
+
+/* Bind linear `prefix` of rank r: packed W4 triple (group size from its scales, linear_group),
+ * else `<prefix>.weight` fp16 [N, K]; `<prefix>.bias` fp32 [N] optional unless need_bias. */
 static enum rt_err bind_linear(struct rt_model *m, int r, const char *prefix, int K, int N,
                                bool need_bias, struct rt_linear *L)
 {
-    const struct rt_config *c = &m->ranks[r].cfg;
     char name[FMT_NAME_MAX + 1];
     const void *p;
     memset(L, 0, sizeof(*L));
-    L->K = K, L->N = N, L->G = c->group_size;
+    L->K = K, L->N = N;
 
     snprintf(name, sizeof(name), "%s.qweight", prefix);
     if (fmt_shard_find(m->ranks[r].shard, name)) {
-        if (!ref_w4_shape_ok(K, N, c->group_size)) {
-            qs_log_error(__func__, "file %s: %s: per-rank shape [K=%d, N=%d] with group_size %d "
-                         "cannot use the packed layout (K %% 16, N %% 64, K %% G must be 0)",
-                         fmt_shard_path(m->ranks[r].shard), prefix, K, N, c->group_size);
+        if (!ref_w4_shape_ok(K, N, 0)) {
+            qs_log_error(__func__, "file %s: %s: per-rank shape [K=%d, N=%d] cannot use the "
+                         "packed layout (K %% 16 and N %% 64 must be 0)",
+                         fmt_shard_path(m->ranks[r].shard), prefix, K, N);
             return RT_ERR_SHAPE;
         }
+        TRY(linear_group(m, r, prefix, K, &L->G));
         TRY(bind(m, r, name, FMT_DTYPE_Q4, FMT_LAYOUT_W4_MMA_T16X64, K, N, false, &p));
         L->qweight = p;
         snprintf(name, sizeof(name), "%s.qzeros", prefix);
-        TRY(bind(m, r, name, FMT_DTYPE_Q4, FMT_LAYOUT_Z4_T64, K / c->group_size, N, false, &p));
+        TRY(bind(m, r, name, FMT_DTYPE_Q4, FMT_LAYOUT_Z4_T64, K / L->G, N, false, &p));
         L->qzeros = p;
         snprintf(name, sizeof(name), "%s.scales", prefix);
-        TRY(bind(m, r, name, FMT_DTYPE_F16, FMT_LAYOUT_S_T64, K / c->group_size, N, false, &p));
+        TRY(bind(m, r, name, FMT_DTYPE_F16, FMT_LAYOUT_S_T64, K / L->G, N, false, &p));
         L->scales = p;
     } else {
         snprintf(name, sizeof(name), "%s.weight", prefix);

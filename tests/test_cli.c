@@ -8,6 +8,9 @@
  *     below GREEDY_TIE_MARGIN, where fp32 rounding may legitimately pick the other id);
  *   - `logits --tokens ... --out x.npy` equals the golden [T, vocab] within relative L2 5e-3;
  *   - the same through a TP-2 conversion (all ranks in one process);
+ *   - every fixture with goldens also through a TP-4 conversion (o_proj then holds half of each
+ *     128-row group per rank: DESIGN 4 local group size): greedy ids and logits vs the goldens
+ *     as above, and logits vs the TP-1 conversion's within relative L2 1e-5;
  *   - `tokenize --text` equals HF's ids, `tokenize --decode` gives back the text, and the
  *     real Llama-2 tokenizer vectors (tests/data/tokenizer-test-vectors.json) come out of
  *     `qshard tokenize` on the rank file's embedded tokenizer;
@@ -24,7 +27,7 @@
  * Without tests/data/models/INDEX.json only the fixture-free cases run (a line says so).
  * Run: ./build/test_cli (from the repository root); QSHARD_DEVICE=cuda runs the golden
  * comparisons (greedy, logits, perplexity, stop strings) on the GPU; QSHARD_DEVICE_TP2=cuda
- * the TP-2 ones too (two GPUs).
+ * the TP-2 ones too (two GPUs), QSHARD_DEVICE_TP4=cuda the TP-4 ones (four GPUs).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -55,6 +58,9 @@ static const char *g_device = "cpu"; /* env QSHARD_DEVICE: where the golden comp
 /* env QSHARD_DEVICE_TP2: where the TP-2 comparisons run (default cpu: all ranks in one process;
  * cuda needs two GPUs) */
 static const char *g_device_tp2 = "cpu";
+/* env QSHARD_DEVICE_TP4: where the TP-4 comparisons run (default cpu; cuda needs four GPUs) */
+static const char *g_device_tp4 = "cpu";
+#define TP_REL_L2_MAX 1e-5
 static char g_tmp[256];
 
 // --- running the binary --------------------------------------------------------------------
@@ -286,6 +292,45 @@ static void check_logits(const char *model, const char *name, const cJSON *promp
         CHECK_MSG(e <= REL_L2_MAX, "%s: logits rel L2 %.3g > %.1g", name, e, REL_L2_MAX);
     }
     unlink(out);
+    free(a);
+    free(b);
+    free(csv);
+    proc_free(&p);
+}
+
+/* `logits` of the TP-N conversion `model` (on g_device) against the TP-1 conversion `tp1` (on
+ * cpu): relative L2 <= TP_REL_L2_MAX (only summation order differs). */
+static void check_logits_vs_tp1(const char *model, const char *tp1, const char *name,
+                                const cJSON *prompt)
+{
+    const cJSON *pids = cJSON_GetObjectItemCaseSensitive(prompt, "ids");
+    if (!cJSON_IsArray(pids))
+        return;
+    char out_a[512], out_b[512];
+    snprintf(out_a, sizeof(out_a), "%s/logits-tpn.npy", g_tmp);
+    snprintf(out_b, sizeof(out_b), "%s/logits-tp1.npy", g_tmp);
+    char *csv = ids_csv(pids);
+    struct proc p =
+        run("logits", model, "--tokens", csv, "--out", out_a, "--device", g_device, NULL);
+    CHECK_EXIT(p, 0, name);
+    proc_free(&p);
+    p = run("logits", tp1, "--tokens", csv, "--out", out_b, "--device", "cpu", NULL);
+    CHECK_EXIT(p, 0, name);
+    float *a = NULL, *b = NULL;
+    int64_t ra = 0, ca = 0, rb = 0, cb = 0;
+    CHECK_MSG(rt_npy_read_f32(out_a, &a, &ra, &ca) == RT_IO_ERR_NONE &&
+                  rt_npy_read_f32(out_b, &b, &rb, &cb) == RT_IO_ERR_NONE,
+              "%s: logits files unreadable", name);
+    CHECK_MSG(ra == rb && ca == cb, "%s: logits shape (%lld, %lld), TP-1 (%lld, %lld)", name,
+              (long long)ra, (long long)ca, (long long)rb, (long long)cb);
+    if (a && b && ra == rb && ca == cb) {
+        double nb;
+        double e = rel_l2(a, b, (size_t)(ra * ca), &nb);
+        CHECK_MSG(nb > 0 && e <= TP_REL_L2_MAX, "%s: logits vs TP-1 rel L2 %.3g > %.1g", name, e,
+                  TP_REL_L2_MAX);
+    }
+    unlink(out_a);
+    unlink(out_b);
     free(a);
     free(b);
     free(csv);
@@ -1000,7 +1045,10 @@ int main(void)
         g_device = getenv("QSHARD_DEVICE");
     if (getenv("QSHARD_DEVICE_TP2"))
         g_device_tp2 = getenv("QSHARD_DEVICE_TP2");
-    printf("cli: golden comparisons on --device %s (TP-2: %s)\n", g_device, g_device_tp2);
+    if (getenv("QSHARD_DEVICE_TP4"))
+        g_device_tp4 = getenv("QSHARD_DEVICE_TP4");
+    printf("cli: golden comparisons on --device %s (TP-2: %s, TP-4: %s)\n", g_device,
+           g_device_tp2, g_device_tp4);
     const char *tmpdir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     snprintf(g_tmp, sizeof(g_tmp), "%s/qshard_test_cli_XXXXXX", tmpdir);
     if (!mkdtemp(g_tmp)) {
@@ -1095,6 +1143,25 @@ int main(void)
                         check_logits(d2, what, pr);
                     }
                     g_device = dev1;
+                }
+            }
+            /* TP-4 of every fixture with goldens (the fixtures have 4 heads of 64 and group
+             * size 128 or 64: row-parallel o_proj with a local group size) */
+            if (has_golden) {
+                char *d4 = convert(m, 4);
+                if (d4) {
+                    const char *dev1 = g_device;
+                    g_device = g_device_tp4;
+                    cJSON_ArrayForEach(pr, prompts)
+                    {
+                        char what[256];
+                        snprintf(what, sizeof(what), "%s/%s tp4", name, jstr(pr, "name"));
+                        check_greedy(d4, what, pr);
+                        check_logits(d4, what, pr);
+                        check_logits_vs_tp1(d4, dir, what, pr);
+                    }
+                    g_device = dev1;
+                    free(d4);
                 }
             }
             printf("cli: %s: %d checks%s\n", name, t_pass + t_fail - checks_before,

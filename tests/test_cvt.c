@@ -2,9 +2,12 @@
  * test_cvt.c - `qshard convert` end to end on every fixture of tests/data/models/INDEX.json and
  * every bad input of tests/data/bad/INDEX.json.
  *
- * For each model and tp in {1, 2, 4} the binary converts the fixture; a tp the model's shapes
- * cannot take (rules restated below from DESIGN 4-5, not taken from the converter) must be
- * refused with exit 2, the valid values listed and no output left. Each converted model is opened
+ * For each model and tp in {1, 2, 3, 4} the binary converts the fixture; a tp the model's shapes
+ * cannot take (rules restated below from DESIGN 4-5, not taken from the converter; for the
+ * fixtures' 4 heads that is tp 3) must be refused with exit 2, the valid values listed and no
+ * output left. At tp 4 the fixtures' o_proj holds K_r = 64 rows of 128-row groups: its scales
+ * must have K_r / gcd(G, K_r) rows (DESIGN 4 local group size), and it must still dequantize to
+ * the source rows bit for bit. Each converted model is opened
  * with the format reader (manifest, sizes, digests) and every tensor of every rank is checked
  * against the ORIGINAL checkpoint: packed linears are unpacked with ref_dequant_w4 and compared
  * bit for bit with cvt_awq_dequant_source (AWQ's own nibble orders) of the source slice this test
@@ -22,7 +25,8 @@
  * --force; --dry-run writes nothing.
  *
  * PITFALLS covered: P01/P02 (intermediate padding: llama3-gqa-i640 640 = 5 groups and qwen2 384 =
- * 3 groups at tp 2, mixtral 1 group at tp 2; head-split refusal at tp 4), P03 (GEMM/GEMV/GEMVFast
+ * 3 groups at tp 2, mixtral 1 group at tp 2; llama3-gqa-i640 at tp 4: 5 groups on 4 ranks, and half
+ * a group of o_proj rows per rank), P03 (GEMM/GEMV/GEMVFast
  * twins), P05 (kv replication: llama3 kv 1 at tp 2, mistral kv 2 at tp 4), P07 (vocab 509 at tp 2),
  * P08 (tied embeddings, no lm_head), P09/P10 (mixtral router listed in modules_to_not_convert,
  * replicated F32), P11 (qwen2 q/k/v biases split with their heads), P13 (w-bit-8), P14
@@ -155,9 +159,20 @@ struct model_ck {
     /* per-tp derived numbers (DESIGN 5, restated) */
     long nq_r, nkv_r, rep, I_r, I_pad, V_r;
     int n_checked;              /* tensors checked on the current rank */
+    int n_local;                /* packed linears seen with a local group size below G */
 };
 
-/* Can tp split this model (DESIGN 4 + 5, assuming every decoder linear is quantized)? */
+/* Largest common divisor of a and b, by counting down (not the converter's gcd). */
+static long gcd_slow(long a, long b)
+{
+    long g = a < b ? a : b;
+    while (a % g || b % g)
+        g--;
+    return g;
+}
+
+/* Can tp split this model (DESIGN 4 + 5, assuming every decoder linear is quantized)? The
+ * row-parallel o_proj's local group size gcd(G, K_r) must be a multiple of 16. */
 static bool tp_possible(const struct model_ck *m, int tp)
 {
     if (m->nq % tp)
@@ -166,7 +181,7 @@ static bool tp_possible(const struct model_ck *m, int tp)
         return false;
     long nq_r = m->nq / tp, nkv_r = tp <= m->nkv ? m->nkv / tp : 1;
     long o_K = nq_r * m->hd, qkv_N = (nq_r + 2 * nkv_r) * m->hd;
-    return o_K % m->G == 0 && o_K % 16 == 0 && qkv_N % 64 == 0 && m->H % 64 == 0;
+    return gcd_slow(m->G, o_K) % 16 == 0 && o_K % 16 == 0 && qkv_N % 64 == 0 && m->H % 64 == 0;
 }
 
 static void ck_setup_tp(struct model_ck *m, int tp)
@@ -195,7 +210,9 @@ static const struct fmt_tensor *find(const struct fmt_shard *s, const char *fmt,
     return t;
 }
 
-/* Dequantize packed linear `prefix` of a shard: returns [K][N] fp32 (malloc'ed) or NULL. */
+/* Dequantize packed linear `prefix` of a shard: returns [K][N] fp32 (malloc'ed) or NULL. Its
+ * scales / qzeros must have K / G_r rows, G_r = gcd(G, K) (DESIGN 4 local group size; = G unless
+ * a row split leaves part of a group on a rank). */
 static float *deq_rank(struct model_ck *m, const struct fmt_shard *s, const char *prefix,
                        long *K_out, long *N_out)
 {
@@ -208,9 +225,14 @@ static float *deq_rank(struct model_ck *m, const struct fmt_shard *s, const char
     long K = (long)q->shape[0], N = (long)q->shape[1];
     CHECK(q->layout == FMT_LAYOUT_W4_MMA_T16X64 && sc->layout == FMT_LAYOUT_S_T64 &&
           z->layout == FMT_LAYOUT_Z4_T64);
-    CHECK(sc->shape[0] == (uint64_t)(K / m->G) && sc->shape[1] == (uint64_t)N);
+    long G_r = gcd_slow(m->G, K);
+    CHECK_MSG(sc->shape[0] == (uint64_t)(K / G_r) && sc->shape[1] == (uint64_t)N &&
+              z->shape[0] == sc->shape[0] && z->shape[1] == sc->shape[1],
+              "%s: scales [%llu, %llu], want [%ld, %ld]", prefix,
+              (unsigned long long)sc->shape[0], (unsigned long long)sc->shape[1], K / G_r, N);
+    m->n_local += G_r < m->G;
     float *w = malloc((size_t)(K * N) * sizeof(float));
-    if (!w || ref_dequant_w4(q->data, z->data, sc->data, (int)K, (int)N, (int)m->G, w)) {
+    if (!w || ref_dequant_w4(q->data, z->data, sc->data, (int)K, (int)N, (int)G_r, w)) {
         CHECK_MSG(0, "%s: ref_dequant_w4 failed", prefix);
         free(w);
         return NULL;
@@ -588,7 +610,7 @@ static void test_models(void)
     if (!idx)
         return;
     cJSON *models = cJSON_GetObjectItem(idx, "models"), *it;
-    int n_models = 0, n_converted = 0, n_refused = 0;
+    int n_models = 0, n_converted = 0, n_refused = 0, n_local_total = 0;
     cJSON_ArrayForEach(it, models)
     {
         const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(it, "name"));
@@ -618,7 +640,7 @@ static void test_models(void)
         /* INDEX.json agrees with the config the converter reads */
         CHECK_EQ_INT(m.H, cJSON_GetNumberValue(cJSON_GetObjectItem(it, "hidden_size")));
         CHECK_EQ_INT(m.G, cJSON_GetNumberValue(cJSON_GetObjectItem(it, "group_size")));
-        for (int tp = 1; tp <= 4; tp *= 2) {
+        for (int tp = 1; tp <= 4; tp++) {
             char *err = NULL;
             snprintf(out, sizeof(out), "%s/models/%s/tp%d", g_tmp, name, tp);
             int rc = run(&err, NULL, "convert %s %s --tp %d --quiet", dir, out, tp);
@@ -628,6 +650,8 @@ static void test_models(void)
                     ck_setup_tp(&m, tp);
                     ck_model(&m, out);
                     n_converted++;
+                    n_local_total += m.n_local;
+                    m.n_local = 0;
                 }
             } else {
                 /* head split impossible: refused before writing anything, valid values named */
@@ -643,8 +667,11 @@ static void test_models(void)
     }
     CHECK(n_models >= 6);
     CHECK(n_converted >= 2 * n_models); /* tp 1 and 2 always possible for the fixtures */
-    printf("models: %d fixtures, %d conversions checked, %d impossible tp refused\n", n_models,
-           n_converted, n_refused);
+    CHECK(n_refused >= 1);              /* tp 3: the fixtures have 4 heads */
+    CHECK(n_local_total > 0);           /* some tp-4 o_proj held part of a group */
+    printf("models: %d fixtures, %d conversions checked (%d packed linears with a local group "
+           "size below G), %d impossible tp refused\n",
+           n_models, n_converted, n_local_total, n_refused);
 
     /* twins: identical tensors for every member of a group, at every tp both converted */
     cJSON *a;
@@ -1084,14 +1111,19 @@ static void test_cli(void)
     CHECK_EQ_INT(run(NULL, NULL, "convert %s %s --tp 1 --bogus", dir, out), 1);
     CHECK_EQ_INT(run(NULL, NULL, "convert %s/nonexistent %s --tp 1", g_tmp, out), 4);
     CHECK(!exists(out));
-    /* impossible tp: 4 heads at tp 3 */
+    /* impossible tp: 4 heads at tp 3; 4 is valid (o_proj local group size 64, DESIGN 4) */
     CHECK_EQ_INT(run(&err, NULL, "convert %s %s --tp 3", dir, out), 2);
-    CHECK(err && strstr(err, "valid --tp values for this model: 1 2"));
+    CHECK(err && strstr(err, "valid --tp values for this model: 1 2 4"));
     free(err);
     err = NULL;
     /* --dry-run: the plan on stdout, nothing written */
     CHECK_EQ_INT(run(NULL, &sout, "convert %s %s --tp 2 --dry-run", dir, out), 0);
     CHECK(sout && strstr(sout, "V_r = ceil(509 / 2) = 255") && strstr(sout, "I_pad = 512"));
+    CHECK(!exists(out));
+    free(sout);
+    /* --dry-run at tp 4 names the local group size decision of o_proj (K_r = 64, G = 128) */
+    CHECK_EQ_INT(run(NULL, &sout, "convert %s %s --tp 4 --dry-run", dir, out), 0);
+    CHECK(sout && strstr(sout, "self_attn.o_proj [K_r=64, N_r=256]: G_r = 64 < source group 128"));
     CHECK(!exists(out));
     free(sout);
     /* --dry-run of a directory holding only a real config.json (no weights) */

@@ -81,6 +81,15 @@ static long lcm_slow(long a, long b)
     return m;
 }
 
+/* Largest common divisor of a and b, by counting down (independent of the plan's gcd). */
+static long gcd_slow(long a, long b)
+{
+    long g = a < b ? a : b;
+    while (a % g || b % g)
+        g--;
+    return g;
+}
+
 /* Smallest multiple of `unit` that is >= x, by counting up. */
 static long round_up_slow(long x, long unit)
 {
@@ -107,7 +116,7 @@ static struct expect expect_for(const struct cvt_dims *d, int tp)
     struct expect x;
     x.nq_r = d->n_heads / tp;
     x.nkv_r = tp <= d->n_kv_heads ? d->n_kv_heads / tp : 1;
-    long U = lcm_slow(d->group_size, 64);
+    long U = d->group_size > 0 ? lcm_slow(d->group_size, 64) : 64;
     x.I_pad = round_up_slow(d->intermediate, U * tp);
     x.I_r = x.I_pad / tp;
     x.V_r = round_up_slow(d->vocab, tp) / tp;
@@ -155,6 +164,11 @@ static void check_dense_plan(const char *what, const struct cvt_dims *d, int tp)
         /* row-parallel o_proj: [nq_r hd, H] */
         o = cvt_plan_find(p, r, "model.layers.0.self_attn.o_proj");
         CHECK(o && o->rows == x.nq_r * hd && o->cols == H && o->segs[0].src_r0 == r * x.nq_r * hd);
+        /* its local group size: the largest common divisor of G and K_r (DESIGN 4) */
+        long long G_o = gcd_slow(G, x.nq_r * hd);
+        if (o)
+            CHECK_MSG(o->group == G_o, "%s tp %d: o_proj group %lld, want %lld", what, tp,
+                      (long long)o->group, G_o);
         /* gate_up [H, 2 I_r]; down [I_r, H]; rank r holds [r I_r, min((r+1) I_r, I)) */
         long long lo = r * x.I_r, hi = (r + 1) * x.I_r < I ? (r + 1) * x.I_r : I;
         long long held = hi > lo ? hi - lo : 0;
@@ -189,7 +203,7 @@ static void check_dense_plan(const char *what, const struct cvt_dims *d, int tp)
         CHECK(cvt_plan_find(p, r, "model.layers.0.self_attn.o_proj.bias") == NULL);
         /* per-rank data bytes, summed here from the DESIGN 5 table */
         long long bytes = x.V_r * H * 2 * (d->tie_word_embeddings ? 1 : 2) + H * 4;
-        long long layer = 2 * H * 4 + w4_bytes(H, x.qkv_n, G) + w4_bytes(x.nq_r * hd, H, G) +
+        long long layer = 2 * H * 4 + w4_bytes(H, x.qkv_n, G) + w4_bytes(x.nq_r * hd, H, G_o) +
                           w4_bytes(H, 2 * x.I_r, G) + w4_bytes(x.I_r, H, G) +
                           (d->qkv_bias ? x.qkv_n * 4 : 0);
         bytes += layer * d->n_layers;
@@ -623,19 +637,23 @@ static void test_qwen2_bias_and_gqa(void)
     CHECK_EQ_INT(plan_names(&d, &l, 8, &p), CVT_ERR_TP);
     CHECK(strstr(qs_log_last(), "qkv_proj") != NULL);
     names_free(&l);
-    /* P05 negative: hidden 384, 6 heads, 3 kv heads: tp 2 and 4 impossible; tp 6 fails o_proj
-     * K = 64 < group 128 */
+    /* P05 negative: hidden 384, 6 heads, 3 kv heads: tp 2 and 4 impossible; tp 6 holds one head
+     * per rank, o_proj K_r = 64 < group 128: local group size gcd(128, 64) = 64 (DESIGN 4) */
     d = tiny();
     d.hidden = 384;
     d.n_heads = 6;
     d.n_kv_heads = 3;
     d.head_dim = 64;
     CHECK_EQ_INT(cvt_plan_build(&d, NULL, 2, &p), CVT_ERR_TP);
-    CHECK(strstr(qs_log_last(), "valid --tp values for this model: 1 3") != NULL);
+    CHECK(strstr(qs_log_last(), "valid --tp values for this model: 1 3 6") != NULL);
     CHECK_EQ_INT(cvt_plan_build(&d, NULL, 4, &p), CVT_ERR_TP);
-    CHECK_EQ_INT(cvt_plan_build(&d, NULL, 6, &p), CVT_ERR_TP);
-    CHECK(strstr(qs_log_last(), "o_proj") != NULL);
     CHECK_EQ_INT(cvt_plan_build(&d, NULL, 3, &p), CVT_ERR_NONE);
+    cvt_plan_free(p);
+    CHECK_EQ_INT(cvt_plan_build(&d, NULL, 6, &p), CVT_ERR_NONE);
+    if (p) {
+        const struct cvt_out *o = cvt_plan_find(p, 5, "model.layers.0.self_attn.o_proj");
+        CHECK(o && o->rows == 64 && o->group == 64 && o->segs[0].src_r0 == 5 * 64);
+    }
     cvt_plan_free(p);
 }
 
@@ -686,8 +704,8 @@ static void test_mixtral(void)
 static void test_pitfall_groups(void)
 {
     /* P01: intermediate 1280 = 10 groups: tp 2 exact, tp 4 padded (rank 3 holds 128 rows).
-     * Hidden 512 / 8 heads: with 4 heads of 64, o_proj would hold half a group per rank at tp 4,
-     * which no padding can fix (that refusal is checked in test_qwen2_bias_and_gqa). */
+     * Hidden 512 / 8 heads here; 4 heads of 64 (o_proj holding half a group per rank at tp 4)
+     * is test_local_groups. */
     struct cvt_dims d = tiny();
     d.hidden = 512;
     d.n_heads = d.n_kv_heads = 8;
@@ -720,6 +738,98 @@ static void test_pitfall_groups(void)
     CHECK(p == NULL);
 }
 
+/* DESIGN 4 local group sizes: a rank holding part of a group gets G_r = gcd(G, K_r). */
+static void test_local_groups(void)
+{
+    /* the fixtures' shape: hidden 256, 4 heads of 64, G 128. tp 4: o_proj K_r = 64, G_r = 64;
+     * every other linear keeps G = 128. Byte counts by hand: K*N/2 codes + K/G_r rows of N fp16
+     * scales + N/2 bytes of zeros per row. */
+    struct cvt_dims d = tiny();
+    struct cvt_plan *p = NULL;
+    int vals[16];
+    int n = cvt_plan_valid_tp(&d, 16, vals, 16);
+    CHECK(n == 3 && vals[0] == 1 && vals[1] == 2 && vals[2] == 4);
+    CHECK_EQ_INT(cvt_plan_build(&d, NULL, 4, &p), CVT_ERR_NONE);
+    if (p) {
+        for (int r = 0; r < 4; r++) {
+            const struct cvt_out *o = cvt_plan_find(p, r, "model.layers.1.self_attn.o_proj");
+            CHECK(o && o->kind == CVT_OUT_W4 && o->rows == 64 && o->cols == 256);
+            if (!o)
+                continue;
+            CHECK_EQ_INT(o->group, 64);
+            CHECK_EQ_INT(o->bytes, 64 * 256 / 2 + 1 * 256 * 2 + 1 * 256 / 2);
+            CHECK(o->n_segs == 1 && o->segs[0].src_r0 == r * 64 && o->segs[0].n_rows == 64);
+            CHECK_EQ_INT(p->srcs[o->segs[0].src].group, 128);
+            o = cvt_plan_find(p, r, "model.layers.1.self_attn.qkv_proj");
+            CHECK(o && o->group == 128);
+            o = cvt_plan_find(p, r, "model.layers.1.mlp.down_proj");
+            CHECK(o && o->group == 128 && o->rows == 384); /* 1280 -> 1536 = 4 x 384 */
+        }
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        if (f) {
+            cvt_plan_print(p, f);
+            fclose(f);
+            CHECK(buf && strstr(buf, "self_attn.o_proj [K_r=64, N_r=256]: G_r = 64 < source "
+                                     "group 128"));
+            CHECK(buf && strstr(buf, "mlp.down_proj [K_r=384, N_r=256]: G_r = 128,"));
+        }
+        free(buf);
+    }
+    cvt_plan_free(p);
+    /* tp 3 is still impossible (heads), with the hint naming 4 as valid */
+    CHECK_EQ_INT(cvt_plan_build(&d, NULL, 3, &p), CVT_ERR_TP);
+    CHECK(strstr(qs_log_last(), "valid --tp values for this model: 1 2 4") != NULL);
+    /* hidden 512, 8 heads of 64, G 256 at tp 8: o_proj K_r = 64, G_r = gcd(256, 64) = 64 */
+    d.hidden = 512;
+    d.n_heads = d.n_kv_heads = 8;
+    d.group_size = 256;
+    d.intermediate = 2048;
+    CHECK_EQ_INT(cvt_plan_build(&d, NULL, 8, &p), CVT_ERR_NONE);
+    if (p) {
+        const struct cvt_out *o = cvt_plan_find(p, 7, "model.layers.0.self_attn.o_proj");
+        CHECK(o && o->rows == 64 && o->group == 64 && o->segs[0].src_r0 == 7 * 64);
+    }
+    cvt_plan_free(p);
+
+    /* per-channel (group_size -1, G = K of each linear) split by rows at tp 2: o_proj K = 256,
+     * K_r = 128, G_r = 128 (one source group, its row on both ranks); down K = 1280, I_r = 640,
+     * G_r = 640; qkv / gate_up keep G = H = 256 */
+    d = tiny();
+    d.group_size = -1;
+    CHECK_EQ_INT(cvt_plan_build(&d, NULL, 2, &p), CVT_ERR_NONE);
+    if (p) {
+        CHECK_EQ_INT(p->inter_unit, 64);
+        CHECK_EQ_INT(p->inter_per_rank, 640);
+        for (int r = 0; r < 2; r++) {
+            const struct cvt_out *o = cvt_plan_find(p, r, "model.layers.0.self_attn.o_proj");
+            CHECK(o && o->group == 128 && p->srcs[o->segs[0].src].group == 256);
+            o = cvt_plan_find(p, r, "model.layers.0.self_attn.qkv_proj");
+            CHECK(o && o->group == 256);
+            o = cvt_plan_find(p, r, "model.layers.0.mlp.down_proj");
+            CHECK(o && o->group == 640 && p->srcs[o->segs[0].src].group == 1280);
+            o = cvt_plan_find(p, r, "model.layers.0.mlp.gate_up_proj");
+            CHECK(o && o->group == 256);
+        }
+    }
+    cvt_plan_free(p);
+    /* per-channel, intermediate 1000 (a source of 1000 rows is one group of 1000, fine), but
+     * any split leaves local groups of gcd(1000, ...) = 8 rows: refused at every tp with the
+     * local-group reason */
+    d.intermediate = 1000;
+    CHECK_EQ_INT(cvt_plan_build(&d, NULL, 2, &p), CVT_ERR_TP);
+    CHECK(strstr(qs_log_last(), "down_proj") && strstr(qs_log_last(), "local group size") &&
+          strstr(qs_log_last(), "= 8 is not a multiple of 16"));
+    CHECK(strstr(qs_log_last(), "valid --tp values for this model: none") != NULL);
+    /* a config whose hidden size is not whole groups cannot be an AWQ checkpoint */
+    d = tiny();
+    d.hidden = 192;
+    d.head_dim = 48;
+    CHECK_EQ_INT(cvt_plan_build(&d, NULL, 1, &p), CVT_ERR_TP);
+    CHECK(strstr(qs_log_last(), "not a multiple of group_size 128") != NULL);
+}
+
 /* Property test: random small models and tp values. Either the plan is refused with a tp /
  * config error, or every segment lies inside its source and its output, W4 outputs satisfy the
  * packed-layout rules, segments of one output do not overlap, and every source element lands in
@@ -738,10 +848,11 @@ static void test_random_plans(void)
     static const int Gs[] = {16, 32, 64, 128, 256};
     static const int hds[] = {16, 32, 64, 128};
     int n_ok = 0, n_refused = 0;
+    long n_local = 0;
     for (int it = 0; it < 3000; it++) {
         struct cvt_dims d = tiny();
         d.arch = prop_rand(4) == 0 ? CVT_ARCH_MIXTRAL : CVT_ARCH_LLAMA;
-        d.group_size = Gs[prop_rand(5)];
+        d.group_size = prop_rand(8) ? Gs[prop_rand(5)] : -1; /* some per-channel */
         d.head_dim = hds[prop_rand(4)];
         d.n_heads = 1 + prop_rand(16);
         int kv_div[16], n_div = 0;
@@ -749,8 +860,12 @@ static void test_random_plans(void)
             if (d.n_heads % k == 0)
                 kv_div[n_div++] = k;
         d.n_kv_heads = kv_div[prop_rand(n_div)];
-        d.hidden = 64 * (1 + prop_rand(16));
-        d.intermediate = 1 + prop_rand(3000);
+        /* mostly whole groups (an AWQ source is), sometimes not (refused) */
+        long gu = d.group_size > 0 ? lcm_slow(d.group_size, 64) : 64;
+        d.hidden = prop_rand(6) ? (int)gu * (1 + prop_rand(1024 / (int)gu)) : 64 * (1 + prop_rand(16));
+        d.intermediate = prop_rand(6) && d.group_size > 0
+                             ? d.group_size * (1 + prop_rand(3000 / d.group_size))
+                             : 1 + prop_rand(3000);
         d.vocab = 1 + prop_rand(3000);
         d.n_layers = 1 + prop_rand(3);
         d.tie_word_embeddings = prop_rand(2);
@@ -782,8 +897,22 @@ static void test_random_plans(void)
         for (int r = 0; ok && r < tp; r++)
             for (int j = 0; ok && j < p->ranks[r].n_outs; j++) {
                 const struct cvt_out *o = &p->ranks[r].outs[j];
-                if (o->kind == CVT_OUT_W4)
-                    ok = o->rows % 16 == 0 && o->cols % 64 == 0 && o->rows % d.group_size == 0;
+                /* W4: packed-layout rules with the local group size, which divides the source
+                 * group and every segment's start and end rows (so each local group of real rows
+                 * lies inside one source group and none mixes real rows with padding) */
+                if (o->kind == CVT_OUT_W4) {
+                    long long g = o->group;
+                    ok = g >= 16 && g % 16 == 0 && o->rows % 16 == 0 && o->cols % 64 == 0 &&
+                         o->rows % g == 0;
+                    for (int a = 0; ok && a < o->n_segs; a++) {
+                        const struct cvt_seg *s = &o->segs[a];
+                        long long Gsrc = p->srcs[s->src].group;
+                        ok = Gsrc % g == 0 && s->src_r0 % g == 0 && s->dst_r0 % g == 0 &&
+                             s->n_rows % g == 0 &&
+                             Gsrc == (d.group_size > 0 ? d.group_size : p->srcs[s->src].rows);
+                        n_local += g < Gsrc;
+                    }
+                }
                 for (int a = 0; ok && a < o->n_segs; a++) {
                     const struct cvt_seg *s = &o->segs[a];
                     const struct cvt_plan_src *ps = &p->srcs[s->src];
@@ -818,8 +947,9 @@ static void test_random_plans(void)
         free(cover);
         cvt_plan_free(p);
     }
-    CHECK(n_ok > 300 && n_refused > 300);
-    printf("random plans: %d built and checked, %d refused\n", n_ok, n_refused);
+    CHECK(n_ok > 300 && n_refused > 300 && n_local > 100);
+    printf("random plans: %d built and checked (%ld segments with a local group size below the "
+           "source's), %d refused\n", n_ok, n_local, n_refused);
 }
 
 int main(void)
@@ -836,6 +966,7 @@ int main(void)
     test_qwen2_bias_and_gqa();
     test_mixtral();
     test_pitfall_groups();
+    test_local_groups();
     test_random_plans();
     return t_done();
 }

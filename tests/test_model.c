@@ -436,15 +436,28 @@ enum corrupt {
     CORRUPT_SHAPE,         /* model.norm.weight one element too long */
     CORRUPT_EXTRA,         /* an unused q_norm tensor (a Qwen3 feature) */
     CORRUPT_TOKEN_CONFIG,  /* config with vocab_size_per_rank off by one */
+    CORRUPT_GROUP,         /* layer 0 o_proj with one group over all its rows (> group_size) */
 };
 
+static int gcd_i(int a, int b)
+{
+    while (b) {
+        int t = a % b;
+        a = b, b = t;
+    }
+    return a;
+}
+
 /* Slice of a canonical linear: columns cols[0..nc) (-1 = zero padding), rows [r0, r0 + nr_real)
- * padded with zero rows to nr; then packed (or fp16) and added under `prefix`. */
+ * padded with zero rows to nr; then packed (or fp16) and added under `prefix`. The slice's
+ * group size is Gl = gcd(G, nr, r0) (DESIGN 4 local group size: a rank holding part of a group
+ * of G rows gets groups of Gl rows, each repeating its source group's scale and zero row);
+ * nr_real must be a multiple of Gl or nr. */
 static void add_linear(struct tlist *tl, const char *prefix, const struct qlin *l, int G,
                        const int *cols, int nc, int r0, int nr_real, int nr, bool with_bias)
 {
     char name[200];
-    int ng = nr / G;
+    int Gl = gcd_i(gcd_i(G, nr), r0), ng = nr / Gl;
     uint8_t *q = xcalloc((size_t)nr * nc, 1), *z = xcalloc((size_t)ng * nc, 1);
     uint16_t *s = xcalloc((size_t)ng * nc, 2);
     for (int c = 0; c < nc; c++) {
@@ -452,9 +465,9 @@ static void add_linear(struct tlist *tl, const char *prefix, const struct qlin *
             continue;
         for (int r = 0; r < nr_real; r++)
             q[(size_t)r * nc + c] = l->q[(size_t)(r0 + r) * l->N + cols[c]];
-        for (int g = 0; g < (nr_real + G - 1) / G; g++) {
-            z[(size_t)g * nc + c] = l->z[(size_t)(r0 / G + g) * l->N + cols[c]];
-            s[(size_t)g * nc + c] = l->s[(size_t)(r0 / G + g) * l->N + cols[c]];
+        for (int g = 0; g < (nr_real + Gl - 1) / Gl; g++) {
+            z[(size_t)g * nc + c] = l->z[(size_t)((r0 + g * Gl) / G) * l->N + cols[c]];
+            s[(size_t)g * nc + c] = l->s[(size_t)((r0 + g * Gl) / G) * l->N + cols[c]];
         }
     }
     if (l->f16) {
@@ -638,7 +651,17 @@ static void rank_tensors(struct tlist *tl, const struct syn_model *m, int ws, in
         for (int c = 0; c < H; c++)
             cols[c] = c;
         snprintf(name, sizeof(name), "model.layers.%d.self_attn.o_proj", l);
-        add_linear(tl, name, &y->o, G, cols, H, rank * nq * hd, nq * hd, nq * hd, rank == 0);
+        if (cor == CORRUPT_GROUP && l == 0) { /* G' = K_r: one group, larger than group_size */
+            struct qlin o1 = y->o;
+            o1.z = xcalloc((size_t)o1.N, 1);
+            o1.s = xcalloc((size_t)o1.N, 2);
+            memcpy(o1.z, y->o.z, (size_t)o1.N);
+            memcpy(o1.s, y->o.s, (size_t)o1.N * 2);
+            add_linear(tl, name, &o1, o1.K, cols, H, 0, o1.K, o1.K, rank == 0);
+            free(o1.z), free(o1.s);
+        } else {
+            add_linear(tl, name, &y->o, G, cols, H, rank * nq * hd, nq * hd, nq * hd, rank == 0);
+        }
         if (cor == CORRUPT_WRONG_LAYOUT && l == 0)
             for (int i = 0; i < tl->n; i++)
                 if (strcmp(tl->t[i].name, "model.layers.0.self_attn.o_proj.scales") == 0)
@@ -1223,6 +1246,7 @@ static void test_errors(void)
         {CORRUPT_SHAPE, RT_ERR_SHAPE, "model.norm.weight"},
         {CORRUPT_EXTRA, RT_ERR_UNSUPPORTED, "q_norm"},
         {CORRUPT_TOKEN_CONFIG, RT_ERR_CONFIG, "vocab_size_per_rank"},
+        {CORRUPT_GROUP, RT_ERR_SHAPE, "model.layers.0.self_attn.o_proj.scales"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         snprintf(dir, sizeof(dir), "%s/err%zu", tmp_root, i);
@@ -1493,8 +1517,9 @@ static bool tp_possible(int nh, int nkv, int hd, int G, int tp)
         return false;
     if (tp <= nkv ? nkv % tp != 0 : tp % nkv != 0)
         return false;
+    /* o_proj's local group size gcd(G, K_r) must be a multiple of 16 (DESIGN 4) */
     int kr = nh / tp * hd, nkv_r = tp <= nkv ? nkv / tp : 1;
-    return kr % 16 == 0 && kr % G == 0 && (nh / tp + 2 * nkv_r) * hd % 64 == 0;
+    return kr % 16 == 0 && gcd_i(G, kr) % 16 == 0 && (nh / tp + 2 * nkv_r) * hd % 64 == 0;
 }
 
 static void test_fixture(const cJSON *model, const char *qshard)
@@ -1517,7 +1542,7 @@ static void test_fixture(const cJSON *model, const char *qshard)
     if (stat(src, &st) != 0)
         return;
 
-    static const int tps[] = {1, 2, 4};
+    static const int tps[] = {1, 2, 3, 4}; /* 3: refused for 4 heads */
     float *tp1[8] = {0};
     int n_prompts = cJSON_GetArraySize(prompts);
     if (n_prompts > 8)
@@ -1529,8 +1554,8 @@ static void test_fixture(const cJSON *model, const char *qshard)
                  out, tp, out);
         int rc = run_cmd(cmd);
         if (!tp_possible(nh, nkv, hd, G, tp)) { /* DESIGN 4/5 rules: must be refused */
-            printf("  %-24s TP-%d: impossible split (o_proj K_r = %d, group_size %d), converter "
-                   "exit %d\n", name, tp, nh % tp ? -1 : nh / tp * hd, G, rc);
+            printf("  %-24s TP-%d: impossible split (%d heads), converter exit %d\n", name, tp, nh,
+                   rc);
             CHECK_MSG(rc == 2, "%s: convert --tp %d should be refused with exit 2, got %d", name,
                       tp, rc);
             rm_rf(out);
@@ -1652,6 +1677,11 @@ int main(void)
     struct syn_spec mis = {"mistral", 128, 128, 2, 4, 1, 32 * 2, 64, 32, 0, 0, 5,
                            false, false, false, false, false, 10000.0};
     test_synthetic("mistral", &mis, tps124, 3);
+    /* llama, the fixtures' shape: 4 heads of 64, group 128: at TP-4 o_proj holds 64 rows of
+     * each 128-row group, stored with local group size 64 (DESIGN 4) */
+    struct syn_spec g128 = {"llama", 256, 256, 2, 4, 2, 64, 101, 128, 0, 0, 0,
+                            false, false, false, false, false, 10000.0};
+    test_synthetic("llama-g128", &g128, tps124, 3);
     /* mixtral: 4 experts, top-2 */
     struct syn_spec mix = {"mixtral", 128, 128, 2, 4, 2, 64, 90, 32, 4, 2, 0,
                            false, false, false, false, false, 1000000.0};
