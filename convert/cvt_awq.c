@@ -596,62 +596,70 @@ static enum cvt_err dq_alloc(const char *prefix, int64_t Gs, int64_t Ns, struct 
     return CVT_ERR_NONE;
 }
 
-/* GEMM: walk each packed word and scatter nibble i to column 8c + ORDER[i]. */
+/* GEMM: walk each packed word and scatter nibble i to column 8c + ORDER[i]. Per group, every
+ * column's zero and scale become a 16-entry table tab[n][q] = (float)(q - z) * s (the same
+ * single rounding as computing it per element), so the row loop is a lookup per nibble. */
 static enum cvt_err dq_gemm(const struct cvt_source *src, const struct cvt_awq_info *in, int64_t k0, int64_t k1,
                             int64_t n0, int64_t n1, float *out)
 {
     const uint8_t *qw = cvt_source_data(src, in->qweight), *qz = cvt_source_data(src, in->zeros),
                   *sc = cvt_source_data(src, in->scales);
     const int64_t N = in->N, W = N / 8, Ns = n1 - n0, G = in->G, g0 = k0 / G, g1 = k1 / G;
-    struct dq_groups d = {0};
-    CVT_TRY(dq_alloc(in->qweight->name, g1 - g0, Ns, &d));
+    float *tab = malloc((size_t)Ns * 16 * sizeof *tab); /* [Ns][16] for the current group */
+    uint8_t *z = malloc((size_t)Ns);
+    if (!tab || !z) {
+        free(tab);
+        free(z);
+        qs_log_error("cvt_awq_dequant_source", "linear %s: out of memory", in->qweight->name);
+        return CVT_ERR_NOMEM;
+    }
     enum cvt_err err = CVT_ERR_NONE;
-    for (int64_t g = g0; g < g1 && !err; g++)
+    for (int64_t g = g0; g < g1 && !err; g++) {
+        for (int64_t c = n0 / 8; c < (n1 + 7) / 8; c++) {
+            uint32_t wz = cvt_ld32(qz + ((uint64_t)g * (uint64_t)W + (uint64_t)c) * 4);
+            for (unsigned i = 0; i < 8; i++) {
+                int64_t col = 8 * c + ORDER[i];
+                if (col >= n0 && col < n1)
+                    z[col - n0] = (uint8_t)((wz >> (4 * i)) & 0xfu);
+            }
+        }
         for (int64_t n = n0; n < n1; n++) {
             float s = load_half(sc + ((uint64_t)g * (uint64_t)N + (uint64_t)n) * 2, in->scales->dtype);
             if (!isfinite(s) || !(s > 0.0f)) {
                 err = bad_scale(src, in->scales, g, n, s);
                 break;
             }
-            d.s[(g - g0) * Ns + n - n0] = s;
+            float *t = tab + (n - n0) * 16;
+            for (int q = 0; q < 16; q++)
+                t[q] = (float)(q - (int)z[n - n0]) * s;
         }
-    for (int64_t g = g0; g < g1 && !err; g++)
-        for (int64_t c = n0 / 8; c < (n1 + 7) / 8; c++) {
-            uint32_t wz = cvt_ld32(qz + ((uint64_t)g * (uint64_t)W + (uint64_t)c) * 4);
-            for (unsigned i = 0; i < 8; i++) {
-                int64_t col = 8 * c + ORDER[i];
-                if (col >= n0 && col < n1)
-                    d.z[(g - g0) * Ns + col - n0] = (uint8_t)((wz >> (4 * i)) & 0xfu);
-            }
-        }
-    for (int64_t k = k0; k < k1 && !err; k++) {
-        const float *srow = d.s + (k / G - g0) * Ns - n0;
-        const uint8_t *zrow = d.z + (k / G - g0) * Ns - n0;
-        float *orow = out + (k - k0) * Ns - n0;
-        for (int64_t c = n0 / 8; c < (n1 + 7) / 8; c++) {
-            uint32_t wq = cvt_ld32(qw + ((uint64_t)k * (uint64_t)W + (uint64_t)c) * 4);
-            if (8 * c >= n0 && 8 * c + 8 <= n1) { /* whole word (hot path): nibble i -> ORDER[i] */
-                const uint8_t *zc = zrow + 8 * c;
-                const float *sc8 = srow + 8 * c;
-                float *oc = orow + 8 * c;
-                oc[0] = (float)((int)(wq & 15u) - (int)zc[0]) * sc8[0];
-                oc[2] = (float)((int)((wq >> 4) & 15u) - (int)zc[2]) * sc8[2];
-                oc[4] = (float)((int)((wq >> 8) & 15u) - (int)zc[4]) * sc8[4];
-                oc[6] = (float)((int)((wq >> 12) & 15u) - (int)zc[6]) * sc8[6];
-                oc[1] = (float)((int)((wq >> 16) & 15u) - (int)zc[1]) * sc8[1];
-                oc[3] = (float)((int)((wq >> 20) & 15u) - (int)zc[3]) * sc8[3];
-                oc[5] = (float)((int)((wq >> 24) & 15u) - (int)zc[5]) * sc8[5];
-                oc[7] = (float)((int)(wq >> 28) - (int)zc[7]) * sc8[7];
-                continue;
-            }
-            for (unsigned i = 0; i < 8; i++) {
-                int64_t col = 8 * c + ORDER[i];
-                if (col >= n0 && col < n1)
-                    orow[col] = (float)((int)((wq >> (4 * i)) & 0xfu) - (int)zrow[col]) * srow[col];
+        for (int64_t k = g * G; k < (g + 1) * G && !err; k++) { /* k0 % G == k1 % G == 0 */
+            float *orow = out + (k - k0) * Ns; /* orow[col - n0] */
+            for (int64_t c = n0 / 8; c < (n1 + 7) / 8; c++) {
+                uint32_t wq = cvt_ld32(qw + ((uint64_t)k * (uint64_t)W + (uint64_t)c) * 4);
+                if (8 * c >= n0 && 8 * c + 8 <= n1) { /* whole word (hot path): nibble i -> ORDER[i] */
+                    const float *t8 = tab + (8 * c - n0) * 16;
+                    float *oc = orow + (8 * c - n0);
+                    oc[0] = t8[0 * 16 + (wq & 15u)];
+                    oc[2] = t8[2 * 16 + ((wq >> 4) & 15u)];
+                    oc[4] = t8[4 * 16 + ((wq >> 8) & 15u)];
+                    oc[6] = t8[6 * 16 + ((wq >> 12) & 15u)];
+                    oc[1] = t8[1 * 16 + ((wq >> 16) & 15u)];
+                    oc[3] = t8[3 * 16 + ((wq >> 20) & 15u)];
+                    oc[5] = t8[5 * 16 + ((wq >> 24) & 15u)];
+                    oc[7] = t8[7 * 16 + (wq >> 28)];
+                    continue;
+                }
+                for (unsigned i = 0; i < 8; i++) {
+                    int64_t col = 8 * c + ORDER[i];
+                    if (col >= n0 && col < n1)
+                        orow[col - n0] = tab[(col - n0) * 16 + ((wq >> (4 * i)) & 0xfu)];
+                }
             }
         }
     }
-    dq_groups_free(&d);
+    free(tab);
+    free(z);
     return err;
 }
 

@@ -112,6 +112,13 @@ enum ref_err ref_unpack_zeros(const uint8_t *packed, int n_groups, int N, uint8_
 enum ref_err ref_dequant_w4(const uint8_t *qweight, const uint8_t *qzeros,
                             const uint16_t *scales, int K, int N, int G, float *w);
 
+/* ref_dequant_w4 with output rows ldw floats apart (ldw >= N): w[k*ldw + n], so a block of
+ * columns can be written straight into a wider matrix (the converter's self-check). Same math
+ * and bits. Errors: REF_ERR_SHAPE (ref_w4_shape_ok fails or ldw < N). */
+enum ref_err ref_dequant_w4_strided(const uint8_t *qweight, const uint8_t *qzeros,
+                                    const uint16_t *scales, int K, int N, int G, float *w,
+                                    size_t ldw);
+
 /* --- thread pool for the CPU matmuls (kernels/ref_pool.c) -------------------------------- */
 
 /*

@@ -3,8 +3,13 @@
  * zeros orders), its inverses, exact dequantisation, and fp16/bf16 <-> fp32 conversion.
  *
  * Entry points: ref_pack_w4 / ref_unpack_w4 / ref_w4_locate (4.1), ref_pack_scales /
- * ref_unpack_scales (4.2), ref_pack_zeros / ref_unpack_zeros (4.3), ref_dequant_w4,
+ * ref_unpack_scales (4.2), ref_pack_zeros / ref_unpack_zeros (4.3), ref_dequant_w4 /
+ * ref_dequant_w4_strided,
  * ref_f16_to_f32 / ref_f32_to_f16 / ref_bf16_to_f32, ref_err_str.
+ * Packing and dequantisation walk the packed order (tiles, threads, words) with row pointers,
+ * word at a time; dequantisation reads each (group, column)'s zero and scale once into a 16-entry
+ * table of (q - z) * s. The per-element definitions they must equal bit for bit live in
+ * tests/test_ref.c (pack_w4_naive etc.).
  * Test: ./build/test_ref
  */
 #include <pthread.h>
@@ -158,6 +163,43 @@ static inline void w4_coord(int kt, int nt, int t, int w, int i, int *k, int *n)
     *n = nt * 64 + j * 8 + t / 4;
 }
 
+// --- fast paths: walk the packed order directly (DESIGN 4.1-4.3) ----------------------------------
+
+/*
+ * Inside tile (kt, nt), thread t's word w covers the two n8 sub-tiles j0 = 2w and j0 + 1 at
+ * column c = t/4 of each (tile columns x = 16w + c and x + 8) and the four rows r0, r0+1, r0+8,
+ * r0+9 with r0 = (t%4)*2 (DESIGN 4.1 with a = i%4, b = i/4). Its nibbles, i = 0..7, hold
+ *   (r0, x) (r0+8, x) (r0, x+8) (r0+8, x+8) (r0+1, x) (r0+9, x) (r0+1, x+8) (r0+9, x+8).
+ * The loops below walk tiles, threads and words in storage order with these row pointers and
+ * never compute an element's position from (k, n); tests/test_ref.c compares them with the
+ * per-element forms on random shapes.
+ */
+
+static inline uint32_t ld_le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static inline void st_le32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+
+/* First element > 15 of the row-major [rows][cols] array a, reported as `what`[r][c]. */
+static void report_nibble_range(const char *where, const char *what, const uint8_t *a,
+                                size_t rows, size_t cols)
+{
+    for (size_t idx = 0; idx < rows * cols; idx++)
+        if (a[idx] > 15) {
+            qs_log_error(where, "%s[%zu][%zu] = %u is not a 4-bit value", what, idx / cols,
+                         idx % cols, a[idx]);
+            return;
+        }
+}
+
 static enum ref_err check_shape(const char *where, int K, int N)
 {
     if (!ref_w4_shape_ok(K, N, 0)) {
@@ -173,27 +215,30 @@ enum ref_err ref_pack_w4(const uint8_t *q, int K, int N, uint8_t *qweight)
     enum ref_err e = check_shape(__func__, K, N);
     if (e)
         return e;
-    for (size_t idx = 0; idx < (size_t)K * (size_t)N; idx++) {
-        if (q[idx] > 15) {
-            qs_log_error(__func__, "code q[%zu][%zu] = %u is not a 4-bit value",
-                         idx / (size_t)N, idx % (size_t)N, q[idx]);
-            return REF_ERR_RANGE;
-        }
-    }
+    const size_t n = (size_t)N;
     uint8_t *p = qweight;
+    unsigned all = 0; /* OR of every code: > 15 anywhere shows in the high nibble */
     for (int nt = 0; nt < N / 64; nt++)
-        for (int kt = 0; kt < K / 16; kt++)
-            for (int t = 0; t < 32; t++)
-                for (int w = 0; w < 4; w++) {
-                    uint32_t word = 0;
-                    for (int i = 0; i < 8; i++) {
-                        int k, n;
-                        w4_coord(kt, nt, t, w, i, &k, &n);
-                        word |= (uint32_t)q[(size_t)k * (size_t)N + (size_t)n] << (4 * i);
-                    }
-                    for (int byte = 0; byte < 4; byte++)
-                        *p++ = (uint8_t)(word >> (8 * byte));
+        for (int kt = 0; kt < K / 16; kt++) {
+            const uint8_t *tile = q + (size_t)kt * 16 * n + (size_t)nt * 64;
+            for (int t = 0; t < 32; t++) {
+                const uint8_t *a0 = tile + (size_t)((t % 4) * 2) * n + (size_t)(t / 4);
+                const uint8_t *a1 = a0 + n, *a8 = a0 + 8 * n, *a9 = a0 + 9 * n;
+                for (int w = 0; w < 4; w++, p += 4) {
+                    const int x = 16 * w, y = x + 8;
+                    unsigned v0 = a0[x], v1 = a8[x], v2 = a0[y], v3 = a8[y];
+                    unsigned v4 = a1[x], v5 = a9[x], v6 = a1[y], v7 = a9[y];
+                    all |= v0 | v1 | v2 | v3 | v4 | v5 | v6 | v7;
+                    st_le32(p, (uint32_t)v0 | (uint32_t)v1 << 4 | (uint32_t)v2 << 8 |
+                                   (uint32_t)v3 << 12 | (uint32_t)v4 << 16 | (uint32_t)v5 << 20 |
+                                   (uint32_t)v6 << 24 | (uint32_t)v7 << 28);
                 }
+            }
+        }
+    if (all > 15) {
+        report_nibble_range(__func__, "code q", q, (size_t)K, n);
+        return REF_ERR_RANGE;
+    }
     return REF_ERR_NONE;
 }
 
@@ -240,9 +285,15 @@ enum ref_err ref_pack_scales(const uint16_t *s, int n_groups, int N, uint16_t *o
     enum ref_err e = check_groups(__func__, n_groups, N);
     if (e)
         return e;
+    /* 64-entry row (nt, g): position c*8 + j <- column j*8 + c (an 8 x 8 transpose) */
     for (int g = 0; g < n_groups; g++)
-        for (int n = 0; n < N; n++)
-            out[scale_pos(n_groups, g, n)] = s[(size_t)g * (size_t)N + (size_t)n];
+        for (int nt = 0; nt < N / 64; nt++) {
+            const uint16_t *src = s + (size_t)g * (size_t)N + (size_t)nt * 64;
+            uint16_t *dst = out + ((size_t)nt * (size_t)n_groups + (size_t)g) * 64;
+            for (int c = 0; c < 8; c++)
+                for (int j = 0; j < 8; j++)
+                    dst[c * 8 + j] = src[j * 8 + c];
+        }
     return REF_ERR_NONE;
 }
 
@@ -271,21 +322,25 @@ enum ref_err ref_pack_zeros(const uint8_t *z, int n_groups, int N, uint8_t *out)
     enum ref_err e = check_groups(__func__, n_groups, N);
     if (e)
         return e;
-    size_t total = (size_t)n_groups * (size_t)N;
-    for (size_t idx = 0; idx < total; idx++) {
-        if (z[idx] > 15) {
-            qs_log_error(__func__, "zero z[%zu][%zu] = %u is not a 4-bit value",
-                         idx / (size_t)N, idx % (size_t)N, z[idx]);
-            return REF_ERR_RANGE;
-        }
-    }
-    memset(out, 0, total / 2);
+    unsigned all = 0;
+    /* row (nt, g): word c, nibble j <- column j*8 + c */
     for (int g = 0; g < n_groups; g++)
-        for (int n = 0; n < N; n++) {
-            int shift;
-            size_t pos = zero_pos(n_groups, g, n, &shift);
-            out[pos] |= (uint8_t)(z[(size_t)g * (size_t)N + (size_t)n] << shift);
+        for (int nt = 0; nt < N / 64; nt++) {
+            const uint8_t *src = z + (size_t)g * (size_t)N + (size_t)nt * 64;
+            uint8_t *dst = out + ((size_t)nt * (size_t)n_groups + (size_t)g) * 32;
+            for (int c = 0; c < 8; c++) {
+                uint32_t word = 0;
+                for (int j = 0; j < 8; j++) {
+                    all |= src[j * 8 + c];
+                    word |= (uint32_t)src[j * 8 + c] << (4 * j);
+                }
+                st_le32(dst + 4 * c, word);
+            }
         }
+    if (all > 15) {
+        report_nibble_range(__func__, "zero z", z, (size_t)n_groups, (size_t)N);
+        return REF_ERR_RANGE;
+    }
     return REF_ERR_NONE;
 }
 
@@ -303,6 +358,60 @@ enum ref_err ref_unpack_zeros(const uint8_t *packed, int n_groups, int N, uint8_
     return REF_ERR_NONE;
 }
 
+enum ref_err ref_dequant_w4_strided(const uint8_t *qweight, const uint8_t *qzeros,
+                                    const uint16_t *scales, int K, int N, int G, float *w,
+                                    size_t ldw)
+{
+    if (!ref_w4_shape_ok(K, N, G) || ldw < (size_t)N) {
+        qs_log_error(__func__, "shape [K=%d, N=%d] group_size %d, row stride %zu: need K %% 16 "
+                     "== 0, N %% 64 == 0, G %% 16 == 0, K %% G == 0, stride >= N", K, N, G, ldw);
+        return REF_ERR_SHAPE;
+    }
+    const int n_groups = K / G;
+    const uint8_t *p = qweight;
+    float tab[64][16]; /* tile column x -> (q - z) * s for q = 0..15 */
+    for (int nt = 0; nt < N / 64; nt++)
+        for (int g = 0; g < n_groups; g++) {
+            /* one fp16 -> fp32 conversion per (group, column): 4.2 position c*8 + j and 4.3
+             * word c nibble j both hold tile column x = j*8 + c */
+            const uint16_t *sp = scales + ((size_t)nt * (size_t)n_groups + (size_t)g) * 64;
+            const uint8_t *zp = qzeros + ((size_t)nt * (size_t)n_groups + (size_t)g) * 32;
+            for (int c = 0; c < 8; c++) {
+                uint32_t zw = ld_le32(zp + 4 * c);
+                for (int j = 0; j < 8; j++) {
+                    float s = ref_f16_to_f32(sp[c * 8 + j]);
+                    int z = (int)((zw >> (4 * j)) & 0xfu);
+                    float *tx = tab[j * 8 + c];
+                    for (int q = 0; q < 16; q++)
+                        tx[q] = (float)(q - z) * s;
+                }
+            }
+            /* tiles of this group, in storage order (p is already at tile (g*G/16, nt)) */
+            for (int kt = g * (G / 16); kt < (g + 1) * (G / 16); kt++) {
+                float *tile = w + (size_t)kt * 16 * ldw + (size_t)nt * 64;
+                for (int t = 0; t < 32; t++) {
+                    const int c = t / 4;
+                    float *o0 = tile + (size_t)((t % 4) * 2) * ldw + (size_t)c;
+                    float *o1 = o0 + ldw, *o8 = o0 + 8 * ldw, *o9 = o0 + 9 * ldw;
+                    for (int wd = 0; wd < 4; wd++, p += 4) {
+                        const uint32_t word = ld_le32(p);
+                        const int x = 16 * wd, y = x + 8;
+                        const float *tx = tab[x + c], *ty = tab[y + c];
+                        o0[x] = tx[word & 0xfu];
+                        o8[x] = tx[(word >> 4) & 0xfu];
+                        o0[y] = ty[(word >> 8) & 0xfu];
+                        o8[y] = ty[(word >> 12) & 0xfu];
+                        o1[x] = tx[(word >> 16) & 0xfu];
+                        o9[x] = tx[(word >> 20) & 0xfu];
+                        o1[y] = ty[(word >> 24) & 0xfu];
+                        o9[y] = ty[word >> 28];
+                    }
+                }
+            }
+        }
+    return REF_ERR_NONE;
+}
+
 enum ref_err ref_dequant_w4(const uint8_t *qweight, const uint8_t *qzeros,
                             const uint16_t *scales, int K, int N, int G, float *w)
 {
@@ -311,24 +420,5 @@ enum ref_err ref_dequant_w4(const uint8_t *qweight, const uint8_t *qzeros,
                      "N %% 64 == 0, G %% 16 == 0, K %% G == 0", K, N, G);
         return REF_ERR_SHAPE;
     }
-    int n_groups = K / G;
-    const uint8_t *p = qweight;
-    for (int nt = 0; nt < N / 64; nt++)
-        for (int kt = 0; kt < K / 16; kt++)
-            for (int t = 0; t < 32; t++)
-                for (int wd = 0; wd < 4; wd++, p += 4) {
-                    uint32_t word = (uint32_t)p[0] | (uint32_t)p[1] << 8 |
-                                    (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-                    for (int i = 0; i < 8; i++) {
-                        int k, n, shift;
-                        w4_coord(kt, nt, t, wd, i, &k, &n);
-                        int g = k / G;
-                        size_t zp = zero_pos(n_groups, g, n, &shift);
-                        int q = (int)((word >> (4 * i)) & 0xfu);
-                        int z = (qzeros[zp] >> shift) & 0xf;
-                        float s = ref_f16_to_f32(scales[scale_pos(n_groups, g, n)]);
-                        w[(size_t)k * (size_t)N + (size_t)n] = (float)(q - z) * s;
-                    }
-                }
-    return REF_ERR_NONE;
+    return ref_dequant_w4_strided(qweight, qzeros, scales, K, N, G, w, (size_t)N);
 }

@@ -282,6 +282,188 @@ static void test_pack_shape(int K, int N, int G)
     free(w);
 }
 
+// --- fast packers vs per-element definitions ---------------------------------------------------
+
+/*
+ * The straightforward per-element forms of DESIGN 4.1-4.3 (what ref_pack.c did before it walked
+ * the packed order with row pointers and a per-group table): every packed nibble's (k, n) from
+ * the closed form, every dequantized element with its own zero/scale lookup and fp16 -> fp32
+ * conversion. The fast versions must produce the same bytes and the same fp32 bits.
+ */
+static void naive_coord(int kt, int nt, int t, int w, int i, int *k, int *n)
+{
+    int a = i % 4, b = i / 4, j = 2 * w + a / 2;
+    *k = kt * 16 + (t % 4) * 2 + (a % 2) * 8 + b;
+    *n = nt * 64 + j * 8 + t / 4;
+}
+
+static void pack_w4_naive(const uint8_t *q, int K, int N, uint8_t *qweight)
+{
+    uint8_t *p = qweight;
+    for (int nt = 0; nt < N / 64; nt++)
+        for (int kt = 0; kt < K / 16; kt++)
+            for (int t = 0; t < 32; t++)
+                for (int w = 0; w < 4; w++) {
+                    uint32_t word = 0;
+                    for (int i = 0; i < 8; i++) {
+                        int k, n;
+                        naive_coord(kt, nt, t, w, i, &k, &n);
+                        word |= (uint32_t)q[(size_t)k * N + n] << (4 * i);
+                    }
+                    for (int b = 0; b < 4; b++)
+                        *p++ = (uint8_t)(word >> (8 * b));
+                }
+}
+
+static size_t naive_scale_pos(int ng, int g, int n)
+{
+    int nt = n / 64, j = (n % 64) / 8, c = n % 8;
+    return ((size_t)nt * ng + g) * 64 + (size_t)(c * 8 + j);
+}
+
+static size_t naive_zero_pos(int ng, int g, int n, int *shift)
+{
+    int nt = n / 64, j = (n % 64) / 8, c = n % 8;
+    *shift = (j % 2) * 4;
+    return (((size_t)nt * ng + g) * 8 + (size_t)c) * 4 + (size_t)(j / 2);
+}
+
+static void pack_scales_naive(const uint16_t *s, int ng, int N, uint16_t *out)
+{
+    for (int g = 0; g < ng; g++)
+        for (int n = 0; n < N; n++)
+            out[naive_scale_pos(ng, g, n)] = s[(size_t)g * N + n];
+}
+
+static void pack_zeros_naive(const uint8_t *z, int ng, int N, uint8_t *out)
+{
+    memset(out, 0, (size_t)ng * N / 2);
+    for (int g = 0; g < ng; g++)
+        for (int n = 0; n < N; n++) {
+            int sh;
+            size_t pos = naive_zero_pos(ng, g, n, &sh);
+            out[pos] |= (uint8_t)(z[(size_t)g * N + n] << sh);
+        }
+}
+
+static void dequant_w4_naive(const uint8_t *qweight, const uint8_t *qzeros, const uint16_t *scales,
+                             int K, int N, int G, float *w)
+{
+    int ng = K / G;
+    const uint8_t *p = qweight;
+    for (int nt = 0; nt < N / 64; nt++)
+        for (int kt = 0; kt < K / 16; kt++)
+            for (int t = 0; t < 32; t++)
+                for (int wd = 0; wd < 4; wd++, p += 4) {
+                    uint32_t word = p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24;
+                    for (int i = 0; i < 8; i++) {
+                        int k, n, sh;
+                        naive_coord(kt, nt, t, wd, i, &k, &n);
+                        int g = k / G;
+                        size_t zp = naive_zero_pos(ng, g, n, &sh);
+                        int qv = (int)((word >> (4 * i)) & 15u), zv = (qzeros[zp] >> sh) & 15;
+                        float s = ref_f16_to_f32(scales[naive_scale_pos(ng, g, n)]);
+                        w[(size_t)k * N + n] = (float)(qv - zv) * s;
+                    }
+                }
+}
+
+/* Random (K, N, G): codes, zeros and ANY fp16 scale bits (subnormals, +-0, inf, NaN included,
+ * so the per-group table must carry every special value exactly as the per-element form does). */
+static void test_fast_vs_naive(int K, int N, int G)
+{
+    size_t kn = (size_t)K * N, gn = (size_t)(K / G) * N;
+    int ng = K / G;
+    uint8_t *q = malloc(kn), *z = malloc(gn), *p1 = malloc(kn / 2), *p2 = malloc(kn / 2);
+    uint8_t *z1 = malloc(gn / 2), *z2 = malloc(gn / 2);
+    uint16_t *s = malloc(gn * 2), *s1 = malloc(gn * 2), *s2 = malloc(gn * 2);
+    const size_t ldw = (size_t)N + 64 + (rnd_u32() % 3) * 16; /* strided: N plus a margin */
+    float *w1 = malloc(kn * sizeof(float)), *w2 = malloc(kn * sizeof(float));
+    float *w3 = malloc((size_t)K * ldw * sizeof(float));
+    for (size_t i = 0; i < kn; i++)
+        q[i] = rnd_u32() & 15;
+    for (size_t i = 0; i < gn; i++) {
+        z[i] = rnd_u32() & 15;
+        uint32_t r = rnd_u32();
+        s[i] = (r & 7) == 0 ? (uint16_t)(r >> 16) /* any bits */
+                            : ref_f32_to_f16(rnd_uniform(-0.05f, 0.05f));
+    }
+    s[0] = 0x7e01;               /* NaN with a payload */
+    s[gn - 1] = 0x0001;          /* smallest subnormal */
+    s[gn / 2] = 0xfc00;          /* -inf: (q - z) = 0 gives NaN in both forms */
+    memset(p1, 0x5a, kn / 2);
+    memset(p2, 0xa5, kn / 2);
+    CHECK_EQ_INT(ref_pack_w4(q, K, N, p1), REF_ERR_NONE);
+    pack_w4_naive(q, K, N, p2);
+    CHECK_MSG(memcmp(p1, p2, kn / 2) == 0, "pack_w4 fast != naive K=%d N=%d", K, N);
+    memset(s1, 0x5a, gn * 2);
+    CHECK_EQ_INT(ref_pack_scales(s, ng, N, s1), REF_ERR_NONE);
+    pack_scales_naive(s, ng, N, s2);
+    CHECK_MSG(memcmp(s1, s2, gn * 2) == 0, "pack_scales fast != naive ng=%d N=%d", ng, N);
+    memset(z1, 0x5a, gn / 2);
+    CHECK_EQ_INT(ref_pack_zeros(z, ng, N, z1), REF_ERR_NONE);
+    pack_zeros_naive(z, ng, N, z2);
+    CHECK_MSG(memcmp(z1, z2, gn / 2) == 0, "pack_zeros fast != naive ng=%d N=%d", ng, N);
+
+    memset(w1, 0x5a, kn * sizeof(float));
+    memset(w2, 0xa5, kn * sizeof(float));
+    CHECK_EQ_INT(ref_dequant_w4(p2, z2, s2, K, N, G, w1), REF_ERR_NONE);
+    dequant_w4_naive(p2, z2, s2, K, N, G, w2);
+    CHECK_MSG(memcmp(w1, w2, kn * sizeof(float)) == 0, "dequant fast != naive K=%d N=%d G=%d",
+              K, N, G);
+    /* strided output: same bits in the first N floats of each row, the margin untouched */
+    memset(w3, 0x77, (size_t)K * ldw * sizeof(float));
+    CHECK_EQ_INT(ref_dequant_w4_strided(p2, z2, s2, K, N, G, w3, ldw), REF_ERR_NONE);
+    int bad_row = 0, bad_pad = 0;
+    for (int k = 0; k < K; k++) {
+        if (memcmp(w3 + (size_t)k * ldw, w2 + (size_t)k * N, (size_t)N * sizeof(float)))
+            bad_row++;
+        for (size_t n = (size_t)N; n < ldw; n++)
+            if (bits_of(w3[(size_t)k * ldw + n]) != 0x77777777u)
+                bad_pad++;
+    }
+    CHECK_MSG(bad_row == 0 && bad_pad == 0, "strided dequant K=%d N=%d G=%d ldw=%zu: %d rows "
+              "differ, %d margin floats written", K, N, G, ldw, bad_row, bad_pad);
+    free(q), free(z), free(p1), free(p2), free(z1), free(z2), free(s), free(s1), free(s2);
+    free(w1), free(w2), free(w3);
+}
+
+static void test_fast_packers(void)
+{
+    static const int Ks[] = {16, 64, 128, 256, 384, 1024};
+    static const int Ns[] = {64, 128, 192, 448, 1024};
+    for (size_t a = 0; a < sizeof(Ks) / sizeof(Ks[0]); a++)
+        for (size_t b = 0; b < sizeof(Ns) / sizeof(Ns[0]); b++) {
+            int K = Ks[a], N = Ns[b];
+            /* G = 16, 32, 64, 128 where they divide K, and G = K (one group) */
+            static const int Gs[] = {16, 32, 64, 128};
+            for (size_t c = 0; c < sizeof(Gs) / sizeof(Gs[0]); c++)
+                if (K % Gs[c] == 0 && Gs[c] < K && (c == 2 || c == 3 || (a + b + c) % 3 == 0))
+                    test_fast_vs_naive(K, N, Gs[c]);
+            test_fast_vs_naive(K, N, K);
+        }
+    /* random shapes */
+    for (int r = 0; r < 12; r++) {
+        int G = 16 << (rnd_u32() % 4);
+        int K = G * (1 + (int)(rnd_u32() % 12)), N = 64 * (1 + (int)(rnd_u32() % 10));
+        test_fast_vs_naive(K, N, rnd_u32() % 5 == 0 ? K : G);
+    }
+    /* errors of the fast paths: the first offending element in row-major order is named */
+    uint8_t q[32 * 128], out[32 * 128];
+    memset(q, 3, sizeof(q));
+    q[20 * 128 + 100] = 17;
+    q[31 * 128 + 5] = 200;
+    qs_log_set_quiet(true);
+    CHECK_EQ_INT(ref_pack_w4(q, 32, 128, out), REF_ERR_RANGE);
+    CHECK(strstr(qs_log_last(), "q[20][100] = 17") != NULL);
+    CHECK_EQ_INT(ref_pack_zeros(q, 32, 128, out), REF_ERR_RANGE);
+    CHECK(strstr(qs_log_last(), "z[20][100] = 17") != NULL);
+    float wf[16 * 64];
+    uint16_t sc[64] = {0};
+    CHECK_EQ_INT(ref_dequant_w4_strided(out, out, sc, 16, 64, 16, wf, 63), REF_ERR_SHAPE);
+    qs_log_set_quiet(false);
+}
+
 static void test_pack_errors(void)
 {
     uint8_t q[16 * 64] = {0}, out[16 * 64];
@@ -811,6 +993,7 @@ int main(void)
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
         test_pack_shape(shapes[i][0], shapes[i][1], shapes[i][2]);
     test_pack_errors();
+    test_fast_packers();
     test_ops();
     return t_done();
 }
