@@ -181,7 +181,8 @@ static bool tp_possible(const struct model_ck *m, int tp)
         return false;
     long nq_r = m->nq / tp, nkv_r = tp <= m->nkv ? m->nkv / tp : 1;
     long o_K = nq_r * m->hd, qkv_N = (nq_r + 2 * nkv_r) * m->hd;
-    return gcd_slow(m->G, o_K) % 16 == 0 && o_K % 16 == 0 && qkv_N % 64 == 0 && m->H % 64 == 0;
+    long G_o = m->G > 0 ? m->G : m->nq * m->hd; /* per-channel: G = K */
+    return gcd_slow(G_o, o_K) % 16 == 0 && o_K % 16 == 0 && qkv_N % 64 == 0 && m->H % 64 == 0;
 }
 
 static void ck_setup_tp(struct model_ck *m, int tp)
@@ -190,7 +191,7 @@ static void ck_setup_tp(struct model_ck *m, int tp)
     m->nq_r = m->nq / tp;
     m->nkv_r = tp <= m->nkv ? m->nkv / tp : 1;
     m->rep = tp <= m->nkv ? 1 : tp / m->nkv;
-    long U = lcm_slow(m->G, 64);
+    long U = m->G > 0 ? lcm_slow(m->G, 64) : 64;
     m->I_pad = round_up_slow(m->I, U * tp);
     m->I_r = m->I_pad / tp;
     m->V_r = round_up_slow(m->V, tp) / tp;
@@ -210,11 +211,12 @@ static const struct fmt_tensor *find(const struct fmt_shard *s, const char *fmt,
     return t;
 }
 
-/* Dequantize packed linear `prefix` of a shard: returns [K][N] fp32 (malloc'ed) or NULL. Its
- * scales / qzeros must have K / G_r rows, G_r = gcd(G, K) (DESIGN 4 local group size; = G unless
- * a row split leaves part of a group on a rank). */
+/* Dequantize packed linear `prefix` of a shard (its source has K_src input rows): returns [K][N]
+ * fp32 (malloc'ed) or NULL. Its scales / qzeros must have K / G_r rows, G_r = gcd(G, K) (DESIGN 4
+ * local group size; = G unless a row split leaves part of a group on a rank; per-channel
+ * G = K_src). */
 static float *deq_rank(struct model_ck *m, const struct fmt_shard *s, const char *prefix,
-                       long *K_out, long *N_out)
+                       long K_src, long *K_out, long *N_out)
 {
     const struct fmt_tensor *q = find(s, "%s.qweight", prefix);
     const struct fmt_tensor *sc = find(s, "%s.scales", prefix);
@@ -225,12 +227,12 @@ static float *deq_rank(struct model_ck *m, const struct fmt_shard *s, const char
     long K = (long)q->shape[0], N = (long)q->shape[1];
     CHECK(q->layout == FMT_LAYOUT_W4_MMA_T16X64 && sc->layout == FMT_LAYOUT_S_T64 &&
           z->layout == FMT_LAYOUT_Z4_T64);
-    long G_r = gcd_slow(m->G, K);
+    long G_src = m->G > 0 ? m->G : K_src, G_r = gcd_slow(G_src, K);
     CHECK_MSG(sc->shape[0] == (uint64_t)(K / G_r) && sc->shape[1] == (uint64_t)N &&
               z->shape[0] == sc->shape[0] && z->shape[1] == sc->shape[1],
               "%s: scales [%llu, %llu], want [%ld, %ld]", prefix,
               (unsigned long long)sc->shape[0], (unsigned long long)sc->shape[1], K / G_r, N);
-    m->n_local += G_r < m->G;
+    m->n_local += G_r < G_src;
     float *w = malloc((size_t)(K * N) * sizeof(float));
     if (!w || ref_dequant_w4(q->data, z->data, sc->data, (int)K, (int)N, (int)G_r, w)) {
         CHECK_MSG(0, "%s: ref_dequant_w4 failed", prefix);
@@ -357,7 +359,7 @@ static void ck_attention(struct model_ck *m, const struct fmt_shard *s, int r, i
     char p[160];
     long K, N, hd = m->hd, kv_head = m->tp <= m->nkv ? r * m->nkv_r : r / m->rep;
     snprintf(p, sizeof(p), "model.layers.%d.self_attn.qkv_proj", i);
-    float *w = deq_rank(m, s, p, &K, &N);
+    float *w = deq_rank(m, s, p, m->H, &K, &N);
     static const char *const part[3] = {"q_proj", "k_proj", "v_proj"};
     if (w) {
         CHECK(K == m->H && N == (m->nq_r + 2 * m->nkv_r) * hd);
@@ -391,7 +393,7 @@ static void ck_attention(struct model_ck *m, const struct fmt_shard *s, int r, i
         free(w);
     }
     snprintf(p, sizeof(p), "model.layers.%d.self_attn.o_proj", i);
-    w = deq_rank(m, s, p, &K, &N);
+    w = deq_rank(m, s, p, m->nq * hd, &K, &N);
     if (w) {
         float *src = deq_src(m, p, m->nq * hd, m->H);
         CHECK(K == m->nq_r * hd && N == m->H);
@@ -411,7 +413,7 @@ static void ck_mlp(struct model_ck *m, const struct fmt_shard *s, int r, const c
     long K, N, lo = r * m->I_r, hi = (r + 1) * m->I_r < m->I ? (r + 1) * m->I_r : m->I;
     long held = hi > lo ? hi - lo : 0;
     snprintf(p, sizeof(p), "%s.gate_up_proj", base);
-    float *w = deq_rank(m, s, p, &K, &N);
+    float *w = deq_rank(m, s, p, m->H, &K, &N);
     if (w) {
         CHECK(K == m->H && N == 2 * m->I_r);
         const char *parts[2] = {gate, up};
@@ -428,7 +430,7 @@ static void ck_mlp(struct model_ck *m, const struct fmt_shard *s, int r, const c
         free(w);
     }
     snprintf(p, sizeof(p), "%s.down_proj", base);
-    w = deq_rank(m, s, p, &K, &N);
+    w = deq_rank(m, s, p, m->I, &K, &N);
     if (w) {
         CHECK(K == m->I_r && N == m->H);
         snprintf(sp, sizeof(sp), "%s.%s", base, down);
@@ -980,6 +982,99 @@ static void test_mixed_precision(void)
     cvt_source_close(src);
 }
 
+/* Per-channel AWQ (group_size -1: one group per linear, scales [1, N]) built here from
+ * llama-gqa-gemm (GEMM): every quantized linear keeps its codes and takes its first group's zeros
+ * and scales for all rows. Converted at tp 1, 2 and 4 and checked by ck_model like the fixtures:
+ * the row-parallel o_proj / down_proj get the local group size gcd(K, K_r) (DESIGN 4) and
+ * dequantize to the per-channel source bit for bit; the config says group_size -1. */
+static void test_per_channel(void)
+{
+    const char *base = DATA "models/llama-gqa-gemm";
+    char dir[512], path[600], out[512];
+    struct cvt_source *src = NULL;
+    snprintf(path, sizeof(path), "%s/perchan", g_tmp);
+    snprintf(dir, sizeof(dir), "%s/perchan/model", g_tmp);
+    mkdir(path, 0777);
+    mkdir(dir, 0777);
+    CHECK(cvt_source_open(base, &src) == CVT_ERR_NONE);
+    if (!src)
+        return;
+    size_t n_src = cvt_source_n_tensors(src), n = 0;
+    struct st_entry *e = calloc(n_src, sizeof(*e));
+    int n_q = 0;
+    for (size_t i = 0; e && i < n_src; i++) {
+        const struct cvt_src_tensor *t = cvt_source_tensor(src, i);
+        struct st_entry *x = &e[n++];
+        snprintf(x->name, sizeof(x->name), "%s", t->name);
+        x->dtype = cvt_dtype_str(t->dtype);
+        x->n_dims = t->n_dims;
+        for (int d = 0; d < t->n_dims && d < 2; d++)
+            x->shape[d] = t->shape[d];
+        x->size = (size_t)t->nbytes;
+        x->data = malloc(x->size);
+        CHECK(x->data && cvt_source_read(src, t, x->data, x->size) == CVT_ERR_NONE);
+        size_t L = strlen(t->name);
+        bool zs = (L > 7 && !strcmp(t->name + L - 7, ".qzeros")) ||
+                  (L > 7 && !strcmp(t->name + L - 7, ".scales"));
+        if (zs && t->n_dims == 2) { /* keep row 0 (group 0) only: [1, cols] */
+            x->size = x->size / (size_t)t->shape[0];
+            x->shape[0] = 1;
+            n_q++;
+        }
+    }
+    CHECK(n_q >= 2 * 7 * 2); /* 7 linears x 2 layers, scales and qzeros each */
+    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+    CHECK(e && write_safetensors(path, e, (int)n));
+    snprintf(path, sizeof(path), "%s/config.json", base);
+    cJSON *cj = load_json(path);
+    cJSON *qc = cJSON_GetObjectItem(cj, "quantization_config");
+    cJSON_ReplaceItemInObject(qc, "group_size", cJSON_CreateNumber(-1));
+    char *cjs = cJSON_Print(cj);
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    CHECK(f && cjs && fputs(cjs, f) >= 0);
+    if (f)
+        fclose(f);
+    free(cjs);
+    cJSON_Delete(cj);
+    for (size_t i = 0; e && i < n; i++)
+        free(e[i].data);
+    free(e);
+    cvt_source_close(src);
+
+    struct model_ck m;
+    memset(&m, 0, sizeof(m));
+    m.name = "per-channel llama-gqa-gemm";
+    CHECK(cvt_source_open(dir, &m.src) == CVT_ERR_NONE);
+    if (!m.src)
+        return;
+    m.cfg = cvt_source_config(m.src);
+    m.H = m.cfg->hidden_size, m.I = m.cfg->intermediate_size, m.V = m.cfg->vocab_size;
+    m.nq = m.cfg->num_attention_heads, m.nkv = m.cfg->num_key_value_heads;
+    m.hd = m.cfg->head_dim, m.G = m.cfg->quant.group_size, m.L = m.cfg->num_hidden_layers;
+    m.E = m.cfg->num_local_experts;
+    CHECK_EQ_INT(m.G, -1);
+    int n_conv = 0;
+    for (int tp = 1; tp <= 4; tp *= 2) {
+        char *err = NULL;
+        snprintf(out, sizeof(out), "%s/perchan/tp%d", g_tmp, tp);
+        int rc = run(&err, NULL, "convert %s %s --tp %d -q", dir, out, tp);
+        CHECK_MSG(tp_possible(&m, tp) && rc == 0, "per-channel tp %d: exit %d: %s", tp, rc,
+                  err ? err : "");
+        free(err);
+        if (rc)
+            continue;
+        ck_setup_tp(&m, tp);
+        ck_model(&m, out);
+        n_conv++;
+    }
+    CHECK_EQ_INT(n_conv, 3);
+    CHECK(m.n_local > 0); /* tp 2 and 4: o_proj and down_proj hold part of their one group */
+    printf("per-channel: %d conversions checked, %d packed linears with a local group size\n",
+           n_conv, m.n_local);
+    cvt_source_close(m.src);
+}
+
 /* Copy file a to b (small files). */
 static bool copy_file(const char *a, const char *b)
 {
@@ -1169,6 +1264,7 @@ int main(void)
     test_models();
     test_determinism();
     test_mixed_precision();
+    test_per_channel();
     test_config_pitfalls();
     test_bad_inputs();
     test_cli();
