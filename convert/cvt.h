@@ -94,7 +94,7 @@ struct cvt_plan_src {
     int64_t rows, cols;     /* expected logical shape: [K, N] for linears (also float .weight,
                              * whose file shape is [N, K]); [rows, cols] matrices; [1, n] vectors */
     bool file_transposed;   /* float linear .weight: the file holds [cols, rows] = [N, K] */
-    int64_t group;          /* AWQ: the source's group size G (= rows for per-channel); 0 otherwise */
+    int64_t group;          /* AWQ: the source's group size G (= rows when per-channel); else 0 */
 };
 
 /* A rectangle of a source placed into an output: source rows [src_r0, src_r0 + n_rows) and

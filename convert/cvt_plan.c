@@ -21,8 +21,8 @@
  *     row; dequantization is unchanged. Refused when G_r is not a multiple of 16.
  *   per-channel (group_size -1): G = K of each linear, so the same rule gives G_r = K_r for a
  *     row split at any tp (and gcd(I, I_r) for a padded down_proj).
- *   intermediate: U = lcm(G, 64) (64 per-channel), I_pad = ceil(I / (U*tp)) * U*tp, I_r = I_pad / tp, rank r holds
- *     [r*I_r, min((r+1)*I_r, I)), the rest zero.
+ *   intermediate: U = lcm(G, 64) (64 per-channel), I_pad = ceil(I / (U*tp)) * U*tp,
+ *     I_r = I_pad / tp, rank r holds [r*I_r, min((r+1)*I_r, I)), the rest zero.
  *   vocab: V_r = ceil(V / tp), rows [r*V_r, min((r+1)*V_r, V)), the rest zero.
  *
  * Test: ./build/test_cvt_plan (real configs, tp 1..8, impossible tp values).

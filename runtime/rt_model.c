@@ -205,9 +205,10 @@ static enum rt_err bind(struct rt_model *m, int r, const char *name, enum fmt_dt
  * The group size of the packed linear `prefix` of rank r from its scales tensor: G = K / rows of
  * `<prefix>.scales` [K/G, N]. It is per tensor, not the config's: a row-parallel rank holding part
  * of a source group has a local group size G_r = gcd(G, K_r) (DESIGN 4), each local group taking
- * its source group's scale/zero row. Checked: 2-D, rows > 0 dividing K, G % 16 == 0, and G divides
- * the config's group_size (a local group lies inside one source group). Errors: RT_ERR_MISSING_TENSOR,
- * RT_ERR_SHAPE, reported naming the tensor. The full dtype / layout / shape check is bind()'s.
+ * its source group's scale/zero row. Checked: 2-D, rows > 0 dividing K, G % 16 == 0, and G
+ * divides the config's group_size (a local group lies inside one source group). Errors:
+ * RT_ERR_MISSING_TENSOR, RT_ERR_SHAPE, reported naming the tensor. The full dtype / layout / shape
+ * check is bind()'s.
  */
 static enum rt_err linear_group(const struct rt_model *m, int r, const char *prefix, int K, int *G)
 {

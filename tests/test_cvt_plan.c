@@ -862,7 +862,8 @@ static void test_random_plans(void)
         d.n_kv_heads = kv_div[prop_rand(n_div)];
         /* mostly whole groups (an AWQ source is), sometimes not (refused) */
         long gu = d.group_size > 0 ? lcm_slow(d.group_size, 64) : 64;
-        d.hidden = prop_rand(6) ? (int)gu * (1 + prop_rand(1024 / (int)gu)) : 64 * (1 + prop_rand(16));
+        d.hidden = prop_rand(6) ? (int)gu * (1 + prop_rand(1024 / (int)gu))
+                                : 64 * (1 + prop_rand(16));
         d.intermediate = prop_rand(6) && d.group_size > 0
                              ? d.group_size * (1 + prop_rand(3000 / d.group_size))
                              : 1 + prop_rand(3000);
