@@ -51,8 +51,9 @@
 /* Memory budget for all workers' chunk buffers together (bytes). With the input side dropping
  * mapped pages after each read, this is what bounds peak RSS (plus the plan and the catalog). */
 #define CVT_CHUNK_BUDGET (192ull << 20)
-/* Bytes of working memory per element of a quantized load chunk: codes 1, our fp32 dequantized
- * copy 4 (self-check), slack for the k-blocked decoder slices and the source dequant block. */
+/* Bytes of working memory per element of a quantized load chunk, as budgeted: codes 1, packed
+ * chunk 0.5, the source-dequant block and the decoder's k-blocked slices (4.5 of slack: this once
+ * also held an fp32 dequantized copy of the whole chunk, which the self-check no longer keeps). */
 #define CVT_BYTES_PER_CODE 6
 /* Float tensors are converted in pieces of at most this many elements. */
 #define CVT_FLOAT_CHUNK (1u << 20)
@@ -207,10 +208,11 @@ static enum cvt_err check_fail(const struct run *R, int rank, const struct cvt_o
 }
 
 /* Working buffers of one worker for a quantized output. The load chunk is [K][C] (canonical
- * codes q, zeros z, scales s; fp32 wq = our dequantized output, ws = source dequant for the
- * self-check); packing and ref_dequant_w4 run on sub-blocks of CVT_SUB_COLS columns copied to
- * small contiguous buffers (xq, xz, xs -> qp, zp, sp), which keeps them in cache: the plain-C
- * references are 1.5-2x faster on a [4096][256] block than on [4096][2688]. */
+ * codes q, zeros z, scales s); packing runs on sub-blocks of CVT_SUB_COLS columns copied to
+ * small contiguous buffers (xq, xz, xs), packed into their place in the chunk's packed copy
+ * (qp, sp, zp: in DESIGN 4.1-4.3 the n-tiles [a, b) of a chunk are one contiguous range of each).
+ * The self-check compares ws = source dequant of one k-block of rows with xw = our packed
+ * chunk dequantized one [P][64] piece at a time (w4_check_ours), never a whole fp32 chunk. */
 #define CVT_SUB_COLS 256
 
 /* Owned by one worker, kept across its jobs (grown when a job needs more), so chunk buffers
@@ -218,10 +220,10 @@ static enum cvt_err check_fail(const struct run *R, int rank, const struct cvt_o
 struct w4_bufs {
     uint8_t *q, *z;         /* [K][C], [K/G][C] */
     uint16_t *s;            /* [K/G][C] */
-    float *wq, *ws;         /* [K][C], [k_block][C] (self-check only) */
-    uint8_t *xq, *xz, *qp, *zp; /* sub-block [K][S], [K/G][S] and packed */
-    uint16_t *xs, *sp;
-    float *xw;              /* unused: the self-check dequantizes straight into wq */
+    float *wq, *ws;         /* unused; [k_block][C] (self-check only) */
+    uint8_t *xq, *xz, *qp, *zp; /* sub-block [K][S], [K/G][S]; packed chunk [K*C/2], [K/G*C/2] */
+    uint16_t *xs, *sp;      /* sub-block [K/G][S]; packed chunk [K/G*C] */
+    float *xw;              /* [P][64]: one piece of our dequantized output (self-check only) */
     size_t cap[12];         /* bytes allocated for each pointer above, in order */
 };
 
@@ -263,32 +265,29 @@ static void copy_cols(void *dst, const void *src, int64_t rows, int64_t C, int64
                (size_t)S * es);
 }
 
-/* Pack columns [c0 + c, c0 + c + S) (a sub-block of the load chunk), dequantize them into wq
- * for the self-check, and stream the packed bytes to the rank file. */
+/* Pack columns [c0 + c, c0 + c + S) (a sub-block of the load chunk) into their place in the
+ * chunk's packed copy (kept for the self-check) and stream the packed bytes to the rank file. */
 static enum cvt_err w4_sub(struct run *R, int rank, const struct cvt_out *o, int64_t cw,
                            int64_t c, int64_t S, struct w4_bufs *b, uint64_t offs[3])
 {
-    int64_t K = o->rows, G = o->group, ng = K / G;
+    int64_t K = o->rows, ng = K / o->group;
     enum cvt_err e;
     copy_cols(b->xq, b->q, K, cw, c, S, 1);
     copy_cols(b->xz, b->z, ng, cw, c, S, 1);
     copy_cols(b->xs, b->s, ng, cw, c, S, 2);
-    if (ref_pack_w4(b->xq, (int)K, (int)S, b->qp) ||
-        ref_pack_scales(b->xs, (int)ng, (int)S, b->sp) ||
-        ref_pack_zeros(b->xz, (int)ng, (int)S, b->zp)) {
+    uint8_t *qp = b->qp + (size_t)(c * K / 2), *zp = b->zp + (size_t)(c * ng / 2);
+    uint16_t *sp = b->sp + (size_t)(c * ng);
+    if (ref_pack_w4(b->xq, (int)K, (int)S, qp) || ref_pack_scales(b->xs, (int)ng, (int)S, sp) ||
+        ref_pack_zeros(b->xz, (int)ng, (int)S, zp)) {
         qs_log_error(__func__, "rank %d: tensor %s: packing failed (reported above)", rank,
                      o->name);
         return CVT_ERR_RANGE;
     }
-    /* our packed sub-block dequantized straight into its columns of wq (row stride cw) */
-    if (!R->o->no_check &&
-        ref_dequant_w4_strided(b->qp, b->zp, b->sp, (int)K, (int)S, (int)G, b->wq + c, (size_t)cw))
-        return CVT_ERR_RANGE;
     uint32_t i0 = R->idx[rank][o - R->plan->ranks[rank].outs];
     size_t nq = (size_t)(K * S / 2), ns = (size_t)(ng * S) * 2, nz = (size_t)(ng * S / 2);
-    if ((e = put_part(R, rank, i0, offs[0], b->qp, nq)) ||
-        (e = put_part(R, rank, i0 + 1, offs[1], b->sp, ns)) ||
-        (e = put_part(R, rank, i0 + 2, offs[2], b->zp, nz)))
+    if ((e = put_part(R, rank, i0, offs[0], qp, nq)) ||
+        (e = put_part(R, rank, i0 + 1, offs[1], sp, ns)) ||
+        (e = put_part(R, rank, i0 + 2, offs[2], zp, nz)))
         return e;
     offs[0] += nq;
     offs[1] += ns;
@@ -352,6 +351,67 @@ static bool src_blk_next(const struct cvt_seg *sg, const struct cvt_plan_src *ps
     return true;
 }
 
+/* Rows of one piece of the self-check's dequantization of our output: whole groups up to 256
+ * rows, or a divisor of a larger group (a piece never straddles a group; G % 16 == 0). */
+static int64_t check_piece_rows(int64_t G)
+{
+    int64_t a = G, c = 256;
+    if (G <= 256)
+        return G;
+    while (c) { /* gcd(G, 256) */
+        int64_t t = a % c;
+        a = c;
+        c = t;
+    }
+    return a;
+}
+
+/* SELF-CHECK helper: dequantize our packed chunk (b->qp, b->sp, b->zp: [K][cw] in DESIGN
+ * 4.1-4.3, local group G) with the kernels' reference ref_dequant_w4, rows [r0, r1) (multiples
+ * of G or of the piece) and chunk columns [ca, cb), one [P][64] piece at a time into b->xw, and
+ * compare bit for bit with want[(k - r0) * ldw + (n - ca)] or, when want is NULL, with +0.0.
+ * Returns 0 when all equal, 1 at the first difference (*bk, *bn chunk coordinates, *got ours,
+ * *want_v expected), -1 if the reference refused the shape (reported by it). */
+static int w4_check_ours(const struct w4_bufs *b, int64_t K, int64_t G, int64_t r0, int64_t r1,
+                         int64_t ca, int64_t cb, const float *want, int64_t ldw, int64_t *bk,
+                         int64_t *bn, float *got, float *want_v)
+{
+    const int64_t ng = K / G, P = check_piece_rows(G);
+    for (int64_t t = ca / 64; t < (cb + 63) / 64; t++) {
+        const int64_t na = t * 64 > ca ? t * 64 : ca, nb = t * 64 + 64 < cb ? t * 64 + 64 : cb;
+        for (int64_t r = r0; r < r1; r += P) {
+            const uint8_t *q = b->qp + (size_t)(t * (K / 16) + r / 16) * FMT_W4_TILE_BYTES;
+            const uint8_t *z = b->zp + (size_t)(t * ng + r / G) * 32;
+            const uint16_t *s = b->sp + (size_t)(t * ng + r / G) * 64;
+            if (ref_dequant_w4(q, z, s, (int)P, 64, (int)P, b->xw))
+                return -1;
+            for (int64_t k = 0; k < P && r + k < r1; k++) {
+                const float *ours = b->xw + k * 64 + (na - t * 64);
+                if (want) {
+                    const float *wr = want + (r + k - r0) * ldw + (na - ca);
+                    if (!memcmp(ours, wr, (size_t)(nb - na) * sizeof(float)))
+                        continue;
+                    for (int64_t n = 0; n < nb - na; n++)
+                        if (memcmp(&ours[n], &wr[n], sizeof(float))) {
+                            *bk = r + k, *bn = na + n, *got = ours[n], *want_v = wr[n];
+                            return 1;
+                        }
+                } else {
+                    for (int64_t n = 0; n < nb - na; n++) {
+                        uint32_t bits;
+                        memcpy(&bits, &ours[n], sizeof(bits));
+                        if (bits) {
+                            *bk = r + k, *bn = na + n, *got = ours[n], *want_v = 0.0f;
+                            return 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    return 0;
+}
+
 /* One load chunk [c0, c0 + cw) of output columns of W4 output o on `rank`. */
 static enum cvt_err w4_chunk(struct run *R, int rank, const struct cvt_out *o, int64_t c0,
                              int64_t cw, struct w4_bufs *b, uint64_t offs[3])
@@ -399,7 +459,12 @@ static enum cvt_err w4_chunk(struct run *R, int rank, const struct cvt_out *o, i
     if (R->o->no_check)
         return CVT_ERR_NONE;
     /* SELF-CHECK: every source slice, dequantized from the source tensors by an independent
-     * path, must equal our packed output dequantized by ref_dequant_w4, bit for bit */
+     * path, must equal our packed output dequantized by ref_dequant_w4, bit for bit (ours a
+     * [P][64] piece at a time, in cache; the source block is the decoder's k-block: 128-row
+     * blocks measured 10% less CPU but 451 instead of 188 MiB peak RSS on a 7B, all of it
+     * file-backed - likely fault-around mapping neighbouring rows that were already released) */
+    int64_t bk, bn;
+    float got, want_v;
     for (int si = 0; si < o->n_segs; si++) {
         const struct cvt_seg *sg = &o->segs[si];
         int64_t a = sg->dst_c0 > c0 ? sg->dst_c0 : c0;
@@ -416,19 +481,17 @@ static enum cvt_err w4_chunk(struct run *R, int rank, const struct cvt_out *o, i
             if ((e = cvt_awq_dequant_source(R->src, R->cfg, ps->name, ps->rows, ps->cols, bl.b0,
                                             bl.b1, n0, n1, b->ws)))
                 return e;
-            for (int64_t k = 0; k < bl.k1 - bl.k0; k++) {
-                float *ours = b->wq + (dr + k) * cw + dc;
-                const float *want = b->ws + (bl.k0 - bl.b0 + k) * w;
-                if (memcmp(ours, want, (size_t)w * sizeof(float)))
-                    for (int64_t n = 0; n < w; n++)
-                        if (memcmp(&ours[n], &want[n], sizeof(float)))
-                            return check_fail(R, rank, o, ps->name, bl.k0 + k, n0 + n, dr + k,
-                                              dc + c0 + n, want[n], ours[n]);
-            }
+            int rc = w4_check_ours(b, K, G, dr, dr + (bl.k1 - bl.k0), dc, dc + w,
+                                   b->ws + (bl.k0 - bl.b0) * w, w, &bk, &bn, &got, &want_v);
+            if (rc < 0)
+                return CVT_ERR_RANGE;
+            if (rc)
+                return check_fail(R, rank, o, ps->name, bl.k0 + (bk - dr), n0 + (bn - dc), bk,
+                                  c0 + bn, want_v, got);
         }
     }
     /* everything not covered by a source is padding and must dequantize to +0.0: walk the
-     * chunk's columns in runs with one covering segment (or none), scan the rows outside it */
+     * chunk's columns in runs with one covering segment (or none), check the rows outside it */
     for (int64_t c = 0; c < cw;) {
         int64_t end = cw, r0 = 0, r1 = 0; /* run [c, end) covered on rows [r0, r1) */
         for (int si = 0; si < o->n_segs; si++) {
@@ -442,18 +505,17 @@ static enum cvt_err w4_chunk(struct run *R, int rank, const struct cvt_out *o, i
                 end = a;
             }
         }
-        for (int64_t k = 0; k < K; k++) {
-            if (k == r0 && r1 > r0) {
-                k = r1 - 1;
-                continue;
-            }
-            for (int64_t n = c; n < end; n++) {
-                uint32_t bits;
-                memcpy(&bits, &b->wq[k * cw + n], sizeof(bits));
-                if (bits)
-                    return check_fail(R, rank, o, NULL, 0, 0, k, c0 + n, 0.0f,
-                                      b->wq[k * cw + n]);
-            }
+        /* rows [0, r0) and [r1, K) (all rows when nothing covers the run) */
+        bool cov = r1 > r0;
+        int64_t ra[2] = {0, cov ? r1 : K}, rb[2] = {cov ? r0 : K, K};
+        for (int i = 0; i < 2; i++) {
+            int rc = ra[i] < rb[i] ? w4_check_ours(b, K, G, ra[i], rb[i], c, end, NULL, 0, &bk,
+                                                   &bn, &got, &want_v)
+                                   : 0;
+            if (rc < 0)
+                return CVT_ERR_RANGE;
+            if (rc)
+                return check_fail(R, rank, o, NULL, 0, 0, bk, c0 + bn, 0.0f, got);
         }
         c = end;
     }
@@ -469,9 +531,10 @@ static enum cvt_err job_w4(struct run *R, int rank, const struct cvt_out *o, str
     uint64_t offs[3] = {0, 0, 0};
     size_t need[W4_NBUF] = {
         (size_t)(K * C), (size_t)(ng * C), (size_t)(ng * C) * 2,
-        ck ? (size_t)(K * C) * 4 : 0, ck ? (size_t)(k_block_max(R, o) * C) * 4 : 0,
-        (size_t)(K * S), (size_t)(ng * S), (size_t)(K * S / 2), (size_t)(ng * S / 2),
-        (size_t)(ng * S) * 2, (size_t)(ng * S) * 2, 0 /* xw: no longer used */};
+        0 /* wq: unused */, ck ? (size_t)(k_block_max(R, o) * C) * 4 : 0,
+        (size_t)(K * S), (size_t)(ng * S), (size_t)(K * C / 2), (size_t)(ng * C / 2),
+        (size_t)(ng * S) * 2, (size_t)(ng * C) * 2,
+        ck ? (size_t)check_piece_rows(G) * 64 * sizeof(float) : 0};
     for (int i = 0; i < W4_NBUF; i++)
         if (!w4_ensure(b, i, need[i])) {
             qs_log_error(__func__, "rank %d: tensor %s: out of memory for a %" PRId64
