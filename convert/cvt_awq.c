@@ -596,6 +596,22 @@ static enum cvt_err dq_alloc(const char *prefix, int64_t Gs, int64_t Ns, struct 
     return CVT_ERR_NONE;
 }
 
+/* For the output-major variants: the table of (float)(q - z) * s (one rounding, as computed per
+ * element) for columns [na, nz) and groups [ga, ga + ngc) of d (whose rows start at group g0 and
+ * column n0, Ns wide): tab[((n - na) * ngc + (g - ga)) * 16 + q]. Built per staging block, so it
+ * stays small (at most BLK x (STAGE_K/G + 2) x 16 floats). */
+static void dq_block_table(const struct dq_groups *d, int64_t Ns, int64_t g0, int64_t n0,
+                           int64_t na, int64_t nz, int64_t ga, int64_t ngc, float *tab)
+{
+    for (int64_t n = na; n < nz; n++)
+        for (int64_t gg = 0; gg < ngc; gg++) {
+            const int64_t i = (ga + gg - g0) * Ns + n - n0;
+            float *t = tab + ((n - na) * ngc + gg) * 16;
+            for (int q = 0; q < 16; q++)
+                t[q] = (float)(q - (int)d->z[i]) * d->s[i];
+        }
+}
+
 /* GEMM: walk each packed word and scatter nibble i to column 8c + ORDER[i]. Per group, every
  * column's zero and scale become a 16-entry table tab[n][q] = (float)(q - z) * s (the same
  * single rounding as computing it per element), so the row loop is a lookup per nibble. */
@@ -684,10 +700,14 @@ static enum cvt_err dq_gemv(const struct cvt_source *src, const struct cvt_awq_i
             d.s[(g - g0) * Ns + n - n0] = s;
             d.z[(g - g0) * Ns + n - n0] = (uint8_t)((wz >> ((g & 7) * 4)) & 15u);
         }
-    /* Rows n in order (sequential source reads) into a padded float stage, then out rows k. */
-    const int64_t ss = STAGE_K + STAGE_PAD / 4;
+    /* Rows n in order (sequential source reads) into a padded float stage, then out rows k;
+     * each element through the block's (column, group) table of (q - z) * s. */
+    const int64_t ss = STAGE_K + STAGE_PAD / 4, tg = STAGE_K / G + 2;
     float *stage = malloc((size_t)(BLK * ss) * sizeof *stage);
-    if (!stage) {
+    float *tab = malloc((size_t)(BLK * tg * 16) * sizeof *tab);
+    if (!stage || !tab) {
+        free(stage);
+        free(tab);
         dq_groups_free(&d);
         qs_log_error("cvt_awq_dequant_source", "linear %s: out of memory", in->qweight->name);
         return CVT_ERR_NOMEM;
@@ -696,22 +716,26 @@ static enum cvt_err dq_gemv(const struct cvt_source *src, const struct cvt_awq_i
         const int64_t rows = nb + BLK < n1 ? BLK : n1 - nb;
         for (int64_t kc = k0; kc < k1; kc += STAGE_K) {
             const int64_t kce = kc + STAGE_K < k1 ? kc + STAGE_K : k1;
-            int32_t grow[STAGE_K]; /* k -> group row offset, hoisted out of the element loop */
+            const int64_t ga = kc / G, ngc = (kce - 1) / G - ga + 1;
+            int32_t gofs[STAGE_K]; /* k -> table offset of its group, hoisted out of the loop */
             for (int64_t k = kc; k < kce; k++)
-                grow[k - kc] = (int32_t)((k / G - g0) * Ns);
-            for (int64_t n = nb; n < nb + rows; n++)
+                gofs[k - kc] = (int32_t)((k / G - ga) * 16);
+            dq_block_table(&d, Ns, g0, n0, nb, nb + rows, ga, ngc, tab);
+            for (int64_t n = nb; n < nb + rows; n++) {
+                const float *tn = tab + (n - nb) * ngc * 16;
                 for (int64_t k = kc; k < kce; k++) {
-                    const int64_t gi = grow[k - kc] + n - n0;
                     uint32_t wq = cvt_ld32(qw + ((uint64_t)n * (uint64_t)KW + (uint64_t)(k >> 3)) * 4);
                     int q = (int)(wq >> ((k & 7) * 4)) & 15;
-                    stage[(n - nb) * ss + (k - kc)] = (float)(q - (int)d.z[gi]) * d.s[gi];
+                    stage[(n - nb) * ss + (k - kc)] = tn[gofs[k - kc] + q];
                 }
+            }
             for (int64_t k = kc; k < kce; k++)
                 for (int64_t j = 0; j < rows; j++)
                     out[(k - k0) * Ns + (nb - n0) + j] = stage[j * ss + (k - kc)];
         }
     }
     free(stage);
+    free(tab);
     dq_groups_free(&d);
     return CVT_ERR_NONE;
 }
@@ -746,9 +770,12 @@ static enum cvt_err dq_gemv_fast(const struct cvt_source *src, const struct cvt_
         }
     /* Interleaved rows R (4 output rows each) in order into a padded float stage of BLK output
      * rows, then out rows k. */
-    const int64_t ss = STAGE_K + STAGE_PAD / 4, nb0 = n0 / 4 * 4;
+    const int64_t ss = STAGE_K + STAGE_PAD / 4, nb0 = n0 / 4 * 4, tg = STAGE_K / G + 2;
     float *stage = malloc((size_t)(BLK * ss) * sizeof *stage);
-    if (!stage) {
+    float *tab = malloc((size_t)(BLK * tg * 16) * sizeof *tab); /* (column, group) tables */
+    if (!stage || !tab) {
+        free(stage);
+        free(tab);
         dq_groups_free(&d);
         qs_log_error("cvt_awq_dequant_source", "linear %s: out of memory", in->qweight->name);
         return CVT_ERR_NOMEM;
@@ -757,9 +784,11 @@ static enum cvt_err dq_gemv_fast(const struct cvt_source *src, const struct cvt_
         for (int64_t kc = k0 / 64 * 64; kc < k1; kc += STAGE_K) { /* 64-aligned chunks */
         const int64_t ne = nb + BLK < n1 ? nb + BLK : n1, kce = kc + STAGE_K < k1 ? kc + STAGE_K : k1;
         const int64_t klo = kc > k0 ? kc : k0;
-        int64_t grow[STAGE_K]; /* k -> group row offset (k in [klo, kce)) */
+        const int64_t ga = klo / G, ngc = (kce - 1) / G - ga + 1, na = nb > n0 ? nb : n0;
+        int64_t gofs[STAGE_K]; /* k -> table offset of its group (k in [klo, kce)) */
         for (int64_t k = klo; k < kce; k++)
-            grow[k - kc] = (k / G - g0) * Ns;
+            gofs[k - kc] = (k / G - ga) * 16;
+        dq_block_table(&d, Ns, g0, n0, na, ne, ga, ngc, tab);
         for (int64_t R = nb / 4; R < (ne + 3) / 4; R++)
             for (int64_t wi = kc; wi < 64 * ((kce + 63) / 64); wi++) {
                 const int64_t b = wi / 64, o = wi % 64, n = 4 * R + o / 16;
@@ -771,9 +800,8 @@ static enum cvt_err dq_gemv_fast(const struct cvt_source *src, const struct cvt_
                     const int64_t t = 8 * (p % 4) + 2 * (p / 8) + (p / 4) % 2, k = 64 * b + 32 * h + t;
                     if (k < klo || k >= kce)
                         continue;
-                    const int64_t gi = grow[k - kc] + n - n0;
                     int q = (w >> (4 * i)) & 15;
-                    stage[(n - nb) * ss + (k - kc)] = (float)(q - (int)d.z[gi]) * d.s[gi];
+                    stage[(n - nb) * ss + (k - kc)] = tab[(n - na) * ngc * 16 + gofs[k - kc] + q];
                 }
             }
         const int64_t jlo = nb < n0 ? n0 - nb : 0;
@@ -782,6 +810,7 @@ static enum cvt_err dq_gemv_fast(const struct cvt_source *src, const struct cvt_
                 out[(k - k0) * Ns + (nb + j - n0)] = stage[j * ss + (k - kc)];
     }
     free(stage);
+    free(tab);
     dq_groups_free(&d);
     return CVT_ERR_NONE;
 }
