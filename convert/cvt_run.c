@@ -524,14 +524,18 @@ static enum cvt_err w4_chunk(struct run *R, int rank, const struct cvt_out *o, i
 
 static enum cvt_err job_w4(struct run *R, int rank, const struct cvt_out *o, struct w4_bufs *b)
 {
-    int64_t K = o->rows, N = o->cols, G = o->group, ng = K / G;
-    int64_t C = chunk_cols(R, K, N), S = CVT_SUB_COLS < C ? CVT_SUB_COLS : C;
+    int64_t K = o->rows, N = o->cols, G = o->group, ng = K / G, kb = k_block_max(R, o);
+    /* a source group longer than CVT_K_BLOCK_MAX rows (per-channel: G = K_src, which a row
+     * slice reads whole) makes the decoder's block and the source-dequant buffer [kb][C]:
+     * budget the chunk by those rows instead of K */
+    int64_t C = chunk_cols(R, kb > CVT_K_BLOCK_MAX && kb > K ? kb : K, N);
+    int64_t S = CVT_SUB_COLS < C ? CVT_SUB_COLS : C;
     bool ck = !R->o->no_check;
     enum cvt_err e = CVT_ERR_NONE;
     uint64_t offs[3] = {0, 0, 0};
     size_t need[W4_NBUF] = {
         (size_t)(K * C), (size_t)(ng * C), (size_t)(ng * C) * 2,
-        0 /* wq: unused */, ck ? (size_t)(k_block_max(R, o) * C) * 4 : 0,
+        0 /* wq: unused */, ck ? (size_t)(kb * C) * 4 : 0,
         (size_t)(K * S), (size_t)(ng * S), (size_t)(K * C / 2), (size_t)(ng * C / 2),
         (size_t)(ng * S) * 2, (size_t)(ng * C) * 2,
         ck ? (size_t)check_piece_rows(G) * 64 * sizeof(float) : 0};
