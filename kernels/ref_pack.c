@@ -210,6 +210,39 @@ static enum ref_err check_shape(const char *where, int K, int N)
     return REF_ERR_NONE;
 }
 
+static inline uint64_t ld_le64(const uint8_t *p)
+{
+    return (uint64_t)ld_le32(p) | (uint64_t)ld_le32(p + 4) << 32;
+}
+
+/* 8 x 8 byte transpose: byte c of m[j] moves to byte j of m[c] (three rounds of block swaps). */
+static inline void transpose8x8(uint64_t m[8])
+{
+    for (int j = 0; j < 4; j++) { /* 4x4 blocks */
+        uint64_t a = m[j], b = m[j + 4];
+        m[j] = (a & 0x00000000ffffffffull) | (b << 32);
+        m[j + 4] = (a >> 32) | (b & 0xffffffff00000000ull);
+    }
+    for (int j = 0; j < 8; j += (j % 4 == 1) ? 3 : 1) { /* 2x2 blocks: rows 0,1,4,5 with +2 */
+        uint64_t a = m[j], b = m[j + 2];
+        m[j] = (a & 0x0000ffff0000ffffull) | ((b << 16) & 0xffff0000ffff0000ull);
+        m[j + 2] = ((a >> 16) & 0x0000ffff0000ffffull) | (b & 0xffff0000ffff0000ull);
+    }
+    for (int j = 0; j < 8; j += 2) { /* single bytes */
+        uint64_t a = m[j], b = m[j + 1];
+        m[j] = (a & 0x00ff00ff00ff00ffull) | ((b << 8) & 0xff00ff00ff00ff00ull);
+        m[j + 1] = ((a >> 8) & 0x00ff00ff00ff00ffull) | (b & 0xff00ff00ff00ff00ull);
+    }
+}
+
+/*
+ * Packing a tile, word at a time: for r = 0..7 let byte j*8 + c of the 64-byte row pair
+ * m_r = q[r][.] | q[r+8][.] << 4 (two codes per byte, tile columns j*8 + c); transposing its
+ * 8 x 8 bytes gives X_r[c] whose byte j is that pair for column j*8 + c. Thread t (c = t/4,
+ * r0 = (t%4)*2) then has, in 16-bit lane w of X_r0[c], nibbles (r0, x) (r0+8, x) (r0, x+8)
+ * (r0+8, x+8) of word w (x = 16w + c) and in lane w of X_r0+1[c] the rows r0+1, r0+9: word w =
+ * lane w of X_r0[c] | lane w of X_r0+1[c] << 16 (DESIGN 4.1).
+ */
 enum ref_err ref_pack_w4(const uint8_t *q, int K, int N, uint8_t *qweight)
 {
     enum ref_err e = check_shape(__func__, K, N);
@@ -217,25 +250,28 @@ enum ref_err ref_pack_w4(const uint8_t *q, int K, int N, uint8_t *qweight)
         return e;
     const size_t n = (size_t)N;
     uint8_t *p = qweight;
-    unsigned all = 0; /* OR of every code: > 15 anywhere shows in the high nibble */
+    uint64_t all = 0; /* OR of every code: > 15 anywhere shows in a high nibble */
     for (int nt = 0; nt < N / 64; nt++)
         for (int kt = 0; kt < K / 16; kt++) {
             const uint8_t *tile = q + (size_t)kt * 16 * n + (size_t)nt * 64;
-            for (int t = 0; t < 32; t++) {
-                const uint8_t *a0 = tile + (size_t)((t % 4) * 2) * n + (size_t)(t / 4);
-                const uint8_t *a1 = a0 + n, *a8 = a0 + 8 * n, *a9 = a0 + 9 * n;
-                for (int w = 0; w < 4; w++, p += 4) {
-                    const int x = 16 * w, y = x + 8;
-                    unsigned v0 = a0[x], v1 = a8[x], v2 = a0[y], v3 = a8[y];
-                    unsigned v4 = a1[x], v5 = a9[x], v6 = a1[y], v7 = a9[y];
-                    all |= v0 | v1 | v2 | v3 | v4 | v5 | v6 | v7;
-                    st_le32(p, (uint32_t)v0 | (uint32_t)v1 << 4 | (uint32_t)v2 << 8 |
-                                   (uint32_t)v3 << 12 | (uint32_t)v4 << 16 | (uint32_t)v5 << 20 |
-                                   (uint32_t)v6 << 24 | (uint32_t)v7 << 28);
+            uint64_t x[8][8]; /* x[r][c] after the transpose */
+            for (int r = 0; r < 8; r++) {
+                const uint8_t *lo = tile + (size_t)r * n, *hi = lo + 8 * n;
+                for (int j = 0; j < 8; j++) {
+                    uint64_t a = ld_le64(lo + 8 * j), b = ld_le64(hi + 8 * j);
+                    all |= a | b;
+                    x[r][j] = a | b << 4;
                 }
+                transpose8x8(x[r]);
+            }
+            for (int t = 0; t < 32; t++, p += 16) {
+                const uint64_t X = x[(t % 4) * 2][t / 4], Y = x[(t % 4) * 2 + 1][t / 4];
+                for (int w = 0; w < 4; w++)
+                    st_le32(p + 4 * w, (uint32_t)((X >> (16 * w)) & 0xffffu) |
+                                           (uint32_t)((Y >> (16 * w)) & 0xffffu) << 16);
             }
         }
-    if (all > 15) {
+    if (all & 0xf0f0f0f0f0f0f0f0ull) {
         report_nibble_range(__func__, "code q", q, (size_t)K, n);
         return REF_ERR_RANGE;
     }
