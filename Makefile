@@ -49,6 +49,19 @@ ifneq ($(wildcard $(NVCC)),)
 HAVE_CUDA := 1
 endif
 endif
+ifeq ($(HAVE_CUDA),1)
+CUDA_STATE := ON ($(NVCC))
+else ifeq ($(NO_CUDA),1)
+CUDA_STATE := OFF (NO_CUDA=1: CPU-only build, CUDA backend and GPU tests skipped)
+else
+CUDA_STATE := OFF (no nvcc at $(NVCC); set CUDA_HOME: CPU-only build, CUDA backend and GPU tests skipped)
+endif
+# Say once, at the top-level make, which backends this build has.
+ifeq ($(MAKELEVEL),0)
+ifeq ($(filter help clean,$(MAKECMDGOALS)),)
+$(info qshard: CUDA backend $(CUDA_STATE))
+endif
+endif
 
 # --- flags ---------------------------------------------------------------------------------
 INCLUDES    := -Iformat -Ikernels -Iconvert -Iruntime -Itools
@@ -111,10 +124,10 @@ vpath %.cu kernels runtime tests
 all: $(QSHARD) tests ## build the qshard binary and the test programs
 
 info:
-	@echo "CUDA backend: $(if $(filter 1,$(HAVE_CUDA)),ON ($(NVCC)),OFF (no nvcc at $(NVCC): CPU-only build, CUDA backend stubbed))"
+	@echo "CUDA backend: $(CUDA_STATE)"
 
 help: ## list the targets
-	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | awk -F'\t' '{printf "  %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(firstword $(MAKEFILE_LIST)) | sed 's/:.*## /\t/' | awk -F'\t' '{printf "  %-12s %s\n", $$1, $$2}'
 
 $(BUILD):
 	$(Q)mkdir -p $(BUILD)
@@ -176,8 +189,9 @@ test-gpu: ## on the GPU machine: run every GPU test (kernels vs references, end 
 	$(Q)$(MAKE) --no-print-directory $(GPU_TEST_BIN) $(QSHARD)
 	$(Q)QSHARD=$(QSHARD) BUILD=$(BUILD) sh tests/run_gpu_tests.sh $(GPU_TEST_BIN)
 
-bench: $(QSHARD) ## CPU benchmarks (format open/verify, converter throughput)
+bench: $(QSHARD) ## CPU benchmarks: format open/verify, then converter throughput (needs python3-numpy, time)
 	$(Q)QSHARD=$(QSHARD) sh tools/bench_cpu.sh
+	$(Q)QSHARD=$(QSHARD) sh tools/bench_convert.sh
 
 bench-gpu: $(QSHARD) ## on the GPU machine: kernel and load benchmarks
 	$(Q)QSHARD=$(QSHARD) sh tools/bench_gpu.sh
@@ -189,7 +203,7 @@ sass: $(LIB_OBJ) ## dump register use and SASS of the kernels into $(BUILD)/sass
 	$(Q)mkdir -p $(BUILD)/sass && for o in $(filter %.cu.o,$(LIB_OBJ)); do \
 	    $(CUDA_HOME)/bin/cuobjdump --dump-sass $$o > $(BUILD)/sass/$$(basename $$o .cu.o).sass; done
 
-clean: ## remove every build directory
-	rm -rf build build-san build-fuzz
+clean: ## remove the build directories (build, build-san, build-fuzz, and BUILD=... if given)
+	rm -rf build build-san build-fuzz $(filter-out build build-san build-fuzz,$(BUILD))
 
 -include $(wildcard $(BUILD)/*.d)

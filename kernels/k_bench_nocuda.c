@@ -7,6 +7,6 @@ int bench_kernel_main(int argc, char **argv)
 {
     (void)argc;
     (void)argv;
-    fprintf(stderr, "qshard bench kernel: this qshard was built without CUDA (no nvcc)\n");
+    fprintf(stderr, "qshard bench kernel: this qshard was built without the CUDA backend (no nvcc found, or NO_CUDA=1)\n");
     return QS_EXIT_RUNTIME;
 }

@@ -17,7 +17,7 @@ enum rt_err rt_cuda_backend_create(const struct rt_opts *opts, int world_size,
     (void)opts, (void)world_size;
     out->ops = NULL;
     out->ctx = NULL;
-    qs_log_error(__func__, "this qshard was built without CUDA (no nvcc at build time), so no "
+    qs_log_error(__func__, "this qshard was built without the CUDA backend (no nvcc found, or NO_CUDA=1), so no "
                  "GPU can be used; run with --device cpu, or rebuild on a machine with the "
                  "CUDA toolkit");
     return RT_ERR_NO_DEVICE;
