@@ -234,9 +234,12 @@ static enum rt_err parse_quant(const cJSON *root, const char *where, struct rt_c
                      where, c->w_bit);
         return RT_ERR_UNSUPPORTED;
     }
-    TRY(get_int(q, "group_size", where, true, 16, 1 << 20, 0, &c->group_size));
-    if (c->group_size % 16)
-        BAD("%s: config: quant.group_size %d is not a multiple of 16", where, c->group_size);
+    /* -1 = per-channel AWQ (one group spans each linear's whole K; the converter writes it as
+     * the source config spells it); each linear's own group size comes from its scales tensor. */
+    TRY(get_int(q, "group_size", where, true, -1, 1 << 20, 0, &c->group_size));
+    if (c->group_size != -1 && (c->group_size < 16 || c->group_size % 16))
+        BAD("%s: config: quant.group_size %d: expected -1 (per-channel) or a multiple of 16",
+            where, c->group_size);
     TRY(get_bool(q, "zero_point", where, true, &c->zero_point));
 out:
     return err;

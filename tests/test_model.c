@@ -1344,6 +1344,8 @@ static void test_config(void)
         {"\"rank\": 1", "\"rank\": 2", RT_ERR_CONFIG, "rank"},
         {"\"w_bit\": 4", "\"w_bit\": 8", RT_ERR_UNSUPPORTED, "w_bit"},
         {"\"group_size\": 32", "\"group_size\": 40", RT_ERR_CONFIG, "group_size"},
+        {"\"group_size\": 32", "\"group_size\": 0", RT_ERR_CONFIG, "group_size"},
+        {"\"group_size\": 32", "\"group_size\": -2", RT_ERR_CONFIG, "group_size"},
         {"\"rope_type\": \"llama3\"", "\"rope_type\": \"yarn\"", RT_ERR_UNSUPPORTED, "yarn"},
         {"\"high_freq_factor\": 4.0", "\"high_freq_factor\": 0.5", RT_ERR_CONFIG,
          "high_freq_factor"},
