@@ -34,9 +34,14 @@ Q :=
 endif
 
 # --- dependencies --------------------------------------------------------------------------
+# PREBUILT=1 (test-gpu, bench-gpu): run binaries built elsewhere and carried in $(BUILD)/, on a
+# machine without the -dev packages (the GPU machine); nothing is compiled then.
+PREBUILT ?= 0
 PKGS := libcjson libxxhash zlib
+ifeq ($(PREBUILT),0)
 ifneq ($(shell $(PKG_CONFIG) --exists $(PKGS) && echo ok),ok)
 $(error missing libraries: install them with `apt-get install -y libcjson-dev libxxhash-dev zlib1g-dev pkg-config` (see README))
+endif
 endif
 DEP_CFLAGS := $(shell $(PKG_CONFIG) --cflags $(PKGS))
 # xxHash is linked statically so binaries carried to the GPU machine need only libcjson.so.1,
@@ -184,16 +189,18 @@ fuzz-run: $(FUZZ_BIN)
 	$(Q)QSHARD_FUZZ_SECONDS=$(FUZZ_SECONDS) BUILD=$(BUILD) sh tests/run_fuzz.sh $(FUZZ_BIN)
 
 # --- GPU -----------------------------------------------------------------------------------
-test-gpu: ## on the GPU machine: run every GPU test (kernels vs references, end to end)
+test-gpu: ## on the GPU machine: every GPU test (kernels vs references, end to end); PREBUILT=1 runs a carried $(BUILD)/
+ifeq ($(PREBUILT),0)
 	$(Q)test "$(HAVE_CUDA)" = 1 || { echo "test-gpu needs nvcc (CUDA_HOME=$(CUDA_HOME))"; exit 1; }
 	$(Q)$(MAKE) --no-print-directory $(GPU_TEST_BIN) $(QSHARD)
+endif
 	$(Q)QSHARD=$(QSHARD) BUILD=$(BUILD) sh tests/run_gpu_tests.sh $(GPU_TEST_BIN)
 
 bench: $(QSHARD) ## CPU benchmarks: format open/verify, then converter throughput (needs python3-numpy, time)
 	$(Q)QSHARD=$(QSHARD) sh tools/bench_cpu.sh
 	$(Q)QSHARD=$(QSHARD) sh tools/bench_convert.sh
 
-bench-gpu: $(QSHARD) ## on the GPU machine: kernel and load benchmarks
+bench-gpu: $(if $(filter 1,$(PREBUILT)),,$(QSHARD)) ## on the GPU machine: kernel benchmarks (PREBUILT=1 as for test-gpu)
 	$(Q)QSHARD=$(QSHARD) sh tools/bench_gpu.sh
 
 demo: $(QSHARD) ## convert the bundled demo model and generate text from it
