@@ -25,7 +25,9 @@
  * The decoder (decode_*) gathers per output element through REV / the closed form above; the
  * self-check dequantizer (dq_*) is written the other way round - it walks the packed words and
  * scatters each nibble with the packer's ORDER / the inverted closed form - so a mistake in one
- * does not repeat in the other.
+ * does not repeat in the other. dq_* look each nibble up in a 16-entry table of (q - z) * s per
+ * (group, column), built from the source's own zeros and scales (same single rounding as per
+ * element; nothing shared with kernels/ref_pack.c).
  *
  * Tested by tests/test_cvt_src.c (worked example 0x75316420, twins decode identically, decode
  * vs dequant on random data for every variant, NaN/missing/mismatch cases).
