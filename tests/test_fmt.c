@@ -8,7 +8,9 @@
  *   3. a numbered list of corrupt files, each expecting its own fmt_err and a message naming the
  *      file (qs_log_last);
  *   4. manifest / multi-rank directories; 5. writer failure paths leave no files;
- *   6. the qshard binary's exit codes (QSHARD names it; default build/qshard).
+ *   6. the qshard binary's exit codes (QSHARD names it; default build/qshard); `verify`'s rule
+ *      (2 = cannot be parsed, 5 = a check failed) per corrupted region, one error line per
+ *      failure, per-file status and summary lines, directories with and without manifest.
  *
  * Run from the repository root: ./build/test_fmt (QSHARD_TEST_VERBOSE=1 prints the message of
  * every corrupt case). Extra modes (used to make committed data):
@@ -1350,6 +1352,239 @@ static void test_cli(void)
     unlink(bad);
 }
 
+/* Occurrences of `needle` in `hay`. */
+static int count_str(const char *hay, const char *needle)
+{
+    int c = 0;
+    for (const char *q = hay; (q = strstr(q, needle)); q += strlen(needle))
+        c++;
+    return c;
+}
+
+/* The last non-empty line of `s`, copied into buf. */
+static const char *last_line(const char *s, char *buf, size_t n)
+{
+    size_t e = strlen(s);
+    while (e > 0 && s[e - 1] == '\n')
+        e--;
+    size_t b = e;
+    while (b > 0 && s[b - 1] != '\n')
+        b--;
+    size_t l = e - b < n - 1 ? e - b : n - 1;
+    memcpy(buf, s + b, l);
+    buf[l] = 0;
+    return buf;
+}
+
+/* One corruption of a single rank file and the exit codes it must give. */
+struct vcase {
+    const char *what;
+    int verify_rc, inspect_rc;
+    const char *msg; /* in the one error line */
+};
+
+/* Apply case c to a copy of a good rank file (b, *n); returns the case. */
+static struct vcase vmutate(int c, uint8_t *b, size_t *n)
+{
+    uint64_t meta = ld64(b + 72);
+    switch (c) {
+    case 0:
+        b[20] ^= 0x01;
+        return (struct vcase){"header flags byte (offset 20)", 5, 2, "header checksum"};
+    case 1:
+        b[sec_off(b, 1, NULL) + 3] ^= 0x01;
+        return (struct vcase){"CONFIG section byte", 5, 2, "section CONFIG checksum"};
+    case 2:
+        tentry(b, 0)[80] ^= 0x01;
+        return (struct vcase){"tensor hash in the tensor table", 5, 2,
+                              "section TENSOR_TABLE checksum"};
+    case 3:
+        b[3 * 4096 + 7] ^= 0x10;
+        return (struct vcase){"tensor data byte", 5, 0, "c.qweight"};
+    case 4:
+        b[meta] = 0x5a;
+        return (struct vcase){"padding after the metadata", 5, 0, "padding"};
+    case 5:
+        *n -= 1;
+        return (struct vcase){"truncated by one byte", 2, 2, "truncated"};
+    case 6:
+        b[0] = 'X';
+        return (struct vcase){"bad magic", 2, 2, "magic"};
+    case 7:
+        st64(tentry(b, 2) + 64, 1ull << 40);
+        rehash(b, *n);
+        return (struct vcase){"tensor offset past the end", 2, 2, "c.qweight"};
+    default:
+        return (struct vcase){NULL, 0, 0, NULL};
+    }
+}
+
+/*
+ * `verify`'s exit rule (2 = cannot be parsed, 5 = a check failed on a parsed file, whatever
+ * part of the file the byte is in), one error line per failure (no second "FAILED: ... FMT_ERR_"
+ * line), per-file status lines and an unambiguous summary, directories with and without
+ * manifest.
+ */
+static void test_cli_verify(void)
+{
+    static char out[1 << 16];
+    char dir[400], args[1500], p0[600], p1[600], f[600], man[600], line[512], want[700];
+    uint8_t id[16], id2[16];
+    fill_random(id, 16);
+    fill_random(id2, 16);
+    snprintf(dir, sizeof(dir), "%s/vfy", g_dir);
+    make_model_dir(dir, 2, id);
+    CHECK_EQ_INT(fmt_manifest_write(dir, 2), FMT_ERR_NONE);
+    snprintf(p0, sizeof(p0), "%s/rank-0-of-2.qshard", dir);
+    snprintf(p1, sizeof(p1), "%s/rank-1-of-2.qshard", dir);
+    snprintf(man, sizeof(man), "%s/%s", dir, FMT_MANIFEST_NAME);
+    snprintf(f, sizeof(f), "%s/one.qshard", g_dir);
+    size_t n0, n1;
+    uint8_t *good0 = read_file(p0, &n0), *good1 = read_file(p1, &n1);
+    if (!good0 || !good1) {
+        CHECK_MSG(0, "cannot read the model written to %s", dir);
+        goto out;
+    }
+    CHECK_MSG(ld64(good0 + 72) % 4096 != 0, "the padding case needs meta_size %% 4096 != 0");
+
+    /* a good directory: per-file lines in MiB/s, the manifest line says what it checked */
+    snprintf(args, sizeof(args), "verify %s", dir);
+    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 0);
+    CHECK_MSG(strstr(out, "2 ranks present") && strstr(out, "metadata digests match"), "%s", out);
+    CHECK_MSG(strstr(out, "MiB/s") && !strstr(out, "GB/s"), "%s", out);
+    CHECK_EQ_INT(count_str(out, "qshard: error:"), 0);
+    CHECK_MSG(strncmp(last_line(out, line, sizeof(line)), "ok: all 2 files verified", 24) == 0,
+              "summary: %s", line);
+    snprintf(args, sizeof(args), "verify --help");
+    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 0);
+    CHECK_MSG(strstr(out, "2 a file cannot be parsed") && strstr(out, "5 verification failed"),
+              "verify --help does not state the exit rule: %s", out);
+
+    /* 1 + 3: single files, one case per check; exactly one error line, no FMT_ERR_ echo */
+    for (int c = 0;; c++) {
+        size_t n = n0;
+        uint8_t *b = malloc(n0);
+        memcpy(b, good0, n0);
+        struct vcase vc = vmutate(c, b, &n);
+        if (!vc.what) {
+            free(b);
+            break;
+        }
+        write_file(f, b, n);
+        free(b);
+        snprintf(args, sizeof(args), "verify %s", f);
+        int rc = run_cli(args, out, sizeof(out));
+        CHECK_MSG(rc == vc.verify_rc, "verify, %s: exit %d, expected %d", vc.what, rc,
+                  vc.verify_rc);
+        CHECK_MSG(count_str(out, "qshard: error:") == 1 && !strstr(out, "FMT_ERR_"),
+                  "verify, %s: expected one error line: %s", vc.what, out);
+        CHECK_MSG(strstr(out, vc.msg) != NULL, "verify, %s: no \"%s\" in %s", vc.what, vc.msg, out);
+        snprintf(want, sizeof(want), "FAILED: %s\n", f);
+        CHECK_MSG(strstr(out, want) != NULL, "verify, %s: no status line: %s", vc.what, out);
+        CHECK_MSG(!strcmp(last_line(out, line, sizeof(line)), "FAILED: 1 of 1 file"),
+                  "verify, %s: summary: %s", vc.what, line);
+        snprintf(args, sizeof(args), "inspect %s", f);
+        rc = run_cli(args, out, sizeof(out));
+        CHECK_MSG(rc == vc.inspect_rc, "inspect, %s: exit %d, expected %d", vc.what, rc,
+                  vc.inspect_rc);
+        if (vc.inspect_rc)
+            CHECK_MSG(count_str(out, "qshard: error:") == 1 && !strstr(out, "FMT_ERR_"),
+                      "inspect, %s: expected one error line: %s", vc.what, out);
+    }
+
+    /* 2: flipped tensor data in rank 0 of a directory: the manifest line does not vouch for the
+     * data, rank 1 is still verified, the summary counts files */
+    uint8_t *b = malloc(n0);
+    memcpy(b, good0, n0);
+    b[3 * 4096 + 7] ^= 0x10;
+    write_file(p0, b, n0);
+    snprintf(args, sizeof(args), "verify %s", dir);
+    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 5);
+    CHECK_MSG(strstr(out, "metadata digests match") && !strstr(out, "sizes and digests match"),
+              "%s", out);
+    snprintf(want, sizeof(want), "FAILED: %s\n", p0);
+    CHECK_MSG(strstr(out, want) != NULL, "%s", out);
+    snprintf(want, sizeof(want), "ok: %s: 3 tensors", p1);
+    CHECK_MSG(strstr(out, want) != NULL, "%s", out);
+    CHECK_EQ_INT(count_str(out, "qshard: error:"), 1);
+    CHECK_MSG(!strcmp(last_line(out, line, sizeof(line)), "FAILED: 1 of 2 files"), "summary: %s",
+              line);
+    /* 1: a header byte of rank 0 in a directory: 5 as for a single file; rank 1 still checked,
+     * no "ok" for the manifest */
+    memcpy(b, good0, n0);
+    b[20] ^= 0x01;
+    write_file(p0, b, n0);
+    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 5);
+    CHECK_MSG(!strstr(out, "digests match") && strstr(out, want), "%s", out);
+    CHECK_EQ_INT(count_str(out, "qshard: error:"), 1);
+    /* truncated rank 0: cannot be parsed, 2 */
+    write_file(p0, good0, n0 - 4096);
+    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 2);
+    CHECK_MSG(strstr(out, want) != NULL, "%s", out);
+    write_file(p0, good0, n0);
+    free(b);
+    /* manifest digest mismatch: rank 1 rewritten valid but different (generation config "0.7"
+     * -> "0.8", hashes recomputed) */
+    b = malloc(n1);
+    memcpy(b, good1, n1);
+    uint64_t gsz, goff = sec_off(b, 3, &gsz);
+    uint8_t *seven = memchr(b + goff, '7', gsz);
+    CHECK(seven != NULL);
+    if (seven)
+        *seven = '8';
+    rehash(b, n1);
+    write_file(p1, b, n1);
+    free(b);
+    snprintf(args, sizeof(args), "inspect %s", p1);
+    CHECK_EQ_INT(run_cli(args, NULL, 0), 0); /* the file itself is fine */
+    snprintf(args, sizeof(args), "verify %s", dir);
+    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 5);
+    CHECK_MSG(strstr(out, "manifest says") && count_str(out, "qshard: error:") == 1, "%s", out);
+    snprintf(args, sizeof(args), "inspect %s", dir);
+    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 2);
+    CHECK_MSG(count_str(out, "qshard: error:") == 1 && !strstr(out, "FMT_ERR_"), "%s", out);
+    /* a rank of another conversion: 5 */
+    CHECK_EQ_INT(base_write(p1, 1, 2, id2), FMT_ERR_NONE);
+    snprintf(args, sizeof(args), "verify %s", dir);
+    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 5);
+    write_file(p1, good1, n1);
+    CHECK_EQ_INT(run_cli(args, NULL, 0), 0);
+    /* a malformed manifest cannot be parsed: 2 */
+    write_file(man, "{\"format\":", 10);
+    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 2);
+    CHECK_MSG(count_str(out, "qshard: error:") == 1 && !strstr(out, "FMT_ERR_"), "%s", out);
+    CHECK_MSG(strstr(last_line(out, line, sizeof(line)), "without a usable manifest.json") != NULL,
+              "summary: %s", line);
+
+    /* 4: no manifest: inspect shows the files, verify checks every file and then fails with 5 */
+    unlink(man);
+    snprintf(args, sizeof(args), "inspect %s", dir);
+    CHECK_EQ_INT(run_cli(args, NULL, 0), 0);
+    snprintf(args, sizeof(args), "verify %s", dir);
+    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 5);
+    CHECK_MSG(strstr(out, "no manifest.json: the set cannot be checked for completeness") &&
+              strstr(out, want), "%s", out);
+    snprintf(want, sizeof(want), "ok: %s: 3 tensors", p0);
+    CHECK_MSG(strstr(out, want) != NULL, "%s", out);
+    CHECK_MSG(strncmp(last_line(out, line, sizeof(line)), "FAILED: all 2 files passed", 26) == 0,
+              "summary: %s", line);
+    b = malloc(n0); /* ... and a corrupt file in it is still found */
+    memcpy(b, good0, n0);
+    b[3 * 4096 + 7] ^= 0x10;
+    write_file(p0, b, n0);
+    free(b);
+    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 5);
+    CHECK_MSG(strstr(out, "c.qweight") && strstr(out, "1 of 2 files failed"), "%s", out);
+    unlink(p0);
+    unlink(p1);
+    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 2); /* nothing to verify at all */
+    CHECK_EQ_INT(count_str(out, "qshard: error:"), 1);
+out:
+    unlink(f);
+    free(good0);
+    free(good1);
+}
+
 /* --- extra modes and main ------------------------------------------------------------------ */
 
 static int write_corpus(const char *dir)
@@ -1422,6 +1657,7 @@ int main(int argc, char **argv)
     test_manifest();
     test_writer_failures();
     test_cli();
+    test_cli_verify();
     rm_rf(g_dir);
     return t_done();
 }
