@@ -9,8 +9,10 @@
  *   qshard tokenize MODEL --text "..." | --decode 1,2,3
  *
  * MODEL is a directory written by `qshard convert` (every TP rank; on the CPU they run in one
- * process) or a single TP-1 rank file. The tokenizer comes from the files embedded in rank 0
- * (fmt_shard_tokenizer_file); a model converted without one works with --tokens only.
+ * process) or a single TP-1 rank file; a HuggingFace checkpoint directory (config.json, no
+ * manifest.json or *.qshard) is refused with the convert command to run (exit 2). The tokenizer
+ * comes from the files embedded in rank 0 (fmt_shard_tokenizer_file); a model converted without
+ * one works with --tokens only (run then prints the generated ids, as --print-ids).
  *
  * Policies (also in each --help):
  *   - Context: the limit is --ctx (default: rt_opts_default's min(max_position_embeddings,
@@ -28,11 +30,13 @@
  *   - Streaming: text is printed as tokens arrive, never half a UTF-8 character, and never a
  *     partial match of a --stop string that might still complete.
  *   - Exit codes (docs/DESIGN.md section 2): 1 usage, 2 bad input (bad model file, prompt, token
- *     id, UTF-8), 3 runtime failure (GPU, out of memory), 4 I/O.
+ *     id, UTF-8), 3 runtime failure (GPU, out of memory), 4 I/O. A bad option prints getopt's
+ *     "qshard CMD: ..." line and "try 'qshard CMD --help'", not the whole help.
  *
  * Tests: ./build/test_cli (runs build/qshard on converted fixtures), ./build/test_sample,
  * ./build/test_io.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -57,8 +61,34 @@
 
 #define MAX_STOPS 16
 #define MAX_TEXT_FILE (1ull << 30) /* perplexity input bound */
+#define MAX_N_PREDICT (1L << 24)   /* -n upper bound (tokens) */
+#define MAX_CTX (1L << 24)         /* --ctx upper bound (tokens) */
 
 // --- small helpers -------------------------------------------------------------------------
+
+/* "s" unless n is 1: "1 token", "2 tokens". */
+static const char *plural(long long n)
+{
+    return n == 1 ? "" : "s";
+}
+
+/* Before a getopt_long loop: getopt reports bad options as "argv[0]: ...", so argv[0] (the
+ * subcommand name, tools/qshard.c passes argv + 1) becomes `prog` ("qshard run"), a static
+ * string of the caller. */
+static void getopt_begin(char **argv, char *prog)
+{
+    argv[0] = prog;
+    optind = 1;
+    opterr = 1;
+}
+
+/* After getopt reported an unknown option or a missing argument: one line pointing at --help
+ * (not the whole help text). Returns the usage exit code. */
+static int bad_option(const char *cmd)
+{
+    fprintf(stderr, "try 'qshard %s --help'\n", cmd);
+    return QS_EXIT_USAGE;
+}
 
 static double now_s(void)
 {
@@ -200,8 +230,9 @@ static int model_opt(int c, const char *arg, struct model_opts *mo, const char *
         }
         return 1;
     case OPT_CTX:
-        if (!parse_int(arg, 1, 1L << 24, &mo->ctx)) {
-            fprintf(stderr, "qshard %s: --ctx must be a positive integer\n", cmd);
+        if (!parse_int(arg, 2, MAX_CTX, &mo->ctx)) {
+            fprintf(stderr, "qshard %s: --ctx must be an integer in [2, %ld]: the context holds "
+                            "at least one prompt token and one generated token\n", cmd, MAX_CTX);
             return -1;
         }
         return 1;
@@ -214,12 +245,13 @@ static int model_opt(int c, const char *arg, struct model_opts *mo, const char *
     }
 }
 
+/* Help lines: options at column 2, descriptions at column 26 in every command. */
 #define MODEL_OPTS_HELP                                                                      \
-    "  --device cpu|cuda   where to run (default: cuda when the binary has CUDA and a GPU is\n" \
-    "                      present, else cpu)\n"                                             \
-    "  --threads N         CPU threads (default: all online CPUs)\n"                         \
-    "  -v, --verbose       print the resolved config and debug messages\n"                   \
-    "  -h, --help          this text\n"
+    "  --device cpu|cuda       where to run (default: cuda when the binary has CUDA and a GPU\n" \
+    "                          is present, else cpu)\n"                                      \
+    "  --threads N             CPU threads (default: all online CPUs)\n"                     \
+    "  -v, --verbose           print the resolved config and debug messages\n"               \
+    "  -h, --help              this text\n"
 
 #define MODEL_LONGOPTS                                                                       \
     {"device", required_argument, NULL, OPT_DEVICE},                                         \
@@ -296,6 +328,39 @@ out:
     return rc;
 }
 
+/* A HuggingFace checkpoint directory given where a converted model belongs (the vLLM habit):
+ * a directory with config.json but neither manifest.json nor a *.qshard file. Then reports
+ * that, with the convert command, and returns QS_EXIT_BAD_INPUT; QS_EXIT_OK for anything else
+ * (which the model loader opens or reports). */
+static int refuse_hf_dir(const char *path)
+{
+    struct stat st;
+    char sub[4096];
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+        return QS_EXIT_OK;
+    int l = snprintf(sub, sizeof(sub), "%s/config.json", path);
+    if (l < 0 || (size_t)l >= sizeof(sub) || stat(sub, &st) != 0 || !S_ISREG(st.st_mode))
+        return QS_EXIT_OK;
+    snprintf(sub, sizeof(sub), "%s/manifest.json", path);
+    if (stat(sub, &st) == 0)
+        return QS_EXIT_OK;
+    DIR *d = opendir(path);
+    if (!d)
+        return QS_EXIT_OK;
+    bool has_rank = false;
+    for (struct dirent *e; !has_rank && (e = readdir(d)) != NULL;) {
+        size_t n = strlen(e->d_name);
+        has_rank = n > 7 && !strcmp(e->d_name + n - 7, ".qshard");
+    }
+    closedir(d);
+    if (has_rank)
+        return QS_EXIT_OK;
+    qs_log_error(__func__, "%s has config.json but no manifest.json or *.qshard file: this looks "
+                 "like a HuggingFace model directory; convert it first: qshard convert %s "
+                 "OUT_DIR --tp N", path, path);
+    return QS_EXIT_BAD_INPUT;
+}
+
 /* Open rank 0 of `path` (a directory or a rank file) for its tokenizer only. */
 static int tok_open_path(const char *path, struct rt_tok **tok)
 {
@@ -307,6 +372,9 @@ static int tok_open_path(const char *path, struct rt_tok **tok)
         qs_log_error(__func__, "cannot open model %s: %s", path, strerror(errno));
         return QS_EXIT_IO;
     }
+    int rc = refuse_hf_dir(path);
+    if (rc)
+        return rc;
     if (S_ISDIR(st.st_mode))
         fe = fmt_manifest_open_rank(path, 0, &sh);
     else
@@ -314,7 +382,7 @@ static int tok_open_path(const char *path, struct rt_tok **tok)
     if (fe != FMT_ERR_NONE)
         return fe == FMT_ERR_IO ? QS_EXIT_IO
                                 : fe == FMT_ERR_NOMEM ? QS_EXIT_RUNTIME : QS_EXIT_BAD_INPUT;
-    int rc = tok_from_shard(sh, tok);
+    rc = tok_from_shard(sh, tok);
     fmt_shard_close(sh);
     return rc;
 }
@@ -366,6 +434,9 @@ static int session_open(struct session *s, const struct model_opts *mo, bool nee
         ro.n_threads = (int)mo->threads;
     if (mo->ctx > 0)
         ro.n_ctx = (int)mo->ctx;
+    rc = refuse_hf_dir(mo->path);
+    if (rc)
+        return rc;
     enum rt_err e = rt_model_open(mo->path, &ro, &s->model);
     if (e != RT_ERR_NONE)
         return rt_err_exit_code(e);
@@ -439,6 +510,8 @@ struct prompt_opts {
     const char *chat_family; /* --chat-template */
     bool no_bos;             /* --no-bos */
     bool no_parse_special;   /* --no-parse-special */
+    bool allow_empty;        /* tokenize: "" encodes to [BOS] or nothing, as HF tokenizer("") */
+    const char *no_tok_hint; /* the command's own way around a missing tokenizer */
 };
 
 /* Turn the prompt options into ids (*ids malloc'd [*n]); every failure reported. */
@@ -458,7 +531,7 @@ static int prompt_ids(const struct session *s, const struct prompt_opts *po, int
         return QS_EXIT_USAGE;
     }
     size_t len = strlen(po->text);
-    if (len == 0 && !po->chat) {
+    if (len == 0 && !po->chat && !po->allow_empty) {
         qs_log_error(__func__, "empty prompt: give some text, or token ids with --tokens");
         return QS_EXIT_BAD_INPUT;
     }
@@ -469,7 +542,8 @@ static int prompt_ids(const struct session *s, const struct prompt_opts *po, int
     }
     if (!s->tok) {
         qs_log_error(__func__, "the model carries no tokenizer, so text cannot be encoded");
-        fprintf(stderr, "hint: give token ids with --tokens 1,2,3 (and --print-ids for output)\n");
+        if (po->no_tok_hint)
+            fprintf(stderr, "hint: %s\n", po->no_tok_hint);
         return QS_EXIT_BAD_INPUT;
     }
     unsigned flags = RT_TOK_DEFAULT_SPECIAL | (po->no_parse_special ? 0 : RT_TOK_PARSE_SPECIAL);
@@ -483,7 +557,8 @@ static int prompt_ids(const struct session *s, const struct prompt_opts *po, int
         if (po->chat_family) {
             fam = rt_chat_family_parse(po->chat_family);
             if (fam == RT_CHAT_NONE) {
-                qs_log_error(__func__, "unknown --chat-template '%s' (llama2, llama3, chatml)",
+                qs_log_error(__func__,
+                             "unknown --chat-template '%s' (llama2, llama3, mistral, chatml)",
                              po->chat_family);
                 return QS_EXIT_USAGE;
             }
@@ -496,7 +571,8 @@ static int prompt_ids(const struct session *s, const struct prompt_opts *po, int
         te = rt_chat_format(s->tok, fam, msgs, nm, true, &chat, &len);
         if (te) {
             if (te == RT_TOK_ERR_CHAT && fam == RT_CHAT_NONE)
-                fprintf(stderr, "hint: name the family with --chat-template llama2|llama3|chatml\n");
+                fprintf(stderr, "hint: name the family with --chat-template "
+                                "llama2|llama3|mistral|chatml\n");
             return exit_for_tok_err(te);
         }
         text = chat;
@@ -506,7 +582,7 @@ static int prompt_ids(const struct session *s, const struct prompt_opts *po, int
     free(chat);
     if (te)
         return exit_for_tok_err(te);
-    if (*n == 0) {
+    if (*n == 0 && !po->allow_empty) {
         free(*ids);
         *ids = NULL;
         qs_log_error(__func__, "the prompt encodes to no tokens");
@@ -594,13 +670,15 @@ static void run_usage(FILE *f)
         "  -p, --prompt TEXT       prompt text (UTF-8), encoded as HF tokenizer(text) does\n"
         "  -f, --file FILE         read the prompt text from FILE\n"
         "  --tokens 1,2,3          prompt as token ids instead of text\n"
-        "  -n, --n-predict N       tokens to generate (default 128; -1: until eos, a stop\n"
-        "                          string or a full context)\n"
+        "  -n, --n-predict N       tokens to generate, 0..%ld (default 128; -1: until eos, a\n"
+        "                          stop string or a full context)\n"
         "  --print-ids             print the generated ids (comma-separated, one line) instead\n"
-        "                          of text: works for models without a tokenizer\n"
+        "                          of text; the default for a model without a tokenizer\n"
         "  --chat                  format the prompt with the model's chat template (Llama-2,\n"
-        "                          Llama-3 or ChatML family, from tokenizer_config.json)\n"
-        "  --chat-template F       force the family: llama2, llama3, chatml\n"
+        "                          Llama-3, Mistral or ChatML family, from\n"
+        "                          tokenizer_config.json)\n"
+        "  --chat-template F       force the family: llama2, llama3, mistral, chatml (implies\n"
+        "                          --chat)\n"
         "  --system TEXT           system message for --chat\n"
         "  --stop STR              stop when the text contains STR (repeatable, up to %d);\n"
         "                          generation also stops on every eos id of the model\n"
@@ -619,14 +697,14 @@ static void run_usage(FILE *f)
         "                          from the clock, printed with -v)\n"
         "\n"
         "Context:\n"
-        "  --ctx N                 context limit = KV cache length in tokens (default:\n"
+        "  --ctx N                 context limit = KV cache length in tokens, >= 2 (default:\n"
         "                          min(max_position_embeddings, 4096))\n"
         "  --truncate              keep the last ctx-1 prompt tokens of a prompt that does not\n"
         "                          fit (default: refuse it, exit 2)\n"
         MODEL_OPTS_HELP
         "\nexit codes: 0 ok, 1 usage, 2 bad input (model file, prompt, token id), 3 runtime\n"
         "failure (GPU, memory), 4 I/O error\n",
-        MAX_STOPS);
+        MAX_N_PREDICT, MAX_STOPS);
 }
 
 int cmd_run(int argc, char **argv)
@@ -670,8 +748,8 @@ int cmd_run(int argc, char **argv)
     int n_stops = 0;
     long lv;
     int c;
-    optind = 1;
-    opterr = 1;
+    static char prog[] = "qshard run";
+    getopt_begin(argv, prog);
     while ((c = getopt_long(argc, argv, "p:f:n:vh", longopts, NULL)) != -1) {
         int m = model_opt(c, optarg, &mo, "run");
         if (m < 0)
@@ -689,8 +767,9 @@ int cmd_run(int argc, char **argv)
             prompt_file = optarg;
             break;
         case 'n':
-            if (!parse_int(optarg, -1, 1L << 24, &n_predict)) {
-                fprintf(stderr, "qshard run: -n must be an integer >= -1\n");
+            if (!parse_int(optarg, -1, MAX_N_PREDICT, &n_predict)) {
+                fprintf(stderr, "qshard run: -n must be an integer in [-1, %ld] (-1: until eos "
+                                "or a full context)\n", MAX_N_PREDICT);
                 return QS_EXIT_USAGE;
             }
             break;
@@ -775,8 +854,7 @@ int cmd_run(int argc, char **argv)
             po.no_parse_special = true;
             break;
         default:
-            run_usage(stderr);
-            return QS_EXIT_USAGE;
+            return bad_option("run");
         }
     }
     if (optind != argc - 1) {
@@ -817,6 +895,7 @@ int cmd_run(int argc, char **argv)
         po.text = file_text;
     }
 
+    po.no_tok_hint = "give token ids with --tokens 1,2,3 (the generated ids are printed then)";
     struct session s;
     int rc = session_open(&s, &mo, true);
     if (rc) {
@@ -836,6 +915,13 @@ int cmd_run(int argc, char **argv)
         rc = QS_EXIT_BAD_INPUT;
         goto out;
     }
+    if (!s.tok && !print_ids && po.tokens) {
+        /* no text to print: the ids are the output (a text prompt is refused below) */
+        print_ids = true;
+        pr.print = false;
+        fprintf(stderr, "qshard run: the model carries no tokenizer: printing the generated "
+                        "token ids (as --print-ids)\n");
+    }
     rc = prompt_ids(&s, &po, &ids, &n_ids);
     if (rc)
         goto out;
@@ -846,18 +932,19 @@ int cmd_run(int argc, char **argv)
                          "stay free to generate)",
                          n_ids, (long long)s.ctx);
             fprintf(stderr, "hint: shorten the prompt, raise --ctx, or pass --truncate to keep "
-                            "the last %lld tokens\n", (long long)s.ctx - 1);
+                            "the last %lld token%s\n", (long long)s.ctx - 1,
+                    plural((long long)s.ctx - 1));
             rc = QS_EXIT_BAD_INPUT;
             goto out;
         }
         size_t keep = (size_t)s.ctx - 1;
-        qs_log_warn("prompt truncated from %zu to its last %zu tokens (--ctx %lld)", n_ids, keep,
-                    (long long)s.ctx);
+        qs_log_warn("prompt truncated from %zu to its last %zu token%s (--ctx %lld)", n_ids, keep,
+                    plural((long long)keep), (long long)s.ctx);
         memmove(ids, ids + (n_ids - keep), keep * sizeof(*ids));
         n_ids = keep;
         if (keep == 0) {
-            qs_log_error(__func__, "a context of %lld tokens leaves no room for a prompt",
-                         (long long)s.ctx);
+            qs_log_error(__func__, "a context of %lld token%s leaves no room for a prompt",
+                         (long long)s.ctx, plural(s.ctx));
             rc = QS_EXIT_BAD_INPUT;
             goto out;
         }
@@ -876,7 +963,7 @@ int cmd_run(int argc, char **argv)
         qs_log_debug("prompt ids: %s%s", buf, n_ids > 48 ? ",..." : "");
     }
     if (mo.verbose)
-        qs_log_debug("prompt: %zu tokens; sampling: temp %g, top-k %d, top-p %g, min-p %g, "
+        qs_log_debug("prompt: %zu token(s); sampling: temp %g, top-k %d, top-p %g, min-p %g, "
                      "repeat-penalty %g, seed %llu", n_ids, (double)sp.temperature,
                      (int)sp.top_k, (double)sp.top_p, (double)sp.min_p,
                      (double)sp.repeat_penalty, (unsigned long long)sp.seed);
@@ -974,9 +1061,10 @@ int cmd_run(int argc, char **argv)
         goto out;
     }
     fprintf(stderr,
-            "qshard: prefill %zu tokens in %.3f s (%.2f tok/s), decode %ld tokens in %.3f s "
+            "qshard: prefill %zu token%s in %.3f s (%.2f tok/s), decode %ld token%s in %.3f s "
             "(%.2f tok/s), %zu generated, stopped: %s\n",
-            n_ids, t_prefill, t_prefill > 0 ? (double)n_ids / t_prefill : 0.0, n_decode,
+            n_ids, plural((long long)n_ids), t_prefill,
+            t_prefill > 0 ? (double)n_ids / t_prefill : 0.0, n_decode, plural(n_decode),
             t_decode, t_decode > 0 ? (double)n_decode / t_decode : 0.0, n_out, why);
 out:
     if (have_stream)
@@ -1002,13 +1090,15 @@ static void logits_usage(FILE *f)
         ".npy array [T, vocab_size] (NumPy format 1.0, C order; padded vocabulary columns are\n"
         "left out). --text is encoded as HF tokenizer(text) does (BOS per the tokenizer).\n"
         "\n"
-        "  --tokens 1,2,3      prompt token ids\n"
-        "  --text TEXT         prompt text (needs the model's tokenizer)\n"
-        "  -o, --out FILE      output .npy (written to a temp name, then renamed)\n"
-        "  --no-bos            with --text: do not add BOS\n"
-        "  --ctx N             context limit (default: min(max_position_embeddings, 4096));\n"
-        "                      T must be <= N\n"
-        MODEL_OPTS_HELP);
+        "  --tokens 1,2,3          prompt token ids\n"
+        "  --text TEXT             prompt text (needs the model's tokenizer)\n"
+        "  -o, --out FILE          output .npy (written to a temp name, then renamed)\n"
+        "  --no-bos                with --text: do not add BOS\n"
+        "  --ctx N                 context limit, >= 2 (default: min(max_position_embeddings,\n"
+        "                          4096)); T must be <= N\n"
+        MODEL_OPTS_HELP
+        "\nexit codes: 0 ok, 1 usage, 2 bad input (model file, prompt, token id), 3 runtime\n"
+        "failure (GPU, memory), 4 I/O error (cannot read the model or write the .npy)\n");
 }
 
 int cmd_logits(int argc, char **argv)
@@ -1025,7 +1115,8 @@ int cmd_logits(int argc, char **argv)
     struct prompt_opts po = {0};
     const char *out_path = NULL;
     int c;
-    optind = 1;
+    static char prog[] = "qshard logits";
+    getopt_begin(argv, prog);
     while ((c = getopt_long(argc, argv, "o:vh", longopts, NULL)) != -1) {
         int m = model_opt(c, optarg, &mo, "logits");
         if (m < 0)
@@ -1050,8 +1141,7 @@ int cmd_logits(int argc, char **argv)
             po.no_bos = true;
             break;
         default:
-            logits_usage(stderr);
-            return QS_EXIT_USAGE;
+            return bad_option("logits");
         }
     }
     if (optind != argc - 1 || !out_path || !!po.text + !!po.tokens != 1) {
@@ -1060,6 +1150,7 @@ int cmd_logits(int argc, char **argv)
         return QS_EXIT_USAGE;
     }
     mo.path = argv[optind];
+    po.no_tok_hint = "give token ids with --tokens 1,2,3 instead of --text";
     struct session s;
     int rc = session_open(&s, &mo, true);
     if (rc)
@@ -1097,8 +1188,8 @@ int cmd_logits(int argc, char **argv)
         rc = exit_for_io_err(ie);
         goto out;
     }
-    fprintf(stderr, "qshard: %zu positions x %d logits written to %s (forward %.3f s)\n", n,
-            (int)s.vocab_size, out_path, dt);
+    fprintf(stderr, "qshard: %zu position%s x %d logits written to %s (forward %.3f s)\n", n,
+            plural((long long)n), (int)s.vocab_size, out_path, dt);
 out:
     free(all);
     free(ids);
@@ -1124,12 +1215,15 @@ static void perplexity_usage(FILE *f)
         "\"Final estimate: PPL = x +/- y\", where y = ppl * stddev(nll) / sqrt(count - 1) as in\n"
         "llama.cpp. llama.cpp asks for at least 2*ctx tokens; one full chunk suffices here.\n"
         "\n"
-        "  -f, --file FILE     UTF-8 text\n"
-        "  --tokens 1,2,3      token ids instead of text (models without a tokenizer; no BOS\n"
-        "                      replacement)\n"
-        "  --ctx N             chunk length in tokens (default 512; at most the model's)\n"
-        "  --chunks N          evaluate at most N chunks (default: all)\n"
-        MODEL_OPTS_HELP);
+        "  -f, --file FILE         UTF-8 text\n"
+        "  --tokens 1,2,3          token ids instead of text (models without a tokenizer; no\n"
+        "                          BOS replacement)\n"
+        "  --ctx N                 chunk length in tokens, >= 4 (default 512; at most the\n"
+        "                          model's)\n"
+        "  --chunks N              evaluate at most N chunks (default: all)\n"
+        MODEL_OPTS_HELP
+        "\nexit codes: 0 ok, 1 usage, 2 bad input (model file, text, token id, fewer tokens\n"
+        "than one chunk), 3 runtime failure (GPU, memory), 4 I/O error\n");
 }
 
 int cmd_perplexity(int argc, char **argv)
@@ -1145,7 +1239,8 @@ int cmd_perplexity(int argc, char **argv)
     const char *file = NULL, *tokens = NULL;
     long max_chunks = -1;
     int c;
-    optind = 1;
+    static char prog[] = "qshard perplexity";
+    getopt_begin(argv, prog);
     while ((c = getopt_long(argc, argv, "f:vh", longopts, NULL)) != -1) {
         int m = model_opt(c, optarg, &mo, "perplexity");
         if (m < 0)
@@ -1169,8 +1264,7 @@ int cmd_perplexity(int argc, char **argv)
             }
             break;
         default:
-            perplexity_usage(stderr);
-            return QS_EXIT_USAGE;
+            return bad_option("perplexity");
         }
     }
     if (optind != argc - 1 || !!file + !!tokens != 1) {
@@ -1203,7 +1297,9 @@ int cmd_perplexity(int argc, char **argv)
     float *logits = NULL;
     int32_t *chunk = NULL;
     /* as llama.cpp: BOS per the tokenizer, special-token text in the file stays plain text */
-    struct prompt_opts po = {.text = text, .tokens = tokens, .no_parse_special = true};
+    struct prompt_opts po = {.text = text, .tokens = tokens, .no_parse_special = true,
+                             .no_tok_hint = "give token ids with --tokens 1,2,3 instead of "
+                                            "--file"};
     if (text && strlen(text) != text_len) {
         qs_log_error(__func__, "%s contains a NUL byte (offset %zu): not a text file", file,
                      strlen(text));
@@ -1215,8 +1311,8 @@ int cmd_perplexity(int argc, char **argv)
         goto out;
     long n_chunks = (long)(n / (size_t)ctx);
     if (n_chunks == 0) {
-        qs_log_error(__func__, "%s has %zu tokens, fewer than one chunk of --ctx %ld",
-                     file ? file : "--tokens", n, ctx);
+        qs_log_error(__func__, "%s has %zu token%s, fewer than one chunk of --ctx %ld",
+                     file ? file : "--tokens", n, plural((long long)n), ctx);
         rc = QS_EXIT_BAD_INPUT;
         goto out;
     }
@@ -1230,8 +1326,8 @@ int cmd_perplexity(int argc, char **argv)
         rc = QS_EXIT_RUNTIME;
         goto out;
     }
-    fprintf(stderr, "qshard: %zu tokens, %ld chunks of %ld, scoring positions %ld..%ld of each\n",
-            n, n_chunks, ctx, ctx / 2, ctx - 2);
+    fprintf(stderr, "qshard: %zu tokens, %ld chunk%s of %ld, scoring positions %ld..%ld of "
+            "each\n", n, n_chunks, plural(n_chunks), ctx, ctx / 2, ctx - 2);
     const long first = ctx / 2;
     double nll = 0, nll2 = 0, t0 = now_s();
     long count = 0;
@@ -1265,7 +1361,8 @@ int cmd_perplexity(int argc, char **argv)
         printf("Final estimate: PPL = %.4f +/- %.5f\n", ppl, ppl * sqrt(var / (double)(count - 1)));
     else
         printf("Final estimate: PPL = %.4f\n", ppl);
-    fprintf(stderr, "qshard: %ld chunks, %ld scored tokens in %.2f s\n", n_chunks, count,
+    fprintf(stderr, "qshard: %ld chunk%s, %ld scored token%s in %.2f s\n", n_chunks,
+            plural(n_chunks), count, plural(count),
             now_s() - t0);
 out:
     free(chunk);
@@ -1288,14 +1385,17 @@ static void tokenize_usage(FILE *f)
         "tokenizer files, special tokens in the text recognised. --decode prints the text of\n"
         "a list of ids (as HF tokenizer.decode).\n"
         "\n"
-        "  --text TEXT         text to encode (UTF-8)\n"
-        "  -f, --file FILE     encode a file's contents\n"
-        "  --decode 1,2,3      decode ids instead\n"
-        "  --ids               print the ids on one line as [1, 2, 3]\n"
-        "  --no-bos            do not add BOS (HF add_special_tokens=False)\n"
-        "  --no-parse-special  treat special-token text as plain text\n"
-        "  -v, --verbose       debug messages\n"
-        "  -h, --help          this text\n");
+        "  --text TEXT             text to encode (UTF-8); \"\" gives just BOS, if the\n"
+        "                          tokenizer adds one (as HF tokenizer(\"\"))\n"
+        "  -f, --file FILE         encode a file's contents\n"
+        "  --decode 1,2,3          decode ids instead\n"
+        "  --ids                   print the ids on one line as [1, 2, 3]\n"
+        "  --no-bos                do not add BOS (HF add_special_tokens=False)\n"
+        "  --no-parse-special      treat special-token text as plain text\n"
+        "  -v, --verbose           debug messages\n"
+        "  -h, --help              this text\n"
+        "\nexit codes: 0 ok, 1 usage, 2 bad input (model file, no tokenizer, invalid UTF-8,\n"
+        "token id), 3 out of memory, 4 I/O error\n");
 }
 
 int cmd_tokenize(int argc, char **argv)
@@ -1316,7 +1416,8 @@ int cmd_tokenize(int argc, char **argv)
     const char *file = NULL, *decode = NULL;
     bool list = false;
     int c;
-    optind = 1;
+    static char prog[] = "qshard tokenize";
+    getopt_begin(argv, prog);
     while ((c = getopt_long(argc, argv, "f:vh", longopts, NULL)) != -1) {
         switch (c) {
         case 'h':
@@ -1344,8 +1445,7 @@ int cmd_tokenize(int argc, char **argv)
             po.no_parse_special = true;
             break;
         default:
-            tokenize_usage(stderr);
-            return QS_EXIT_USAGE;
+            return bad_option("tokenize");
         }
     }
     if (optind != argc - 1 || !!po.text + !!file + !!decode != 1) {
@@ -1397,6 +1497,7 @@ int cmd_tokenize(int argc, char **argv)
         }
         po.text = text;
     }
+    po.allow_empty = true; /* HF tokenizer("") is [BOS] (or [] without one) */
     rc = prompt_ids(&s, &po, &ids, &n);
     if (rc)
         goto out;

@@ -23,7 +23,13 @@
  *   - --chat gives one BOS; a seed repeats its sample, another seed differs; -f equals -p;
  *   - errors and their exit codes (DESIGN 2): token id >= vocab, prompt longer than the
  *     context (and --truncate), invalid UTF-8, empty prompt, a rank file from another model or
- *     TP set, text for a model without tokenizer, bad flags, missing paths, --help.
+ *     TP set, text for a model without tokenizer (each command's hint names only its own
+ *     options), bad flags (one "qshard CMD: unrecognized option" line plus "try ... --help",
+ *     -n and --ctx ranges named), missing paths, an unconverted HuggingFace directory (exit 2
+ *     with the convert command), --help (exit codes listed, descriptions at column 26);
+ *   - run --tokens on a model without tokenizer prints the ids as --print-ids does (one note
+ *     on stderr); tokenize "" gives [BOS] (llama2.c vector) or nothing with --no-bos;
+ *     --chat-template mistral equals BOS + tokenize("[INST] ... [/INST]"); singular "1 token".
  * Without tests/data/models/INDEX.json only the fixture-free cases run (a line says so).
  * Run: ./build/test_cli (from the repository root); QSHARD_DEVICE=cuda runs the golden
  * comparisons (greedy, logits, perplexity, stop strings) on the GPU; QSHARD_DEVICE_TP2=cuda
@@ -571,8 +577,8 @@ static cJSON *check_tokenize_vectors(const char *model)
     {
         const char *text = jstr(c, "text");
         const cJSON *ids = cJSON_GetObjectItemCaseSensitive(c, "ids");
-        if (!text || !*text || !cJSON_IsArray(ids))
-            continue; /* the CLI refuses an empty text (exit 2, checked elsewhere) */
+        if (!text || !cJSON_IsArray(ids))
+            continue; /* "" included: [BOS], as HF tokenizer("") */
         struct proc p = run("tokenize", model, "--text", text, NULL);
         CHECK_EXIT(p, 0, "tokenize vector");
         int32_t got[4096];
@@ -638,8 +644,38 @@ static void check_chat(const char *model, const char *name, const char *fixture_
         p = run("run", model, "-p", "Hello", "--chat", "-n", "1", NULL);
         CHECK_EXIT(p, 2, "--chat without a chat template");
         CHECK_MSG(strstr(p.err, "--chat-template") != NULL, "no hint: %.300s", p.err);
+        /* the hint names every family rt_chat_family_parse accepts */
+        CHECK_MSG(strstr(p.err, "llama2") && strstr(p.err, "llama3") && strstr(p.err, "mistral") &&
+                      strstr(p.err, "chatml"),
+                  "hint does not list all four families: %.300s", p.err);
         proc_free(&p);
     }
+    p = run("run", model, "-p", "Hello", "--chat-template", "vicuna", "-n", "1", NULL);
+    CHECK_EXIT(p, 1, "unknown --chat-template");
+    CHECK_MSG(strstr(p.err, "mistral") != NULL,
+              "unknown-family error does not list mistral: %.300s", p.err);
+    proc_free(&p);
+    /* --chat-template mistral (implies --chat): "<s>[INST] Hello there [/INST]" as the Mistral
+     * Instruct template renders one user turn, i.e. BOS + tokenizer("[INST] Hello there [/INST]")
+     * without its own BOS */
+    p = run("run", model, "-p", "Hello there", "--chat-template", "mistral", "-n", "1", "--temp",
+            "0", "-v", NULL);
+    CHECK_EXIT(p, 0, "--chat-template mistral");
+    struct proc t = run("tokenize", model, "--text", "[INST] Hello there [/INST]", "--ids", NULL);
+    CHECK_EXIT(t, 0, "tokenize [INST]");
+    at = strstr(p.err, "prompt ids: ");
+    line[0] = '\0';
+    if (at)
+        sscanf(at + strlen("prompt ids: "), "%1023[0-9,]", line);
+    char want[1024] = "";
+    sscanf(t.out, "[%1023[0-9, ]", want);
+    for (char *r = want, *w = want;; r++) /* "1, 2" -> "1,2" */
+        if (*r != ' ' && !(*w++ = *r))
+            break;
+    CHECK_MSG(line[0] && !strcmp(line, want), "%s: mistral chat prompt ids %s, expected %s", name,
+              line, want);
+    proc_free(&t);
+    proc_free(&p);
 }
 
 /* Structural UTF-8 check (RFC 3629); returns the offset of the first bad byte or -1. */
@@ -885,6 +921,60 @@ static bool check_eos_list(const cJSON *m, const cJSON *prompt)
 
 // --- error cases ---------------------------------------------------------------------------
 
+/* --help layout: every option line ("  -x" / "  --x") has its description at column 26, and
+ * every continuation line is indented to column 26. */
+static void check_help_layout(const char *cmd, const char *help)
+{
+    int bad = 0;
+    const char *first_bad = NULL;
+    for (const char *l = help; *l;) {
+        const char *e = strchr(l, '\n');
+        size_t n = e ? (size_t)(e - l) : strlen(l);
+        long col = -1; /* where the description starts */
+        if (n > 3 && !strncmp(l, "  -", 3)) {
+            const char *gap = strstr(l + 2, "  "); /* option text has single spaces only */
+            if (gap && gap < l + n) {
+                col = gap - l;
+                while (col < (long)n && l[col] == ' ')
+                    col++;
+            }
+        } else if (n > 3 && !strncmp(l, "   ", 3)) {
+            col = 0;
+            while (col < (long)n && l[col] == ' ')
+                col++;
+        }
+        if (col >= 0 && col != 26 && !bad++)
+            first_bad = l;
+        l += n + (e != NULL);
+    }
+    CHECK_MSG(bad == 0, "%s --help: %d line(s) not aligned at column 26, first: %.80s", cmd, bad,
+              first_bad ? first_bad : "");
+}
+
+/* `run`/`logits`/`perplexity`/`tokenize` on a HuggingFace checkpoint directory (not converted):
+ * exit 2 and the convert command, for every command. */
+static void check_hf_dir(const char *src)
+{
+    char txt[300];
+    snprintf(txt, sizeof(txt), "%s/hf.txt", g_tmp);
+    FILE *f = fopen(txt, "wb");
+    fputs("some text", f);
+    fclose(f);
+    struct proc p[4] = {
+        run("run", src, "-p", "hi", "-n", "1", NULL),
+        run("logits", src, "--tokens", "1,2", "--out", "/dev/null", NULL),
+        run("perplexity", src, "--file", txt, "--ctx", "4", NULL),
+        run("tokenize", src, "--text", "hi", NULL),
+    };
+    for (int i = 0; i < 4; i++) {
+        CHECK_EXIT(p[i], 2, "HF directory");
+        CHECK_MSG(strstr(p[i].err, "HuggingFace model directory") &&
+                      strstr(p[i].err, "qshard convert"),
+                  "HF directory %s: %.300s", src, p[i].err);
+        proc_free(&p[i]);
+    }
+}
+
 static void check_errors_without_fixtures(void)
 {
     const char *cmds[] = {"run", "logits", "perplexity", "tokenize"};
@@ -892,16 +982,52 @@ static void check_errors_without_fixtures(void)
         struct proc p = run(cmds[i], "--help", NULL);
         CHECK_EXIT(p, 0, cmds[i]);
         CHECK_MSG(strstr(p.out, "usage: qshard") != NULL, "%s --help: %.100s", cmds[i], p.out);
+        CHECK_MSG(strstr(p.out, "exit codes:") != NULL, "%s --help lists no exit codes", cmds[i]);
+        check_help_layout(cmds[i], p.out);
         proc_free(&p);
+        /* an unknown option: one message naming the command and a pointer to --help, not the
+         * whole help text */
+        char want[128], try[128];
+        snprintf(want, sizeof(want), "qshard %s: unrecognized option '--no-such-flag'", cmds[i]);
+        snprintf(try, sizeof(try), "try 'qshard %s --help'", cmds[i]);
         p = run(cmds[i], "--no-such-flag", NULL);
         CHECK_EXIT(p, 1, cmds[i]);
+        CHECK_MSG(strstr(p.err, want) && strstr(p.err, try) && !strstr(p.err, "usage:"),
+                  "%s --no-such-flag: stderr \"%.300s\"", cmds[i], p.err);
         proc_free(&p);
         p = run(cmds[i], NULL); /* no model */
         CHECK_EXIT(p, 1, cmds[i]);
         proc_free(&p);
     }
-    struct proc p = run("run", "/nonexistent/model", "-p", "hi", NULL);
+    struct proc p = run("run", "--help", NULL);
+    CHECK_MSG(strstr(p.out, "mistral") && strstr(p.out, "implies"),
+              "run --help: --chat-template families or 'implies --chat' missing");
+    proc_free(&p);
+    p = run("run", "/nonexistent/model", "-p", "hi", NULL);
     CHECK_EXIT(p, 4, "missing model path");
+    proc_free(&p);
+    /* -n: [-1, 2^24], the message names the range */
+    p = run("run", "/nonexistent/model", "-p", "hi", "-n", "16777217", NULL);
+    CHECK_EXIT(p, 1, "-n 2^24 + 1");
+    CHECK_MSG(strstr(p.err, "16777216") != NULL, "-n range not named: %.300s", p.err);
+    proc_free(&p);
+    p = run("run", "/nonexistent/model", "-p", "hi", "-n", "16777216", NULL);
+    CHECK_EXIT(p, 4, "-n 2^24 accepted (then the missing model)");
+    proc_free(&p);
+    /* --ctx: at least 2 (one prompt token and one generated), refused as a usage error */
+    struct proc pc[2] = {
+        run("run", "/nonexistent/model", "--tokens", "1", "--ctx", "1", NULL),
+        run("logits", "/nonexistent/model", "--tokens", "1", "--ctx", "1", "--out", "/dev/null",
+            NULL),
+    };
+    for (int i = 0; i < 2; i++) {
+        CHECK_EXIT(pc[i], 1, "--ctx 1");
+        CHECK_MSG(strstr(pc[i].err, "--ctx") && strstr(pc[i].err, "[2,"), "--ctx 1: %.300s",
+                  pc[i].err);
+        proc_free(&pc[i]);
+    }
+    p = run("run", "/nonexistent/model", "--tokens", "1", "--ctx", "2", NULL);
+    CHECK_EXIT(p, 4, "--ctx 2 accepted (then the missing model)");
     proc_free(&p);
     p = run("tokenize", "/nonexistent/model", "--text", "hi", NULL);
     CHECK_EXIT(p, 4, "tokenize missing model path");
@@ -986,6 +1112,14 @@ static void check_errors_with_model(const char *model, const char *name, bool ha
     proc_free(&a);
     proc_free(&b);
     proc_free(&d);
+    /* -n 2: one prefill of 3 tokens, one decode step: "decode 1 token in", never "1 tokens" */
+    p = run("run", model, "--tokens", "1,5,6", "-n", "2", "--temp", "0", "--print-ids",
+            "--ignore-eos", NULL);
+    CHECK_EXIT(p, 0, "run -n 2");
+    CHECK_MSG(strstr(p.err, "prefill 3 tokens in") && strstr(p.err, "decode 1 token in") &&
+                  !strstr(p.err, " 1 tokens"),
+              "%s: speed line: %.300s", name, p.err);
+    proc_free(&p);
     if (!rt_cuda_available()) {
         p = run("run", model, "--tokens", "1,5,6", "-n", "1", "--device", "cuda", NULL);
         CHECK_EXIT(p, 3, "--device cuda without a usable GPU");
@@ -1007,11 +1141,56 @@ static void check_errors_with_model(const char *model, const char *name, bool ha
         p = run("tokenize", model, "--decode", big, NULL);
         CHECK_EXIT(p, 2, "decode id >= vocab");
         proc_free(&p);
+        /* tokenize "" without BOS: nothing, exit 0 (HF tokenizer("", add_special_tokens=False)
+         * is []); with BOS the Llama-2 vectors check [1] */
+        p = run("tokenize", model, "--text", "", "--no-bos", NULL);
+        CHECK_EXIT(p, 0, "tokenize empty text --no-bos");
+        CHECK_MSG(p.out_len == 0, "tokenize \"\" --no-bos printed \"%s\"", p.out);
+        proc_free(&p);
+        p = run("tokenize", model, "--text", "", "--no-bos", "--ids", NULL);
+        CHECK_EXIT(p, 0, "tokenize empty text --no-bos --ids");
+        CHECK_MSG(!strcmp(p.out, "[]\n"), "tokenize \"\" --no-bos --ids printed \"%s\"", p.out);
+        proc_free(&p);
     } else {
         p = run("run", model, "-p", "hello", "-n", "1", NULL);
         CHECK_EXIT(p, 2, "text without tokenizer");
         CHECK_MSG(strstr(p.err, "--tokens") != NULL, "no --tokens hint: %.300s", p.err);
         proc_free(&p);
+        /* logits/perplexity: the hint names only their own options */
+        char txt[300];
+        snprintf(txt, sizeof(txt), "%s/hello.txt", g_tmp);
+        FILE *f = fopen(txt, "wb");
+        fputs("hello world", f);
+        fclose(f);
+        p = run("logits", model, "--text", "hello", "--out", "/dev/null", NULL);
+        CHECK_EXIT(p, 2, "logits text without tokenizer");
+        CHECK_MSG(strstr(p.err, "--tokens") && !strstr(p.err, "--print-ids"),
+                  "logits hint: %.300s", p.err);
+        proc_free(&p);
+        p = run("perplexity", model, "--file", txt, "--ctx", "4", NULL);
+        CHECK_EXIT(p, 2, "perplexity file without tokenizer");
+        CHECK_MSG(strstr(p.err, "--tokens") && !strstr(p.err, "--print-ids"),
+                  "perplexity hint: %.300s", p.err);
+        proc_free(&p);
+        /* run --tokens without a tokenizer prints the generated ids (as --print-ids) and says
+         * so once on stderr */
+        struct proc q = run("run", model, "--tokens", "1,5,6", "-n", "4", "--temp", "0",
+                            "--ignore-eos", NULL);
+        struct proc r = run("run", model, "--tokens", "1,5,6", "-n", "4", "--temp", "0",
+                            "--ignore-eos", "--print-ids", NULL);
+        CHECK_EXIT(q, 0, "run without tokenizer");
+        CHECK_EXIT(r, 0, "run --print-ids");
+        int32_t got[8];
+        CHECK_MSG(parse_ids(q.out, got, 8) == 4 && !strcmp(q.out, r.out),
+                  "%s: run without tokenizer printed \"%s\", --print-ids \"%s\"", name, q.out,
+                  r.out);
+        const char *note = strstr(q.err, "no tokenizer");
+        CHECK_MSG(note && !strstr(note + 1, "no tokenizer"), "%s: note on stderr: %.300s", name,
+                  q.err);
+        CHECK_MSG(!strstr(r.err, "no tokenizer"), "%s: note with --print-ids: %.300s", name,
+                  r.err);
+        proc_free(&q);
+        proc_free(&r);
         p = run("run", model, "--tokens", "1,2", "--stop", "x", NULL);
         CHECK_EXIT(p, 2, "--stop without tokenizer");
         proc_free(&p);
@@ -1079,6 +1258,11 @@ int main(void)
                             ? cJSON_GetObjectItemCaseSensitive(m, "vocab_size")->valueint
                             : 0;
             int checks_before = t_pass + t_fail;
+            if (m == cJSON_GetArrayItem(models, 0)) { /* an unconverted HF directory */
+                char src[512];
+                snprintf(src, sizeof(src), DATA "%s", jstr(m, "path"));
+                check_hf_dir(src);
+            }
             char *dir = convert(m, 1);
             if (!dir)
                 continue;
