@@ -196,16 +196,21 @@ struct cvt_opts {
     bool dry_run;           /* print the plan, write nothing */
     bool no_check;          /* skip the bitwise self-check */
     bool quiet;             /* no progress bar, no info messages */
-    bool force;             /* overwrite existing rank files / manifest in out_dir */
+    bool force;             /* replace an earlier conversion in out_dir (after the new one is
+                             * complete; docs/CONVERT.md section 2) */
     uint64_t chunk_bytes;   /* working-memory budget of all workers together, bytes; 0 = default
                              * (192 MiB). Tests shrink it to exercise many chunks per tensor. */
 };
 
 /* Convert model_dir into out_dir/rank-K-of-N.qshard + manifest (or print the plan with dry_run).
  * Memory is bounded (one linear per worker thread, float tensors in chunks, a byte budget across
- * workers). On any failure every writer is aborted and every file and directory this call
- * created is removed. Errors: every cvt_err (input, plan, self-check CVT_ERR_CHECK, writer
- * CVT_ERR_IO / CVT_ERR_FORMAT). */
+ * workers). Everything is written into a staging directory inside out_dir and moved into place
+ * only when complete; on any failure or signal before that, every file and directory this call
+ * created is removed and an earlier conversion in out_dir is left as it was (docs/CONVERT.md
+ * section 2). Catches SIGINT / SIGTERM / SIGHUP while it runs (restored on return). Errors:
+ * every cvt_err (input, plan, self-check CVT_ERR_SELF_CHECK, writer CVT_ERR_IO),
+ * CVT_ERR_EXISTS (an earlier conversion without force), CVT_ERR_SAME_DIR (out_dir is
+ * model_dir), CVT_ERR_INTERRUPTED. */
 enum cvt_err cvt_run(const struct cvt_opts *o);
 
 #ifdef __cplusplus

@@ -31,12 +31,15 @@ static void usage(FILE *f)
             "      --no-check     skip the bitwise self-check of every repacked linear\n"
             "  -j, --threads N    worker threads (default: one per online core)\n"
             "  -q, --quiet        no progress bar and no info messages\n"
-            "  -f, --force        replace existing rank files / manifest in OUT_DIR\n"
+            "  -f, --force        replace an earlier conversion in OUT_DIR: it stays intact\n"
+            "                     until the new one is complete, then its manifest and rank\n"
+            "                     files (any tp) are replaced; other files are left alone\n"
             "  -h, --help         this text\n"
             "\n"
             "exit codes: 0 ok, 1 usage, 2 bad input (unsupported or corrupt checkpoint, impossible\n"
             "--tp), 3 out of memory or interrupted (nothing is left in OUT_DIR), 4 I/O error,\n"
-            "5 self-check failed\n");
+            "5 self-check failed\n"
+            "OUT_DIR must not be MODEL_DIR.\n");
 }
 
 static bool parse_int(const char *s, int lo, int hi, int *out)
@@ -55,6 +58,7 @@ static int exit_code(enum cvt_err e)
     switch (e) {
     case CVT_ERR_SELF_CHECK: return QS_EXIT_VERIFY;
     case CVT_ERR_EXISTS: return QS_EXIT_USAGE;
+    case CVT_ERR_SAME_DIR: return QS_EXIT_USAGE;
     case CVT_ERR_INTERRUPTED: return QS_EXIT_RUNTIME;
     default: return cvt_err_exit_code(e);
     }
@@ -138,6 +142,7 @@ int cmd_convert(int argc, char **argv)
                         "shapes\n",
                 o.model_dir);
     if (e == CVT_ERR_EXISTS)
-        fprintf(stderr, "hint: pass --force to replace the existing conversion\n");
+        fprintf(stderr, "hint: pass --force to replace the earlier conversion (it stays intact "
+                        "until the new one is complete)\n");
     return exit_code(e);
 }

@@ -1039,12 +1039,19 @@ void cvt_plan_print(const struct cvt_plan *p, FILE *f)
         fprintf(f, "padded to I_pad = %d (+%" PRId64 " zero columns of gate/up, zero rows of "
                    "down, with zero scales and zeros), I_r = %" PRId64 " per rank\n",
                 p->inter_padded, p->inter_padded - I, I_r);
-    for (int r = 0; r < tp && p->inter_padded != I; r++) {
+    for (int r = 0; r < tp; r++) { /* every rank's share, padded or not */
         int64_t lo = min64(r * I_r, I), hi = min64((r + 1) * I_r, I);
-        if (hi - lo < I_r)
+        if (hi == lo)
+            fprintf(f, "plan:   rank %d holds no intermediate rows, only %" PRId64 " zero "
+                       "padding\n",
+                    r, I_r);
+        else if (hi - lo < I_r)
             fprintf(f, "plan:   rank %d holds intermediate [%" PRId64 ", %" PRId64 ") + %" PRId64
                        " zero padding\n",
                     r, lo, hi, I_r - (hi - lo));
+        else
+            fprintf(f, "plan:   rank %d holds intermediate [%" PRId64 ", %" PRId64 ")\n", r, lo,
+                    hi);
     }
     fprintf(f, "plan: vocab: V_r = ceil(%" PRId64 " / %d) = %" PRId64, V, tp, V_r);
     if (V_r * tp == V)

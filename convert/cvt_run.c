@@ -21,9 +21,12 @@
  *      cvt_awq_dequant_source of the same source slice bit for bit, and padding must dequantize to
  *      +0.0. Float tensors are converted in row chunks. Memory per worker is bounded by the
  *      chunk budget, so peak RSS does not grow with model size;
- *   5. finish every writer (fsync + rename), then the manifest. On any failure: abort every
- *      writer (temp files removed), unlink rank files already renamed and the manifest, rmdir the
- *      output directories this call created.
+ *   5. finish every writer (fsync + rename), then the manifest, all inside a fresh staging
+ *      directory OUT_DIR/.qshard-convert.XXXXXX; then commit: move them into OUT_DIR (an earlier
+ *      conversion's files are replaced only now; stale rank files of another world size are
+ *      removed). On any failure or signal before the commit: abort every writer, remove the
+ *      staging directory and the output directories this call created; OUT_DIR's earlier content
+ *      is untouched.
  *
  * Test: ./build/test_cvt (fixtures of tests/data/models, bad inputs, PITFALLS cases).
  */
@@ -32,6 +35,7 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -74,6 +78,8 @@ struct run {
     uint32_t **idx;         /* [tp][n_outs]: first tensor index of each output (W4: q, s, z) */
     const struct cvt_src_tensor **src_t; /* [n_srcs]: catalog entry of float sources */
     char variant[64];       /* "gemm", or "gemm+gemv" when linears disagree */
+    char stage[4096];       /* staging directory inside out_dir ("" until created): the
+                             * rank files and manifest are written here, then committed */
 
     struct job *jobs;
     size_t n_jobs;
@@ -97,6 +103,64 @@ struct run {
 static volatile sig_atomic_t g_signal;
 
 static void on_signal(int sig) { g_signal = sig; }
+
+static const int k_signals[3] = {SIGINT, SIGTERM, SIGHUP};
+
+/* Catch SIGINT / SIGTERM / SIGHUP (old[] receives the previous actions). A signal the caller
+ * ignores (SIG_IGN, e.g. under nohup) stays ignored. */
+static void signals_catch(struct sigaction old[3])
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    g_signal = 0;
+    for (int i = 0; i < 3; i++) {
+        sigaction(k_signals[i], NULL, &old[i]);
+        if (old[i].sa_handler != SIG_IGN)
+            sigaction(k_signals[i], &sa, NULL);
+    }
+}
+
+static void signals_restore(const struct sigaction old[3])
+{
+    for (int i = 0; i < 3; i++)
+        sigaction(k_signals[i], &old[i], NULL);
+}
+
+/* Test knob (tests/test_cvt.c): QSHARD_CVT_TEST_SIGNAL=<stage> raises SIGINT when cvt_run
+ * reaches `stage`, so the interrupted paths run deterministically. */
+static void test_signal_point(const char *stage)
+{
+    const char *s = getenv("QSHARD_CVT_TEST_SIGNAL");
+    if (s && !strcmp(s, stage))
+        raise(SIGINT);
+}
+
+/* Did a signal arrive before anything was written? Then say so and set *e. */
+static bool interrupted_early(enum cvt_err *e)
+{
+    if (!g_signal)
+        return false;
+    qs_log_error("cvt_run", "interrupted by signal %d before anything was written",
+                 (int)g_signal);
+    *e = CVT_ERR_INTERRUPTED;
+    return true;
+}
+
+/* Do a and b name the same existing directory (symlinks and `..` resolved)? */
+static bool same_dir(const char *a, const char *b)
+{
+    char *ra = realpath(a, NULL), *rb = realpath(b, NULL);
+    struct stat sa, sb;
+    bool same = ra && rb && !strcmp(ra, rb);
+    if (!same && stat(a, &sa) == 0 && stat(b, &sb) == 0) /* e.g. a bind mount */
+        same = sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    free(ra);
+    free(rb);
+    return same;
+}
 
 /* Should workers stop (a failure elsewhere, or a signal)? */
 static bool run_stopped(struct run *R) { return atomic_load(&R->failed) || g_signal; }
@@ -907,14 +971,14 @@ static enum cvt_err declare_out(struct run *R, int rank, const struct cvt_out *o
 static enum cvt_err open_writer(struct run *R, int rank, const uint8_t id[16])
 {
     const struct cvt_plan *p = R->plan;
-    char path[4096], file[64];
+    char path[4096 + 64], file[64];
     struct fmt_writer_opts wo;
     memset(&wo, 0, sizeof(wo));
     wo.tp_rank = (uint32_t)rank;
     wo.world_size = (uint32_t)p->tp;
     memcpy(wo.model_id, id, 16);
     fmt_rank_file_name(file, sizeof(file), (uint32_t)rank, (uint32_t)p->tp);
-    snprintf(path, sizeof(path), "%s/%s", R->o->out_dir, file);
+    snprintf(path, sizeof(path), "%s/%s", R->stage, file);
     if (fmt_writer_open(path, &wo, &R->w[rank]))
         return CVT_ERR_IO;
     char *js = config_json(R, rank);
@@ -952,6 +1016,18 @@ static enum cvt_err open_writer(struct run *R, int rank, const uint8_t id[16])
 }
 
 /* --- output directory ---------------------------------------------------------------------- */
+/*
+ * Replacing a conversion (--force) must never wreck the old one: everything is written into a
+ * fresh staging directory OUT_DIR/.qshard-convert.XXXXXX (same file system, so renames are
+ * atomic), rank files and manifest included. Only when all of it is finished (fsync'd, verified
+ * by fmt_manifest_write) does commit_outputs() move it into place: the old manifest and old rank
+ * files of the same names are first moved into the staging directory (backups), the new rank
+ * files in, the new manifest last; a failed rename undoes the ones done. Then stale rank files of
+ * another world size are removed and the staging directory (backups) with them. A failure or
+ * signal before that point removes the staging directory and leaves OUT_DIR as it was.
+ */
+
+#define CVT_STAGE_PREFIX ".qshard-convert."
 
 static bool path_exists(const char *p)
 {
@@ -970,9 +1046,10 @@ static enum cvt_err make_dirs(const char *dir, struct made_dirs *made)
 {
     char buf[4096];
     size_t len = strlen(dir);
-    if (len == 0 || len >= sizeof(buf)) {
+    /* room for the staging directory and a file name inside it */
+    if (len == 0 || len + 128 >= sizeof(buf)) {
         qs_log_error(__func__, "output directory '%s': expected a path of 1..%zu bytes", dir,
-                     sizeof(buf) - 1);
+                     sizeof(buf) - 129);
         return CVT_ERR_IO;
     }
     memcpy(buf, dir, len + 1);
@@ -1000,51 +1077,207 @@ static enum cvt_err make_dirs(const char *dir, struct made_dirs *made)
     return CVT_ERR_NONE;
 }
 
-/* Create out_dir if needed (made lists what we created); refuse existing outputs without
- * --force, and with --force remove a stale manifest first (it would describe other files). */
-static enum cvt_err prepare_out_dir(const struct cvt_opts *o, int tp, struct made_dirs *made)
+/* Parse a decimal number of 1..9 digits without sign or leading zero at *s; advances *s. */
+static bool parse_u32(const char **s, uint32_t *v)
 {
-    char path[4096], file[64];
-    CVT_TRY(make_dirs(o->out_dir, made));
-    snprintf(path, sizeof(path), "%s/%s", o->out_dir, FMT_MANIFEST_NAME);
-    bool exists = path_exists(path);
-    for (int r = 0; r < tp && !exists; r++) {
-        fmt_rank_file_name(file, sizeof(file), (uint32_t)r, (uint32_t)tp);
-        snprintf(path, sizeof(path), "%s/%s", o->out_dir, file);
-        exists = path_exists(path);
+    const char *p = *s;
+    uint32_t x = 0;
+    int n = 0;
+    while (*p >= '0' && *p <= '9' && n < 10) {
+        x = x * 10 + (uint32_t)(*p++ - '0');
+        n++;
     }
-    if (exists && !o->force) {
-        qs_log_error(__func__, "output directory %s: already holds %s; pass --force to replace "
-                               "it",
-                     o->out_dir, path);
+    if (n == 0 || n > 9 || (n > 1 && **s == '0'))
+        return false;
+    *s = p;
+    *v = x;
+    return true;
+}
+
+/* Is `name` a rank file name as fmt_rank_file_name writes it ("rank-K-of-N.qshard", K < N)?
+ * *world receives N. */
+static bool rank_file_world(const char *name, uint32_t *world)
+{
+    uint32_t k, n;
+    const char *p = name;
+    if (strncmp(p, "rank-", 5))
+        return false;
+    p += 5;
+    if (!parse_u32(&p, &k) || strncmp(p, "-of-", 4))
+        return false;
+    p += 4;
+    if (!parse_u32(&p, &n) || strcmp(p, ".qshard") || k >= n)
+        return false;
+    *world = n;
+    return true;
+}
+
+/* Name (into found[256]) of the first entry of dir that belongs to a conversion: manifest.json
+ * or a rank file of any world size. False if there is none. */
+static bool find_old_output(const char *dir, char found[256])
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    uint32_t n;
+    bool hit = false;
+    if (!d)
+        return false; /* make_dirs saw a directory; creating the staging directory will fail */
+    while (!hit && (de = readdir(d)))
+        if (!strcmp(de->d_name, FMT_MANIFEST_NAME) || rank_file_world(de->d_name, &n)) {
+            snprintf(found, 256, "%s", de->d_name);
+            hit = true;
+        }
+    closedir(d);
+    return hit;
+}
+
+/* Remove the staging directory and everything in it (only this run writes there); stage[0] = 0
+ * after. Nothing to do when stage is empty. */
+static void remove_stage(char *stage)
+{
+    char path[4096 + 256];
+    DIR *d;
+    struct dirent *de;
+    if (!stage[0])
+        return;
+    if ((d = opendir(stage))) {
+        while ((de = readdir(d)))
+            if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
+                snprintf(path, sizeof(path), "%s/%s", stage, de->d_name);
+                unlink(path);
+            }
+        closedir(d);
+    }
+    if (rmdir(stage))
+        qs_log_warn("cannot remove the staging directory %s: %s", stage, strerror(errno));
+    stage[0] = '\0';
+}
+
+/* Create out_dir if needed (made lists what we created); refuse an earlier conversion there
+ * (manifest.json or any rank-K-of-N.qshard) without --force; create the staging directory
+ * (stage[4096], empty string until it exists). Nothing existing is touched. */
+static enum cvt_err prepare_out_dir(const struct cvt_opts *o, struct made_dirs *made, char *stage)
+{
+    char found[256];
+    stage[0] = '\0';
+    CVT_TRY(make_dirs(o->out_dir, made));
+    if (!o->force && find_old_output(o->out_dir, found)) {
+        qs_log_error(__func__, "output directory %s: already holds %s from an earlier "
+                               "conversion; left as it is",
+                     o->out_dir, found);
         return CVT_ERR_EXISTS;
     }
-    if (exists) {
-        snprintf(path, sizeof(path), "%s/%s", o->out_dir, FMT_MANIFEST_NAME);
-        if (unlink(path) && errno != ENOENT) {
-            qs_log_error(__func__, "file %s: cannot remove: %s", path, strerror(errno));
-            return CVT_ERR_IO;
-        }
+    snprintf(stage, 4096, "%s/" CVT_STAGE_PREFIX "XXXXXX", o->out_dir);
+    if (!mkdtemp(stage)) {
+        qs_log_error(__func__, "output directory %s: cannot create a staging directory: %s",
+                     o->out_dir, strerror(errno));
+        stage[0] = '\0';
+        return CVT_ERR_IO;
     }
     return CVT_ERR_NONE;
 }
 
-/* Remove what a failed run left: renamed rank files (finished[r]), the manifest, the directories
- * we created. Writers still open are aborted by the caller. */
-static void cleanup_outputs(const struct cvt_opts *o, int tp, const bool *finished,
-                            const struct made_dirs *made)
+/* One rename of the commit: a backup moves OUT_DIR/name to STAGE/old.name, an install moves
+ * STAGE/name to OUT_DIR/name. */
+struct commit_mv {
+    char name[64];
+    bool backup;
+};
+
+static int commit_rename(const char *out_dir, const char *stage, const struct commit_mv *m,
+                         int step, bool undo)
 {
-    char path[4096], file[64];
-    for (int r = 0; r < tp; r++) {
-        if (!finished || !finished[r])
-            continue;
-        fmt_rank_file_name(file, sizeof(file), (uint32_t)r, (uint32_t)tp);
-        snprintf(path, sizeof(path), "%s/%s", o->out_dir, file);
-        unlink(path);
+    char a[4096 + 256], b[4096 + 256];
+    /* test knob (tests/test_cvt.c): the commit rename number N fails as if with EIO */
+    const char *knob = getenv("QSHARD_CVT_TEST_COMMIT_FAIL");
+    bool fail = !undo && knob && atoi(knob) == step;
+    if (m->backup) {
+        snprintf(a, sizeof(a), "%s/%s", out_dir, m->name);
+        snprintf(b, sizeof(b), "%s/old.%s", stage, m->name);
+    } else {
+        snprintf(a, sizeof(a), "%s/%s", stage, m->name);
+        snprintf(b, sizeof(b), "%s/%s", out_dir, m->name);
     }
-    snprintf(path, sizeof(path), "%s/%s", o->out_dir, FMT_MANIFEST_NAME);
-    if (finished)
-        unlink(path);
+    if (fail || (undo ? rename(b, a) : rename(a, b))) {
+        int en = fail ? EIO : errno;
+        qs_log_error("commit_outputs", "cannot move %s to %s: %s", undo ? b : a, undo ? a : b,
+                     strerror(en));
+        return -1;
+    }
+    return 0;
+}
+
+/* Move the finished conversion (STAGE/rank-K-of-N.qshard for K < tp, STAGE/manifest.json) into
+ * out_dir, replacing an earlier one, then remove stale rank files of other world sizes and the
+ * staging directory. On a failed rename every rename done is undone (the earlier conversion is
+ * back in place) and CVT_ERR_IO returned; if undoing fails too, the staging directory is kept
+ * (stage[0] = 0) and the error names where the files are. */
+static enum cvt_err commit_outputs(const char *out_dir, char *stage, int tp)
+{
+    struct commit_mv *mv = calloc(2 * (size_t)tp + 2, sizeof(*mv));
+    char path[4096 + 256];
+    int n = 0, done = 0;
+    if (!mv)
+        return CVT_ERR_NOMEM;
+    snprintf(path, sizeof(path), "%s/%s", out_dir, FMT_MANIFEST_NAME);
+    if (path_exists(path)) { /* first: a half-replaced directory never has a manifest */
+        snprintf(mv[n].name, sizeof(mv[n].name), "%s", FMT_MANIFEST_NAME);
+        mv[n++].backup = true;
+    }
+    for (int r = 0; r < tp; r++) {
+        char file[64];
+        fmt_rank_file_name(file, sizeof(file), (uint32_t)r, (uint32_t)tp);
+        snprintf(path, sizeof(path), "%s/%s", out_dir, file);
+        if (path_exists(path)) {
+            snprintf(mv[n].name, sizeof(mv[n].name), "%s", file);
+            mv[n++].backup = true;
+        }
+        snprintf(mv[n++].name, sizeof(mv[0].name), "%s", file);
+    }
+    snprintf(mv[n++].name, sizeof(mv[0].name), "%s", FMT_MANIFEST_NAME); /* last: commit point */
+    while (done < n && commit_rename(out_dir, stage, &mv[done], done, false) == 0)
+        done++;
+    if (done < n) {
+        bool restored = true;
+        for (int i = done - 1; i >= 0; i--)
+            restored &= commit_rename(out_dir, stage, &mv[i], i, true) == 0;
+        if (!restored) {
+            qs_log_error(__func__, "output directory %s: could not restore the earlier "
+                                   "conversion; its files are in %s (old.*), the new ones there "
+                                   "or in %s",
+                         out_dir, stage, out_dir);
+            stage[0] = '\0'; /* keep it */
+        }
+        free(mv);
+        return CVT_ERR_IO;
+    }
+    free(mv);
+    int fd = open(out_dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0 || fsync(fd))
+        qs_log_warn("output directory %s: fsync: %s", out_dir, strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    /* stale rank files of an earlier conversion with another world size */
+    DIR *d = opendir(out_dir);
+    struct dirent *de;
+    uint32_t world;
+    while (d && (de = readdir(d)))
+        if (rank_file_world(de->d_name, &world) && world != (uint32_t)tp) {
+            snprintf(path, sizeof(path), "%s/%s", out_dir, de->d_name);
+            if (unlink(path))
+                qs_log_warn("cannot remove the stale rank file %s: %s", path, strerror(errno));
+        }
+    if (d)
+        closedir(d);
+    remove_stage(stage); /* the backups */
+    return CVT_ERR_NONE;
+}
+
+/* Remove what a failed run left: the staging directory (aborted writers already removed their
+ * temp files from it), then the directories we created. out_dir's earlier content is untouched. */
+static void cleanup_outputs(char *stage, const struct made_dirs *made)
+{
+    remove_stage(stage);
     for (int i = made->n - 1; i >= 0; i--)
         rmdir(made->path[i]);
 }
@@ -1152,8 +1385,8 @@ enum cvt_err cvt_run(const struct cvt_opts *o)
 {
     struct run R;
     enum cvt_err e;
-    bool *finished = NULL, handlers = false;
     struct made_dirs made;
+    struct sigaction old_sa[3];
     const char **names = NULL;
     int n_names = 0;
     memset(&R, 0, sizeof(R));
@@ -1161,12 +1394,25 @@ enum cvt_err cvt_run(const struct cvt_opts *o)
     R.o = o;
     pthread_mutex_init(&R.lock, NULL);
     pthread_mutex_init(&R.bar_lock, NULL);
+    /* first, so a signal at any point is reported and answered with CVT_ERR_INTERRUPTED */
+    signals_catch(old_sa);
 
+    if (o->out_dir && same_dir(o->model_dir, o->out_dir)) {
+        qs_log_error(__func__, "output directory %s: is the model directory %s; the rank files "
+                               "go to a directory of their own",
+                     o->out_dir, o->model_dir);
+        e = CVT_ERR_SAME_DIR;
+        goto out;
+    }
     if (o->dry_run && !has_weight_files(o->model_dir)) {
-        e = dry_run_config_only(o);
+        if (!(e = dry_run_config_only(o)))
+            interrupted_early(&e);
         goto out;
     }
     if ((e = cvt_source_open(o->model_dir, &R.src)))
+        goto out;
+    test_signal_point("opened");
+    if (interrupted_early(&e))
         goto out;
     R.cfg = cvt_source_config(R.src);
     struct cvt_dims d;
@@ -1177,6 +1423,8 @@ enum cvt_err cvt_run(const struct cvt_opts *o)
         goto out;
     if ((e = validate_sources(&R)))
         goto out;
+    if (interrupted_early(&e))
+        goto out;
     qs_log_info("%s: AWQ variant %s, container %s, quant config from %s; %s, %" PRId64
                 " layers, tp %d",
                 o->model_dir, R.variant, cvt_container_str(cvt_source_container(R.src)),
@@ -1184,26 +1432,17 @@ enum cvt_err cvt_run(const struct cvt_opts *o)
                 R.cfg->num_hidden_layers, o->tp);
     if (o->dry_run) {
         cvt_plan_print(R.plan, stdout);
+        interrupted_early(&e);
         goto out;
     }
 
     int tp = R.plan->tp;
-    struct sigaction sa, old_int, old_term, old_hup;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    g_signal = 0;
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-    sigaction(SIGHUP, &sa, &old_hup);
-    handlers = true;
-    if ((e = prepare_out_dir(o, tp, &made)))
+    if ((e = prepare_out_dir(o, &made, R.stage)))
         goto out_fail; /* removes only directories this call made */
     R.w = calloc((size_t)tp, sizeof(*R.w));
     R.idx = calloc((size_t)tp, sizeof(*R.idx));
-    finished = calloc((size_t)tp, sizeof(*finished));
     e = CVT_ERR_NOMEM;
-    if (!R.w || !R.idx || !finished)
+    if (!R.w || !R.idx)
         goto out_fail;
     for (int r = 0; r < tp; r++)
         if (!(R.idx[r] = calloc((size_t)R.plan->ranks[r].n_outs + 1, sizeof(uint32_t))))
@@ -1213,6 +1452,7 @@ enum cvt_err cvt_run(const struct cvt_opts *o)
     for (int r = 0; r < tp; r++)
         if ((e = open_writer(&R, r, id)))
             goto out_fail;
+    test_signal_point("writing");
 
     /* jobs: output j of every rank, in plan order (ranks of one source close in time) */
     for (int r = 0; r < tp; r++)
@@ -1277,16 +1517,21 @@ enum cvt_err cvt_run(const struct cvt_opts *o)
             e = CVT_ERR_IO;
             goto out_fail;
         }
-        finished[r] = true;
     }
-    if (fmt_manifest_write(o->out_dir, (uint32_t)tp)) {
+    if (fmt_manifest_write(R.stage, (uint32_t)tp)) {
         e = CVT_ERR_IO;
         goto out_fail;
     }
-    if (g_signal) { /* arrived while finishing: the user asked for nothing to be left */
+    test_signal_point("written");
+    if (g_signal) { /* the last point where the user can still get the earlier state back */
         e = CVT_ERR_INTERRUPTED;
         goto out_fail;
     }
+    if ((e = commit_outputs(o->out_dir, R.stage, tp)))
+        goto out_fail;
+    if (g_signal)
+        qs_log_warn("signal %d arrived after the new conversion was in place in %s: kept it",
+                    (int)g_signal, o->out_dir);
     double el = now_s() - R.t0;
     qs_log_info("wrote %d rank file(s) and %s to %s: %.1f MiB of tensors in %.2f s (%.0f MiB/s "
                 "of input)",
@@ -1296,22 +1541,18 @@ enum cvt_err cvt_run(const struct cvt_opts *o)
 
 out_fail:
     if (e == CVT_ERR_INTERRUPTED)
-        qs_log_error(__func__, "interrupted by signal %d: removing the partial output in %s",
+        qs_log_error(__func__, "interrupted by signal %d: removing the partial output; %s is as "
+                               "it was before",
                      (int)g_signal, o->out_dir);
     if (R.w)
         for (int r = 0; r < tp; r++) {
             fmt_writer_abort(R.w[r]);
             R.w[r] = NULL;
         }
-    cleanup_outputs(o, tp, finished, &made);
+    cleanup_outputs(R.stage, &made);
 out:
-    if (handlers) {
-        sigaction(SIGINT, &old_int, NULL);
-        sigaction(SIGTERM, &old_term, NULL);
-        sigaction(SIGHUP, &old_hup, NULL);
-    }
+    signals_restore(old_sa);
     run_free(&R);
-    free(finished);
     free(names);
     pthread_mutex_destroy(&R.lock);
     pthread_mutex_destroy(&R.bar_lock);

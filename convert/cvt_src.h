@@ -86,7 +86,8 @@ extern "C" {
 #define CVT_ERR_LIST_CORE(X)                                                                 \
     X(CVT_ERR_SELF_CHECK,     64, "self-check failed: packed dequant != source dequant")     \
     X(CVT_ERR_EXISTS,         65, "output already exists (use --force)")                     \
-    X(CVT_ERR_INTERRUPTED,    66, "interrupted by a signal")
+    X(CVT_ERR_INTERRUPTED,    66, "interrupted by a signal")                                 \
+    X(CVT_ERR_SAME_DIR,       67, "output directory is the model directory")
 
 #define CVT_ERR_LIST(X) CVT_ERR_LIST_SRC(X) CVT_ERR_LIST_CORE(X)
 

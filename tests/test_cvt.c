@@ -1193,6 +1193,211 @@ static void test_config_pitfalls(void)
     cJSON_Delete(cj);
 }
 
+/* --- the output directory: replacing, refusing, interrupting -------------------------------- */
+
+/* Names in directory p, sorted, joined with ',' (malloc'ed; "" when empty, NULL if unreadable). */
+static char *dir_list(const char *p)
+{
+    struct dirent **v;
+    int n = scandir(p, &v, NULL, alphasort);
+    if (n < 0)
+        return NULL;
+    size_t cap = 1, len = 0;
+    for (int i = 0; i < n; i++)
+        cap += strlen(v[i]->d_name) + 1;
+    char *s = malloc(cap);
+    if (s)
+        s[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        const char *nm = v[i]->d_name;
+        if (s && strcmp(nm, ".") && strcmp(nm, ".."))
+            len += (size_t)sprintf(s + len, "%s%s", len ? "," : "", nm);
+        free(v[i]);
+    }
+    free(v);
+    return s;
+}
+
+static int count_str(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = hay; p && (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+/* out_dir still holds exactly `want` (names), its manifest and rank file are byte-identical to
+ * the snapshots, and `qshard verify` accepts it. */
+static void ck_intact(const char *out_dir, const char *want, const char *rank_file,
+                      const char *rank_bytes, size_t rank_len, const char *man_bytes,
+                      size_t man_len, const char *what)
+{
+    char f[700], *names = dir_list(out_dir), *b;
+    size_t len = 0;
+    CHECK_MSG(names && !strcmp(names, want), "%s: %s holds '%s', expected '%s'", what, out_dir,
+              names ? names : "(unreadable)", want);
+    free(names);
+    snprintf(f, sizeof(f), "%s/%s", out_dir, rank_file);
+    b = slurp(f, &len);
+    CHECK_MSG(b && rank_bytes && len == rank_len && !memcmp(b, rank_bytes, len),
+              "%s: %s changed", what, f);
+    free(b);
+    snprintf(f, sizeof(f), "%s/manifest.json", out_dir);
+    b = slurp(f, &len);
+    CHECK_MSG(b && man_bytes && len == man_len && !memcmp(b, man_bytes, len),
+              "%s: %s changed", what, f);
+    free(b);
+    CHECK_MSG(run(NULL, NULL, "verify %s", out_dir) == 0, "%s: verify %s fails", what, out_dir);
+}
+
+/* A failed or interrupted `convert --force` leaves the earlier conversion as it was; a
+ * successful one leaves exactly the new rank files + manifest (stale ranks of another tp gone,
+ * other files kept); an early signal is reported with exit 3 and leaves nothing. */
+static void test_replace(void)
+{
+    const char *model = DATA "models/llama2-tok-demo";
+    char out[512], fresh[512], f[700], g[700], *err = NULL;
+    snprintf(out, sizeof(out), "%s/replace/out", g_tmp);
+    snprintf(fresh, sizeof(fresh), "%s/replace/fresh", g_tmp);
+    CHECK_EQ_INT(run(NULL, NULL, "convert %s %s --tp 1 -q", model, out), 0);
+    snprintf(f, sizeof(f), "%s/notes.txt", out);
+    CHECK(write_text(f, "the user's own file\n"));
+    size_t rank_len = 0, man_len = 0;
+    snprintf(f, sizeof(f), "%s/rank-0-of-1.qshard", out);
+    char *rank0 = slurp(f, &rank_len);
+    snprintf(f, sizeof(f), "%s/manifest.json", out);
+    char *man0 = slurp(f, &man_len);
+    const char *old = "manifest.json,notes.txt,rank-0-of-1.qshard";
+
+    /* a --force run that fails after its writers were opened (NaN scale found while repacking) */
+    CHECK_EQ_INT(run(&err, NULL, "convert " DATA "bad/nan-scale %s --tp 1 --force", out), 2);
+    CHECK(err && strstr(err, "NaN"));
+    free(err);
+    err = NULL;
+    ck_intact(out, old, "rank-0-of-1.qshard", rank0, rank_len, man0, man_len, "failed --force");
+
+    /* SIGINT during a --force run (other tp): after opening the source, with the writers open,
+     * and with every new file written but not yet in place */
+    static const char *const stages[] = {"opened", "writing", "written"};
+    for (int i = 0; i < 3; i++) {
+        setenv("QSHARD_CVT_TEST_SIGNAL", stages[i], 1);
+        int rc = run(&err, NULL, "convert %s %s --tp 2 --force", model, out);
+        unsetenv("QSHARD_CVT_TEST_SIGNAL");
+        CHECK_MSG(rc == 3, "SIGINT at %s: exit %d, expected 3", stages[i], rc);
+        CHECK_MSG(err && strstr(err, "interrupted by signal 2"), "SIGINT at %s: stderr: %s",
+                  stages[i], err ? err : "");
+        free(err);
+        err = NULL;
+        ck_intact(out, old, "rank-0-of-1.qshard", rank0, rank_len, man0, man_len, stages[i]);
+    }
+    /* an early signal into a new directory: reported, exit 3, nothing created */
+    setenv("QSHARD_CVT_TEST_SIGNAL", "opened", 1);
+    CHECK_EQ_INT(run(&err, NULL, "convert %s %s --tp 2", model, fresh), 3);
+    unsetenv("QSHARD_CVT_TEST_SIGNAL");
+    CHECK(err && strstr(err, "interrupted by signal 2 before anything was written"));
+    CHECK(!exists(fresh));
+    free(err);
+    err = NULL;
+
+    /* a failed rename while moving a new conversion (another model, same tp) into place: every
+     * rename done is undone (renames: old manifest and old rank file out, new rank file and new
+     * manifest in; number k fails) */
+    for (int k = 0; k < 4; k++) {
+        char kn[16];
+        snprintf(kn, sizeof(kn), "%d", k);
+        setenv("QSHARD_CVT_TEST_COMMIT_FAIL", kn, 1);
+        int rc = run(&err, NULL, "convert " DATA "models/llama3-gqa-i640 %s --tp 1 --force", out);
+        unsetenv("QSHARD_CVT_TEST_COMMIT_FAIL");
+        CHECK_MSG(rc == 4 && err && strstr(err, "cannot move"), "commit rename %d fails: exit %d: "
+                  "%s", k, rc, err ? err : "");
+        free(err);
+        err = NULL;
+        snprintf(g, sizeof(g), "commit rename %d fails", k);
+        ck_intact(out, old, "rank-0-of-1.qshard", rank0, rank_len, man0, man_len, g);
+    }
+
+    /* --force with another tp: exactly the new files (as a fresh conversion) + the user's file */
+    CHECK_EQ_INT(run(NULL, NULL, "convert %s %s --tp 2 -q --force", model, out), 0);
+    char *names = dir_list(out);
+    CHECK_MSG(names && !strcmp(names, "manifest.json,notes.txt,rank-0-of-2.qshard,"
+                                      "rank-1-of-2.qshard"),
+              "after --force --tp 2: %s", names ? names : "(unreadable)");
+    free(names);
+    CHECK_EQ_INT(run(NULL, NULL, "convert %s %s --tp 2 -q", model, fresh), 0);
+    static const char *const files[] = {"rank-0-of-2.qshard", "rank-1-of-2.qshard",
+                                        "manifest.json"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(f, sizeof(f), "%s/%s", out, files[i]);
+        snprintf(g, sizeof(g), "%s/%s", fresh, files[i]);
+        CHECK_MSG(files_equal(f, g), "after --force --tp 2: %s differs from a fresh conversion",
+                  files[i]);
+    }
+    snprintf(f, sizeof(f), "%s/notes.txt", out);
+    char *notes = slurp(f, NULL);
+    CHECK(notes && !strcmp(notes, "the user's own file\n"));
+    free(notes);
+    CHECK_EQ_INT(run(NULL, NULL, "verify %s", out), 0);
+    free(rank0);
+    free(man0);
+
+    /* without --force a rank file of any world size is an earlier conversion: refused, "--force"
+     * said once, nothing touched; with --force it is replaced */
+    char stray[512];
+    snprintf(stray, sizeof(stray), "%s/replace/stray", g_tmp);
+    CHECK(mkdir(stray, 0777) == 0);
+    snprintf(f, sizeof(f), "%s/rank-0-of-2.qshard", fresh);
+    snprintf(g, sizeof(g), "%s/rank-0-of-3.qshard", stray);
+    CHECK(copy_file(f, g));
+    CHECK_EQ_INT(run(&err, NULL, "convert %s %s --tp 1", model, stray), 1);
+    CHECK_MSG(count_str(err, "--force") == 1, "'--force' said %d times: %s",
+              count_str(err, "--force"), err ? err : "");
+    free(err);
+    err = NULL;
+    names = dir_list(stray);
+    CHECK(names && !strcmp(names, "rank-0-of-3.qshard"));
+    free(names);
+    CHECK_EQ_INT(run(NULL, NULL, "convert %s %s --tp 1 -q --force", model, stray), 0);
+    names = dir_list(stray);
+    CHECK_MSG(names && !strcmp(names, "manifest.json,rank-0-of-1.qshard"), "stray: %s",
+              names ? names : "(unreadable)");
+    free(names);
+}
+
+/* OUT_DIR resolving to MODEL_DIR (same path, a trailing '.', a symlink) is refused with exit 1
+ * and a message, and nothing is written into the model's folder. */
+static void test_same_dir(void)
+{
+    char m[512], link[512], cmd[1200], *err = NULL;
+    snprintf(m, sizeof(m), "%s/samedir/model", g_tmp);
+    snprintf(link, sizeof(link), "%s/samedir/link", g_tmp);
+    snprintf(cmd, sizeof(cmd), "mkdir -p '%s/samedir' && cp -r " DATA "models/llama2-tok-demo '%s'",
+             g_tmp, m);
+    CHECK_EQ_INT(system(cmd), 0);
+    CHECK(symlink("model", link) == 0);
+    char *before = dir_list(m);
+    const char *outs[3] = {m, NULL, link};
+    char dot[600];
+    snprintf(dot, sizeof(dot), "%s/./", m);
+    outs[1] = dot;
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ_INT(run(&err, NULL, "convert %s %s --tp 1", m, outs[i]), 1);
+        CHECK_MSG(err && strstr(err, "is the model directory"), "OUT_DIR %s: stderr: %s",
+                  outs[i], err ? err : "");
+        free(err);
+        err = NULL;
+        char *after = dir_list(m);
+        CHECK_MSG(before && after && !strcmp(before, after), "OUT_DIR %s: model folder now %s",
+                  outs[i], after ? after : "(unreadable)");
+        free(after);
+    }
+    CHECK_EQ_INT(run(NULL, NULL, "convert %s %s --tp 1 --force -q", m, link), 1);
+    CHECK_EQ_INT(run(NULL, NULL, "convert %s %s --tp 1 --dry-run -q", m, m), 1);
+    char *after = dir_list(m);
+    CHECK(before && after && !strcmp(before, after));
+    free(after);
+    free(before);
+}
+
 static void test_cli(void)
 {
     const char *dir = DATA "models/qwen2-bias-tied-v509";
@@ -1221,6 +1426,37 @@ static void test_cli(void)
     CHECK(sout && strstr(sout, "self_attn.o_proj [K_r=64, N_r=256]: G_r = 64 < source group 128"));
     CHECK(!exists(out));
     free(sout);
+    /* --dry-run names every rank's share of the intermediate (DESIGN 5, restated: U = lcm(G,
+     * 64), I_pad = I rounded up to U tp, rank r holds [r I_r, min((r + 1) I_r, I))) */
+    {
+        const char *mi = DATA "models/llama3-gqa-i640";
+        cJSON *cj = load_json(DATA "models/llama3-gqa-i640/config.json");
+        long I = (long)cJSON_GetNumberValue(cJSON_GetObjectItem(cj, "intermediate_size"));
+        long G = (long)cJSON_GetNumberValue(cJSON_GetObjectItem(
+            cJSON_GetObjectItem(cj, "quantization_config"), "group_size"));
+        cJSON_Delete(cj);
+        CHECK(I > 0 && G > 0);
+        for (int tp = 2; tp <= 4 && I > 0 && G > 0; tp += 2) {
+            CHECK_EQ_INT(run(NULL, &sout, "convert %s --tp %d --dry-run -q", mi, tp), 0);
+            long I_r = round_up_slow(I, lcm_slow(G, 64) * tp) / tp;
+            for (int r = 0; r < tp; r++) {
+                long lo = r * I_r < I ? r * I_r : I, hi = (r + 1) * I_r < I ? (r + 1) * I_r : I;
+                char want[160];
+                if (hi == lo)
+                    snprintf(want, sizeof(want), "rank %d holds no intermediate rows, only %ld "
+                             "zero padding\n", r, I_r);
+                else if (hi - lo < I_r)
+                    snprintf(want, sizeof(want), "rank %d holds intermediate [%ld, %ld) + %ld zero "
+                             "padding\n", r, lo, hi, I_r - (hi - lo));
+                else
+                    snprintf(want, sizeof(want), "rank %d holds intermediate [%ld, %ld)\n", r, lo,
+                             hi);
+                CHECK_MSG(sout && strstr(sout, want), "tp %d dry-run lacks '%s'", tp, want);
+            }
+            free(sout);
+            sout = NULL;
+        }
+    }
     /* --dry-run of a directory holding only a real config.json (no weights) */
     CHECK_EQ_INT(run(NULL, &sout, "convert " DATA "real-configs/twhoool02--Llama-2-7b-chat-hf-AWQ "
                                   "--tp 4 --dry-run"), 0);
@@ -1268,6 +1504,8 @@ int main(void)
     test_config_pitfalls();
     test_bad_inputs();
     test_cli();
+    test_replace();
+    test_same_dir();
     char cmd[512];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_tmp);
     if (system(cmd) != 0)
