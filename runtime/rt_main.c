@@ -925,6 +925,14 @@ int cmd_run(int argc, char **argv)
     rc = prompt_ids(&s, &po, &ids, &n_ids);
     if (rc)
         goto out;
+    if (po.chat) {
+        /* An assistant turn ends with the family's end token (Llama-3 <|eot_id|>, ChatML
+         * <|im_end|>) even where generation_config.json does not list it as an eos id. */
+        int32_t end = rt_chat_end_id(s.tok, po.chat_family ? rt_chat_family_parse(po.chat_family)
+                                                           : RT_CHAT_NONE);
+        if (end >= 0)
+            add_eos(&s, end);
+    }
     if ((int64_t)n_ids >= s.ctx) {
         if (!truncate) {
             qs_log_error(__func__,
