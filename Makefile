@@ -43,7 +43,7 @@ ifneq ($(shell $(PKG_CONFIG) --exists $(PKGS) && echo ok),ok)
 $(error missing libraries: install them with `apt-get install -y libcjson-dev libxxhash-dev zlib1g-dev pkg-config` (see README))
 endif
 endif
-DEP_CFLAGS := $(shell $(PKG_CONFIG) --cflags $(PKGS))
+DEP_CFLAGS := $(shell $(PKG_CONFIG) --cflags $(PKGS) 2>/dev/null)
 # xxHash is linked statically so binaries carried to the GPU machine need only libcjson.so.1,
 # which is copied next to them (rpath $ORIGIN).
 DEP_LIBS   := -lcjson -l:libxxhash.a -lz -lpthread -lm

@@ -329,6 +329,16 @@ static void copy_cols(void *dst, const void *src, int64_t rows, int64_t C, int64
                (size_t)S * es);
 }
 
+/* Test knob (tests/test_cvt.c): QSHARD_CVT_TEST_CORRUPT=<output tensor name> flips the lowest
+ * bit of the first packed code of that output (its first sub-block) after packing, standing in
+ * for a packing bug, so the test can prove the bitwise self-check catches it. */
+static void test_corrupt_point(const struct cvt_out *o, int64_t c, uint8_t *qp)
+{
+    const char *s = getenv("QSHARD_CVT_TEST_CORRUPT");
+    if (s && c == 0 && !strcmp(s, o->name))
+        qp[0] ^= 1;
+}
+
 /* Pack columns [c0 + c, c0 + c + S) (a sub-block of the load chunk) into their place in the
  * chunk's packed copy (kept for the self-check) and stream the packed bytes to the rank file. */
 static enum cvt_err w4_sub(struct run *R, int rank, const struct cvt_out *o, int64_t cw,
@@ -347,6 +357,7 @@ static enum cvt_err w4_sub(struct run *R, int rank, const struct cvt_out *o, int
                      o->name);
         return CVT_ERR_RANGE;
     }
+    test_corrupt_point(o, c, qp);
     uint32_t i0 = R->idx[rank][o - R->plan->ranks[rank].outs];
     size_t nq = (size_t)(K * S / 2), ns = (size_t)(ng * S) * 2, nz = (size_t)(ng * S / 2);
     if ((e = put_part(R, rank, i0, offs[0], qp, nq)) ||

@@ -1398,6 +1398,28 @@ static void test_same_dir(void)
     free(before);
 }
 
+/* The bitwise self-check catches a packing error: one flipped code bit in one output (the
+ * QSHARD_CVT_TEST_CORRUPT knob of cvt_run.c) fails the conversion with exit 5, names the tensor
+ * and the element, and leaves no output; with --no-check the same corruption goes through. */
+static void test_self_check(void)
+{
+    const char *t = "model.layers.1.mlp.down_proj";
+    char out[512], *err = NULL;
+    snprintf(out, sizeof(out), "%s/selfcheck", g_tmp);
+    setenv("QSHARD_CVT_TEST_CORRUPT", t, 1);
+    CHECK_EQ_INT(run(&err, NULL, "convert " DATA "models/llama-gqa-gemm %s --tp 2 -q", out), 5);
+    CHECK_MSG(err && strstr(err, "self-check failed") && strstr(err, t) && strstr(err, "[k=0, n=0]"),
+              "stderr: %s", err ? err : "");
+    CHECK(!exists(out));
+    free(err);
+    err = NULL;
+    CHECK_EQ_INT(run(&err, NULL, "convert " DATA "models/llama-gqa-gemm %s --tp 2 -q --no-check",
+                     out), 0);
+    CHECK(exists(out));
+    unsetenv("QSHARD_CVT_TEST_CORRUPT");
+    free(err);
+}
+
 static void test_cli(void)
 {
     const char *dir = DATA "models/qwen2-bias-tied-v509";
@@ -1506,6 +1528,7 @@ int main(void)
     test_cli();
     test_replace();
     test_same_dir();
+    test_self_check();
     char cmd[512];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_tmp);
     if (system(cmd) != 0)
