@@ -52,6 +52,7 @@
 #include "qs_log.h"
 #include "ref.h"
 #include "t.h"
+#include "t_safetensors.h" /* st_entry, write_safetensors */
 
 #define DATA "tests/data/"
 
@@ -795,51 +796,6 @@ static void test_bad_inputs(void)
 }
 
 /* --- a mixed-precision model built here (PITFALLS P09, row-parallel bias) ----------------- */
-
-struct st_entry {
-    char name[128];
-    const char *dtype;
-    int n_dims;
-    int64_t shape[2];
-    void *data;   /* owned */
-    size_t size;
-};
-
-/* Write a safetensors file (AWQ-FORMATS 7.1): u64 header length, JSON header padded with spaces
- * to a multiple of 8, data back to back in entry order. */
-static bool write_safetensors(const char *path, const struct st_entry *e, int n)
-{
-    cJSON *h = cJSON_CreateObject();
-    size_t off = 0;
-    for (int i = 0; i < n; i++) {
-        cJSON *t = cJSON_AddObjectToObject(h, e[i].name);
-        cJSON_AddStringToObject(t, "dtype", e[i].dtype);
-        cJSON *sh = cJSON_AddArrayToObject(t, "shape");
-        for (int d = 0; d < e[i].n_dims; d++)
-            cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)e[i].shape[d]));
-        cJSON *o = cJSON_AddArrayToObject(t, "data_offsets");
-        cJSON_AddItemToArray(o, cJSON_CreateNumber((double)off));
-        off += e[i].size;
-        cJSON_AddItemToArray(o, cJSON_CreateNumber((double)off));
-    }
-    char *js = cJSON_PrintUnformatted(h);
-    cJSON_Delete(h);
-    FILE *f = fopen(path, "wb");
-    bool ok = js && f;
-    if (ok) {
-        size_t len = strlen(js), padded = (len + 7) / 8 * 8;
-        uint64_t hl = padded;
-        ok = fwrite(&hl, 8, 1, f) == 1 && fwrite(js, 1, len, f) == len;
-        for (size_t i = len; ok && i < padded; i++)
-            ok = fputc(' ', f) != EOF;
-        for (int i = 0; ok && i < n; i++)
-            ok = fwrite(e[i].data, 1, e[i].size, f) == e[i].size;
-    }
-    if (f)
-        ok = fclose(f) == 0 && ok;
-    free(js);
-    return ok;
-}
 
 static uint32_t rng_state = 12345u;
 static float rnd(void) /* uniform in [-0.5, 0.5), xorshift32 */

@@ -44,6 +44,7 @@
 #include "rt.h"
 #include "rt_io.h" /* rt_npy_read_f32, rt_file_read */
 #include "t.h"
+#include "t_safetensors.h" /* st_entry, write_safetensors (per-channel test) */
 
 // --- random numbers ---------------------------------------------------------------------------
 
@@ -1662,53 +1663,7 @@ static void test_fixtures(void)
 
 // --- part 3: a per-channel AWQ checkpoint (group_size -1) through the real converter -------------
 
-/* One tensor of a safetensors file written here. */
-struct pc_tensor {
-    char name[128];
-    const char *dtype;
-    int n_dims;
-    int64_t shape[2];
-    void *data; /* owned */
-    size_t size;
-};
-
-/* Write a safetensors file: u64 little-endian header length, JSON header padded with spaces to a
- * multiple of 8, then the data back to back in entry order (safetensors' documented layout). */
-static bool pc_write_safetensors(const char *path, const struct pc_tensor *e, int n)
-{
-    cJSON *h = cJSON_CreateObject();
-    size_t off = 0;
-    for (int i = 0; i < n; i++) {
-        cJSON *t = cJSON_AddObjectToObject(h, e[i].name);
-        cJSON_AddStringToObject(t, "dtype", e[i].dtype);
-        cJSON *sh = cJSON_AddArrayToObject(t, "shape");
-        for (int d = 0; d < e[i].n_dims; d++)
-            cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)e[i].shape[d]));
-        cJSON *o = cJSON_AddArrayToObject(t, "data_offsets");
-        cJSON_AddItemToArray(o, cJSON_CreateNumber((double)off));
-        off += e[i].size;
-        cJSON_AddItemToArray(o, cJSON_CreateNumber((double)off));
-    }
-    char *js = cJSON_PrintUnformatted(h);
-    cJSON_Delete(h);
-    FILE *f = fopen(path, "wb");
-    bool ok = js && f;
-    if (ok) {
-        size_t len = strlen(js), padded = (len + 7) / 8 * 8;
-        uint64_t hl = padded;
-        ok = fwrite(&hl, 8, 1, f) == 1 && fwrite(js, 1, len, f) == len;
-        for (size_t i = len; ok && i < padded; i++)
-            ok = fputc(' ', f) != EOF;
-        for (int i = 0; ok && i < n; i++)
-            ok = fwrite(e[i].data, 1, e[i].size, f) == e[i].size;
-    }
-    if (f)
-        ok = fclose(f) == 0 && ok;
-    free(js);
-    return ok;
-}
-
-static const struct pc_tensor *pc_find(const struct pc_tensor *e, int n, const char *name)
+static const struct st_entry *pc_find(const struct st_entry *e, int n, const char *name)
 {
     for (int i = 0; i < n; i++)
         if (!strcmp(e[i].name, name))
@@ -1719,7 +1674,7 @@ static const struct pc_tensor *pc_find(const struct pc_tensor *e, int n, const c
 /* AutoAWQ GEMM packing (awq/modules/linear/gemm.py, pack): int32 word c of a row holds columns
  * 8c + order[j] at bits 4j, order = {0, 2, 4, 6, 1, 3, 5, 7}; for qweight [K, N/8] and qzeros
  * [K/G, N/8] alike. Unpacked here, independently of the converter's decoder, to codes [rows][N]. */
-static bool pc_unpack_gemm(const struct pc_tensor *t, int rows, int N, uint8_t *out)
+static bool pc_unpack_gemm(const struct st_entry *t, int rows, int N, uint8_t *out)
 {
     static const int order[8] = {0, 2, 4, 6, 1, 3, 5, 7};
     if (!t || strcmp(t->dtype, "I32") || t->n_dims != 2 || t->shape[0] != rows ||
@@ -1736,7 +1691,7 @@ static bool pc_unpack_gemm(const struct pc_tensor *t, int rows, int N, uint8_t *
 }
 
 /* One per-channel linear of the written checkpoint as a canonical qlin with G = K. */
-static bool pc_qlin(struct qlin *l, const struct pc_tensor *e, int n, const char *prefix, int K,
+static bool pc_qlin(struct qlin *l, const struct st_entry *e, int n, const char *prefix, int K,
                     int N)
 {
     char nm[256];
@@ -1749,7 +1704,7 @@ static bool pc_qlin(struct qlin *l, const struct pc_tensor *e, int n, const char
     snprintf(nm, sizeof(nm), "%s.qzeros", prefix);
     ok = ok && pc_unpack_gemm(pc_find(e, n, nm), 1, N, l->z);
     snprintf(nm, sizeof(nm), "%s.scales", prefix);
-    const struct pc_tensor *s = pc_find(e, n, nm);
+    const struct st_entry *s = pc_find(e, n, nm);
     ok = ok && s && !strcmp(s->dtype, "F16") && s->n_dims == 2 && s->shape[0] == 1 &&
          s->shape[1] == N;
     if (ok)
@@ -1759,9 +1714,9 @@ static bool pc_qlin(struct qlin *l, const struct pc_tensor *e, int n, const char
 }
 
 /* A float tensor of the written checkpoint as fp32 (F16 or F32 sources). */
-static float *pc_floats(const struct pc_tensor *e, int n, const char *name, size_t count)
+static float *pc_floats(const struct st_entry *e, int n, const char *name, size_t count)
 {
-    const struct pc_tensor *t = pc_find(e, n, name);
+    const struct st_entry *t = pc_find(e, n, name);
     float *v = xcalloc(count, 4);
     bool f16 = t && !strcmp(t->dtype, "F16"), f32 = t && !strcmp(t->dtype, "F32");
     bool ok = (f16 && t->size == count * 2) || (f32 && t->size == count * 4);
@@ -1811,10 +1766,10 @@ static void test_per_channel(const char *qshard)
     double theta = cfg->rope_theta;
     size_t n_src = cvt_source_n_tensors(src);
     int n = 0, n_q = 0;
-    struct pc_tensor *e = xcalloc(n_src, sizeof(*e));
+    struct st_entry *e = xcalloc(n_src, sizeof(*e));
     for (size_t i = 0; i < n_src; i++) {
         const struct cvt_src_tensor *t = cvt_source_tensor(src, i);
-        struct pc_tensor *x = &e[n++];
+        struct st_entry *x = &e[n++];
         snprintf(x->name, sizeof(x->name), "%s", t->name);
         x->dtype = cvt_dtype_str(t->dtype);
         x->n_dims = t->n_dims;
@@ -1835,7 +1790,7 @@ static void test_per_channel(const char *qshard)
     cvt_source_close(src);
     CHECK_MSG(n_q == 2 * 7 * L, "per-channel: %d grouped scales/qzeros, want %d", n_q, 14 * L);
     snprintf(path, sizeof(path), "%s/model.safetensors", dir);
-    CHECK(pc_write_safetensors(path, e, n));
+    CHECK(write_safetensors(path, e, n));
     snprintf(path, sizeof(path), "%s/config.json", base);
     char *cbuf = NULL;
     size_t clen = 0;
