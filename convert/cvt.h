@@ -186,6 +186,53 @@ int cvt_plan_valid_tp(const struct cvt_dims *d, int max_tp, int *vals, int cap);
  * decision. */
 void cvt_plan_print(const struct cvt_plan *p, FILE *f);
 
+/* --- the AutoAWQ GEMM fast path (cvt_fast.c) ------------------------------------------------- */
+
+/* Working buffers of cvt_fast_w4_chunk, owned by the caller (one set per worker thread). */
+struct cvt_fast_bufs {
+    uint8_t *qp;       /* packed qweight of the chunk: [cw/64][K/16] tiles of 512 bytes */
+    uint16_t *sp;      /* packed scales: [cw/64][K/G_r][64] fp16 bits */
+    uint8_t *zp;       /* packed qzeros: [cw/64][K/G_r][8] uint32 words */
+    float *src_dq;     /* [P][64] self-check piece, source side (cvt_fast_piece_bytes) */
+    float *our_dq;     /* [P][64] self-check piece, our side */
+};
+
+/* First element where the self-check found the two dequantizations different. */
+struct cvt_fast_mismatch {
+    int64_t k, n;          /* output coordinates (row, column of the whole output) */
+    const char *src_name;  /* source linear prefix, or NULL for zero padding */
+    int64_t src_k, src_n;  /* source coordinates (when src_name) */
+    float want, got;       /* dequantized source (or +0.0), dequantized packed output */
+};
+
+enum cvt_fast_rc {
+    CVT_FAST_OK = 0,       /* chunk packed (and checked) into the buffers */
+    CVT_FAST_NO = 1,       /* not for the fast path (or a bad value): use the generic path */
+    CVT_FAST_MISMATCH = 2, /* self-check failed: *mm says where (nothing reported yet) */
+    CVT_FAST_REF_FAIL = 3, /* ref_dequant_w4 refused the piece (reported by it) */
+};
+
+/* Can every chunk of W4 output o take the fast path (all its sources AutoAWQ GEMM with F16
+ * scales, segment edges on the 8-column, 16-row and local-group grid, one segment per column)?
+ * Probes the source tensors; reports nothing. */
+bool cvt_fast_w4_ok(const struct cvt_source *src, const struct cvt_hf_config *cfg,
+                    const struct cvt_plan *p, const struct cvt_out *o);
+/* Bytes of one [P][64] fp32 self-check piece for local group size G (P = G up to 256 rows,
+ * else gcd(G, 256)); src_dq and our_dq each need this much. */
+size_t cvt_fast_piece_bytes(int64_t G);
+/* Pack columns [c0, c0 + cw) (multiples of 64) of W4 output o into b->qp / b->sp / b->zp
+ * (K*cw/2, K/G_r*cw*2 and K/G_r*cw/2 bytes: DESIGN 4.1-4.3, bit-identical to cvt_awq_load +
+ * ref_pack_*) straight from the mapped AutoAWQ GEMM source words; with `check`, the bitwise
+ * self-check per [P][64] piece (source dequantized by this file's own walk, ours by
+ * ref_dequant_w4; padding +0.0). `corrupt_first` flips the lowest bit of the chunk's first
+ * packed byte before its check (test knob QSHARD_CVT_TEST_CORRUPT). Returns CVT_FAST_NO
+ * without a message when the chunk is not for this path or a scale is not finite and > 0 (the
+ * generic path then names it); the buffers' contents are then undefined. */
+enum cvt_fast_rc cvt_fast_w4_chunk(const struct cvt_source *src, const struct cvt_hf_config *cfg,
+                                   const struct cvt_plan *p, const struct cvt_out *o, int64_t c0,
+                                   int64_t cw, bool check, bool corrupt_first,
+                                   const struct cvt_fast_bufs *b, struct cvt_fast_mismatch *mm);
+
 /* --- the driver (cvt_run.c) ---------------------------------------------------------------- */
 
 struct cvt_opts {

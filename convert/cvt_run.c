@@ -597,34 +597,112 @@ static enum cvt_err w4_chunk(struct run *R, int rank, const struct cvt_out *o, i
     return CVT_ERR_NONE;
 }
 
-static enum cvt_err job_w4(struct run *R, int rank, const struct cvt_out *o, struct w4_bufs *b)
+/* Size the generic path's buffers for output o; *C receives its chunk width. */
+static enum cvt_err w4_generic_bufs(struct run *R, int rank, const struct cvt_out *o,
+                                    struct w4_bufs *b, int64_t *C)
 {
     int64_t K = o->rows, N = o->cols, G = o->group, ng = K / G, kb = k_block_max(R, o);
     /* a source group longer than CVT_K_BLOCK_MAX rows (per-channel: G = K_src, which a row
      * slice reads whole) makes the decoder's block and the source-dequant buffer [kb][C]:
      * budget the chunk by those rows instead of K */
-    int64_t C = chunk_cols(R, kb > CVT_K_BLOCK_MAX && kb > K ? kb : K, N);
-    int64_t S = CVT_SUB_COLS < C ? CVT_SUB_COLS : C;
+    *C = chunk_cols(R, kb > CVT_K_BLOCK_MAX && kb > K ? kb : K, N);
+    int64_t S = CVT_SUB_COLS < *C ? CVT_SUB_COLS : *C, c = *C;
     bool ck = !R->o->no_check;
-    enum cvt_err e = CVT_ERR_NONE;
-    uint64_t offs[3] = {0, 0, 0};
     size_t need[W4_NBUF] = {
-        (size_t)(K * C), (size_t)(ng * C), (size_t)(ng * C) * 2,
-        0 /* wq: unused */, ck ? (size_t)(kb * C) * 4 : 0,
-        (size_t)(K * S), (size_t)(ng * S), (size_t)(K * C / 2), (size_t)(ng * C / 2),
-        (size_t)(ng * S) * 2, (size_t)(ng * C) * 2,
+        (size_t)(K * c), (size_t)(ng * c), (size_t)(ng * c) * 2,
+        0 /* wq: unused */, ck ? (size_t)(kb * c) * 4 : 0,
+        (size_t)(K * S), (size_t)(ng * S), (size_t)(K * c / 2), (size_t)(ng * c / 2),
+        (size_t)(ng * S) * 2, (size_t)(ng * c) * 2,
         ck ? (size_t)check_piece_rows(G) * 64 * sizeof(float) : 0};
     for (int i = 0; i < W4_NBUF; i++)
         if (!w4_ensure(b, i, need[i])) {
             qs_log_error(__func__, "rank %d: tensor %s: out of memory for a %" PRId64
                                    " x %" PRId64 " chunk",
-                         rank, o->name, K, C);
+                         rank, o->name, K, c);
             return CVT_ERR_NOMEM;
         }
-    for (int64_t c0 = 0; c0 < N && !run_stopped(R); c0 += C)
-        if ((e = w4_chunk(R, rank, o, c0, C < N - c0 ? C : N - c0, b, offs)))
-            break;
+    return CVT_ERR_NONE;
+}
+
+/* Columns [c0, c0 + cw) of o through the generic path (cvt_awq_load + ref_pack_*), in its own
+ * chunk width. */
+static enum cvt_err w4_generic(struct run *R, int rank, const struct cvt_out *o, int64_t c0,
+                               int64_t cw, struct w4_bufs *b, uint64_t offs[3])
+{
+    int64_t C;
+    enum cvt_err e = w4_generic_bufs(R, rank, o, b, &C);
+    for (int64_t c = c0; !e && c < c0 + cw && !run_stopped(R); c += C)
+        e = w4_chunk(R, rank, o, c, C < c0 + cw - c ? C : c0 + cw - c, b, offs);
     return e;
+}
+
+/* Columns per chunk of the GEMM fast path: only the packed chunk is held (K/2 + 5/2 K/G bytes
+ * per column), so chunks are ~10x wider than the generic path's. */
+static int64_t fast_chunk_cols(const struct run *R, int64_t K, int64_t ng, int64_t N)
+{
+    int64_t per_col = K / 2 + ng * 3;
+    int64_t c = (int64_t)R->chunk_bytes / per_col / 64 * 64;
+    if (c < 64)
+        c = 64;
+    return c < N ? c : N;
+}
+
+static bool test_corrupt_wanted(const struct cvt_out *o)
+{
+    const char *s = getenv("QSHARD_CVT_TEST_CORRUPT");
+    return s && !strcmp(s, o->name);
+}
+
+/* One W4 output through the GEMM fast path (cvt_fast.c), chunk by chunk; a chunk it declines
+ * (a bad scale value) goes through the generic path, which reports it. */
+static enum cvt_err w4_fast(struct run *R, int rank, const struct cvt_out *o, struct w4_bufs *b,
+                            uint64_t offs[3])
+{
+    int64_t K = o->rows, N = o->cols, ng = K / o->group, C = fast_chunk_cols(R, K, ng, N);
+    size_t piece = cvt_fast_piece_bytes(o->group);
+    bool ck = !R->o->no_check, corrupt = test_corrupt_wanted(o);
+    if (!w4_ensure(b, 7, (size_t)(K * C / 2)) || !w4_ensure(b, 8, (size_t)(ng * C / 2)) ||
+        !w4_ensure(b, 10, (size_t)(ng * C) * 2) || (ck && !w4_ensure(b, 4, piece)) ||
+        (ck && !w4_ensure(b, 11, piece))) {
+        qs_log_error(__func__, "rank %d: tensor %s: out of memory for a %" PRId64 " x %" PRId64
+                               " chunk", rank, o->name, K, C);
+        return CVT_ERR_NOMEM;
+    }
+    uint32_t i0 = R->idx[rank][o - R->plan->ranks[rank].outs];
+    enum cvt_err e = CVT_ERR_NONE;
+    for (int64_t c0 = 0; c0 < N && !e && !run_stopped(R); c0 += C) {
+        int64_t cw = C < N - c0 ? C : N - c0;
+        struct cvt_fast_bufs fb = {b->qp, b->sp, b->zp, b->ws, b->xw};
+        struct cvt_fast_mismatch mm;
+        enum cvt_fast_rc rc = cvt_fast_w4_chunk(R->src, R->cfg, R->plan, o, c0, cw, ck, corrupt,
+                                                &fb, &mm);
+        if (rc == CVT_FAST_NO) {
+            e = w4_generic(R, rank, o, c0, cw, b, offs);
+            continue;
+        }
+        if (rc == CVT_FAST_REF_FAIL)
+            return CVT_ERR_RANGE;
+        if (rc == CVT_FAST_MISMATCH)
+            return check_fail(R, rank, o, mm.src_name, mm.src_k, mm.src_n, mm.k, mm.n, mm.want,
+                              mm.got);
+        size_t nq = (size_t)(K * cw / 2), ns = (size_t)(ng * cw) * 2, nz = (size_t)(ng * cw / 2);
+        if ((e = put_part(R, rank, i0, offs[0], b->qp, nq)) ||
+            (e = put_part(R, rank, i0 + 1, offs[1], b->sp, ns)) ||
+            (e = put_part(R, rank, i0 + 2, offs[2], b->zp, nz)))
+            return e;
+        offs[0] += nq;
+        offs[1] += ns;
+        offs[2] += nz;
+    }
+    return e;
+}
+
+static enum cvt_err job_w4(struct run *R, int rank, const struct cvt_out *o, struct w4_bufs *b)
+{
+    uint64_t offs[3] = {0, 0, 0};
+    if (!getenv("QSHARD_CVT_NO_FAST") && cvt_fast_w4_ok(R->src, R->cfg, R->plan, o))
+        return w4_fast(R, rank, o, b, offs);
+    return w4_generic(R, rank, o, 0, o->cols, b, offs);
 }
 
 /* --- float outputs ------------------------------------------------------------------------- */

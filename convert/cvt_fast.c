@@ -1,0 +1,388 @@
+/*
+ * cvt_fast.c - the converter's fast path for AutoAWQ GEMM sources: one load chunk of a packed
+ * W4 output (DESIGN 4.1-4.3) made straight from the mapped source words, with the bitwise
+ * self-check fused into the same pass.
+ *
+ * Entry point: cvt_fast_w4_chunk() (cvt.h), called by cvt_run.c for every load chunk; it
+ * answers CVT_FAST_NO when the chunk is not for it (another variant, BF16 scales, a segment
+ * edge not on the 8-column / 16-row / local-group grid, a bad scale value), and cvt_run.c then
+ * makes the chunk through the generic path (cvt_awq_load + ref_pack_*), which also reports any
+ * bad value. Both paths give the same bytes: test_cvt compares every fixture conversion with
+ * its twins in other variants, which only the generic path reads.
+ *
+ * Why it is fast: the AutoAWQ GEMM word (qweight I32 [K, N/8], AWQ-FORMATS 1.2: nibble i holds
+ * column 8c + ORDER[i], ORDER = {0,2,4,6,1,3,5,7}) and our tile word (DESIGN 4.1) are both
+ * nibble permutations of the same codes. For thread t = 4m + p and word w of a tile, nibble i
+ * of our word is column m of source row 2p + 8(i%2) + i/4, sub-tile 2w + (i/2)%2; with X_i that
+ * source word, our word m is nibble REV[m] of every X_i: the 8 x 8 nibble transpose of
+ * (X_0..X_7), whose row s lands in word m = ORDER[s]. So a tile is 16 gathers of 8 words, 16
+ * nibble transposes and 128 stores; qzeros (DESIGN 4.3: word c nibble j = column 8j + c) is the
+ * same transpose of the 8 source zero words of one group row. No code array, no copies.
+ *
+ * The SELF-CHECK (default on) runs per [P][64] piece of one n-tile and one local group (P = G_r
+ * up to 256 rows, else a divisor of it), while the source words are in cache: the source is
+ * dequantized by this file's own walk of the source words in the packer's ORDER with tables of
+ * (q - z) * s per (group, column) built from the source qzeros/scales (fp32, one rounding), our
+ * packed piece by the kernels' reference ref_dequant_w4 (kernels/ref_pack.c), and the two fp32
+ * arrays must be equal bit for bit (padding: +0.0). Neither side uses the transposes above.
+ *
+ * Memory: the chunk's packed bytes (the caller's buffers) plus two [P][64] fp32 pieces; source
+ * rows are read from the mapping in k-blocks of about CVT_FAST_KBLOCK_BYTES of source rows,
+ * whose pages are dropped again after each block (cvt_source_release_range), so RSS does not
+ * grow with the tensor.
+ *
+ * Test: build/test_cvt (every fixture conversion bitwise against the generic path's goldens and
+ * twins; QSHARD_CVT_TEST_CORRUPT caught), build/test_cvt_src.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cvt.h"
+#include "cvt_src_int.h" /* cvt_ld16, cvt_ld32, cvt_f16_to_f32 */
+#include "fmt.h"         /* FMT_W4_TILE_BYTES */
+#include "ref.h"         /* ref_dequant_w4 */
+
+/* Source row bytes read between two releases of their pages (per segment). */
+#define CVT_FAST_KBLOCK_BYTES (1u << 20)
+
+/* nibble i of an AutoAWQ GEMM word holds column ORDER[i] of its 8 (AWQ-FORMATS 1.2) */
+static const int ORDER[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+
+/* One segment of the output that overlaps the chunk, resolved against the source mapping. */
+struct fseg {
+    const struct cvt_plan_src *ps;
+    const struct cvt_src_tensor *tq, *tz, *ts; /* qweight, qzeros, scales */
+    const uint8_t *qw, *qz, *sc;               /* mapped bytes of the three */
+    int64_t W;                                 /* source words per row: N_src / 8 */
+    int64_t N, Gs;                             /* source N, source group size */
+    int64_t r0, r1;                            /* output rows covered */
+    int64_t src_r0;                            /* source row of output row r0 */
+    int64_t src_c0, dst_c0;
+};
+
+static inline void st32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+
+/* 8 x 8 nibble transpose of x[i][l] (lanes l = 0..L-1 independent): afterwards nibble i of
+ * x[s][l] is what nibble s of x[i][l] was. Three rounds of block swaps (4, 2, 1 nibbles). */
+#define CVT_FAST_LANES 16
+#define CVT_FAST_SWAP(x, i, b, m, L)                                          \
+    for (int l = 0; l < (L); l++) {                                           \
+        uint32_t t_ = ((x[i][l] >> (4 * (b))) ^ x[(i) + (b)][l]) & (m);       \
+        x[(i) + (b)][l] ^= t_;                                                \
+        x[i][l] ^= t_ << (4 * (b));                                           \
+    }
+static inline void transpose_nib(uint32_t x[8][CVT_FAST_LANES], int L)
+{
+    CVT_FAST_SWAP(x, 0, 4, 0x0000ffffu, L) CVT_FAST_SWAP(x, 1, 4, 0x0000ffffu, L)
+    CVT_FAST_SWAP(x, 2, 4, 0x0000ffffu, L) CVT_FAST_SWAP(x, 3, 4, 0x0000ffffu, L)
+    CVT_FAST_SWAP(x, 0, 2, 0x00ff00ffu, L) CVT_FAST_SWAP(x, 1, 2, 0x00ff00ffu, L)
+    CVT_FAST_SWAP(x, 4, 2, 0x00ff00ffu, L) CVT_FAST_SWAP(x, 5, 2, 0x00ff00ffu, L)
+    CVT_FAST_SWAP(x, 0, 1, 0x0f0f0f0fu, L) CVT_FAST_SWAP(x, 2, 1, 0x0f0f0f0fu, L)
+    CVT_FAST_SWAP(x, 4, 1, 0x0f0f0f0fu, L) CVT_FAST_SWAP(x, 6, 1, 0x0f0f0f0fu, L)
+}
+
+/* Source row of output row r in segment s (r inside [r0, r1)). */
+static inline int64_t src_row(const struct fseg *s, int64_t r) { return s->src_r0 + (r - s->r0); }
+
+/* Does sub-tile column group j (its segment js, -1 = none) have output row r? */
+static inline bool covered(const struct fseg *sg, int js, int64_t r)
+{
+    return js >= 0 && r >= sg[js].r0 && r < sg[js].r1;
+}
+
+/* Tile (kt = r/16, nt) of the chunk: 8 sub-tiles j with segment js[j] and source word column
+ * jw[j]; rows not covered and columns without a segment are code 0. */
+static void pack_tile(const struct fseg *sg, const int8_t *js, const int64_t *jw, int64_t r,
+                      uint8_t *out)
+{
+    static const uint32_t zero16[16]; /* an uncovered sub-tile reads zeros, stride 0 */
+    const uint8_t *base[8];
+    uint64_t stride[8];
+    for (int j = 0; j < 8; j++) {
+        if (!covered(sg, js[j], r)) {
+            base[j] = (const uint8_t *)zero16;
+            stride[j] = 0;
+            continue;
+        }
+        const struct fseg *s = &sg[js[j]];
+        stride[j] = (uint64_t)s->W * 4;
+        base[j] = s->qw + (uint64_t)src_row(s, r) * stride[j] + (uint64_t)jw[j] * 4;
+    }
+    uint32_t X[8][CVT_FAST_LANES]; /* X[i][4p + w]: source row 2p + 8(i%2) + i/4, sub-tile
+                                    * 2w + (i/2)%2 */
+    for (int i = 0; i < 8; i++)
+        for (int p = 0; p < 4; p++)
+            for (int w = 0; w < 4; w++) {
+                const int j = 2 * w + ((i >> 1) & 1);
+                X[i][4 * p + w] = cvt_ld32(base[j] + (uint64_t)(2 * p + 8 * (i & 1) + (i >> 2)) * stride[j]);
+            }
+    transpose_nib(X, CVT_FAST_LANES);
+    for (int s = 0; s < 8; s++) /* row s is our word for column m = ORDER[s] */
+        memcpy(out + ORDER[s] * 64, X[s], 64); /* threads 4m..4m+3, words 0..3 */
+}
+
+/* Scales and zeros row (nt, g) of local group g whose first output row is r (DESIGN 4.2, 4.3).
+ * Returns false on a scale that is not finite and > 0 (the generic path reports it). */
+static bool pack_group(const struct fseg *sg, const int8_t *js, const int64_t *jw, int64_t r,
+                       uint16_t *sp, uint8_t *zp)
+{
+    uint32_t Z[8][CVT_FAST_LANES];
+    unsigned bad = 0;
+    for (int j = 0; j < 8; j++) {
+        Z[j][0] = 0;
+        if (!covered(sg, js[j], r)) {
+            for (int c = 0; c < 8; c++)
+                sp[c * 8 + j] = 0;
+            continue;
+        }
+        const struct fseg *s = &sg[js[j]];
+        const int64_t gs = src_row(s, r) / s->Gs;
+        Z[j][0] = cvt_ld32(s->qz + ((uint64_t)gs * (uint64_t)s->W + (uint64_t)jw[j]) * 4);
+        const uint8_t *srow = s->sc + ((uint64_t)gs * (uint64_t)s->N + (uint64_t)jw[j] * 8) * 2;
+        for (int c = 0; c < 8; c++) {
+            uint16_t h = cvt_ld16(srow + 2 * c);
+            bad |= (h & 0x8000u) | ((h & 0x7c00u) == 0x7c00u) | (h == 0); /* finite, > 0 */
+            sp[c * 8 + j] = h;
+        }
+    }
+    transpose_nib(Z, 1);
+    for (int s = 0; s < 8; s++)
+        st32(zp + 4 * ORDER[s], Z[s][0]);
+    return !bad;
+}
+
+/* SELF-CHECK, source side: rows [r, r + P) x the 64 columns of one n-tile dequantized from
+ * the source words (nibble i -> column ORDER[i]) with per-(group, column) tables of
+ * (float)(q - z) * s from the source qzeros / scales; uncovered elements +0.0. Writes a[P][64]. */
+static void dequant_source(const struct fseg *sg, const int8_t *js, const int64_t *jw,
+                           int64_t r, int64_t P, float *a)
+{
+    float tab[64][16];
+    int64_t gsj[8];
+    for (int j = 0; j < 8; j++) {
+        gsj[j] = -1;
+        if (js[j] < 0)
+            continue;
+        const struct fseg *s = &sg[js[j]];
+        const int64_t rc = r > s->r0 ? r : s->r0; /* a covered row of the piece, if any */
+        if (rc >= s->r1 || rc >= r + P)
+            continue;
+        const int64_t gs = src_row(s, rc) / s->Gs;
+        gsj[j] = gs;
+        const uint32_t zw =
+            cvt_ld32(s->qz + ((uint64_t)gs * (uint64_t)s->W + (uint64_t)jw[j]) * 4);
+        const uint8_t *srow = s->sc + ((uint64_t)gs * (uint64_t)s->N + (uint64_t)jw[j] * 8) * 2;
+        for (int i = 0; i < 8; i++) {
+            const int col = ORDER[i];
+            const int z = (int)((zw >> (4 * i)) & 15u);
+            const float sv = cvt_f16_to_f32(cvt_ld16(srow + 2 * col));
+            for (int q = 0; q < 16; q++)
+                tab[8 * j + col][q] = (float)(q - z) * sv;
+        }
+    }
+    for (int j = 0; j < 8; j++) {
+        const struct fseg *s = js[j] >= 0 ? &sg[js[j]] : NULL;
+        const float(*t)[16] = tab + 8 * j;
+        for (int64_t k = 0; k < P; k++) {
+            float *o = a + k * 64 + 8 * j;
+            if (gsj[j] < 0 || !covered(sg, js[j], r + k)) {
+                memset(o, 0, 8 * sizeof(float));
+                continue;
+            }
+            const uint32_t wq = cvt_ld32(s->qw + (uint64_t)src_row(s, r + k) * (uint64_t)s->W * 4 +
+                                         (uint64_t)jw[j] * 4);
+            /* nibble i -> column ORDER[i] = 0, 2, 4, 6, 1, 3, 5, 7 */
+            o[0] = t[0][wq & 15u];
+            o[2] = t[2][(wq >> 4) & 15u];
+            o[4] = t[4][(wq >> 8) & 15u];
+            o[6] = t[6][(wq >> 12) & 15u];
+            o[1] = t[1][(wq >> 16) & 15u];
+            o[3] = t[3][(wq >> 20) & 15u];
+            o[5] = t[5][(wq >> 24) & 15u];
+            o[7] = t[7][wq >> 28];
+        }
+    }
+}
+
+/* Rows of one self-check piece: the local group up to 256 rows, else gcd(G, 256). */
+static int64_t piece_rows(int64_t G)
+{
+    int64_t a = G, c = 256;
+    if (G <= 256)
+        return G;
+    while (c) {
+        int64_t t = a % c;
+        a = c;
+        c = t;
+    }
+    return a;
+}
+
+size_t cvt_fast_piece_bytes(int64_t G)
+{
+    return (size_t)(piece_rows(G) * 64) * sizeof(float);
+}
+
+/* Resolve the segments of o overlapping chunk columns [c0, c0 + cw) into sg[] and the per
+ * 8-column group tables js / jw; false when the chunk is not for the fast path. */
+static bool resolve(const struct cvt_source *src, const struct cvt_hf_config *cfg,
+                    const struct cvt_plan *p, const struct cvt_out *o, int64_t c0, int64_t cw,
+                    struct fseg *sg, int8_t *js, int64_t *jw)
+{
+    const int64_t K = o->rows, G = o->group;
+    if (cw % 64 || c0 % 64 || K % 16 || G % 16 || K % G)
+        return false;
+    for (int64_t j = 0; j < cw / 8; j++)
+        js[j] = -1;
+    for (int si = 0; si < o->n_segs; si++) {
+        const struct cvt_seg *s = &o->segs[si];
+        const int64_t a = s->dst_c0 > c0 ? s->dst_c0 : c0;
+        const int64_t z = s->dst_c0 + s->n_cols < c0 + cw ? s->dst_c0 + s->n_cols : c0 + cw;
+        struct fseg *f = &sg[si];
+        memset(f, 0, sizeof(*f));
+        f->r0 = f->r1 = 0;
+        if (a >= z)
+            continue;
+        const struct cvt_plan_src *ps = &p->srcs[s->src];
+        /* 8-column groups map to whole source words; rows on the tile and local-group grid */
+        if (s->dst_c0 % 8 || s->src_c0 % 8 || s->n_cols % 8 || s->dst_r0 % G ||
+            (s->n_rows % G && s->dst_r0 + s->n_rows != K) || s->n_rows % 16 || s->src_r0 % 16)
+            return false;
+        struct cvt_awq_info in;
+        if (ps->kind != CVT_SRC_AWQ ||
+            cvt_awq_probe(src, cfg, ps->name, ps->rows, ps->cols, &in) != CVT_ERR_NONE ||
+            in.variant != CVT_VARIANT_GEMM || in.scales->dtype != CVT_DT_F16)
+            return false;
+        f->ps = ps;
+        f->tq = in.qweight;
+        f->tz = in.zeros;
+        f->ts = in.scales;
+        f->qw = cvt_source_data(src, in.qweight);
+        f->qz = cvt_source_data(src, in.zeros);
+        f->sc = cvt_source_data(src, in.scales);
+        if (!f->qw || !f->qz || !f->sc)
+            return false;
+        f->N = in.N;
+        f->W = in.N / 8;
+        f->Gs = in.G;
+        f->r0 = s->dst_r0;
+        f->r1 = s->dst_r0 + s->n_rows;
+        f->src_r0 = s->src_r0;
+        f->src_c0 = s->src_c0;
+        f->dst_c0 = s->dst_c0;
+        for (int64_t col = a; col < z; col += 8) {
+            const int64_t j = (col - c0) / 8;
+            if (js[j] >= 0) /* two segments in one column: rows stacked, not for this path */
+                return false;
+            js[j] = (int8_t)si;
+            jw[j] = (s->src_c0 + (col - s->dst_c0)) / 8;
+        }
+    }
+    return true;
+}
+
+/* First differing element of pieces a (source) and b (ours), P x 64, into *mm. */
+static void first_diff(const struct fseg *sg, const int8_t *js, const int64_t *jw, int64_t r,
+                       int64_t P, int64_t col0, const float *a, const float *b,
+                       struct cvt_fast_mismatch *mm)
+{
+    for (int64_t k = 0; k < P; k++)
+        for (int n = 0; n < 64; n++)
+            if (memcmp(&a[k * 64 + n], &b[k * 64 + n], sizeof(float))) {
+                const int j = n / 8;
+                mm->k = r + k;
+                mm->n = col0 + n;
+                mm->want = a[k * 64 + n];
+                mm->got = b[k * 64 + n];
+                mm->src_name = NULL;
+                if (covered(sg, js[j], r + k)) {
+                    const struct fseg *s = &sg[js[j]];
+                    mm->src_name = s->ps->name;
+                    mm->src_k = src_row(s, r + k);
+                    mm->src_n = jw[j] * 8 + n % 8;
+                }
+                return;
+            }
+}
+
+bool cvt_fast_w4_ok(const struct cvt_source *src, const struct cvt_hf_config *cfg,
+                    const struct cvt_plan *p, const struct cvt_out *o)
+{
+    struct fseg sg[CVT_MAX_SEGS];
+    int8_t *js = malloc((size_t)(o->cols / 8 + 1));
+    int64_t *jw = malloc((size_t)(o->cols / 8 + 1) * sizeof(*jw));
+    bool ok = js && jw && o->kind == CVT_OUT_W4 && o->cols % 64 == 0 &&
+              resolve(src, cfg, p, o, 0, o->cols, sg, js, jw);
+    free(js);
+    free(jw);
+    return ok;
+}
+
+enum cvt_fast_rc cvt_fast_w4_chunk(const struct cvt_source *src, const struct cvt_hf_config *cfg,
+                                   const struct cvt_plan *p, const struct cvt_out *o, int64_t c0,
+                                   int64_t cw, bool check, bool corrupt_first,
+                                   const struct cvt_fast_bufs *b, struct cvt_fast_mismatch *mm)
+{
+    struct fseg sg[CVT_MAX_SEGS];
+    const int64_t K = o->rows, G = o->group, ng = K / G, P = piece_rows(G), NT = cw / 64;
+    int8_t *js = malloc((size_t)(cw / 8));
+    int64_t *jw = malloc((size_t)(cw / 8) * sizeof(*jw));
+    enum cvt_fast_rc rc = CVT_FAST_NO;
+    if (!js || !jw || !resolve(src, cfg, p, o, c0, cw, sg, js, jw))
+        goto out;
+    /* k-block: whole pieces, about CVT_FAST_KBLOCK_BYTES of the widest source's rows */
+    int64_t row_bytes = 1;
+    for (int si = 0; si < o->n_segs; si++)
+        if (sg[si].qw && sg[si].W * 4 > row_bytes)
+            row_bytes = sg[si].W * 4;
+    int64_t kb = (int64_t)CVT_FAST_KBLOCK_BYTES / row_bytes / P * P;
+    kb = kb < P ? P : kb;
+    for (int64_t r0 = 0; r0 < K; r0 += kb) {
+        const int64_t r1 = r0 + kb < K ? r0 + kb : K;
+        for (int64_t nt = 0; nt < NT; nt++) {
+            const int8_t *jst = js + nt * 8;
+            const int64_t *jwt = jw + nt * 8;
+            for (int64_t r = r0; r < r1; r += P) {
+                uint8_t *q = b->qp + (size_t)(nt * (K / 16) + r / 16) * FMT_W4_TILE_BYTES;
+                const int64_t g = r / G;
+                uint16_t *s = b->sp + (size_t)(nt * ng + g) * 64;
+                uint8_t *z = b->zp + (size_t)(nt * ng + g) * 32;
+                for (int64_t t = 0; t < P / 16; t++)
+                    pack_tile(sg, jst, jwt, r + 16 * t, q + t * FMT_W4_TILE_BYTES);
+                if (r % G == 0 && !pack_group(sg, jst, jwt, r, s, z))
+                    goto out; /* a bad scale: the generic path names it */
+                if (corrupt_first && r == 0 && nt == 0)
+                    q[0] ^= 1; /* QSHARD_CVT_TEST_CORRUPT: stands in for a packing bug */
+                if (!check)
+                    continue;
+                dequant_source(sg, jst, jwt, r, P, b->src_dq);
+                if (ref_dequant_w4(q, z, s, (int)P, 64, (int)P, b->our_dq)) {
+                    rc = CVT_FAST_REF_FAIL;
+                    goto out;
+                }
+                if (memcmp(b->src_dq, b->our_dq, (size_t)(P * 64) * sizeof(float))) {
+                    first_diff(sg, jst, jwt, r, P, c0 + nt * 64, b->src_dq, b->our_dq, mm);
+                    rc = CVT_FAST_MISMATCH;
+                    goto out;
+                }
+            }
+        }
+        for (int si = 0; si < o->n_segs; si++) { /* drop this block's source rows again */
+            const struct fseg *f = &sg[si];
+            const int64_t a = r0 > f->r0 ? r0 : f->r0, e = r1 < f->r1 ? r1 : f->r1;
+            if (f->qw && a < e)
+                cvt_source_release_range(src, f->tq, (uint64_t)src_row(f, a) * (uint64_t)f->W * 4,
+                                         (uint64_t)(e - a) * (uint64_t)f->W * 4);
+        }
+    }
+    rc = CVT_FAST_OK;
+out:
+    for (int si = 0; si < o->n_segs && rc != CVT_FAST_NO; si++)
+        if (sg[si].qw) {
+            cvt_source_release(src, sg[si].tz);
+            cvt_source_release(src, sg[si].ts);
+        }
+    free(js);
+    free(jw);
+    return rc;
+}
