@@ -301,6 +301,8 @@ int bench_stream(void)
     return QS_EXIT_OK;
 }
 
+constexpr int B_NO_PDL = 100; /* --variants 100 + v */
+
 void usage(FILE *f)
 {
     fprintf(f,
@@ -309,7 +311,9 @@ void usage(FILE *f)
             "  --m LIST         activation rows M (default 1,16,64,256,4096)\n"
             "  --shapes LIST    llama2-7b,llama3-8b,llama2-13b,70b (default llama2-7b,llama3-8b,70b)\n"
             "  --tp N           tensor-parallel size of the layer shapes (default 1)\n"
-            "  --variants LIST  W4A16 variants to time: 0 auto, 1 naive, 2 decode, 3 GEMM (default 0)\n"
+            "  --variants LIST  W4A16 variants to time: 0 auto, 1 naive, 2 decode, 3 GEMM, 4 stream-K,\n"
+            "                   5 lean decode, 6 lean decode (smem ring); 100 + v: v without Programmatic Dependent Launch\n"
+            "                   (default 0)\n"
             "  --group N        group size G (default 128)\n"
             "  --ms T           target milliseconds per timed loop (default 20)\n"
             "  --no-graph       time back-to-back launches instead of CUDA-graph replays\n"
@@ -453,11 +457,17 @@ int bench_kernel_main(int argc, char **argv)
             const double t_cub = time_us([&](int i) { cublas_linear(cub, x[i % 2], w16[i % R16], y, M, N, K); }, target_ms);
 
             double t_best = 0;
-            for (int v : variants) {
+            for (int vv : variants) {
+                /* B_NO_PDL + v: variant v launched without Programmatic Dependent Launch */
+                const bool no_pdl = vv >= B_NO_PDL;
+                const int v = no_pdl ? vv - B_NO_PDL : vv;
                 if ((v == K_W4A16_V2_DECODE || v == K_W4A16_V4_STREAMK) && M > K_W4A16_DECODE_MAX_M) continue;
+                if ((v == K_W4A16_V5_DECODE || v == K_W4A16_V6_DECODE_RING) && M > K_W4A16_V5_MAX_M) continue;
+                if (v == 0 && no_pdl && M > K_W4A16_V5_MAX_M) continue;
+                k_set_pdl(!no_pdl);
                 char vname[16];
-                snprintf(vname, sizeof vname, "w4a16 v%d", v);
-                if (v == 0) snprintf(vname, sizeof vname, "w4a16 auto");
+                snprintf(vname, sizeof vname, "w4a16 v%d%s", v, no_pdl ? "np" : "");
+                if (v == 0) snprintf(vname, sizeof vname, "w4a16 auto%s", no_pdl ? "np" : "");
                 K_CUDA_CHECK(cudaMemset(y, 0xFF, (size_t)M * N * 2));
                 int rc = k_w4a16_linear_variant(v, reinterpret_cast<uint16_t *>(x[0]), qw[0], qz[0], sc[0], nullptr,
                                                 reinterpret_cast<uint16_t *>(y), M, N, K, G, ws, wsb, nullptr);
@@ -465,6 +475,7 @@ int bench_kernel_main(int argc, char **argv)
                 if (rc != K_ERR_NONE || !validate(y, yref, (size_t)M * N, &rel)) {
                     printf("%-34s %-9s | INVALID (rc %d, rel L2 %.3g vs dequant+cuBLAS): not timed\n", shape, vname, rc, rel);
                     ++invalid;
+                    k_set_pdl(1);
                     continue;
                 }
                 const double t = time_us([&](int i) {
@@ -475,6 +486,7 @@ int bench_kernel_main(int argc, char **argv)
                 printf("%-34s %-9s | %9.2f | %7.0f | %5.1f%% | %7.1f | %7.2fx\n", shape, vname, t, gbs,
                        100.0 * gbs / copy_bw, flops / (t * 1e6), t_cub / t);
                 if (t_best == 0 || t < t_best) t_best = t;
+                k_set_pdl(1);
             }
             printf("%-34s %-9s | %9.2f | %7.0f | %5.1f%% | %7.1f |\n", shape, "cublas", t_cub,
                    w16_b / (t_cub * 1e3), 100.0 * (w16_b / (t_cub * 1e3)) / copy_bw, flops / (t_cub * 1e6));

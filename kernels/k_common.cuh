@@ -109,6 +109,26 @@ __device__ __forceinline__ void k_ldmatrix_x4(uint32_t r[4], const void *smem)
                  : "r"(s));
 }
 
+/* --- Programmatic Dependent Launch (sm_90+) ---------------------------------------------------
+ * A kernel launched with cudaLaunchAttributeProgrammaticStreamSerialization may start while the
+ * previous kernel in the stream is still running; k_pdl_wait() blocks until that kernel has
+ * completed and its memory is visible, so everything before it must read only data no earlier
+ * kernel writes (weights, scales, zeros). k_pdl_launch_dependents() lets the next such kernel
+ * start early. Both are no-ops without the launch attribute and compile to nothing below sm_90.
+ * PTX ISA "griddepcontrol": https://docs.nvidia.com/cuda/parallel-thread-execution/#parallel-synchronization-and-communication-instructions-griddepcontrol */
+__device__ __forceinline__ void k_pdl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void k_pdl_launch_dependents(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 /* --- tensor cores ----------------------------------------------------------------------- */
 
 /* D = A . B + D for one m16n8k16 tile, fp16 inputs, fp32 accumulators: the sm80+ warp-level
@@ -238,5 +258,29 @@ __device__ __forceinline__ float k_w4_scale(const uint16_t *scales, int n_groups
 
 /* Number of multiprocessors of the current device (cached per device; at most 64 devices). */
 int k_device_sm_count(void);
+
+/* Whether to launch with Programmatic Dependent Launch now: k_get_pdl() and the current device
+ * is sm_90+ (cached per device). */
+bool k_pdl_usable(void);
+
+/* Launch kern<<<grid, block, smem, stream>>>(args...) through cudaLaunchKernelEx, with the
+ * programmatic stream serialization attribute when pdl is true (the kernel must call
+ * k_pdl_wait() before touching anything an earlier kernel writes). */
+template <typename... KArgs, typename... Args>
+static void k_launch_ex(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                        cudaStream_t stream, bool pdl, Args... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    K_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, static_cast<KArgs>(args)...));
+}
 
 #endif /* QS_K_COMMON_CUH */

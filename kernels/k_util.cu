@@ -1,6 +1,6 @@
 /*
  * k_util.cu - small host helpers shared by the kernel launchers: k_err_str(), the cached
- * multiprocessor count. No kernels here.
+ * multiprocessor count, the Programmatic Dependent Launch switch. No kernels here.
  */
 #include "k_common.cuh" /* K_CUDA_CHECK, kernels.h */
 
@@ -27,4 +27,25 @@ int k_device_sm_count(void)
     K_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
     if (dev >= 0 && dev < MAX_DEVICES) cache[dev] = n;
     return n;
+}
+
+static int g_pdl = 1; /* k_set_pdl */
+
+void k_set_pdl(int on) { g_pdl = on != 0; }
+
+int k_get_pdl(void) { return g_pdl; }
+
+bool k_pdl_usable(void)
+{
+    enum { MAX_DEVICES = 64 };
+    static int cache[MAX_DEVICES]; /* 0 = not queried, 1 = below sm_90, 2 = sm_90+ */
+    if (!g_pdl) return false;
+    int dev = 0;
+    K_CUDA_CHECK(cudaGetDevice(&dev));
+    if (dev >= 0 && dev < MAX_DEVICES && cache[dev]) return cache[dev] == 2;
+    int major = 0;
+    K_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    const int v = major >= 9 ? 2 : 1;
+    if (dev >= 0 && dev < MAX_DEVICES) cache[dev] = v;
+    return v == 2;
 }

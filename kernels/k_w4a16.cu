@@ -70,6 +70,55 @@ template <int MB8> constexpr int MIN_BLOCKS = MB8 <= 2 ? 6 : 1;
 } // namespace v2
 
 /*
+ * End of a split-K slice (v2, v5): add this warp's partial sums acc (the D fragments of the
+ * transposed product: acc[tb][w][c], c0/c1 = column nt*64 + 2w*8 + lane/4, tokens tb*8 + 2t, +1;
+ * c2/c3 = column + 8, same tokens; t = lane % 4) to the fp32 workspace; the slice that arrives
+ * last at the n-tile's counter adds the bias, writes y [M, 64 columns] in fp16 and zeroes its
+ * workspace columns and the counter again (so the workspace is zero on exit).
+ */
+template <int MB8>
+static __device__ __forceinline__ void w4a16_splitk_flush(const float (&acc)[MB8][4][4],
+                                                          const float *__restrict__ bias,
+                                                          __half *__restrict__ y,
+                                                          float *__restrict__ ws,
+                                                          unsigned *__restrict__ counters, int M,
+                                                          int N, int nt, int S, int lane)
+{
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int tb = 0; tb < MB8; ++tb) {
+        const int m0 = tb * 8 + 2 * t, m1 = m0 + 1;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            const int n0 = nt * 64 + 2 * w * 8 + g, n1 = n0 + 8;
+            if (m0 < M) {
+                atomicAdd(ws + (size_t)m0 * N + n0, acc[tb][w][0]);
+                atomicAdd(ws + (size_t)m0 * N + n1, acc[tb][w][2]);
+            }
+            if (m1 < M) {
+                atomicAdd(ws + (size_t)m1 * N + n0, acc[tb][w][1]);
+                atomicAdd(ws + (size_t)m1 * N + n1, acc[tb][w][3]);
+            }
+        }
+    }
+    __threadfence(); /* our adds are visible device-wide before the counter moves */
+    __syncwarp();
+    unsigned prev = 0;
+    if (lane == 0) prev = atomicAdd(counters + nt, 1u);
+    prev = __shfl_sync(0xffffffffu, prev, 0);
+    if (prev != (unsigned)S - 1) return;
+    __threadfence(); /* the last slice sees every other slice's adds */
+    for (int e = lane; e < M * 64; e += K_WARP) {
+        const int r = e / 64, c = nt * 64 + e % 64;
+        float v = __ldcg(ws + (size_t)r * N + c);
+        if (bias) v += bias[c];
+        y[(size_t)r * N + c] = __float2half_rn(v);
+        __stcg(ws + (size_t)r * N + c, 0.0f);
+    }
+    if (lane == 0) atomicExch(counters + nt, 0u);
+}
+
+/*
  * Transposed product, so that small M wastes no tensor-core work: y^T[n, m] = W^T[n, k] x^T[k, m]
  * with mma m16n8k16 where A = W^T (16 output columns x 16 k) and B = x^T (16 k x 8 tokens).
  * The A fragment of W^T for columns {2w*8 + g, (2w+1)*8 + g} (g = lane/4) is exactly what the
@@ -224,39 +273,220 @@ w4a16_v2_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
                     acc[tb][w][c] = fmaf(sf[2 * w + c / 2], gacc[tb][w][c], acc[tb][w][c]);
     }
 
-    /* partial sums of this slice -> workspace */
-    const int g = lane / 4, t = lane % 4;
+    w4a16_splitk_flush<MB8>(acc, bias, y, ws, counters, M, N, nt, S, lane);
+}
+
+// --- v5: decode, split-K slices, weights through registers -------------------------------------
+
+namespace v5 {
+constexpr int WARPS = 4;        /* warps per block, one n-tile each */
+constexpr int DEPTH = 8;        /* weight tiles in flight per lane, held in registers */
+constexpr int X_BUDGET = 16384; /* bytes of the staged activation slice at most */
+constexpr int SZ_BYTES = 160;   /* one group of one n-tile: 128 B scales + 32 B zero words */
+/* resident blocks per SM the register allocation must allow: 3 x 4 warps x 8 tiles x 512 B =
+ * 48 KB of weights in flight per SM (~4x what the H200's ~12 B/cycle/SM over ~1000 cycles of
+ * latency needs); at 4 blocks (128 registers) M <= 8 spilled */
+template <int MB8, bool RING> constexpr int MIN_BLOCKS = RING ? (MB8 == 1 ? 6 : 4) : 3;
+} // namespace v5
+
+/* acc += s * gacc per column (SCALE_AFTER: the group's exact-integer sums times its scales,
+ * fp32), then gacc = 0 when reset. sraw: the lane's 8 fp16 scales, column pair w = {2w, 2w+1}. */
+template <int MB8>
+static __device__ __forceinline__ void v5_scale_group(float (&acc)[MB8][4][4],
+                                                      float (&gacc)[MB8][4][4], uint4 sraw,
+                                                      bool reset)
+{
+    const uint32_t sw[4] = {sraw.x, sraw.y, sraw.z, sraw.w};
 #pragma unroll
-    for (int tb = 0; tb < MB8; ++tb) {
-        const int m0 = tb * 8 + 2 * t, m1 = m0 + 1;
+    for (int w = 0; w < 4; ++w) {
+        const float2 sf = __half22float2(k_u32_as_half2(sw[w]));
 #pragma unroll
-        for (int w = 0; w < 4; ++w) {
-            const int n0 = nt * 64 + 2 * w * 8 + g, n1 = n0 + 8;
-            if (m0 < M) {
-                atomicAdd(ws + (size_t)m0 * N + n0, acc[tb][w][0]);
-                atomicAdd(ws + (size_t)m0 * N + n1, acc[tb][w][2]);
+        for (int tb = 0; tb < MB8; ++tb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                acc[tb][w][e] = fmaf(e < 2 ? sf.x : sf.y, gacc[tb][w][e], acc[tb][w][e]);
+                if (reset) gacc[tb][w][e] = 0.0f;
             }
-            if (m1 < M) {
-                atomicAdd(ws + (size_t)m1 * N + n0, acc[tb][w][1]);
-                atomicAdd(ws + (size_t)m1 * N + n1, acc[tb][w][3]);
-            }
+    }
+}
+
+/*
+ * Same decomposition and product as v2 (split-K slices x 4 n-tiles per block, transposed mma
+ * with the weights as the A operand, activation slice staged once per block, fp32 atomics into
+ * the workspace, the last slice writes y), with a leaner tile loop:
+ *   - the loop is unrolled by DEPTH, so ring slots, activation addresses and (for GT <= DEPTH,
+ *     GT | DEPTH) group boundaries are compile-time: no per-tile bookkeeping;
+ *   - weights: RING = false: each lane loads its own 16 bytes of a tile straight into registers
+ *     (ld.global.nc; no lane reads another lane's bytes), DEPTH tiles ahead; the load that
+ *     refills a register slot is ordered after the dequantisation that read it (a fake register
+ *     dependency), so the compiler needs no register rotation that would wait on the load.
+ *     RING = true: the same through a per-warp cp.async ring in shared memory (v2's pipeline).
+ *   - Programmatic Dependent Launch (sm_90): the constant data (weights of the first tiles, this
+ *     slice's scales and zeros) is requested before griddepcontrol.wait, so it streams while the
+ *     previous kernel in the stream finishes; activations, workspace and y are touched only
+ *     after it (PTX ISA "griddepcontrol"; CUDA guide "Programmatic Dependent Launch").
+ * GTC: tiles per group when GT divides DEPTH (1, 2, 4, 8); 0 when GT is a multiple of DEPTH.
+ */
+template <int MB8, bool SCALE_AFTER, int GTC, bool RING>
+static __global__ void __launch_bounds__(v5::WARPS *K_WARP, v5::MIN_BLOCKS<MB8, RING>)
+w4a16_v5_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
+                       const uint4 *__restrict__ qweight,   /* [N/64][K/16] tiles of 32 x 16 B */
+                       const uint4 *__restrict__ qzeros,    /* [N/64][K/G] rows of 2 x 16 B */
+                       const uint4 *__restrict__ scales,    /* [N/64][K/G] rows of 8 x 16 B */
+                       const float *__restrict__ bias,      /* [N] or NULL */
+                       __half *__restrict__ y,              /* [M, N] */
+                       float *__restrict__ ws,              /* [M, N] fp32, zero on entry/exit */
+                       unsigned *__restrict__ counters,     /* [N/64], zero on entry/exit */
+                       int M, int N, int K, int G, int kc, int S)
+{
+    constexpr int ROWS = 8 * MB8, D = v5::DEPTH;
+    extern __shared__ __align__(128) unsigned char k_smem[];
+    const int tid = threadIdx.x, lane = tid % K_WARP, warp = tid / K_WARP;
+    const int KT = K / 16, NT = N / 64, GT = G / 16, KG = K / G;
+    const int s = blockIdx.x % S, nt = (blockIdx.x / S) * v5::WARPS + warp;
+    const bool active = nt < NT;
+    const int k_a = s * kc, kc_eff = min(kc, KT - k_a); /* both multiples of GT */
+    const int g_a = k_a / GT, n_g = kc_eff / GT;
+    const int row_bytes = kc * 32; /* one staged activation row: kc k-tiles of 16 fp16 */
+
+    unsigned char *xs = k_smem;                                        /* [ROWS][kc*16] fp16 */
+    uint4 *ring = reinterpret_cast<uint4 *>(xs + ROWS * row_bytes) + warp * D * K_WARP;
+    unsigned char *sz = xs + ROWS * row_bytes + (RING ? v5::WARPS * D * 512 : 0) +
+                        warp * (kc / GT) * v5::SZ_BYTES; /* [n_g][160 B] */
+
+    /* 1. constant data: this warp's scales/zeros and its first tiles */
+    const uint4 *qw = qweight + ((size_t)nt * KT + k_a) * K_WARP + lane;
+    uint4 buf[RING ? 1 : D];
+    if (active) {
+        for (int id = lane; id < n_g * 10; id += K_WARP) {
+            const int g = id / 10, part = id % 10;
+            const size_t row = (size_t)nt * KG + g_a + g;
+            const uint4 *src = part < 8 ? scales + row * 8 + part : qzeros + row * 2 + (part - 8);
+            k_cp_async16(sz + g * v5::SZ_BYTES + part * 16, src, 16);
+        }
+        if constexpr (!RING) {
+#pragma unroll
+            for (int j = 0; j < D; ++j)
+                if (j < kc_eff) buf[j] = k_ld_stream_v4(qw + (size_t)j * K_WARP);
         }
     }
-    __threadfence(); /* our adds are visible device-wide before the counter moves */
-    __syncwarp();
-    unsigned prev = 0;
-    if (lane == 0) prev = atomicAdd(counters + nt, 1u);
-    prev = __shfl_sync(0xffffffffu, prev, 0);
-    if (prev != (unsigned)S - 1) return;
-    __threadfence(); /* the last slice sees every other slice's adds */
-    for (int e = lane; e < M * 64; e += K_WARP) {
-        const int r = e / 64, c = nt * 64 + e % 64;
-        float v = __ldcg(ws + (size_t)r * N + c);
-        if (bias) v += bias[c];
-        y[(size_t)r * N + c] = __float2half_rn(v);
-        __stcg(ws + (size_t)r * N + c, 0.0f);
+    k_cp_async_commit(); /* group: scales/zeros */
+    if constexpr (RING) { /* groups 1 .. D-1: tiles 0 .. D-2 */
+#pragma unroll
+        for (int j = 0; j < D - 1; ++j) {
+            if (active && j < kc_eff) k_cp_async16(&ring[j * K_WARP + lane], qw + (size_t)j * K_WARP, 16);
+            k_cp_async_commit();
+        }
     }
-    if (lane == 0) atomicExch(counters + nt, 0u);
+    k_pdl_launch_dependents();
+    k_pdl_wait(); /* the previous kernel's output (x) and its use of ws are complete */
+
+    /* 2. the activation slice (all threads), rows >= M zero-filled, swizzled for ldmatrix */
+    for (int id = tid; id < ROWS * kc * 2; id += v5::WARPS * K_WARP) {
+        const int r = id / (kc * 2), c = id % (kc * 2);
+        const bool ok = r < M && c < kc_eff * 2;
+        const __half *src = ok ? x + (size_t)r * K + (size_t)k_a * 16 + c * 8 : x;
+        k_cp_async16(xs + r * row_bytes + ((c ^ (r & 7)) * 16), src, ok ? 16 : 0);
+    }
+    k_cp_async_commit();
+    k_cp_async_wait<0>(); /* RING: also tiles 0 .. D-2, which is what the first steps need */
+    __syncthreads();
+    if (!active) return;
+
+    float acc[MB8][4][4], gacc[SCALE_AFTER ? MB8 : 1][4][4];
+#pragma unroll
+    for (int tb = 0; tb < MB8; ++tb)
+#pragma unroll
+        for (int w = 0; w < 4; ++w)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                acc[tb][w][c] = 0.0f;
+                if (SCALE_AFTER) gacc[tb][w][c] = 0.0f;
+            }
+
+    /* ldmatrix row address of this lane: row r7 (+8 per token block), 16-byte chunk
+     * (2i + hb) ^ r7 of tile i; for i = c + j (c a multiple of D) that is 2c + ((2j + hb) ^ r7) */
+    const int r7 = lane & 7, hb = (lane >> 3) & 1;
+    const uint32_t xa = (uint32_t)__cvta_generic_to_shared(xs + r7 * row_bytes);
+    uint32_t xo[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) xo[j] = (uint32_t)(((2 * j + hb) ^ r7) * 16);
+
+    k_w4_group grp;
+    uint4 sraw = make_uint4(0, 0, 0, 0); /* this lane's 8 fp16 scales of the current group */
+    const unsigned char *gz = sz;
+    int g_left = 0; /* GTC == 0: tiles left in the current group */
+    for (int c = 0; c < kc_eff; c += D) {
+        const uint4 *qn = qw + (size_t)(c + (RING ? D - 1 : D)) * K_WARP; /* refills start here */
+        const uint32_t xc = xa + (uint32_t)(c * 32);
+#pragma unroll
+        for (int j = 0; j < D; ++j) {
+            const int i = c + j;
+            if (i >= kc_eff) break;
+            if constexpr (RING) { /* refill the slot freed one step ago, then wait for tile i */
+                if (i + D - 1 < kc_eff)
+                    k_cp_async16(&ring[((j + D - 1) % D) * K_WARP + lane], qn + j * K_WARP, 16);
+                k_cp_async_commit();
+                k_cp_async_wait<D - 1>();
+            }
+            bool new_group;
+            if (GTC) new_group = j % (GTC ? GTC : 1) == 0;
+            else {
+                new_group = j == 0 && g_left == 0;
+                if (j == 0) g_left = (g_left == 0 ? GT : g_left) - D;
+            }
+            if (new_group) {
+                if constexpr (SCALE_AFTER) {
+                    if (i > 0) v5_scale_group<MB8>(acc, gacc, sraw, true);
+                }
+                sraw = reinterpret_cast<const uint4 *>(gz)[lane / 4];
+                k_w4_group_load(grp, reinterpret_cast<const uint32_t *>(gz + 128)[lane / 4], sraw);
+                gz += v5::SZ_BYTES;
+            }
+            uint32_t bx[MB8][2];
+#pragma unroll
+            for (int tb = 0; tb < MB8; ++tb) {
+                const uint32_t sa = xc + (uint32_t)(tb * 8 * row_bytes) + xo[j & 3] + (uint32_t)((j >> 2) * 128);
+                asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                             : "=r"(bx[tb][0]), "=r"(bx[tb][1]) : "r"(sa));
+            }
+            const uint4 wv = RING ? ring[j * K_WARP + lane] : buf[RING ? 0 : j];
+            const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
+            uint32_t a[4][4];
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                uint32_t b[4];
+                if (SCALE_AFTER) k_w4_dequant_word_int(words[w], grp, w, b);
+                else k_w4_dequant_word(words[w], grp, w, b);
+                a[w][0] = b[0]; a[w][1] = b[2]; a[w][2] = b[1]; a[w][3] = b[3];
+            }
+            if constexpr (!RING) {
+                if (i + D < kc_eff) {
+                    /* refill slot j: after the dequant read it (the asm takes the dequantised
+                     * registers as inputs, so it cannot be hoisted above them) */
+                    uint4 r;
+                    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                                 : "l"(qn + j * K_WARP), "r"(a[0][0]), "r"(a[0][1]), "r"(a[0][2]),
+                                   "r"(a[0][3]), "r"(a[1][0]), "r"(a[1][1]), "r"(a[1][2]),
+                                   "r"(a[1][3]), "r"(a[2][0]), "r"(a[2][1]), "r"(a[2][2]),
+                                   "r"(a[2][3]), "r"(a[3][0]), "r"(a[3][1]), "r"(a[3][2]),
+                                   "r"(a[3][3]));
+                    buf[j] = r;
+                }
+            }
+#pragma unroll
+            for (int w = 0; w < 4; ++w)
+#pragma unroll
+                for (int tb = 0; tb < MB8; ++tb) {
+                    if (SCALE_AFTER) k_mma_16816(gacc[tb][w], a[w], bx[tb][0], bx[tb][1]);
+                    else k_mma_16816(acc[tb][w], a[w], bx[tb][0], bx[tb][1]);
+                }
+        }
+    }
+    if constexpr (RING) k_cp_async_wait<0>();
+    if constexpr (SCALE_AFTER) v5_scale_group<MB8>(acc, gacc, sraw, false);
+    w4a16_splitk_flush<MB8>(acc, bias, y, ws, counters, M, N, nt, S, lane);
 }
 
 // --- v4: decode, stream-K over warps --------------------------------------------------------------
@@ -621,6 +851,23 @@ size_t k_w4a16_workspace_bytes(int M, int N)
     return (b + 255) / 256 * 256;
 }
 
+/* k-tiles per split-K slice (v2, v5): fill the resident block slots (blocks_per_sm x SMs) in
+ * whole waves (a partial last wave would run the tail at a fraction of the bandwidth) with at
+ * most kc_max k-tiles per slice; a multiple of unit. n_groups: blocks along N. */
+static int splitk_slice(int KT, int n_groups, int blocks_per_sm, int kc_max, int unit)
+{
+    const long slots = (long)k_device_sm_count() * blocks_per_sm;
+    int kc = kc_max;
+    for (int waves = 1; waves <= 64; ++waves) {
+        const long S_w = std::max(1L, slots * waves / n_groups);
+        kc = (int)((KT + S_w - 1) / S_w);
+        kc = (kc + unit - 1) / unit * unit;
+        if (kc <= kc_max) break;
+        kc = kc_max;
+    }
+    return kc;
+}
+
 template <int MB8, bool SCALE_AFTER>
 static void launch_v2_tb(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
                          const float *bias, __half *y, int M, int N, int K, int G, void *ws,
@@ -645,18 +892,8 @@ static void launch_v2_tb(const __half *x, const uint4 *qw, const uint4 *qz, cons
                                                                    smem_for(kc_max)));
         blocks_per_sm = std::max(b, 1);
     }
-    /* Slices: fill the resident block slots in whole waves (a partial last wave would run the
-     * tail at a fraction of the bandwidth), with at most kc_max k-tiles per slice. */
     const int n_groups = (NT + v2::WARPS - 1) / v2::WARPS;
-    const long slots = (long)k_device_sm_count() * blocks_per_sm;
-    int kc = kc_max;
-    for (int waves = 1; waves <= 64; ++waves) {
-        const long S_w = std::max(1L, slots * waves / n_groups);
-        kc = (int)((KT + S_w - 1) / S_w);
-        kc = (kc + unit - 1) / unit * unit;
-        if (kc <= kc_max) break;
-        kc = kc_max;
-    }
+    const int kc = splitk_slice(KT, n_groups, blocks_per_sm, kc_max, unit);
     const int S = (KT + kc - 1) / kc;
     float *wsf = static_cast<float *>(ws);
     unsigned *counters = reinterpret_cast<unsigned *>(wsf + (size_t)M * N);
@@ -677,6 +914,70 @@ static int launch_v2(const __half *x, const uint4 *qw, const uint4 *qz, const ui
     else if (M <= 16) launch_v2_tb<2, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
     else if (M <= 32) launch_v2_tb<4, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
     else launch_v2_tb<8, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
+    return K_ERR_NONE;
+}
+
+template <int MB8, bool SCALE_AFTER, int GTC, bool RING>
+static void launch_v5_tb(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
+                         const float *bias, __half *y, int M, int N, int K, int G, void *ws,
+                         cudaStream_t stream)
+{
+    constexpr int ROWS = 8 * MB8;
+    const int KT = K / 16, NT = N / 64, GT = G / 16;
+    auto kern = w4a16_v5_decode_kernel<MB8, SCALE_AFTER, GTC, RING>;
+    const int unit = std::max(v5::DEPTH, GT); /* GT | DEPTH or DEPTH | GT: whole groups, whole unrolls */
+    const int kc_max = std::max(unit, (v5::X_BUDGET / (ROWS * 32)) / unit * unit);
+    auto smem_for = [&](int kc) {
+        return ROWS * kc * 32 + (RING ? v5::WARPS * v5::DEPTH * 512 : 0) + v5::WARPS * (kc / GT) * v5::SZ_BYTES;
+    };
+    static int blocks_per_sm; /* at the largest slice, per instantiation; queried once */
+    if (blocks_per_sm == 0) {
+        K_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          200 * 1024));
+        int b = 0;
+        K_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kern, v5::WARPS * K_WARP,
+                                                                   smem_for(kc_max)));
+        blocks_per_sm = std::max(b, 1);
+    }
+    const int n_groups = (NT + v5::WARPS - 1) / v5::WARPS;
+    const int kc = splitk_slice(KT, n_groups, blocks_per_sm, kc_max, unit);
+    const int S = (KT + kc - 1) / kc;
+    float *wsf = static_cast<float *>(ws);
+    unsigned *counters = reinterpret_cast<unsigned *>(wsf + (size_t)M * N);
+    static const bool verbose = getenv("QS_K_VERBOSE") != nullptr; /* launch shapes, for tuning */
+    if (verbose)
+        fprintf(stderr, "w4a16 v5<%d,%d,%d,ring %d> M=%d N=%d K=%d: kc=%d S=%d blocks=%d (%d/SM) smem=%d pdl=%d\n",
+                MB8, (int)SCALE_AFTER, GTC, (int)RING, M, N, K, kc, S, n_groups * S, blocks_per_sm,
+                smem_for(kc), (int)k_pdl_usable());
+    k_launch_ex(kern, dim3(n_groups * S), dim3(v5::WARPS * K_WARP), smem_for(kc), stream,
+                k_pdl_usable(), x, qw, qz, sc, bias, y, wsf, counters, M, N, K, G, kc, S);
+}
+
+/* v5 for G/16 in {1, 2, 4, 8} or a multiple of 8; false (nothing launched) otherwise. */
+template <int MB8, bool SCALE_AFTER, bool RING>
+static bool launch_v5_g(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
+                        const float *bias, __half *y, int M, int N, int K, int G, void *ws,
+                        cudaStream_t stream)
+{
+    switch (G / 16) {
+    case 1: launch_v5_tb<MB8, SCALE_AFTER, 1, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream); return true;
+    case 2: launch_v5_tb<MB8, SCALE_AFTER, 2, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream); return true;
+    case 4: launch_v5_tb<MB8, SCALE_AFTER, 4, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream); return true;
+    default:
+        if ((G / 16) % v5::DEPTH) return false;
+        launch_v5_tb<MB8, SCALE_AFTER, 0, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
+        return true;
+    }
+}
+
+template <bool RING>
+static int launch_v5(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
+                     const float *bias, __half *y, int M, int N, int K, int G, void *ws,
+                     cudaStream_t stream)
+{
+    const bool done = M <= 8 ? launch_v5_g<1, true, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream)
+                             : launch_v5_g<2, false, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
+    if (!done) return launch_v2(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
     return K_ERR_NONE;
 }
 
@@ -743,6 +1044,16 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
                          reinterpret_cast<const uint4 *>(qzeros),
                          reinterpret_cast<const uint4 *>(scales), bias, yh, M, N, K, G,
                          workspace, stream);
+    case K_W4A16_V5_DECODE:
+    case K_W4A16_V6_DECODE_RING:
+        if (M > K_W4A16_V5_MAX_M)
+            K_REFUSE(K_ERR_SHAPE, "W4A16 lean decode variant: M=%d > %d", M, K_W4A16_V5_MAX_M);
+        if (!workspace || workspace_bytes < k_w4a16_workspace_bytes(M, N))
+            K_REFUSE(K_ERR_WORKSPACE, "W4A16 decode M=%d N=%d: workspace %zu bytes at %p, need %zu",
+                     M, N, workspace_bytes, workspace, k_w4a16_workspace_bytes(M, N));
+        return (variant == K_W4A16_V5_DECODE ? launch_v5<false> : launch_v5<true>)(
+            xh, reinterpret_cast<const uint4 *>(qweight), reinterpret_cast<const uint4 *>(qzeros),
+            reinterpret_cast<const uint4 *>(scales), bias, yh, M, N, K, G, workspace, stream);
     case K_W4A16_V4_STREAMK:
         if (M > K_W4A16_DECODE_MAX_M)
             K_REFUSE(K_ERR_SHAPE, "W4A16 stream-K variant: M=%d > %d", M, K_W4A16_DECODE_MAX_M);
@@ -765,7 +1076,7 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
         return K_ERR_NONE;
     }
     default:
-        K_REFUSE(K_ERR_ARG, "unknown W4A16 variant %d (known: 0 auto, 1 naive, 2 decode, 3 GEMM)",
+        K_REFUSE(K_ERR_ARG, "unknown W4A16 variant %d (known: 0 auto, 1 naive, 2 decode, 3 GEMM, 4 stream-K, 5 lean decode, 6 lean decode with a shared-memory ring)",
                  variant);
     }
 }

@@ -48,6 +48,17 @@ enum k_err {
 /* Short English text for a k_err value ("unknown k_err" for anything else). */
 const char *k_err_str(enum k_err e);
 
+/*
+ * Programmatic Dependent Launch for the kernels that support it (W4A16 v5): on (1, the default)
+ * they are launched with cudaLaunchAttributeProgrammaticStreamSerialization on sm_90+, so their
+ * weight loads overlap the end of the previous kernel in the stream (each waits for it before
+ * reading activations or the workspace; CUDA programming guide, "Programmatic Dependent
+ * Launch"); off (0): plain launches (for A/B measurements). Process-wide; set it before
+ * launching, not concurrently with launches.
+ */
+void k_set_pdl(int on);
+int k_get_pdl(void);
+
 /* --- W4A16 linear (kernels/k_w4a16.cu) ---------------------------------------------------- */
 
 /*
@@ -61,6 +72,13 @@ const char *k_err_str(enum k_err e);
  *   4  stream-K (M <= 64): the tile stream cut into equal contiguous chunks, one per warp,
  *      activations read from L1/L2 per tile; fastest at 33 <= M <= 64
  *   3  GEMM: 128x128 block tiles, cp.async 4-stage pipeline, mma.sync m16n8k16 (any M)
+ *   5  decode, lean (M <= 16): v2's decomposition with the weights loaded straight into
+ *      registers 8 tiles ahead and the tile loop unrolled by 8 (no per-tile bookkeeping);
+ *      starts streaming its weights before the previous kernel ends (Programmatic Dependent
+ *      Launch, sm_90, see k_set_pdl). Group sizes whose G/16 neither divides nor is a multiple
+ *      of 8 (e.g. G = 48) fall back to v2.
+ *   6  as 5, with the weights through a per-warp cp.async ring in shared memory (v2's
+ *      pipeline) instead of registers
  */
 enum k_w4a16_variant {
     K_W4A16_AUTO = 0,
@@ -68,7 +86,10 @@ enum k_w4a16_variant {
     K_W4A16_V2_DECODE = 2,
     K_W4A16_V3_GEMM = 3,
     K_W4A16_V4_STREAMK = 4,
+    K_W4A16_V5_DECODE = 5,
+    K_W4A16_V6_DECODE_RING = 6,
 };
+#define K_W4A16_V5_MAX_M 16
 #define K_W4A16_DECODE_MAX_M 64
 
 /* Bytes of workspace the W4A16 linear needs for M rows and N columns: M*N fp32 partial sums

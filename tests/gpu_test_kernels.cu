@@ -205,8 +205,10 @@ static void test_w4a16_shape(const char *label, int M, int N, int K, int G, bool
     TCUDA(cudaMemset(ws, 0, wsb));
     for (int v : variants) {
         if ((v == K_W4A16_V2_DECODE || v == K_W4A16_V4_STREAMK) && M > K_W4A16_DECODE_MAX_M) continue;
+        if ((v == K_W4A16_V5_DECODE || v == K_W4A16_V6_DECODE_RING) && M > K_W4A16_V5_MAX_M) continue;
         /* the decode variants run twice: the second run proves the workspace came back zeroed */
-        const int reps = (v == K_W4A16_V2_DECODE || v == K_W4A16_V4_STREAMK ||
+        const int reps = (v == K_W4A16_V2_DECODE || v == K_W4A16_V4_STREAMK || v == K_W4A16_V5_DECODE ||
+                          v == K_W4A16_V6_DECODE_RING ||
                           (v == 0 && M <= K_W4A16_DECODE_MAX_M)) ? 2 : 1;
         for (int r = 0; r < reps; ++r) {
             TCUDA(cudaMemset(dy, 0xFF, (size_t)M * N * 2));
@@ -325,14 +327,77 @@ static int tp_shapes(const model_dims &md, int tp, int G, layer_shape out[4])
     return 4;
 }
 
+/*
+ * Programmatic Dependent Launch: v5 starts loading weights before the previous kernel in the
+ * stream has finished, and must wait for it before reading its output. A chain of three
+ * square linears on one stream, each reading the previous one's y (and all sharing one
+ * workspace), launched back to back without host synchronisation, vs the C reference run in
+ * sequence on the fp16-rounded intermediate results.
+ */
+static void test_w4a16_pdl_chain(void)
+{
+    const int N = 2048, K = 2048, G = 128, L = 3;
+    for (int M : {1, 5, 16}) {
+        w4_case c[L];
+        for (auto &cc : c) make_w4(cc, N, K, G, true);
+        std::vector<uint16_t> xh;
+        std::vector<float> xf;
+        rand_f16(xh, xf, (size_t)M * K, -1.0f, 1.0f);
+        cudaStream_t st;
+        TCUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+        const size_t wsb = k_w4a16_workspace_bytes(M, N);
+        void *ws = nullptr;
+        TCUDA(cudaMalloc(&ws, wsb));
+        TCUDA(cudaMemset(ws, 0, wsb));
+        uint16_t *act[L + 1];
+        act[0] = dev_upload(xh);
+        for (int l = 1; l <= L; ++l) act[l] = dev_poisoned<uint16_t>((size_t)M * N);
+        uint8_t *dq[L], *dz[L];
+        uint16_t *ds[L];
+        for (int l = 0; l < L; ++l) {
+            dq[l] = dev_upload(c[l].qweight);
+            dz[l] = dev_upload(c[l].qzeros);
+            ds[l] = dev_upload(c[l].scales);
+        }
+        TCUDA(cudaDeviceSynchronize());
+        for (int l = 0; l < L; ++l)
+            CHECK_EQ_INT(k_w4a16_linear_variant(K_W4A16_V5_DECODE, act[l], dq[l], dz[l], ds[l],
+                                                nullptr, act[l + 1], M, N, K, G, ws, wsb, st),
+                         K_ERR_NONE);
+        TCUDA(cudaStreamSynchronize(st));
+        std::vector<float> in = xf, yref((size_t)M * N);
+        for (int l = 0; l < L; ++l) {
+            CHECK_EQ_INT(ref_w4a16_linear(in.data(), c[l].qweight.data(), c[l].qzeros.data(),
+                                          c[l].scales.data(), nullptr, M, K, N, G, yref.data(),
+                                          g_pool), REF_ERR_NONE);
+            const std::vector<uint16_t> yh = dev_download(act[l + 1], (size_t)M * N);
+            const std::vector<float> y = f16_to_f32(yh);
+            char what[96];
+            snprintf(what, sizeof what, "w4a16 v5 PDL chain M=%d layer %d of %d", M, l + 1, L);
+            compare(what, y.data(), yref.data(), y.size(), 4e-3, 4e-3, 2e-3);
+            in = y; /* the next layer reads what the GPU produced, as the chain did */
+        }
+        for (int l = 0; l < L; ++l) {
+            TCUDA(cudaFree(dq[l])); TCUDA(cudaFree(dz[l])); TCUDA(cudaFree(ds[l]));
+        }
+        for (auto p : act) TCUDA(cudaFree(p));
+        TCUDA(cudaFree(ws));
+        TCUDA(cudaStreamDestroy(st));
+    }
+}
+
 static void test_w4a16(bool quick)
 {
     test_w4a16_rejects();
     const std::vector<int> all = {K_W4A16_V1_NAIVE, K_W4A16_V2_DECODE, K_W4A16_V3_GEMM,
-                                  K_W4A16_V4_STREAMK, K_W4A16_AUTO, K_W4A16_DQ_GEMM};
-    /* odd M and small shapes: canonical packing, every variant */
+                                  K_W4A16_V4_STREAMK, K_W4A16_V5_DECODE, K_W4A16_V6_DECODE_RING, K_W4A16_AUTO,
+                                  K_W4A16_DQ_GEMM};
+    test_w4a16_pdl_chain();
+    /* odd M and small shapes: canonical packing, every variant; group sizes 16..512 (v5 unrolls
+     * by 8 k-tiles: G/16 = 1, 2, 4 divide it, 8, 16, 32 are multiples, 3 (G = 48) falls back) */
     struct { int N, K, G; } small[] = {{64, 16, 16}, {128, 128, 128}, {192, 256, 64},
-                                      {320, 384, 32}, {576, 1024, 128}, {256, 4096, 128}};
+                                      {320, 384, 32}, {576, 1024, 128}, {256, 4096, 128},
+                                      {128, 1536, 256}, {64, 2048, 512}};
     const int Ms[] = {1, 2, 3, 7, 16, 17, 33, 64, 65, 127, 255, 257};
     for (auto &s : small)
         for (int M : Ms) {
@@ -352,8 +417,8 @@ static void test_w4a16(bool quick)
             for (auto &l : ls) {
                 char label[64];
                 snprintf(label, sizeof label, "%s tp%d %s", md.name, tp, l.name);
-                test_w4a16_shape(label, 1, l.N, l.K, 128, false, false, {K_W4A16_AUTO});
-                test_w4a16_shape(label, 3, l.N, l.K, 128, false, true, {K_W4A16_AUTO});
+                test_w4a16_shape(label, 1, l.N, l.K, 128, false, false, {K_W4A16_AUTO, K_W4A16_V5_DECODE, K_W4A16_V6_DECODE_RING});
+                test_w4a16_shape(label, 3, l.N, l.K, 128, false, true, {K_W4A16_AUTO, K_W4A16_V5_DECODE, K_W4A16_V6_DECODE_RING});
                 if (tp >= 4) test_w4a16_shape(label, 16, l.N, l.K, 128, false, false, {K_W4A16_AUTO});
                 if (tp == 8) {
                     test_w4a16_shape(label, 80, l.N, l.K, 128, false, false, {K_W4A16_AUTO, K_W4A16_DQ_GEMM});
