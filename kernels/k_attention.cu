@@ -28,6 +28,7 @@ attention_kernel(__half *__restrict__ out, size_t out_stride, const __half *__re
                  const __half *__restrict__ v_cache, int start_pos, int n_heads, int n_kv_heads,
                  int T_cap, int sliding_window)
 {
+    k_pdl_launch_dependents(); /* the o projection may start loading its weights (k_common.cuh) */
     constexpr int DPL = HD / K_WARP; /* output dims per lane */
     __shared__ __align__(16) float q_s[HD];
     __shared__ float m_s[ATT_WARPS], l_s[ATT_WARPS];

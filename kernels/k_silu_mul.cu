@@ -9,6 +9,7 @@
 static __global__ void silu_mul_kernel(__half *__restrict__ out, const __half *__restrict__ gu,
                                        int M, int I)
 {
+    k_pdl_launch_dependents(); /* the down projection may start loading its weights (k_common.cuh) */
     const long long id = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (id >= (long long)M * I) return;
     const int m = (int)(id / I), i = (int)(id % I);

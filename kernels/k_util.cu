@@ -4,6 +4,8 @@
  */
 #include "k_common.cuh" /* K_CUDA_CHECK, kernels.h */
 
+#include <string.h> /* strcmp */
+
 const char *k_err_str(enum k_err e)
 {
     switch (e) {
@@ -29,17 +31,24 @@ int k_device_sm_count(void)
     return n;
 }
 
-static int g_pdl = 1; /* k_set_pdl */
+static int g_pdl = -1; /* k_set_pdl; -1: not set yet, QSHARD_PDL=0 in the environment turns it off */
 
 void k_set_pdl(int on) { g_pdl = on != 0; }
 
-int k_get_pdl(void) { return g_pdl; }
+int k_get_pdl(void)
+{
+    if (g_pdl < 0) {
+        const char *e = getenv("QSHARD_PDL");
+        g_pdl = !(e && strcmp(e, "0") == 0);
+    }
+    return g_pdl;
+}
 
 bool k_pdl_usable(void)
 {
     enum { MAX_DEVICES = 64 };
     static int cache[MAX_DEVICES]; /* 0 = not queried, 1 = below sm_90, 2 = sm_90+ */
-    if (!g_pdl) return false;
+    if (!k_get_pdl()) return false;
     int dev = 0;
     K_CUDA_CHECK(cudaGetDevice(&dev));
     if (dev >= 0 && dev < MAX_DEVICES && cache[dev]) return cache[dev] == 2;

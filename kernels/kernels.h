@@ -53,8 +53,9 @@ const char *k_err_str(enum k_err e);
  * they are launched with cudaLaunchAttributeProgrammaticStreamSerialization on sm_90+, so their
  * weight loads overlap the end of the previous kernel in the stream (each waits for it before
  * reading activations or the workspace; CUDA programming guide, "Programmatic Dependent
- * Launch"); off (0): plain launches (for A/B measurements). Process-wide; set it before
- * launching, not concurrently with launches.
+ * Launch"); off (0): plain launches (for A/B measurements). Until k_set_pdl is called, the
+ * environment decides: QSHARD_PDL=0 turns it off. Process-wide; set it before launching, not
+ * concurrently with launches.
  */
 void k_set_pdl(int on);
 int k_get_pdl(void);
@@ -63,8 +64,8 @@ int k_get_pdl(void);
 
 /*
  * Variants of the W4A16 linear, selected with k_w4a16_linear_variant():
- *   0  auto: v2 for M <= 32, v4 for M <= K_W4A16_DECODE_MAX_M, else v3 (the fastest of each
- *      range on the H200, docs/BENCHMARKS.md)
+ *   0  auto: v5 for M <= 16, v2 for M <= 32, v4 for M <= K_W4A16_DECODE_MAX_M, else v3 (the
+ *      fastest of each range on the H200, docs/BENCHMARKS.md)
  *   1  naive: one thread per output, fp32, straight from ref_w4a16_linear (the device oracle)
  *   2  decode (M <= 64): split-K slices x 4 n-tiles per block so every SM streams weights;
  *      activation slice staged once per block, mma.sync m16n8k16, fp32 atomics into the

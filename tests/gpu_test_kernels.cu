@@ -432,7 +432,9 @@ static void test_w4a16(bool quick)
 
 static void test_rmsnorm(void)
 {
-    const int shapes[][2] = {{1, 4096}, {3, 5120}, {17, 8192}, {5, 64}, {2, 1000}};
+    /* vector kernel (H % 4 == 0, H <= 8192, 1..8 float4 per thread) and the generic one (H = 1002,
+     * 12288) */
+    const int shapes[][2] = {{1, 4096}, {3, 5120}, {17, 8192}, {5, 64}, {2, 1000}, {2, 1002}, {1, 12288}};
     for (auto &s : shapes) {
         const int M = s[0], H = s[1];
         for (int mode = 0; mode < 3; ++mode) { /* 0: x+residual, 1: residual only, 2: x only */

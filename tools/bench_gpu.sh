@@ -7,6 +7,6 @@
 set -e
 QSHARD=${QSHARD:-build/qshard}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null || true
-"$QSHARD" bench kernel w4a16 --m 1,16,64,256,4096 --shapes llama2-7b,llama3-8b,70b --variants 0 --ms 10
-"$QSHARD" bench kernel w4a16 --m 1,16,64 --shapes 70b --tp 8 --variants 0 --ms 10
+"$QSHARD" bench kernel w4a16 --m 1,16,64,256,4096 --shapes llama2-7b,llama3-8b,70b --variants 0,2,105 --ms 10
+"$QSHARD" bench kernel w4a16 --m 1,16,64 --shapes 70b --tp 8 --variants 0,2,105 --ms 10
 "$QSHARD" bench kernel stream
