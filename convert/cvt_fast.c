@@ -90,32 +90,38 @@ static inline bool covered(const struct fseg *sg, int js, int64_t r)
     return js >= 0 && r >= sg[js].r0 && r < sg[js].r1;
 }
 
-/* Tile (kt = r/16, nt) of the chunk: 8 sub-tiles j with segment js[j] and source word column
- * jw[j]; rows not covered and columns without a segment are code 0. */
-static void pack_tile(const struct fseg *sg, const int8_t *js, const int64_t *jw, int64_t r,
-                      uint8_t *out)
+/* Source words of rows [r, r + P) of one n-tile into S[P][8] (sub-tile j = column word j;
+ * 0 where not covered). The piece's rows are a power-of-two stride apart in the source for
+ * most shapes (N = 4096: 2 KiB), so they share a few L1 sets; packing and the self-check read
+ * this compact copy instead (one strided pass over the mapping per piece). */
+static void stage_piece(const struct fseg *sg, const int8_t *js, const int64_t *jw, int64_t r,
+                        int64_t P, uint32_t *S)
 {
-    static const uint32_t zero16[16]; /* an uncovered sub-tile reads zeros, stride 0 */
-    const uint8_t *base[8];
-    uint64_t stride[8];
     for (int j = 0; j < 8; j++) {
-        if (!covered(sg, js[j], r)) {
-            base[j] = (const uint8_t *)zero16;
-            stride[j] = 0;
+        if (js[j] < 0) {
+            for (int64_t k = 0; k < P; k++)
+                S[k * 8 + j] = 0;
             continue;
         }
         const struct fseg *s = &sg[js[j]];
-        stride[j] = (uint64_t)s->W * 4;
-        base[j] = s->qw + (uint64_t)src_row(s, r) * stride[j] + (uint64_t)jw[j] * 4;
+        const uint64_t stride = (uint64_t)s->W * 4;
+        for (int64_t k = 0; k < P; k++)
+            S[k * 8 + j] = covered(sg, js[j], r + k)
+                               ? cvt_ld32(s->qw + (uint64_t)src_row(s, r + k) * stride +
+                                          (uint64_t)jw[j] * 4)
+                               : 0;
     }
+}
+
+/* One tile from its 16 staged source rows S[16][8] (sub-tile j = word j of each row). */
+static void pack_tile(const uint32_t *S, uint8_t *out)
+{
     uint32_t X[8][CVT_FAST_LANES]; /* X[i][4p + w]: source row 2p + 8(i%2) + i/4, sub-tile
                                     * 2w + (i/2)%2 */
     for (int i = 0; i < 8; i++)
         for (int p = 0; p < 4; p++)
-            for (int w = 0; w < 4; w++) {
-                const int j = 2 * w + ((i >> 1) & 1);
-                X[i][4 * p + w] = cvt_ld32(base[j] + (uint64_t)(2 * p + 8 * (i & 1) + (i >> 2)) * stride[j]);
-            }
+            for (int w = 0; w < 4; w++)
+                X[i][4 * p + w] = S[(2 * p + 8 * (i & 1) + (i >> 2)) * 8 + 2 * w + ((i >> 1) & 1)];
     transpose_nib(X, CVT_FAST_LANES);
     for (int s = 0; s < 8; s++) /* row s is our word for column m = ORDER[s] */
         memcpy(out + ORDER[s] * 64, X[s], 64); /* threads 4m..4m+3, words 0..3 */
@@ -152,15 +158,20 @@ static bool pack_group(const struct fseg *sg, const int8_t *js, const int64_t *j
 }
 
 /* SELF-CHECK, source side: rows [r, r + P) x the 64 columns of one n-tile dequantized from
- * the source words (nibble i -> column ORDER[i]) with per-(group, column) tables of
- * (float)(q - z) * s from the source qzeros / scales; uncovered elements +0.0. Writes a[P][64]. */
-static void dequant_source(const struct fseg *sg, const int8_t *js, const int64_t *jw,
-                           int64_t r, int64_t P, float *a)
+ * the staged source words S[P][8] (nibble i -> column ORDER[i]) with per-(group, column) tables of the fp32
+ * bits of (float)(q - z) * s built from the source qzeros / scales; uncovered elements +0.0.
+ * With `a`, writes the values to a[P][64]; otherwise compares them with ours[P][64] (our
+ * packed piece dequantized by ref_dequant_w4) and returns the OR of the XORed bits: 0 when the
+ * two are bitwise equal. */
+static uint32_t dequant_source(const struct fseg *sg, const int8_t *js, const int64_t *jw,
+                               int64_t r, int64_t P, const uint32_t *S, const float *ours,
+                               float *a)
 {
-    float tab[64][16];
+    uint32_t tab[64][16];
     int64_t gsj[8];
     for (int j = 0; j < 8; j++) {
         gsj[j] = -1;
+        memset(tab[8 * j], 0, 8 * sizeof(tab[0])); /* read (masked) where nothing is covered */
         if (js[j] < 0)
             continue;
         const struct fseg *s = &sg[js[j]];
@@ -176,32 +187,45 @@ static void dequant_source(const struct fseg *sg, const int8_t *js, const int64_
             const int col = ORDER[i];
             const int z = (int)((zw >> (4 * i)) & 15u);
             const float sv = cvt_f16_to_f32(cvt_ld16(srow + 2 * col));
-            for (int q = 0; q < 16; q++)
-                tab[8 * j + col][q] = (float)(q - z) * sv;
+            for (int q = 0; q < 16; q++) {
+                const float v = (float)(q - z) * sv;
+                memcpy(&tab[8 * j + col][q], &v, 4);
+            }
         }
     }
+    uint32_t d = 0; /* OR of the XORs */
     for (int j = 0; j < 8; j++) {
-        const struct fseg *s = js[j] >= 0 ? &sg[js[j]] : NULL;
-        const float(*t)[16] = tab + 8 * j;
+        const uint32_t(*t)[16] = tab + 8 * j;
+        int64_t lo = 0, hi = 0; /* covered piece rows [lo, hi) of this sub-tile */
+        if (gsj[j] >= 0) {
+            const struct fseg *s = &sg[js[j]];
+            lo = s->r0 > r ? s->r0 - r : 0;
+            hi = s->r1 - r < P ? s->r1 - r : P;
+        }
         for (int64_t k = 0; k < P; k++) {
-            float *o = a + k * 64 + 8 * j;
-            if (gsj[j] < 0 || !covered(sg, js[j], r + k)) {
-                memset(o, 0, 8 * sizeof(float));
+            uint32_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0}, ov[8];
+            if (k >= lo && k < hi) {
+                const uint32_t wq = S[k * 8 + j];
+                /* nibble i -> column ORDER[i] = 0, 2, 4, 6, 1, 3, 5, 7; uncovered: +0.0 */
+                v[0] = t[0][wq & 15u];
+                v[2] = t[2][(wq >> 4) & 15u];
+                v[4] = t[4][(wq >> 8) & 15u];
+                v[6] = t[6][(wq >> 12) & 15u];
+                v[1] = t[1][(wq >> 16) & 15u];
+                v[3] = t[3][(wq >> 20) & 15u];
+                v[5] = t[5][(wq >> 24) & 15u];
+                v[7] = t[7][wq >> 28];
+            }
+            if (a) {
+                memcpy(a + k * 64 + 8 * j, v, sizeof(v));
                 continue;
             }
-            const uint32_t wq = cvt_ld32(s->qw + (uint64_t)src_row(s, r + k) * (uint64_t)s->W * 4 +
-                                         (uint64_t)jw[j] * 4);
-            /* nibble i -> column ORDER[i] = 0, 2, 4, 6, 1, 3, 5, 7 */
-            o[0] = t[0][wq & 15u];
-            o[2] = t[2][(wq >> 4) & 15u];
-            o[4] = t[4][(wq >> 8) & 15u];
-            o[6] = t[6][(wq >> 12) & 15u];
-            o[1] = t[1][(wq >> 16) & 15u];
-            o[3] = t[3][(wq >> 20) & 15u];
-            o[5] = t[5][(wq >> 24) & 15u];
-            o[7] = t[7][wq >> 28];
+            memcpy(ov, ours + k * 64 + 8 * j, sizeof(ov));
+            d |= (v[0] ^ ov[0]) | (v[1] ^ ov[1]) | (v[2] ^ ov[2]) | (v[3] ^ ov[3]) |
+                 (v[4] ^ ov[4]) | (v[5] ^ ov[5]) | (v[6] ^ ov[6]) | (v[7] ^ ov[7]);
         }
     }
+    return d;
 }
 
 /* Rows of one self-check piece: the local group up to 256 rows, else gcd(G, 256). */
@@ -324,6 +348,7 @@ enum cvt_fast_rc cvt_fast_w4_chunk(const struct cvt_source *src, const struct cv
                                    const struct cvt_fast_bufs *b, struct cvt_fast_mismatch *mm)
 {
     struct fseg sg[CVT_MAX_SEGS];
+    uint32_t S[256 * 8]; /* staged source words of one piece, [P][8] */
     const int64_t K = o->rows, G = o->group, ng = K / G, P = piece_rows(G), NT = cw / 64;
     int8_t *js = malloc((size_t)(cw / 8));
     int64_t *jw = malloc((size_t)(cw / 8) * sizeof(*jw));
@@ -347,20 +372,21 @@ enum cvt_fast_rc cvt_fast_w4_chunk(const struct cvt_source *src, const struct cv
                 const int64_t g = r / G;
                 uint16_t *s = b->sp + (size_t)(nt * ng + g) * 64;
                 uint8_t *z = b->zp + (size_t)(nt * ng + g) * 32;
+                stage_piece(sg, jst, jwt, r, P, S);
                 for (int64_t t = 0; t < P / 16; t++)
-                    pack_tile(sg, jst, jwt, r + 16 * t, q + t * FMT_W4_TILE_BYTES);
+                    pack_tile(S + t * 16 * 8, q + t * FMT_W4_TILE_BYTES);
                 if (r % G == 0 && !pack_group(sg, jst, jwt, r, s, z))
                     goto out; /* a bad scale: the generic path names it */
                 if (corrupt_first && r == 0 && nt == 0)
                     q[0] ^= 1; /* QSHARD_CVT_TEST_CORRUPT: stands in for a packing bug */
                 if (!check)
                     continue;
-                dequant_source(sg, jst, jwt, r, P, b->src_dq);
                 if (ref_dequant_w4(q, z, s, (int)P, 64, (int)P, b->our_dq)) {
                     rc = CVT_FAST_REF_FAIL;
                     goto out;
                 }
-                if (memcmp(b->src_dq, b->our_dq, (size_t)(P * 64) * sizeof(float))) {
+                if (dequant_source(sg, jst, jwt, r, P, S, b->our_dq, NULL)) {
+                    dequant_source(sg, jst, jwt, r, P, S, NULL, b->src_dq);
                     first_diff(sg, jst, jwt, r, P, c0 + nt * 64, b->src_dq, b->our_dq, mm);
                     rc = CVT_FAST_MISMATCH;
                     goto out;
