@@ -747,6 +747,51 @@ static void test_determinism(void)
     }
 }
 
+/* The AutoAWQ GEMM fast path (convert/cvt_fast.c) against the generic path (cvt_awq_load +
+ * ref_pack_*; QSHARD_CVT_NO_FAST=1): every fixture, every tp test_models converted, and a
+ * 64 KiB chunk budget (64-column chunks), give byte-identical rank files and manifests. */
+static void test_fast_vs_generic(void)
+{
+    cJSON *idx = load_json(DATA "models/INDEX.json"), *it;
+    if (!idx)
+        return;
+    int n_cmp = 0;
+    cJSON_ArrayForEach(it, cJSON_GetObjectItem(idx, "models"))
+    {
+        const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(it, "name"));
+        const char *path = cJSON_GetStringValue(cJSON_GetObjectItem(it, "path"));
+        if (!name || !path)
+            continue;
+        for (int tp = 1; tp <= 4; tp++) {
+            char fast[512], gen[512], fa[600], fb[600];
+            snprintf(fast, sizeof(fast), "%s/models/%s/tp%d", g_tmp, name, tp);
+            if (!exists(fast))
+                continue;
+            snprintf(gen, sizeof(gen), "%s/generic/%s/tp%d", g_tmp, name, tp);
+            setenv("QSHARD_CVT_NO_FAST", "1", 1);
+            if (tp == 2)
+                setenv("QSHARD_CVT_CHUNK_KB", "64", 1);
+            int rc = run(NULL, NULL, "convert " DATA "%s %s --tp %d -q", path, gen, tp);
+            unsetenv("QSHARD_CVT_NO_FAST");
+            unsetenv("QSHARD_CVT_CHUNK_KB");
+            CHECK_MSG(rc == 0, "%s tp %d: generic path: exit %d", name, tp, rc);
+            for (int r = 0; r < tp && rc == 0; r++) {
+                snprintf(fa, sizeof(fa), "%s/rank-%d-of-%d.qshard", fast, r, tp);
+                snprintf(fb, sizeof(fb), "%s/rank-%d-of-%d.qshard", gen, r, tp);
+                CHECK_MSG(files_equal(fa, fb), "%s tp %d rank %d: fast and generic paths differ",
+                          name, tp, r);
+                n_cmp++;
+            }
+            snprintf(fa, sizeof(fa), "%s/manifest.json", fast);
+            snprintf(fb, sizeof(fb), "%s/manifest.json", gen);
+            CHECK_MSG(rc || files_equal(fa, fb), "%s tp %d: manifests differ", name, tp);
+        }
+    }
+    CHECK(n_cmp >= 20);
+    printf("fast vs generic path: %d rank files identical\n", n_cmp);
+    cJSON_Delete(idx);
+}
+
 static void test_bad_inputs(void)
 {
     cJSON *idx = load_json(DATA "bad/INDEX.json");
@@ -1476,6 +1521,7 @@ int main(void)
     }
     qs_log_set_quiet(true);
     test_models();
+    test_fast_vs_generic();
     test_determinism();
     test_mixed_precision();
     test_per_channel();
