@@ -71,15 +71,20 @@ static inline void st32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
         x[(i) + (b)][l] ^= t_;                                                \
         x[i][l] ^= t_ << (4 * (b));                                           \
     }
-static inline void transpose_nib(uint32_t x[8][CVT_FAST_LANES], int L)
-{
-    CVT_FAST_SWAP(x, 0, 4, 0x0000ffffu, L) CVT_FAST_SWAP(x, 1, 4, 0x0000ffffu, L)
-    CVT_FAST_SWAP(x, 2, 4, 0x0000ffffu, L) CVT_FAST_SWAP(x, 3, 4, 0x0000ffffu, L)
-    CVT_FAST_SWAP(x, 0, 2, 0x00ff00ffu, L) CVT_FAST_SWAP(x, 1, 2, 0x00ff00ffu, L)
-    CVT_FAST_SWAP(x, 4, 2, 0x00ff00ffu, L) CVT_FAST_SWAP(x, 5, 2, 0x00ff00ffu, L)
-    CVT_FAST_SWAP(x, 0, 1, 0x0f0f0f0fu, L) CVT_FAST_SWAP(x, 2, 1, 0x0f0f0f0fu, L)
-    CVT_FAST_SWAP(x, 4, 1, 0x0f0f0f0fu, L) CVT_FAST_SWAP(x, 6, 1, 0x0f0f0f0fu, L)
-}
+#define CVT_FAST_TRANSPOSE(x, L)                                                            \
+    do {                                                                                    \
+        CVT_FAST_SWAP(x, 0, 4, 0x0000ffffu, L) CVT_FAST_SWAP(x, 1, 4, 0x0000ffffu, L)      \
+        CVT_FAST_SWAP(x, 2, 4, 0x0000ffffu, L) CVT_FAST_SWAP(x, 3, 4, 0x0000ffffu, L)      \
+        CVT_FAST_SWAP(x, 0, 2, 0x00ff00ffu, L) CVT_FAST_SWAP(x, 1, 2, 0x00ff00ffu, L)      \
+        CVT_FAST_SWAP(x, 4, 2, 0x00ff00ffu, L) CVT_FAST_SWAP(x, 5, 2, 0x00ff00ffu, L)      \
+        CVT_FAST_SWAP(x, 0, 1, 0x0f0f0f0fu, L) CVT_FAST_SWAP(x, 2, 1, 0x0f0f0f0fu, L)      \
+        CVT_FAST_SWAP(x, 4, 1, 0x0f0f0f0fu, L) CVT_FAST_SWAP(x, 6, 1, 0x0f0f0f0fu, L)      \
+    } while (0)
+
+/* 16 lanes (the 4 x 4 (p, w) word pairs of one tile; constant trip counts vectorize) */
+static void transpose_nib16(uint32_t x[8][CVT_FAST_LANES]) { CVT_FAST_TRANSPOSE(x, CVT_FAST_LANES); }
+/* one lane (a zeros row) */
+static void transpose_nib1(uint32_t x[8][1]) { CVT_FAST_TRANSPOSE(x, 1); }
 
 /* Source row of output row r in segment s (r inside [r0, r1)). */
 static inline int64_t src_row(const struct fseg *s, int64_t r) { return s->src_r0 + (r - s->r0); }
@@ -95,8 +100,36 @@ static inline bool covered(const struct fseg *sg, int js, int64_t r)
  * most shapes (N = 4096: 2 KiB), so they share a few L1 sets; packing and the self-check read
  * this compact copy instead (one strided pass over the mapping per piece). */
 static void stage_piece(const struct fseg *sg, const int8_t *js, const int64_t *jw, int64_t r,
-                        int64_t P, uint32_t *S)
+                        int64_t P, int64_t prefetch_tiles, uint32_t *S)
 {
+#if defined(__GNUC__)
+    /* the same rows two n-tiles on (the next cache line of each row; this one's other half
+     * is read by the next n-tile) are needed a few pieces later: fetch them into L2 now, as a
+     * stride of 2-6 KiB defeats the hardware prefetchers (js/jw have entries for every
+     * n-tile of the chunk; the caller says how many lie ahead) */
+    if (prefetch_tiles >= 2)
+        for (int jj = 16; jj < 24; jj += 7) {
+            if (js[jj] < 0)
+                continue;
+            const struct fseg *s = &sg[js[jj]];
+            const uint64_t stride = (uint64_t)s->W * 4;
+            for (int64_t k = 0; k < P; k++)
+                if (covered(sg, js[jj], r + k))
+                    __builtin_prefetch(s->qw + (uint64_t)src_row(s, r + k) * stride +
+                                       (uint64_t)jw[jj] * 4, 0, 2);
+        }
+#endif
+    bool whole = js[0] >= 0; /* one segment, consecutive words, every row: 32-byte row copies */
+    for (int j = 1; j < 8 && whole; j++)
+        whole = js[j] == js[0] && jw[j] == jw[0] + j;
+    if (whole && r >= sg[js[0]].r0 && r + P <= sg[js[0]].r1) {
+        const struct fseg *s = &sg[js[0]];
+        const uint64_t stride = (uint64_t)s->W * 4;
+        const uint8_t *p = s->qw + (uint64_t)src_row(s, r) * stride + (uint64_t)jw[0] * 4;
+        for (int64_t k = 0; k < P; k++, p += stride)
+            memcpy(S + k * 8, p, 32);
+        return;
+    }
     for (int j = 0; j < 8; j++) {
         if (js[j] < 0) {
             for (int64_t k = 0; k < P; k++)
@@ -122,7 +155,7 @@ static void pack_tile(const uint32_t *S, uint8_t *out)
         for (int p = 0; p < 4; p++)
             for (int w = 0; w < 4; w++)
                 X[i][4 * p + w] = S[(2 * p + 8 * (i & 1) + (i >> 2)) * 8 + 2 * w + ((i >> 1) & 1)];
-    transpose_nib(X, CVT_FAST_LANES);
+    transpose_nib16(X);
     for (int s = 0; s < 8; s++) /* row s is our word for column m = ORDER[s] */
         memcpy(out + ORDER[s] * 64, X[s], 64); /* threads 4m..4m+3, words 0..3 */
 }
@@ -132,7 +165,7 @@ static void pack_tile(const uint32_t *S, uint8_t *out)
 static bool pack_group(const struct fseg *sg, const int8_t *js, const int64_t *jw, int64_t r,
                        uint16_t *sp, uint8_t *zp)
 {
-    uint32_t Z[8][CVT_FAST_LANES];
+    uint32_t Z[8][1];
     unsigned bad = 0;
     for (int j = 0; j < 8; j++) {
         Z[j][0] = 0;
@@ -151,7 +184,7 @@ static bool pack_group(const struct fseg *sg, const int8_t *js, const int64_t *j
             sp[c * 8 + j] = h;
         }
     }
-    transpose_nib(Z, 1);
+    transpose_nib1(Z);
     for (int s = 0; s < 8; s++)
         st32(zp + 4 * ORDER[s], Z[s][0]);
     return !bad;
@@ -438,7 +471,7 @@ enum cvt_fast_rc cvt_fast_w4_chunk(const struct cvt_source *src, const struct cv
                 const int64_t g = r / G;
                 uint16_t *s = b->sp + (size_t)(nt * ng + g) * 64;
                 uint8_t *z = b->zp + (size_t)(nt * ng + g) * 32;
-                stage_piece(sg, jst, jwt, r, P, S);
+                stage_piece(sg, jst, jwt, r, P, nt % 2 == 0 ? NT - 1 - nt : 0, S);
                 for (int64_t t = 0; t < P / 16; t++)
                     pack_tile(S + t * 16 * 8, q + t * FMT_W4_TILE_BYTES);
                 if (r % G == 0 && !pack_group(sg, jst, jwt, r, s, z))
