@@ -823,6 +823,26 @@ static void *worker(void *arg)
     return NULL;
 }
 
+static uint64_t job_bytes(const struct cvt_plan *p, const struct job *j)
+{
+    return p->ranks[j->rank].outs[j->out].bytes;
+}
+
+/* Job order: by output bytes, descending; ties keep their order. An insertion sort (stable,
+ * unlike qsort) over at most a few thousand jobs. */
+static void sort_jobs(struct job *jobs, size_t n, const struct cvt_plan *p)
+{
+    for (size_t i = 1; i < n; i++) {
+        struct job x = jobs[i];
+        size_t k = i;
+        while (k > 0 && job_bytes(p, &jobs[k - 1]) < job_bytes(p, &x)) {
+            jobs[k] = jobs[k - 1];
+            k--;
+        }
+        jobs[k] = x;
+    }
+}
+
 /* --- validation before writing ------------------------------------------------------------- */
 
 static void shape_str(char *buf, size_t n, const int64_t *shape, int n_dims)
@@ -1562,6 +1582,10 @@ enum cvt_err cvt_run(const struct cvt_opts *o)
         if (!any)
             break;
     }
+    /* largest outputs first (LPT: a tensor is written in order by one worker, so a large one
+     * started last - lm_head is the last output of the plan - would leave the other workers
+     * idle at the end); the sort is stable, so the ranks of one output stay together */
+    sort_jobs(R.jobs, R.n_jobs, R.plan);
     int threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (threads < 1)
         threads = 1;
