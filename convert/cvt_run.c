@@ -20,7 +20,11 @@
  *      (ref_pack_*), then the SELF-CHECK: ref_dequant_w4 of our packed chunk must equal
  *      cvt_awq_dequant_source of the same source slice bit for bit, and padding must dequantize to
  *      +0.0. Float tensors are converted in row chunks. Memory per worker is bounded by the
- *      chunk budget, so peak RSS does not grow with model size;
+ *      chunk budget, so peak RSS does not grow with model size.
+ *      Outputs whose sources are all AutoAWQ GEMM with F16 scales (nearly every checkpoint)
+ *      take the fast path of cvt_fast.c instead: tiles straight from the mapped source words,
+ *      the self-check fused per piece, chunks ~10x wider, same bytes (test_cvt compares the
+ *      two paths; QSHARD_CVT_NO_FAST=1 forces the generic one). Jobs run largest first;
  *   5. finish every writer (fsync + rename), then the manifest, all inside a fresh staging
  *      directory OUT_DIR/.qshard-convert.XXXXXX; then commit: move them into OUT_DIR (an earlier
  *      conversion's files are replaced only now; stale rank files of another world size are
