@@ -25,7 +25,8 @@ template <int HD>
 static __global__ void __launch_bounds__(ATT_WARPS *K_WARP)
 attention_kernel(__half *__restrict__ out, size_t out_stride, const __half *__restrict__ q,
                  size_t q_stride, const __half *__restrict__ k_cache,
-                 const __half *__restrict__ v_cache, int start_pos, int n_heads, int n_kv_heads,
+                 const __half *__restrict__ v_cache, int start_pos,
+                 const int32_t *__restrict__ start_pos_dev, int n_heads, int n_kv_heads,
                  int T_cap, int sliding_window)
 {
     k_pdl_launch_dependents(); /* the o projection may start loading its weights (k_common.cuh) */
@@ -35,7 +36,9 @@ attention_kernel(__half *__restrict__ out, size_t out_stride, const __half *__re
     __shared__ float acc_s[ATT_WARPS][HD];
     const int h = blockIdx.x, m = blockIdx.y;
     const int lane = threadIdx.x % K_WARP, warp = threadIdx.x / K_WARP;
-    const int p = start_pos + m;
+    /* start_pos_dev (k_attention_at): read on the device; a position past the cache is clamped
+     * to its last row (the caller checks the context; this only keeps reads in bounds) */
+    const int p = min((start_pos_dev ? max(*start_pos_dev, 0) : start_pos) + m, T_cap - 1);
     const int kbeg = sliding_window > 0 ? max(0, p - sliding_window + 1) : 0, kend = p + 1;
     const int kvh = h / (n_heads / n_kv_heads);
     const float qscale = 1.4426950408889634f / sqrtf((float)HD); /* log2(e) / sqrt(hd) */
@@ -118,7 +121,8 @@ attention_kernel(__half *__restrict__ out, size_t out_stride, const __half *__re
 
 static __global__ void kv_store_kernel(__half *__restrict__ k_cache, __half *__restrict__ v_cache,
                                        const __half *__restrict__ k, const __half *__restrict__ v,
-                                       size_t row_stride, int M, int start_pos, int n_kv_heads,
+                                       size_t row_stride, int M, int start_pos,
+                                       const int32_t *__restrict__ start_pos_dev, int n_kv_heads,
                                        int hd, int T_cap)
 {
     const long long id = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -126,6 +130,10 @@ static __global__ void kv_store_kernel(__half *__restrict__ k_cache, __half *__r
     const int d = (int)(id % hd);
     const long long mh = id / hd;
     const int h = (int)(mh % n_kv_heads), m = (int)(mh / n_kv_heads);
+    if (start_pos_dev) { /* k_kv_store_at: rows outside the cache are dropped */
+        start_pos = *start_pos_dev;
+        if (start_pos < 0 || (long long)start_pos + m >= T_cap) return;
+    }
     const size_t dst = ((size_t)h * T_cap + start_pos + m) * hd + d;
     const size_t src = (size_t)m * row_stride + (size_t)h * hd + d;
     k_cache[dst] = k[src];
@@ -145,7 +153,47 @@ int k_kv_store(uint16_t *k_cache, uint16_t *v_cache, const uint16_t *k, const ui
     kv_store_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(
         reinterpret_cast<__half *>(k_cache), reinterpret_cast<__half *>(v_cache),
         reinterpret_cast<const __half *>(k), reinterpret_cast<const __half *>(v), row_stride, M,
-        start_pos, n_kv_heads, hd, T_cap);
+        start_pos, nullptr, n_kv_heads, hd, T_cap);
+    K_LAUNCH_CHECK();
+    return K_ERR_NONE;
+}
+
+int k_kv_store_at(uint16_t *k_cache, uint16_t *v_cache, const uint16_t *k, const uint16_t *v,
+                  size_t row_stride, int M, const int32_t *start_pos_dev, int n_kv_heads, int hd,
+                  int T_cap, struct CUstream_st *stream)
+{
+    if (M < 1 || M > T_cap || hd < 1 || n_kv_heads < 1 || row_stride < (size_t)n_kv_heads * hd)
+        K_REFUSE(K_ERR_SHAPE, "kv_store_at M=%d T_cap=%d n_kv_heads=%d hd=%d row_stride=%zu", M,
+                 T_cap, n_kv_heads, hd, row_stride);
+    if (!k_cache || !v_cache || !k || !v || !start_pos_dev)
+        K_REFUSE(K_ERR_ARG, "kv_store_at: NULL pointer");
+    const long long n = (long long)M * n_kv_heads * hd;
+    kv_store_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(
+        reinterpret_cast<__half *>(k_cache), reinterpret_cast<__half *>(v_cache),
+        reinterpret_cast<const __half *>(k), reinterpret_cast<const __half *>(v), row_stride, M,
+        0, start_pos_dev, n_kv_heads, hd, T_cap);
+    K_LAUNCH_CHECK();
+    return K_ERR_NONE;
+}
+
+static int attention_launch(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q_stride,
+                            const uint16_t *k_cache, const uint16_t *v_cache, int M, int start_pos,
+                            const int32_t *start_pos_dev, int n_heads, int n_kv_heads, int hd,
+                            int T_cap, int sliding_window, struct CUstream_st *stream)
+{
+    const dim3 grid(n_heads, M);
+    const __half *qh = reinterpret_cast<const __half *>(q);
+    const __half *kh = reinterpret_cast<const __half *>(k_cache);
+    const __half *vh = reinterpret_cast<const __half *>(v_cache);
+    __half *oh = reinterpret_cast<__half *>(out);
+#define ATT_LAUNCH(HDV)                                                                      \
+    attention_kernel<HDV><<<grid, ATT_WARPS * K_WARP, 0, stream>>>(                          \
+        oh, out_stride, qh, q_stride, kh, vh, start_pos, start_pos_dev, n_heads, n_kv_heads,   \
+        T_cap, sliding_window)
+    if (hd == 64) ATT_LAUNCH(64);
+    else if (hd == 128) ATT_LAUNCH(128);
+    else ATT_LAUNCH(256);
+#undef ATT_LAUNCH
     K_LAUNCH_CHECK();
     return K_ERR_NONE;
 }
@@ -163,18 +211,23 @@ int k_attention(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q_st
                  "T_cap=%d: need hd in {64,128,256}, n_heads %% n_kv_heads == 0, "
                  "start_pos + M <= T_cap", M, start_pos, n_heads, n_kv_heads, hd, T_cap);
     if (!out || !q || !k_cache || !v_cache) K_REFUSE(K_ERR_ARG, "attention: NULL pointer");
-    const dim3 grid(n_heads, M);
-    const __half *qh = reinterpret_cast<const __half *>(q);
-    const __half *kh = reinterpret_cast<const __half *>(k_cache);
-    const __half *vh = reinterpret_cast<const __half *>(v_cache);
-    __half *oh = reinterpret_cast<__half *>(out);
-#define ATT_LAUNCH(HDV)                                                                      \
-    attention_kernel<HDV><<<grid, ATT_WARPS * K_WARP, 0, stream>>>(                          \
-        oh, out_stride, qh, q_stride, kh, vh, start_pos, n_heads, n_kv_heads, T_cap, sliding_window)
-    if (hd == 64) ATT_LAUNCH(64);
-    else if (hd == 128) ATT_LAUNCH(128);
-    else ATT_LAUNCH(256);
-#undef ATT_LAUNCH
-    K_LAUNCH_CHECK();
-    return K_ERR_NONE;
+    return attention_launch(out, out_stride, q, q_stride, k_cache, v_cache, M, start_pos, nullptr,
+                            n_heads, n_kv_heads, hd, T_cap, sliding_window, stream);
+}
+
+int k_attention_at(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q_stride,
+                   const uint16_t *k_cache, const uint16_t *v_cache, int M,
+                   const int32_t *start_pos_dev, int n_heads, int n_kv_heads, int hd, int T_cap,
+                   int sliding_window, struct CUstream_st *stream)
+{
+    if (M < 1 || M > 65535 || M > T_cap || n_heads < 1 || n_kv_heads < 1 ||
+        n_heads % n_kv_heads || (hd != 64 && hd != 128 && hd != 256) ||
+        q_stride < (size_t)n_heads * hd || out_stride < (size_t)n_heads * hd)
+        K_REFUSE(K_ERR_SHAPE, "attention_at M=%d n_heads=%d n_kv_heads=%d hd=%d T_cap=%d: need "
+                 "hd in {64,128,256}, n_heads %% n_kv_heads == 0", M, n_heads, n_kv_heads, hd,
+                 T_cap);
+    if (!out || !q || !k_cache || !v_cache || !start_pos_dev)
+        K_REFUSE(K_ERR_ARG, "attention_at: NULL pointer");
+    return attention_launch(out, out_stride, q, q_stride, k_cache, v_cache, M, 0, start_pos_dev,
+                            n_heads, n_kv_heads, hd, T_cap, sliding_window, stream);
 }

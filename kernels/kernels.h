@@ -248,6 +248,22 @@ int k_attention(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q_st
                 int n_heads, int n_kv_heads, int hd, int T_cap, int sliding_window,
                 struct CUstream_st *stream);
 
+/*
+ * k_kv_store and k_attention with the start position read on the device at run time
+ * (start_pos_dev: one int32 in device memory), so one captured CUDA graph serves every decode
+ * step. The host cannot check start_pos + M <= T_cap here (the caller must, as rt_model_forward
+ * does): on the device, kv rows past the cache are dropped and query positions are clamped to
+ * the last cache row, so a bad position gives wrong numbers, never an out-of-bounds access.
+ * Errors: as above without the start_pos checks, K_ERR_ARG also for start_pos_dev NULL.
+ */
+int k_kv_store_at(uint16_t *k_cache, uint16_t *v_cache, const uint16_t *k, const uint16_t *v,
+                  size_t row_stride, int M, const int32_t *start_pos_dev, int n_kv_heads, int hd,
+                  int T_cap, struct CUstream_st *stream);
+int k_attention_at(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q_stride,
+                   const uint16_t *k_cache, const uint16_t *v_cache, int M,
+                   const int32_t *start_pos_dev, int n_heads, int n_kv_heads, int hd, int T_cap,
+                   int sliding_window, struct CUstream_st *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -310,6 +310,18 @@ struct rt_backend_ops {
      * in every one. */
     enum rt_err (*all_reduce)(void *ctx, void *const *bufs, int world_size, size_t n,
                               enum rt_buf_type type);
+
+    /* Optional (NULL in backends without it): the decode step (M = 1, world_size 1) as one
+     * replayable graph, so its ~10 ops per layer cost one launch. Between graph_begin and
+     * graph_end the ops of one step are recorded, not run, on `rank` (the CUDA backend's stream
+     * capture); in that mode embed reads the token and rope/kv_store/attention read the position
+     * from backend memory that graph_replay fills, so the recording does not depend on them.
+     * graph_end(ok = false) discards the recording. graph_replay runs the recording for
+     * `token` at position `pos`; *done = false (nothing run) when there is no valid recording
+     * (none yet, or a buffer it uses has been reallocated since): record again first. */
+    enum rt_err (*graph_begin)(void *ctx, int rank);
+    enum rt_err (*graph_end)(void *ctx, int rank, bool ok);
+    enum rt_err (*graph_replay)(void *ctx, int rank, int32_t token, int pos, bool *done);
 };
 
 struct rt_backend {

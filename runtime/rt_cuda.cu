@@ -13,8 +13,15 @@
  *     GB/s of each phase.
  *   - W4A16 linears: k_w4a16_linear (decode variants, M <= 64 or up to the dq threshold) or
  *     dequant + cuBLAS (k_w4a16_linear_dq_gemm) for M >= K_W4A16_DQ_GEMM_MIN_M.
- *   - Multi-rank (world_size GPUs of one process): all_reduce by peer copies to rank 0, a sum
- *     there, and peer copies back (correct, not fast; NCCL belongs in rt_tp*.c).
+ *   - Multi-rank (world_size GPUs driven by one process): all_reduce is one NCCL ncclAllReduce
+ *     (sum) per rank inside ncclGroupStart/End, enqueued on the ranks' streams: no host
+ *     synchronisation (communicators from ncclCommInitAll at creation). NVLink SHARP/multicast
+ *     (NVLS) is off unless NCCL_NVLS_ENABLE is set: our all-reduces are a few KB to MB of
+ *     activations, latency-bound, and multicast on shared machines is a hazard (device KINDS).
+ *   - Decode steps (M = 1, one rank, no MoE) are recorded once into a CUDA graph (stream capture
+ *     of every op of the step + lm_head) and replayed with the token and position copied into
+ *     d_step first (embed, rope, kv_store and attention read them there while recording); a
+ *     workspace that grows makes the recording stale and the model records again.
  *   - GPUs older than sm_80 are refused at creation with the GPU's name and compute capability;
  *     out-of-memory says what did not fit and how much was free.
  *
@@ -22,8 +29,8 @@
  * (tests/run_gpu_tests.sh runs the end-to-end CUDA-vs-CPU logits check when fixtures exist).
  */
 #include <cublas_v2.h>    /* cublasGemmEx */
-#include <cuda_fp16.h>    /* __half (all_reduce of fp16 activations) */
 #include <cuda_runtime.h> /* cudaMalloc, streams, events */
+#include <nccl.h>         /* ncclCommInitAll, ncclAllReduce */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,12 +96,19 @@ struct cuda_rank {
     struct grow_buf scratch;/* dequantised fp16 weight for the dq + cuBLAS path */
     struct grow_buf pos;    /* int32 0, 1, 2, ...: positions for k_rope */
     struct grow_buf small;  /* token ids, MoE rows and weights */
-    struct grow_buf reduce; /* all_reduce staging (rank 0) */
+    unsigned buf_gen;       /* bumped whenever a grow_buf moves (a recorded graph is then stale) */
+    /* decode-step graph (graph_begin/end/replay) */
+    bool capturing;         /* ops are being recorded: take token/position from d_step */
+    int32_t *d_step;        /* device [2]: token, position of the step being replayed */
+    int32_t *h_step;        /* pinned host [2]: copied to d_step before each replay */
+    cudaGraphExec_t gexec;  /* the recording, or NULL */
+    unsigned gexec_gen;     /* buf_gen when it was recorded */
 };
 
 struct cuda_ctx {
     int world;
     struct cuda_rank r[RT_CUDA_MAX_RANKS];
+    ncclComm_t comm[RT_CUDA_MAX_RANKS]; /* world > 1: one communicator per rank */
 };
 
 static double now_s(void)
@@ -129,7 +143,13 @@ static enum rt_err grow(struct cuda_rank *r, struct grow_buf *b, size_t bytes, c
                         bool zero)
 {
     if (b->bytes >= bytes) return RT_ERR_NONE;
+    if (r->capturing) { /* no allocation inside a recording: the model runs this step op by op */
+        qs_log_debug("GPU %d: %s must grow to %zu bytes while a decode graph is recorded", r->device,
+                     what, bytes);
+        return RT_ERR_DEVICE;
+    }
     RT_CUDA_TRY(cudaStreamSynchronize(r->stream)); /* the old buffer may be in use */
+    ++r->buf_gen;
     RT_CUDA_TRY(cudaFree(b->p));
     b->p = NULL;
     b->bytes = 0;
@@ -160,12 +180,17 @@ static void rank_free(struct cuda_rank *r)
     cudaSetDevice(r->device);
     if (r->stream) cudaStreamSynchronize(r->stream);
     cudaFree(r->weights);
-    struct grow_buf *bufs[] = {&r->ws, &r->scratch, &r->pos, &r->small, &r->reduce};
+    struct grow_buf *bufs[] = {&r->ws, &r->scratch, &r->pos, &r->small};
     for (struct grow_buf *b : bufs) {
         cudaFree(b->p);
         b->p = NULL;
         b->bytes = 0;
     }
+    if (r->gexec) cudaGraphExecDestroy(r->gexec);
+    cudaFree(r->d_step);
+    cudaFreeHost(r->h_step);
+    r->gexec = NULL;
+    r->d_step = r->h_step = NULL;
     if (r->cublas) cublasDestroy(r->cublas);
     if (r->stream) cudaStreamDestroy(r->stream);
     r->weights = NULL;
@@ -178,6 +203,8 @@ static void cuda_destroy(void *vctx)
     struct cuda_ctx *c = static_cast<struct cuda_ctx *>(vctx);
     if (!c) return;
     for (int i = 0; i < c->world; ++i) rank_free(&c->r[i]);
+    for (int i = 0; i < c->world; ++i)
+        if (c->comm[i]) ncclCommDestroy(c->comm[i]);
     free(c);
 }
 
@@ -352,6 +379,10 @@ static enum rt_err cuda_embed(void *ctx, int rank, float *out, const uint16_t *t
                               const int32_t *tokens, int M, int64_t row_begin, int V_r, int H)
 {
     struct cuda_rank *r = R(ctx, rank);
+    if (r->capturing) { /* graph: the token is in d_step[0] at replay */
+        RT_K_TRY(k_embed(out, table, r->d_step, M, row_begin, V_r, H, r->stream));
+        return RT_ERR_NONE;
+    }
     void *dt = NULL;
     enum rt_err e = upload_small(r, tokens, (size_t)M * sizeof(int32_t), 0, &dt);
     if (e) return e;
@@ -426,6 +457,11 @@ static enum rt_err cuda_rope(void *ctx, int rank, void *x, int M, int n_heads, i
                              size_t row_stride, int start_pos, const float *inv_freq)
 {
     struct cuda_rank *r = R(ctx, rank);
+    if (r->capturing) { /* graph (M = 1): the position is in d_step[1] at replay */
+        RT_K_TRY(k_rope(static_cast<uint16_t *>(x), M, n_heads, hd, row_stride, r->d_step + 1,
+                        inv_freq, r->stream));
+        return RT_ERR_NONE;
+    }
     const size_t need = (size_t)(start_pos + M) * sizeof(int32_t);
     if (r->pos.bytes < need) { /* positions 0, 1, 2, ... once, grown as the context grows */
         enum rt_err e = grow(r, &r->pos, need, "the position table", false);
@@ -453,6 +489,12 @@ static enum rt_err cuda_kv_store(void *ctx, int rank, void *k_cache, void *v_cac
                                  int n_kv_heads, int hd, int T_cap)
 {
     struct cuda_rank *r = R(ctx, rank);
+    if (r->capturing) {
+        RT_K_TRY(k_kv_store_at(static_cast<uint16_t *>(k_cache), static_cast<uint16_t *>(v_cache),
+                               static_cast<const uint16_t *>(k), static_cast<const uint16_t *>(v),
+                               row_stride, M, r->d_step + 1, n_kv_heads, hd, T_cap, r->stream));
+        return RT_ERR_NONE;
+    }
     RT_K_TRY(k_kv_store(static_cast<uint16_t *>(k_cache), static_cast<uint16_t *>(v_cache),
                         static_cast<const uint16_t *>(k), static_cast<const uint16_t *>(v),
                         row_stride, M, start_pos, n_kv_heads, hd, T_cap, r->stream));
@@ -465,6 +507,14 @@ static enum rt_err cuda_attention(void *ctx, int rank, void *out, size_t out_str
                                   int sliding_window)
 {
     struct cuda_rank *r = R(ctx, rank);
+    if (r->capturing) {
+        RT_K_TRY(k_attention_at(static_cast<uint16_t *>(out), out_stride,
+                                static_cast<const uint16_t *>(q), q_stride,
+                                static_cast<const uint16_t *>(k_cache),
+                                static_cast<const uint16_t *>(v_cache), M, r->d_step + 1, n_heads,
+                                n_kv_heads, hd, T_cap, sliding_window, r->stream));
+        return RT_ERR_NONE;
+    }
     RT_K_TRY(k_attention(static_cast<uint16_t *>(out), out_stride,
                          static_cast<const uint16_t *>(q), q_stride,
                          static_cast<const uint16_t *>(k_cache),
@@ -515,44 +565,87 @@ static enum rt_err cuda_scatter_add_rows(void *ctx, int rank, void *y, const voi
     return RT_ERR_NONE;
 }
 
-static __global__ void add_kernel(void *acc, const void *b, size_t n, int is_f32)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        if (is_f32) {
-            static_cast<float *>(acc)[i] += static_cast<const float *>(b)[i];
-        } else {
-            __half *a = static_cast<__half *>(acc);
-            a[i] = __float2half_rn(__half2float(a[i]) + __half2float(static_cast<const __half *>(b)[i]));
-        }
-    }
-}
-
-/* Sum on rank 0 in rank order (peer copies into a staging buffer), then copy back. fp16 sums
- * are rounded after each add; the CPU emulation rounds once (a difference of rounding only). */
+/* Sum the ranks' buffers in place with NCCL, enqueued on each rank's stream (no host wait).
+ * NCCL's ring/tree order sums fp16 in fp32 internally per step and rounds to fp16 between steps;
+ * every rank receives the same bits. The CPU backend rounds once (a difference of rounding). */
 static enum rt_err cuda_all_reduce(void *vctx, void *const *bufs, int world, size_t n,
                                    enum rt_buf_type type)
 {
     struct cuda_ctx *c = static_cast<struct cuda_ctx *>(vctx);
     if (world <= 1) return RT_ERR_NONE;
-    const size_t esz = type == RT_BUF_F32 ? 4 : 2, bytes = n * esz;
-    for (int i = 0; i < world; ++i) {
-        cudaSetDevice(c->r[i].device);
-        RT_CUDA_TRY(cudaStreamSynchronize(c->r[i].stream));
+    ncclResult_t nr = ncclGroupStart();
+    for (int i = 0; i < world && nr == ncclSuccess; ++i)
+        nr = ncclAllReduce(bufs[i], bufs[i], n, type == RT_BUF_F32 ? ncclFloat32 : ncclFloat16,
+                           ncclSum, c->comm[i], c->r[i].stream);
+    const ncclResult_t ne = ncclGroupEnd();
+    if (nr == ncclSuccess) nr = ne;
+    if (nr != ncclSuccess) {
+        qs_log_error(__func__, "NCCL all-reduce of %zu %s values over %d GPUs: %s (%s)", n,
+                     type == RT_BUF_F32 ? "fp32" : "fp16", world, ncclGetErrorString(nr),
+                     ncclGetLastError(NULL));
+        return RT_ERR_DEVICE;
     }
-    struct cuda_rank *r0 = R(vctx, 0);
-    enum rt_err e = grow(r0, &r0->reduce, bytes, "the all-reduce staging buffer", false);
-    if (e) return e;
-    for (int i = 1; i < world; ++i) {
-        RT_CUDA_TRY(cudaMemcpyPeerAsync(r0->reduce.p, r0->device, bufs[i], c->r[i].device, bytes,
-                                        r0->stream));
-        add_kernel<<<1024, 256, 0, r0->stream>>>(bufs[0], r0->reduce.p, n, type == RT_BUF_F32);
-        RT_CUDA_TRY(cudaGetLastError());
+    return RT_ERR_NONE;
+}
+
+
+// --- decode-step graph (rt.h graph_begin / graph_end / graph_replay) ------------------------------
+
+static enum rt_err cuda_graph_begin(void *ctx, int rank)
+{
+    struct cuda_rank *r = R(ctx, rank);
+    if (!r->d_step) RT_CUDA_TRY(cudaMalloc(&r->d_step, 2 * sizeof(int32_t)));
+    if (!r->h_step) RT_CUDA_TRY(cudaMallocHost(&r->h_step, 2 * sizeof(int32_t)));
+    if (r->gexec) {
+        RT_CUDA_TRY(cudaGraphExecDestroy(r->gexec));
+        r->gexec = NULL;
     }
-    for (int i = 1; i < world; ++i)
-        RT_CUDA_TRY(cudaMemcpyPeerAsync(bufs[i], c->r[i].device, bufs[0], r0->device, bytes,
-                                        r0->stream));
-    RT_CUDA_TRY(cudaStreamSynchronize(r0->stream));
+    /* thread-local: only this thread's unsafe calls (syncs, allocations) break the capture */
+    RT_CUDA_TRY(cudaStreamBeginCapture(r->stream, cudaStreamCaptureModeThreadLocal));
+    r->capturing = true;
+    r->gexec_gen = r->buf_gen;
+    return RT_ERR_NONE;
+}
+
+static enum rt_err cuda_graph_end(void *ctx, int rank, bool ok)
+{
+    struct cuda_rank *r = R(ctx, rank);
+    cudaGraph_t g = NULL;
+    r->capturing = false;
+    const cudaError_t ce = cudaStreamEndCapture(r->stream, &g); /* always: leave capture mode */
+    if (ce != cudaSuccess || !ok || !g) {
+        if (g) cudaGraphDestroy(g);
+        cudaGetLastError();
+        if (ce != cudaSuccess)
+            qs_log_debug("GPU %d: decode graph capture failed: %s", r->device, cudaGetErrorString(ce));
+        return ok ? RT_ERR_DEVICE : RT_ERR_NONE;
+    }
+    size_t n_nodes = 0;
+    cudaGraphGetNodes(g, NULL, &n_nodes);
+    const cudaError_t ie = cudaGraphInstantiate(&r->gexec, g, 0);
+    cudaGraphDestroy(g);
+    if (ie != cudaSuccess) {
+        r->gexec = NULL;
+        cudaGetLastError();
+        qs_log_debug("GPU %d: decode graph instantiation failed: %s", r->device, cudaGetErrorString(ie));
+        return RT_ERR_DEVICE;
+    }
+    qs_log_debug("GPU %d: decode step recorded as a CUDA graph (%zu nodes)", r->device, n_nodes);
+    return RT_ERR_NONE;
+}
+
+static enum rt_err cuda_graph_replay(void *ctx, int rank, int32_t token, int pos, bool *done)
+{
+    struct cuda_rank *r = R(ctx, rank);
+    *done = false;
+    if (!r->gexec || r->gexec_gen != r->buf_gen) return RT_ERR_NONE;
+    /* the previous replay's copy has run: the caller downloaded its logits (a stream sync) */
+    r->h_step[0] = token;
+    r->h_step[1] = pos;
+    RT_CUDA_TRY(cudaMemcpyAsync(r->d_step, r->h_step, 2 * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                r->stream));
+    RT_CUDA_TRY(cudaGraphLaunch(r->gexec, r->stream));
+    *done = true;
     return RT_ERR_NONE;
 }
 
@@ -561,6 +654,7 @@ static const struct rt_backend_ops cuda_ops = {
     cuda_upload, cuda_download, cuda_zero, cuda_embed, cuda_rmsnorm, cuda_linear_w4,
     cuda_linear_f16, cuda_lm_head, cuda_router, cuda_rope, cuda_kv_store, cuda_attention,
     cuda_silu_mul, cuda_gather_rows, cuda_scatter_add_rows, cuda_all_reduce,
+    cuda_graph_begin, cuda_graph_end, cuda_graph_replay,
 };
 
 bool rt_cuda_available(void)
@@ -622,19 +716,23 @@ enum rt_err rt_cuda_backend_create(const struct rt_opts *opts, int world_size,
         cublasStatus_t be = CUBLAS_STATUS_SUCCESS;
         if (e == cudaSuccess) be = cublasCreate(&r->cublas);
         if (e == cudaSuccess && be == CUBLAS_STATUS_SUCCESS) be = cublasSetStream(r->cublas, r->stream);
-        for (int j = 0; j < world_size && e == cudaSuccess && world_size > 1; ++j) {
-            int can = 0;
-            if (j != i && cudaDeviceCanAccessPeer(&can, r->device, first + j) == cudaSuccess && can) {
-                cudaError_t pe = cudaDeviceEnablePeerAccess(first + j, 0);
-                if (pe != cudaSuccess && pe != cudaErrorPeerAccessAlreadyEnabled)
-                    qs_log_warn("GPU %d cannot map GPU %d (%s): all-reduce goes through the host",
-                                r->device, first + j, cudaGetErrorString(pe));
-                cudaGetLastError();
-            }
-        }
         if (e != cudaSuccess || be != CUBLAS_STATUS_SUCCESS) {
             qs_log_error(__func__, "GPU %d: cannot create its stream or cuBLAS handle (%s, cuBLAS %d)",
                          r->device, cudaGetErrorString(e), (int)be);
+            cuda_destroy(c);
+            return RT_ERR_DEVICE;
+        }
+    }
+    if (world_size > 1) {
+        setenv("NCCL_NVLS_ENABLE", "0", 0); /* see the header comment; a user's setting wins */
+        int devs[RT_CUDA_MAX_RANKS];
+        for (int i = 0; i < world_size; ++i) devs[i] = first + i;
+        const ncclResult_t nr = ncclCommInitAll(c->comm, world_size, devs);
+        if (nr != ncclSuccess) {
+            qs_log_error(__func__, "NCCL: cannot create communicators for GPUs %d..%d: %s (%s)",
+                         first, first + world_size - 1, ncclGetErrorString(nr),
+                         ncclGetLastError(NULL));
+            for (int i = 0; i < world_size; ++i) c->comm[i] = NULL;
             cuda_destroy(c);
             return RT_ERR_DEVICE;
         }

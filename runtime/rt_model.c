@@ -118,6 +118,7 @@ struct rt_model {
     int n_past;                /* cached positions */
     uint64_t weight_bytes;     /* bytes of all bound tensors, all ranks */
     void **bufs;               /* owned [world]: scratch array for all_reduce arguments */
+    int graph_failures;        /* decode-step recordings that failed; graphs off at 2 */
     /* host scratch, owned */
     float *h_logits;           /* [LB][V_r] */
     float *h_router;           /* [B][E] */
@@ -843,9 +844,9 @@ static enum rt_err logits_rows(struct rt_model *m, int row0, int n, float *out)
     return RT_ERR_NONE;
 }
 
-/* One chunk of M <= max_batch tokens at positions p0..p0+M-1. */
-static enum rt_err step(struct rt_model *m, const int32_t *tokens, int M, int p0, float *logits,
-                        bool all_logits)
+/* embed .. final rmsnorm of one chunk of M tokens at positions p0..p0+M-1: every rank's x then
+ * holds the normalised hidden states of its rows. */
+static enum rt_err step_body(struct rt_model *m, const int32_t *tokens, int M, int p0)
 {
     const struct rt_config *c = &m->ranks[0].cfg;
     size_t MH = (size_t)M * (size_t)c->hidden_size;
@@ -885,6 +886,69 @@ static enum rt_err step(struct rt_model *m, const int32_t *tokens, int M, int p0
         TRY(OPS->rmsnorm(BCTX, r, R->x, R->h, R->o, R->final_norm, M, c->hidden_size,
                          c->rms_norm_eps));
     }
+    return RT_ERR_NONE;
+}
+
+/* Whether decode steps go through the backend's graph: a backend that has one, one rank (the
+ * all-reduce of several would have to be recorded on several devices), no MoE (routing is
+ * decided on the host), not switched off (QSHARD_GRAPH=0, for A/B runs), fewer than 2 failed
+ * recordings. */
+static bool use_graph(const struct rt_model *m)
+{
+    static int env = -1; /* QSHARD_GRAPH=0 turns graphs off */
+    if (env < 0) {
+        const char *e = getenv("QSHARD_GRAPH");
+        env = !(e && strcmp(e, "0") == 0);
+    }
+    return env && OPS->graph_replay && m->world == 1 && !m->ranks[0].cfg.n_experts &&
+           m->graph_failures < 2;
+}
+
+/* One decode step (M = 1, world 1) through the backend's graph of step_body + lm_head: replay
+ * the recording, or record it first. *done = false when no graph could be made (the caller
+ * runs the step op by op; a failed recording ran nothing). logits: [vocab_size]. */
+static enum rt_err step_graph(struct rt_model *m, int32_t token, int p0, float *logits,
+                              bool *done)
+{
+    struct rt_rank *R = &m->ranks[0];
+    const struct rt_config *c = &R->cfg;
+    int Vr = c->vocab_size_per_rank, V = c->vocab_size;
+    TRY(OPS->graph_replay(BCTX, 0, token, p0, done));
+    if (!*done) {
+        TRY(OPS->graph_begin(BCTX, 0));
+        enum rt_err e = step_body(m, &token, 1, p0);
+        if (!e)
+            e = OPS->lm_head(BCTX, 0, R->x, R->lm_head, 1, c->hidden_size, Vr, R->logits);
+        enum rt_err e2 = OPS->graph_end(BCTX, 0, e == RT_ERR_NONE);
+        if (e || e2) {
+            m->graph_failures++;
+            qs_log_debug("decode graph: recording failed (%s); this step runs op by op",
+                         rt_err_str(e ? e : e2));
+            return RT_ERR_NONE;
+        }
+        TRY(OPS->graph_replay(BCTX, 0, token, p0, done));
+        if (!*done) {
+            m->graph_failures++;
+            return RT_ERR_NONE;
+        }
+    }
+    TRY(OPS->download(BCTX, 0, m->h_logits, R->logits, (size_t)Vr * sizeof(float)));
+    memcpy(logits, m->h_logits, (size_t)(V < Vr ? V : Vr) * sizeof(float)); /* padding dropped */
+    return RT_ERR_NONE;
+}
+
+/* One chunk of M <= max_batch tokens at positions p0..p0+M-1. */
+static enum rt_err step(struct rt_model *m, const int32_t *tokens, int M, int p0, float *logits,
+                        bool all_logits)
+{
+    const struct rt_config *c = &m->ranks[0].cfg;
+    if (M == 1 && logits && use_graph(m)) {
+        bool done = false;
+        TRY(step_graph(m, tokens[0], p0, logits, &done));
+        if (done)
+            return RT_ERR_NONE;
+    }
+    TRY(step_body(m, tokens, M, p0));
     if (!logits)
         return RT_ERR_NONE;
     if (!all_logits)

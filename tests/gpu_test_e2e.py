@@ -109,6 +109,21 @@ def main():
                     break
                 n_ok += 1
             check(gen[:n_ok] == want[:n_ok], "%s/%s: greedy ids %s, golden %s (first %d steps compared)" % (m["name"], pr["name"], gen, want, n_ok))
+            # decode through the recorded CUDA graph (default) vs op by op (QSHARD_GRAPH=0):
+            # the same kernels on the same data, so the same ids; 40 steps replay it 39 times
+            runs = {}
+            for graph in ("1", "0"):
+                env = dict(os.environ, QSHARD_GRAPH=graph)
+                p = subprocess.run([QSHARD, "run", out, "--tokens", ids, "-n", "40", "--temp", "0",
+                                    "--ignore-eos", "--print-ids", "--no-echo", "--device", "cuda", "-v"],
+                                   capture_output=True, text=True, timeout=300, env=env)
+                check(p.returncode == 0, "%s/%s: run (QSHARD_GRAPH=%s) exit %d: %s" % (m["name"], pr["name"], graph, p.returncode, p.stderr.strip()[-400:]))
+                runs[graph] = (p.stdout.strip(), p.stderr)
+            if len(runs) == 2:
+                check(runs["1"][0] == runs["0"][0], "%s/%s: 40 greedy ids with the decode graph %s != op by op %s" % (m["name"], pr["name"], runs["1"][0], runs["0"][0]))
+                recorded = "recorded as a CUDA graph" in runs["1"][1]
+                expect = tp == 1 and m["name"].find("mixtral") < 0  # graphs: one rank, no MoE
+                check(recorded == expect, "%s/%s: decode graph recorded: %s, expected %s" % (m["name"], pr["name"], recorded, expect))
     print("e2e: %d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
 
