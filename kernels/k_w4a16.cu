@@ -122,6 +122,73 @@ static __device__ __forceinline__ void w4a16_splitk_flush(const float (&acc)[MB8
     if (lane == 0) atomicExch(counters + nt, 0u);
 }
 
+/* ws[r][c .. c+3] += v through one vector reduction (sm_90: red.global.add.v4.f32, PTX ISA
+ * "red"); four scalar atomics below sm_90. p: 16-byte aligned. */
+static __device__ __forceinline__ void k_red_add_v4(float *p, float4 v)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(v.x), "f"(v.y),
+                 "f"(v.z), "f"(v.w)
+                 : "memory");
+#else
+    atomicAdd(p, v.x);
+    atomicAdd(p + 1, v.y);
+    atomicAdd(p + 2, v.z);
+    atomicAdd(p + 3, v.w);
+#endif
+}
+
+/*
+ * The split-K flush of v5: as w4a16_splitk_flush, with the warp's fragments first gathered
+ * row-major in its own shared-memory stage [8*MB8][64] fp32, so the workspace sees one 16-byte
+ * vector reduction per 4 columns (M*16 per warp instead of M*64 scalar atomics) and the last
+ * slice reads, writes and zeroes 4 columns at a time. Needs N % 4 == 0 (N % 64 == 0 holds).
+ */
+template <int MB8>
+static __device__ __forceinline__ void w4a16_splitk_flush_staged(
+    const float (&acc)[MB8][4][4], float *stage, const float *__restrict__ bias,
+    __half *__restrict__ y, float *__restrict__ ws, unsigned *__restrict__ counters, int M, int N,
+    int nt, int S, int lane)
+{
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int tb = 0; tb < MB8; ++tb) {
+        const int m0 = tb * 8 + 2 * t, m1 = m0 + 1;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            const int c0 = 2 * w * 8 + g, c1 = c0 + 8;
+            stage[m0 * 64 + c0] = acc[tb][w][0];
+            stage[m1 * 64 + c0] = acc[tb][w][1];
+            stage[m0 * 64 + c1] = acc[tb][w][2];
+            stage[m1 * 64 + c1] = acc[tb][w][3];
+        }
+    }
+    __syncwarp();
+    for (int e = lane; e < M * 16; e += K_WARP) {
+        const int r = e / 16, c = (e % 16) * 4;
+        k_red_add_v4(ws + (size_t)r * N + nt * 64 + c, *reinterpret_cast<const float4 *>(stage + r * 64 + c));
+    }
+    __threadfence(); /* our adds are visible device-wide before the counter moves */
+    __syncwarp();
+    unsigned prev = 0;
+    if (lane == 0) prev = atomicAdd(counters + nt, 1u);
+    prev = __shfl_sync(0xffffffffu, prev, 0);
+    if (prev != (unsigned)S - 1) return;
+    __threadfence(); /* the last slice sees every other slice's adds */
+    for (int e = lane; e < M * 16; e += K_WARP) {
+        const int r = e / 16, c = nt * 64 + (e % 16) * 4;
+        float4 *p = reinterpret_cast<float4 *>(ws + (size_t)r * N + c);
+        float4 v = __ldcg(p);
+        if (bias) {
+            v.x += bias[c]; v.y += bias[c + 1]; v.z += bias[c + 2]; v.w += bias[c + 3];
+        }
+        const __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
+        *reinterpret_cast<uint2 *>(y + (size_t)r * N + c) = make_uint2(k_half2_as_u32(a), k_half2_as_u32(b));
+        __stcg(p, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+    }
+    if (lane == 0) atomicExch(counters + nt, 0u);
+}
+
 /*
  * Transposed product, so that small M wastes no tensor-core work: y^T[n, m] = W^T[n, k] x^T[k, m]
  * with mma m16n8k16 where A = W^T (16 output columns x 16 k) and B = x^T (16 k x 8 tokens).
@@ -287,10 +354,11 @@ constexpr int WARPS = 4;        /* warps per block, one n-tile each */
 constexpr int DEPTH = 8;        /* weight tiles in flight per lane, held in registers */
 constexpr int X_BUDGET = 16384; /* bytes of the staged activation slice at most */
 constexpr int SZ_BYTES = 160;   /* one group of one n-tile: 128 B scales + 32 B zero words */
-/* resident blocks per SM the register allocation must allow: 3 x 4 warps x 8 tiles x 512 B =
- * 48 KB of weights in flight per SM (~4x what the H200's ~12 B/cycle/SM over ~1000 cycles of
- * latency needs); at 4 blocks (128 registers) M <= 8 spilled */
-template <int MB8, bool RING> constexpr int MIN_BLOCKS = RING ? (MB8 == 1 ? 6 : 4) : 3;
+/* resident blocks per SM the register allocation must allow: M <= 8 4 x 4 warps x 8 tiles x
+ * 512 B = 64 KB of weights in flight per SM (at 133 registers, 3 blocks, the 70B layers ran
+ * 4-9 % slower on the H200), M <= 16 3 blocks (48 KB); the cp.async ring (v6) keeps the tiles
+ * in shared memory and leaves registers for 6 / 4 blocks */
+template <int MB8, bool RING> constexpr int MIN_BLOCKS = RING ? (MB8 == 1 ? 6 : 4) : MB8 == 1 ? 4 : 3;
 } // namespace v5
 
 /* acc += s * gacc per column (SCALE_AFTER: the group's exact-integer sums times its scales,
@@ -357,6 +425,9 @@ w4a16_v5_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
     uint4 *ring = reinterpret_cast<uint4 *>(xs + ROWS * row_bytes) + warp * D * K_WARP;
     unsigned char *sz = xs + ROWS * row_bytes + (RING ? v5::WARPS * D * 512 : 0) +
                         warp * (kc / GT) * v5::SZ_BYTES; /* [n_g][160 B] */
+    float *stage = reinterpret_cast<float *>(xs + ROWS * row_bytes + (RING ? v5::WARPS * D * 512 : 0) +
+                                             v5::WARPS * (kc / GT) * v5::SZ_BYTES) +
+                   warp * ROWS * 64; /* [ROWS][64] fp32: the flush */
 
     /* 1. constant data: this warp's scales/zeros and its first tiles */
     const uint4 *qw = qweight + ((size_t)nt * KT + k_a) * K_WARP + lane;
@@ -490,7 +561,7 @@ w4a16_v5_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
     }
     if constexpr (RING) k_cp_async_wait<0>();
     if constexpr (SCALE_AFTER) v5_scale_group<MB8>(acc, gacc, sraw, false);
-    w4a16_splitk_flush<MB8>(acc, bias, y, ws, counters, M, N, nt, S, lane);
+    w4a16_splitk_flush_staged<MB8>(acc, stage, bias, y, ws, counters, M, N, nt, S, lane);
 }
 
 // --- v4: decode, stream-K over warps --------------------------------------------------------------
@@ -932,7 +1003,8 @@ static void launch_v5_tb(const __half *x, const uint4 *qw, const uint4 *qz, cons
     const int unit = std::max(v5::DEPTH, GT); /* GT | DEPTH or DEPTH | GT: whole groups, whole unrolls */
     const int kc_max = std::max(unit, (v5::X_BUDGET / (ROWS * 32)) / unit * unit);
     auto smem_for = [&](int kc) {
-        return ROWS * kc * 32 + (RING ? v5::WARPS * v5::DEPTH * 512 : 0) + v5::WARPS * (kc / GT) * v5::SZ_BYTES;
+        return ROWS * kc * 32 + (RING ? v5::WARPS * v5::DEPTH * 512 : 0) +
+               v5::WARPS * (kc / GT) * v5::SZ_BYTES + v5::WARPS * ROWS * 64 * 4;
     };
     static int blocks_per_sm; /* at the largest slice, per instantiation; queried once */
     if (blocks_per_sm == 0) {

@@ -564,7 +564,10 @@ static void test_argmax(void)
 
 // --- attention ------------------------------------------------------------------------------------
 
-static void test_attention_case(int M, int start_pos, int nh, int nkv, int hd, int T_cap, int sw)
+/* dev_pos: through k_kv_store_at / k_attention_at, the start position in device memory (the
+ * CUDA-graph decode path), which must give the same results */
+static void test_attention_case(int M, int start_pos, int nh, int nkv, int hd, int T_cap, int sw,
+                                bool dev_pos = false)
 {
     const int T = start_pos + M;
     const size_t qstride = (size_t)(nh + 2 * nkv) * hd; /* a fused qkv row */
@@ -576,8 +579,13 @@ static void test_attention_case(int M, int start_pos, int nh, int nkv, int hd, i
     uint16_t *dqkv = dev_upload(qkvh), *dkc = dev_upload(kch), *dvc = dev_upload(vch);
     uint16_t *dout = dev_poisoned<uint16_t>((size_t)M * nh * hd);
     /* new rows go through k_kv_store, the reference cache is written by hand */
-    CHECK_EQ_INT(k_kv_store(dkc, dvc, dqkv + (size_t)nh * hd, dqkv + (size_t)(nh + nkv) * hd,
-                            qstride, M, start_pos, nkv, hd, T_cap, nullptr), K_ERR_NONE);
+    int32_t *dpos = dev_upload(std::vector<int32_t>{start_pos});
+    if (dev_pos)
+        CHECK_EQ_INT(k_kv_store_at(dkc, dvc, dqkv + (size_t)nh * hd, dqkv + (size_t)(nh + nkv) * hd,
+                                   qstride, M, dpos, nkv, hd, T_cap, nullptr), K_ERR_NONE);
+    else
+        CHECK_EQ_INT(k_kv_store(dkc, dvc, dqkv + (size_t)nh * hd, dqkv + (size_t)(nh + nkv) * hd,
+                                qstride, M, start_pos, nkv, hd, T_cap, nullptr), K_ERR_NONE);
     for (int m = 0; m < M; ++m)
         for (int h = 0; h < nkv; ++h)
             for (int d = 0; d < hd; ++d) {
@@ -585,16 +593,20 @@ static void test_attention_case(int M, int start_pos, int nh, int nkv, int hd, i
                 kcf[dst] = qkvf[(size_t)m * qstride + (size_t)(nh + h) * hd + d];
                 vcf[dst] = qkvf[(size_t)m * qstride + (size_t)(nh + nkv + h) * hd + d];
             }
-    CHECK_EQ_INT(k_attention(dout, (size_t)nh * hd, dqkv, qstride, dkc, dvc, M, start_pos, nh,
-                             nkv, hd, T_cap, sw, nullptr), K_ERR_NONE);
+    if (dev_pos)
+        CHECK_EQ_INT(k_attention_at(dout, (size_t)nh * hd, dqkv, qstride, dkc, dvc, M, dpos, nh,
+                                    nkv, hd, T_cap, sw, nullptr), K_ERR_NONE);
+    else
+        CHECK_EQ_INT(k_attention(dout, (size_t)nh * hd, dqkv, qstride, dkc, dvc, M, start_pos, nh,
+                                 nkv, hd, T_cap, sw, nullptr), K_ERR_NONE);
     std::vector<float> out((size_t)M * nh * hd);
     CHECK_EQ_INT(ref_attention(out.data(), (size_t)nh * hd, qkvf.data(), qstride, kcf.data(),
                                vcf.data(), M, start_pos, nh, nkv, hd, T_cap, sw, g_pool),
                  REF_ERR_NONE);
     const std::vector<float> got = f16_to_f32(dev_download(dout, out.size()));
     char what[128];
-    snprintf(what, sizeof what, "attention M=%d start=%d heads=%d kv=%d hd=%d T=%d sw=%d", M,
-             start_pos, nh, nkv, hd, T, sw);
+    snprintf(what, sizeof what, "attention%s M=%d start=%d heads=%d kv=%d hd=%d T=%d sw=%d",
+             dev_pos ? "_at" : "", M, start_pos, nh, nkv, hd, T, sw);
     compare(what, got.data(), out.data(), got.size(), 3e-3, 3e-3, 3e-3);
     /* the cache rows written by k_kv_store, bit for bit */
     const std::vector<uint16_t> kc2 = dev_download(dkc, kch.size());
