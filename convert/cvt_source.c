@@ -932,7 +932,17 @@ enum cvt_err cvt_source_read_f16(const struct cvt_source *src, const struct cvt_
     CVT_TRY(float_range(src, t, first, count, __func__, &p));
     size_t es = cvt_dtype_size(t->dtype);
     enum cvt_err err = CVT_ERR_NONE;
-    for (uint64_t i = 0; i < count; i++) {
+    if (t->dtype == CVT_DT_F16) { /* hot (embedding, lm_head): copy, then one vectorizable scan */
+        memcpy(dst, p, (size_t)count * 2);
+        unsigned bad = 0;
+        for (uint64_t i = 0; i < count; i++)
+            bad |= (dst[i] & 0x7c00u) == 0x7c00u;
+        if (!bad) {
+            release_range(src, t->file, t->offset + first * es, count * es);
+            return CVT_ERR_NONE;
+        }
+    }
+    for (uint64_t i = 0; i < count; i++) { /* other dtypes, or find the bad F16 element */
         uint16_t h;
         if (t->dtype == CVT_DT_F16) {
             h = cvt_ld16(p + i * es);

@@ -1254,6 +1254,62 @@ static void ck_intact(const char *out_dir, const char *want, const char *rank_fi
 /* A failed or interrupted `convert --force` leaves the earlier conversion as it was; a
  * successful one leaves exactly the new rank files + manifest (stale ranks of another tp gone,
  * other files kept); an early signal is reported with exit 3 and leaves nothing. */
+/* A NaN or Inf in an F16 float tensor (the embedding: cvt_source_read_f16's copy-then-scan
+ * path) is refused with exit 2, naming the tensor and the element: the first element, one
+ * inside, the last. The fixture's model.safetensors is patched in a copy. */
+static void test_f16_nonfinite(void)
+{
+    const char *fx = DATA "models/llama-gqa-gemm";
+    char dir[512], f[600], g[600], out[600];
+    size_t len = 0;
+    snprintf(f, sizeof(f), "%s/model.safetensors", fx);
+    uint8_t *st = (uint8_t *)slurp(f, &len);
+    CHECK(st && len > 8);
+    if (!st || len <= 8)
+        return;
+    uint64_t hl;
+    memcpy(&hl, st, 8);
+    cJSON *h = hl < len - 8 ? cJSON_ParseWithLength((const char *)st + 8, (size_t)hl) : NULL;
+    cJSON *e = cJSON_GetObjectItem(h, "model.embed_tokens.weight");
+    cJSON *offs = cJSON_GetObjectItem(e, "data_offsets");
+    CHECK(e && offs && !strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(e, "dtype")), "F16"));
+    if (!offs) {
+        cJSON_Delete(h);
+        free(st);
+        return;
+    }
+    size_t b0 = 8 + (size_t)hl + (size_t)cJSON_GetNumberValue(cJSON_GetArrayItem(offs, 0));
+    size_t n = ((size_t)cJSON_GetNumberValue(cJSON_GetArrayItem(offs, 1)) - (b0 - 8 - hl)) / 2;
+    const struct { size_t at; uint16_t bits; const char *what; } cases[3] = {
+        {0, 0x7c00, "Inf"}, {n / 2 + 3, 0x7e00, "NaN"}, {n - 1, 0xfc00, "Inf"}};
+    for (int i = 0; i < 3; i++) {
+        snprintf(dir, sizeof(dir), "%s/f16bad%d", g_tmp, i);
+        CHECK(mkdir(dir, 0777) == 0);
+        uint8_t save[2];
+        memcpy(save, st + b0 + 2 * cases[i].at, 2);
+        memcpy(st + b0 + 2 * cases[i].at, &cases[i].bits, 2);
+        snprintf(g, sizeof(g), "%s/model.safetensors", dir);
+        FILE *w = fopen(g, "wb");
+        CHECK(w && fwrite(st, 1, len, w) == len);
+        if (w)
+            fclose(w);
+        memcpy(st + b0 + 2 * cases[i].at, save, 2);
+        snprintf(f, sizeof(f), "%s/config.json", fx);
+        snprintf(g, sizeof(g), "%s/config.json", dir);
+        CHECK(copy_file(f, g));
+        snprintf(out, sizeof(out), "%s/out", dir);
+        char *err = NULL, want[96];
+        snprintf(want, sizeof(want), "element %zu is %s", cases[i].at, cases[i].what);
+        CHECK_EQ_INT(run(&err, NULL, "convert %s %s --tp 2", dir, out), 2);
+        CHECK_MSG(err && strstr(err, "model.embed_tokens.weight") && strstr(err, want),
+                  "f16 case %d: stderr: %s", i, err ? err : "");
+        CHECK(!exists(out));
+        free(err);
+    }
+    cJSON_Delete(h);
+    free(st);
+}
+
 static void test_replace(void)
 {
     const char *model = DATA "models/llama2-tok-demo";
@@ -1527,6 +1583,7 @@ int main(void)
     test_per_channel();
     test_config_pitfalls();
     test_bad_inputs();
+    test_f16_nonfinite();
     test_cli();
     test_replace();
     test_same_dir();
