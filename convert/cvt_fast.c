@@ -24,15 +24,21 @@
  * dequantized by this file's own walk of the source words in the packer's ORDER with tables of
  * (q - z) * s per (group, column) built from the source qzeros/scales (fp32, one rounding), our
  * packed piece by the kernels' reference ref_dequant_w4 (kernels/ref_pack.c), and the two fp32
- * arrays must be equal bit for bit (padding: +0.0). Neither side uses the transposes above.
+ * arrays must be equal bit for bit (padding: +0.0). Neither side uses the transposes above. The
+ * source side is compared with ours on the fly, 4 columns at a time with SSE4.1 where the build
+ * has it (x86-64-v2), else by the scalar table walk; on a difference the scalar walk writes the
+ * source piece out and the first differing element is reported with both coordinates.
+ * What the check shares with the packer: the column/row mapping of the segments (resolve) and
+ * the staged copy of the piece's source words; which source bytes feed which output element is
+ * checked by test_cvt against the generic path, the goldens and the twins instead.
  *
  * Memory: the chunk's packed bytes (the caller's buffers) plus two [P][64] fp32 pieces; source
  * rows are read from the mapping in k-blocks of about CVT_FAST_KBLOCK_BYTES of source rows,
  * whose pages are dropped again after each block (cvt_source_release_range), so RSS does not
  * grow with the tensor.
  *
- * Test: build/test_cvt (every fixture conversion bitwise against the generic path's goldens and
- * twins; QSHARD_CVT_TEST_CORRUPT caught), build/test_cvt_src.
+ * Test: build/test_cvt (test_fast_vs_generic: every fixture at every tp byte-identical to the
+ * generic path, QSHARD_CVT_NO_FAST=1; goldens and twins; QSHARD_CVT_TEST_CORRUPT caught).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -82,7 +88,10 @@ static inline void st32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
     } while (0)
 
 /* 16 lanes (the 4 x 4 (p, w) word pairs of one tile; constant trip counts vectorize) */
-static void transpose_nib16(uint32_t x[8][CVT_FAST_LANES]) { CVT_FAST_TRANSPOSE(x, CVT_FAST_LANES); }
+static void transpose_nib16(uint32_t x[8][CVT_FAST_LANES])
+{
+    CVT_FAST_TRANSPOSE(x, CVT_FAST_LANES);
+}
 /* one lane (a zeros row) */
 static void transpose_nib1(uint32_t x[8][1]) { CVT_FAST_TRANSPOSE(x, 1); }
 
@@ -299,13 +308,16 @@ static uint32_t compare_source(const struct piece_src *g, int64_t P, const uint3
             const __m128i w = _mm_set1_epi32((int)S[k * 8 + j]);
             const __m128i q_even = _mm_srli_epi32(_mm_mullo_epi32(w, mul_even), 28);
             const __m128i q_odd = _mm_srli_epi32(_mm_mullo_epi32(w, mul_odd), 28);
-            const __m128 f_even = _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(q_even, z_even)), s_even);
+            const __m128 f_even =
+                _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(q_even, z_even)), s_even);
             const __m128 f_odd = _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(q_odd, z_odd)), s_odd);
             const __m128 lo4 = _mm_loadu_ps(o + k * 64), hi4 = _mm_loadu_ps(o + k * 64 + 4);
             const __m128 o_even = _mm_shuffle_ps(lo4, hi4, _MM_SHUFFLE(2, 0, 2, 0));
             const __m128 o_odd = _mm_shuffle_ps(lo4, hi4, _MM_SHUFFLE(3, 1, 3, 1));
-            acc = _mm_or_si128(acc, _mm_xor_si128(_mm_castps_si128(f_even), _mm_castps_si128(o_even)));
-            acc = _mm_or_si128(acc, _mm_xor_si128(_mm_castps_si128(f_odd), _mm_castps_si128(o_odd)));
+            const __m128i d_even =
+                _mm_xor_si128(_mm_castps_si128(f_even), _mm_castps_si128(o_even));
+            const __m128i d_odd = _mm_xor_si128(_mm_castps_si128(f_odd), _mm_castps_si128(o_odd));
+            acc = _mm_or_si128(acc, _mm_or_si128(d_even, d_odd));
         }
         for (; k < P; k++)
             acc = _mm_or_si128(acc, _mm_or_si128(_mm_castps_si128(_mm_loadu_ps(o + k * 64)),

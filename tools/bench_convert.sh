@@ -80,9 +80,13 @@ echo "== qshard convert benchmark"
 echo "machine: $(uname -srm); $(nproc) cores; $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //');" \
      "$(awk '/MemTotal/ { printf "%.1f GiB RAM", $2 / 1048576 }' /proc/meminfo);" \
      "load average $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "input: $model: $(echo $files | wc -w) file(s), $bytes bytes, on $(df -PT "$model" | awk 'NR == 2 { print $2 }')"
-echo "output: $outbase on $(df -PT "$outbase" | awk 'NR == 2 { print $2 " (" $1 ")" }')"
-echo "binary: $Q; command: QSHARD=$Q QSHARD_BENCH_TP=\"$TPS\"${QSHARD_BENCH_OUT:+ QSHARD_BENCH_OUT=$QSHARD_BENCH_OUT}${QSHARD_BENCH_ARGS:+ QSHARD_BENCH_ARGS=\"$EXTRA\"} sh tools/bench_convert.sh"
+fstype() { df -PT "$1" | awk 'NR == 2 { print $2 }'; }
+echo "input: $model: $(echo $files | wc -w) file(s), $bytes bytes, on $(fstype "$model")"
+echo "output: $outbase on $(fstype "$outbase")"
+knobs="QSHARD=$Q QSHARD_BENCH_TP=\"$TPS\""
+[ -z "${QSHARD_BENCH_OUT:-}" ] || knobs="$knobs QSHARD_BENCH_OUT=$QSHARD_BENCH_OUT"
+[ -z "$EXTRA" ] || knobs="$knobs QSHARD_BENCH_ARGS=\"$EXTRA\""
+echo "command: $knobs sh tools/bench_convert.sh"
 echo
 
 cat $files >/dev/null # warm the page cache
@@ -92,10 +96,12 @@ set -- $(measure sh -c 'cat "$@" > "$0/cat.out" && sync "$0/cat.out"' "$outbase"
 catsync_s=$1
 catsync_rc=$5
 rm -f "$outbase/cat.out"
-[ "$catsync_rc" = 0 ] || echo "warning: cat+sync exited $catsync_rc (sync FILE needs coreutils >= 8.24)"
+[ "$catsync_rc" = 0 ] ||
+    echo "warning: cat+sync exited $catsync_rc (sync FILE needs coreutils >= 8.24)"
 gbs() { awk -v n="$bytes" -v s="$1" 'BEGIN { printf "%.2f", n / s / 1e9 }'; }
 printf "%-34s %8.2f s  %6.2f GB/s\n" "cat > /dev/null (warm)" "$cat_s" "$(gbs "$cat_s")"
-printf "%-34s %8.2f s  %6.2f GB/s\n" "cat > OUT/file && sync file" "$catsync_s" "$(gbs "$catsync_s")"
+printf "%-34s %8.2f s  %6.2f GB/s\n" "cat > OUT/file && sync file" "$catsync_s" \
+       "$(gbs "$catsync_s")"
 
 fail=0
 run() { # label, then convert arguments
@@ -112,8 +118,9 @@ run() { # label, then convert arguments
     r_cat=$(awk -v a="$cat_s" -v b="$1" 'BEGIN { printf "%.3f", a / b }')
     r_sync=$(awk -v a="$catsync_s" -v b="$1" 'BEGIN { printf "%.3f", a / b }')
     cpu=$(awk -v u="$2" -v s="$3" 'BEGIN { printf "%.1f", u + s }')
-    printf "%-34s %8.2f s  %6.2f GB/s  %5.3fx cat  %5.3fx cat+sync  CPU %6s s (user %s, sys %s)  peak RSS %d MiB\n" \
-           "$label" "$1" "$(gbs "$1")" "$r_cat" "$r_sync" "$cpu" "$2" "$3" $(($4 / 1024))
+    fmt="%-34s %8.2f s  %6.2f GB/s  %5.3fx cat  %5.3fx cat+sync  CPU %6s s (user %s, sys %s)"
+    printf "$fmt  peak RSS %d MiB\n" "$label" "$1" "$(gbs "$1")" "$r_cat" "$r_sync" "$cpu" "$2" \
+           "$3" $(($4 / 1024))
     rm -rf "$outbase/out"
 }
 for tp in $TPS; do
