@@ -88,7 +88,9 @@ CUDA_ARCHS  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_89,code
                -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90
 NVCCFLAGS   ?= -std=c++17 -O3 -lineinfo $(CUDA_ARCHS) -Xcompiler -Wall,-Wextra \
                $(INCLUDES) -DK_DEBUG_SYNC=$(DEBUG_SYNC) -MMD -MP
-CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lnccl -lstdc++
+# cuBLAS is not linked: kernels/k_cublas_load.cu dlopens it on first use (it costs ~150 MB of
+# RSS at program start, which the converter cannot afford under its 512 MiB bound).
+CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lnccl -ldl -lstdc++
 
 # --- sources -------------------------------------------------------------------------------
 # Library: every .c in format/ convert/ runtime/ kernels/ (fuzz targets live in tests/).

@@ -614,10 +614,53 @@ static void test_attention_case(int M, int start_pos, int nh, int nkv, int hd, i
     for (size_t i = 0; i < kc2.size(); ++i) bad += ref_f16_to_f32(kc2[i]) != kcf[i];
     CHECK_MSG(bad == 0, "kv_store: %zu cache values differ", bad);
     TCUDA(cudaFree(dqkv)); TCUDA(cudaFree(dkc)); TCUDA(cudaFree(dvc)); TCUDA(cudaFree(dout));
+    TCUDA(cudaFree(dpos));
+}
+
+/* A device start position past the cache (the host cannot check it for the _at launchers):
+ * kv rows outside are dropped, attention clamps its query position, and nothing is written
+ * out of bounds (the cache, including a guard row after it, keeps its poison; memcheck runs
+ * this too). */
+static void test_attention_at_bounds(void)
+{
+    const int nh = 2, nkv = 2, hd = 64, T_cap = 8, M = 1;
+    const size_t qstride = (size_t)(nh + 2 * nkv) * hd, cache = (size_t)nkv * T_cap * hd;
+    std::vector<uint16_t> qkvh;
+    std::vector<float> qkvf;
+    rand_f16(qkvh, qkvf, (size_t)M * qstride, -2.0f, 2.0f);
+    uint16_t *dqkv = dev_upload(qkvh);
+    uint16_t *dkc = dev_poisoned<uint16_t>(cache + hd), *dvc = dev_poisoned<uint16_t>(cache + hd);
+    uint16_t *dout = dev_poisoned<uint16_t>((size_t)nh * hd);
+    int32_t *dpos = dev_upload(std::vector<int32_t>{T_cap + 3});
+    CHECK_EQ_INT(k_kv_store_at(dkc, dvc, dqkv + (size_t)nh * hd, dqkv + (size_t)(nh + nkv) * hd,
+                               qstride, M, dpos, nkv, hd, T_cap, nullptr), K_ERR_NONE);
+    CHECK_EQ_INT(k_attention_at(dout, (size_t)nh * hd, dqkv, qstride, dkc, dvc, M, dpos, nh, nkv,
+                                hd, T_cap, 0, nullptr), K_ERR_NONE);
+    TCUDA(cudaDeviceSynchronize());
+    for (uint16_t *c : {dkc, dvc}) {
+        const std::vector<uint16_t> kc = dev_download(c, cache + hd);
+        size_t changed = 0;
+        for (uint16_t v : kc) changed += v != 0xFFFFu; /* dev_poisoned: 0xFF bytes */
+        CHECK_MSG(changed == 0, "kv_store_at at position %d of %d changed %zu cache values",
+                  T_cap + 3, T_cap, changed);
+    }
+    qs_log_set_quiet(true);
+    CHECK_EQ_INT(k_attention_at(dout, (size_t)nh * hd, dqkv, qstride, dkc, dvc, M, nullptr, nh,
+                                nkv, hd, T_cap, 0, nullptr), K_ERR_ARG);
+    CHECK_EQ_INT(k_kv_store_at(dkc, dvc, dqkv, dqkv, qstride, T_cap + 1, dpos, nkv, hd, T_cap,
+                               nullptr), K_ERR_SHAPE);
+    qs_log_set_quiet(false);
+    TCUDA(cudaFree(dqkv)); TCUDA(cudaFree(dkc)); TCUDA(cudaFree(dvc)); TCUDA(cudaFree(dout));
+    TCUDA(cudaFree(dpos));
 }
 
 static void test_attention(bool quick)
 {
+    /* the start position read on the device (k_kv_store_at, k_attention_at: the decode graph) */
+    test_attention_case(1, 37, 8, 2, 128, 64, 0, true);
+    test_attention_case(9, 30, 4, 2, 128, 64, 16, true);
+    test_attention_case(1, 0, 4, 4, 64, 8, 0, true);
+    test_attention_at_bounds();
     test_attention_case(1, 0, 4, 4, 128, 8, 0);       /* first decode step */
     test_attention_case(1, 37, 8, 2, 128, 64, 0);     /* decode, GQA 4:1 */
     test_attention_case(33, 0, 4, 1, 64, 40, 0);      /* prefill, MQA */
