@@ -333,18 +333,14 @@ static uint32_t compare_source(const struct piece_src *g, int64_t P, const uint3
 }
 #endif
 
-/* Rows of one self-check piece: the local group up to 256 rows, else gcd(G, 256). */
+/* Rows of one self-check piece: the local group up to 256 rows, else gcd(G, 256), which for the
+ * power of two 256 is G's lowest set bit capped at 256. */
 static int64_t piece_rows(int64_t G)
 {
-    int64_t a = G, c = 256;
     if (G <= 256)
         return G;
-    while (c) {
-        int64_t t = a % c;
-        a = c;
-        c = t;
-    }
-    return a;
+    int64_t low = G & -G;
+    return low < 256 ? low : 256;
 }
 
 size_t cvt_fast_piece_bytes(int64_t G)

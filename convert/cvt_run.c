@@ -343,13 +343,33 @@ static void test_corrupt_point(const struct cvt_out *o, int64_t c, uint8_t *qp)
         qp[0] ^= 1;
 }
 
+/* Stream the packed qweight, scales and qzeros of `cols` further columns of W4 output o (whole
+ * n-tiles, contiguous in all three layouts, DESIGN 4) to rank's file at offs[0..2], which
+ * advance by the bytes written. */
+static enum cvt_err put_w4_cols(struct run *R, int rank, const struct cvt_out *o, int64_t cols,
+                                const uint8_t *qp, const uint16_t *sp, const uint8_t *zp,
+                                uint64_t offs[3])
+{
+    int64_t K = o->rows, ng = K / o->group;
+    uint32_t i0 = R->idx[rank][o - R->plan->ranks[rank].outs];
+    size_t nq = (size_t)(K * cols / 2), ns = (size_t)(ng * cols) * 2, nz = (size_t)(ng * cols / 2);
+    enum cvt_err e;
+    if ((e = put_part(R, rank, i0, offs[0], qp, nq)) ||
+        (e = put_part(R, rank, i0 + 1, offs[1], sp, ns)) ||
+        (e = put_part(R, rank, i0 + 2, offs[2], zp, nz)))
+        return e;
+    offs[0] += nq;
+    offs[1] += ns;
+    offs[2] += nz;
+    return CVT_ERR_NONE;
+}
+
 /* Pack columns [c0 + c, c0 + c + S) (a sub-block of the load chunk) into their place in the
  * chunk's packed copy (kept for the self-check) and stream the packed bytes to the rank file. */
 static enum cvt_err w4_sub(struct run *R, int rank, const struct cvt_out *o, int64_t cw,
                            int64_t c, int64_t S, struct w4_bufs *b, uint64_t offs[3])
 {
     int64_t K = o->rows, ng = K / o->group;
-    enum cvt_err e;
     copy_cols(b->xq, b->q, K, cw, c, S, 1);
     copy_cols(b->xz, b->z, ng, cw, c, S, 1);
     copy_cols(b->xs, b->s, ng, cw, c, S, 2);
@@ -362,16 +382,7 @@ static enum cvt_err w4_sub(struct run *R, int rank, const struct cvt_out *o, int
         return CVT_ERR_RANGE;
     }
     test_corrupt_point(o, c, qp);
-    uint32_t i0 = R->idx[rank][o - R->plan->ranks[rank].outs];
-    size_t nq = (size_t)(K * S / 2), ns = (size_t)(ng * S) * 2, nz = (size_t)(ng * S / 2);
-    if ((e = put_part(R, rank, i0, offs[0], qp, nq)) ||
-        (e = put_part(R, rank, i0 + 1, offs[1], sp, ns)) ||
-        (e = put_part(R, rank, i0 + 2, offs[2], zp, nz)))
-        return e;
-    offs[0] += nq;
-    offs[1] += ns;
-    offs[2] += nz;
-    return CVT_ERR_NONE;
+    return put_w4_cols(R, rank, o, S, qp, sp, zp, offs);
 }
 
 /* Source rows per decoder call: whole groups, about CVT_K_BLOCK_BYTES of 4-bit codes of the
@@ -672,7 +683,6 @@ static enum cvt_err w4_fast(struct run *R, int rank, const struct cvt_out *o, st
                                " chunk", rank, o->name, K, C);
         return CVT_ERR_NOMEM;
     }
-    uint32_t i0 = R->idx[rank][o - R->plan->ranks[rank].outs];
     enum cvt_err e = CVT_ERR_NONE;
     for (int64_t c0 = 0; c0 < N && !e && !run_stopped(R); c0 += C) {
         int64_t cw = C < N - c0 ? C : N - c0;
@@ -689,14 +699,8 @@ static enum cvt_err w4_fast(struct run *R, int rank, const struct cvt_out *o, st
         if (rc == CVT_FAST_MISMATCH)
             return check_fail(R, rank, o, mm.src_name, mm.src_k, mm.src_n, mm.k, mm.n, mm.want,
                               mm.got);
-        size_t nq = (size_t)(K * cw / 2), ns = (size_t)(ng * cw) * 2, nz = (size_t)(ng * cw / 2);
-        if ((e = put_part(R, rank, i0, offs[0], b->qp, nq)) ||
-            (e = put_part(R, rank, i0 + 1, offs[1], b->sp, ns)) ||
-            (e = put_part(R, rank, i0 + 2, offs[2], b->zp, nz)))
+        if ((e = put_w4_cols(R, rank, o, cw, b->qp, b->sp, b->zp, offs)))
             return e;
-        offs[0] += nq;
-        offs[1] += ns;
-        offs[2] += nz;
     }
     return e;
 }
