@@ -119,7 +119,6 @@ struct rt_model {
     uint64_t weight_bytes;     /* bytes of all bound tensors, all ranks */
     void **bufs;               /* owned [world]: scratch array for all_reduce arguments */
     int graph_failures;        /* decode-step recordings that failed; graphs off at 2 */
-    int64_t m1_steps;          /* single-token steps run so far */
     /* host scratch, owned */
     float *h_logits;           /* [LB][V_r] */
     float *h_router;           /* [B][E] */
@@ -943,9 +942,7 @@ static enum rt_err step(struct rt_model *m, const int32_t *tokens, int M, int p0
                         bool all_logits)
 {
     const struct rt_config *c = &m->ranks[0].cfg;
-    /* the first single-token step runs op by op: every launcher it uses has then done its
-     * one-time set-up (occupancy queries, attributes) outside a recording */
-    if (M == 1 && logits && m->m1_steps++ > 0 && use_graph(m)) {
+    if (M == 1 && logits && use_graph(m)) {
         bool done = false;
         TRY(step_graph(m, tokens[0], p0, logits, &done));
         if (done)
