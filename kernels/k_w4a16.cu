@@ -926,6 +926,18 @@ size_t k_w4a16_workspace_bytes(int M, int N)
     return (b + 255) / 256 * 256;
 }
 
+/* Resident blocks per SM (at least 1) of kern (v2, v5) launched with `threads` threads and
+ * `smem` bytes of dynamic shared memory, after raising its dynamic shared-memory limit to
+ * 200 KB (above the default 48 KB). The caller queries once per instantiation and keeps the
+ * result. CUDA errors abort (K_CUDA_CHECK). */
+template <typename Kern> static int resident_blocks(Kern kern, int threads, int smem)
+{
+    K_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+    int b = 0;
+    K_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kern, threads, smem));
+    return std::max(b, 1);
+}
+
 /* k-tiles per split-K slice (v2, v5): fill the resident block slots (blocks_per_sm x SMs) in
  * whole waves (a partial last wave would run the tail at a fraction of the bandwidth) with at
  * most kc_max k-tiles per slice; a multiple of unit. n_groups: blocks along N. */
@@ -959,14 +971,7 @@ static void launch_v2_tb(const __half *x, const uint4 *qw, const uint4 *qz, cons
         return ROWS * kc * 32 + v2::RING_BYTES + v2::WARPS * ((kc + GT - 1) / GT) * v2::SZ_BYTES;
     };
     static int blocks_per_sm; /* at the largest slice, per instantiation; queried once */
-    if (blocks_per_sm == 0) {
-        K_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          200 * 1024));
-        int b = 0;
-        K_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kern, v2::WARPS * K_WARP,
-                                                                   smem_for(kc_max)));
-        blocks_per_sm = std::max(b, 1);
-    }
+    if (blocks_per_sm == 0) blocks_per_sm = resident_blocks(kern, v2::WARPS * K_WARP, smem_for(kc_max));
     const int n_groups = (NT + v2::WARPS - 1) / v2::WARPS;
     const int kc = splitk_slice(KT, n_groups, blocks_per_sm, kc_max, unit);
     const int S = (KT + kc - 1) / kc;
@@ -1007,14 +1012,7 @@ static void launch_v5_tb(const __half *x, const uint4 *qw, const uint4 *qz, cons
                v5::WARPS * (kc / GT) * v5::SZ_BYTES + v5::WARPS * ROWS * 64 * 4;
     };
     static int blocks_per_sm; /* at the largest slice, per instantiation; queried once */
-    if (blocks_per_sm == 0) {
-        K_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          200 * 1024));
-        int b = 0;
-        K_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kern, v5::WARPS * K_WARP,
-                                                                   smem_for(kc_max)));
-        blocks_per_sm = std::max(b, 1);
-    }
+    if (blocks_per_sm == 0) blocks_per_sm = resident_blocks(kern, v5::WARPS * K_WARP, smem_for(kc_max));
     const int n_groups = (NT + v5::WARPS - 1) / v5::WARPS;
     const int kc = splitk_slice(KT, n_groups, blocks_per_sm, kc_max, unit);
     const int S = (KT + kc - 1) / kc;
