@@ -926,6 +926,19 @@ size_t k_w4a16_workspace_bytes(int M, int N)
     return (b + 255) / 256 * 256;
 }
 
+/* K_ERR_WORKSPACE, logged under `who` with `what` (the variant's name), unless workspace is
+ * non-NULL and holds k_w4a16_workspace_bytes(M, N) bytes; K_ERR_NONE otherwise. */
+static int check_workspace(const char *who, const char *what, int M, int N, void *workspace,
+                           size_t workspace_bytes)
+{
+    if (!workspace || workspace_bytes < k_w4a16_workspace_bytes(M, N)) {
+        qs_log_error(who, "W4A16 %s M=%d N=%d: workspace %zu bytes at %p, need %zu", what, M, N,
+                     workspace_bytes, workspace, k_w4a16_workspace_bytes(M, N));
+        return K_ERR_WORKSPACE;
+    }
+    return K_ERR_NONE;
+}
+
 /* Resident blocks per SM (at least 1) of kern (v2, v5) launched with `threads` threads and
  * `smem` bytes of dynamic shared memory, after raising its dynamic shared-memory limit to
  * 200 KB (above the default 48 KB). The caller queries once per instantiation and keeps the
@@ -1112,9 +1125,8 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
     case K_W4A16_V2_DECODE:
         if (M > K_W4A16_DECODE_MAX_M)
             K_REFUSE(K_ERR_SHAPE, "W4A16 decode variant: M=%d > %d", M, K_W4A16_DECODE_MAX_M);
-        if (!workspace || workspace_bytes < k_w4a16_workspace_bytes(M, N))
-            K_REFUSE(K_ERR_WORKSPACE, "W4A16 decode M=%d N=%d: workspace %zu bytes at %p, need %zu",
-                     M, N, workspace_bytes, workspace, k_w4a16_workspace_bytes(M, N));
+        rc = check_workspace(__func__, "decode", M, N, workspace, workspace_bytes);
+        if (rc) return rc;
         return launch_v2(xh, reinterpret_cast<const uint4 *>(qweight),
                          reinterpret_cast<const uint4 *>(qzeros),
                          reinterpret_cast<const uint4 *>(scales), bias, yh, M, N, K, G,
@@ -1123,18 +1135,16 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
     case K_W4A16_V6_DECODE_RING:
         if (M > K_W4A16_V5_MAX_M)
             K_REFUSE(K_ERR_SHAPE, "W4A16 lean decode variant: M=%d > %d", M, K_W4A16_V5_MAX_M);
-        if (!workspace || workspace_bytes < k_w4a16_workspace_bytes(M, N))
-            K_REFUSE(K_ERR_WORKSPACE, "W4A16 decode M=%d N=%d: workspace %zu bytes at %p, need %zu",
-                     M, N, workspace_bytes, workspace, k_w4a16_workspace_bytes(M, N));
+        rc = check_workspace(__func__, "decode", M, N, workspace, workspace_bytes);
+        if (rc) return rc;
         return (variant == K_W4A16_V5_DECODE ? launch_v5<false> : launch_v5<true>)(
             xh, reinterpret_cast<const uint4 *>(qweight), reinterpret_cast<const uint4 *>(qzeros),
             reinterpret_cast<const uint4 *>(scales), bias, yh, M, N, K, G, workspace, stream);
     case K_W4A16_V4_STREAMK:
         if (M > K_W4A16_DECODE_MAX_M)
             K_REFUSE(K_ERR_SHAPE, "W4A16 stream-K variant: M=%d > %d", M, K_W4A16_DECODE_MAX_M);
-        if (!workspace || workspace_bytes < k_w4a16_workspace_bytes(M, N))
-            K_REFUSE(K_ERR_WORKSPACE, "W4A16 stream-K M=%d N=%d: workspace %zu bytes at %p, need %zu",
-                     M, N, workspace_bytes, workspace, k_w4a16_workspace_bytes(M, N));
+        rc = check_workspace(__func__, "stream-K", M, N, workspace, workspace_bytes);
+        if (rc) return rc;
         return launch_v4(xh, reinterpret_cast<const uint4 *>(qweight),
                          reinterpret_cast<const uint32_t *>(qzeros),
                          reinterpret_cast<const uint4 *>(scales), bias, yh, M, N, K, G,
