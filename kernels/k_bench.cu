@@ -363,6 +363,11 @@ int bench_kernel_main(int argc, char **argv)
     }
     for (int m : Ms)
         if (m < 1) { fprintf(stderr, "qshard bench kernel: bad --m value %d\n", m); return QS_EXIT_USAGE; }
+    for (int vv : variants)
+        if (k_w4a16_variant_max_m(vv >= B_NO_PDL ? vv - B_NO_PDL : vv) < 1) {
+            fprintf(stderr, "qshard bench kernel: unknown --variants value %d\n", vv);
+            return QS_EXIT_USAGE;
+        }
     std::vector<bshape> list;
     {
         std::string t = shapes + ",";
@@ -461,8 +466,7 @@ int bench_kernel_main(int argc, char **argv)
                 /* B_NO_PDL + v: variant v launched without Programmatic Dependent Launch */
                 const bool no_pdl = vv >= B_NO_PDL;
                 const int v = no_pdl ? vv - B_NO_PDL : vv;
-                if ((v == K_W4A16_V2_DECODE || v == K_W4A16_V4_STREAMK) && M > K_W4A16_DECODE_MAX_M) continue;
-                if ((v == K_W4A16_V5_DECODE || v == K_W4A16_V6_DECODE_RING) && M > K_W4A16_V5_MAX_M) continue;
+                if (M > k_w4a16_variant_max_m(v)) continue;
                 if (v == 0 && no_pdl && M > K_W4A16_V5_MAX_M) continue;
                 k_set_pdl(!no_pdl);
                 char vname[16];

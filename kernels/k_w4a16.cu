@@ -32,6 +32,8 @@
 
 #include <cublas_v2.h> /* cublasGemmEx (k_w4a16_linear_dq_gemm) */
 
+#include <limits.h> /* INT_MAX (k_w4a16_variant_max_m) */
+
 #include <algorithm>
 
 // --- v1: naive oracle ------------------------------------------------------------------------
@@ -1098,6 +1100,20 @@ static int launch_v4(const __half *x, const uint4 *qw, const uint32_t *qz, const
     return K_ERR_NONE;
 }
 
+int k_w4a16_variant_max_m(int variant)
+{
+    switch (variant) {
+    case K_W4A16_AUTO: /* M > K_W4A16_DECODE_MAX_M goes to v3 */
+    case K_W4A16_V3_GEMM: return 65535 * v3::BM; /* grid.y: ceil(M / BM) <= 65535 */
+    case K_W4A16_V1_NAIVE: return INT_MAX;       /* the grid loops over M */
+    case K_W4A16_V2_DECODE:
+    case K_W4A16_V4_STREAMK: return K_W4A16_DECODE_MAX_M;
+    case K_W4A16_V5_DECODE:
+    case K_W4A16_V6_DECODE_RING: return K_W4A16_V5_MAX_M;
+    default: return 0;
+    }
+}
+
 int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweight,
                            const uint8_t *qzeros, const uint16_t *scales, const float *bias,
                            uint16_t *y, int M, int N, int K, int G, void *workspace,
@@ -1113,6 +1129,7 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
         variant = M <= K_W4A16_V5_MAX_M ? K_W4A16_V5_DECODE
                 : M <= 32 ? K_W4A16_V2_DECODE
                 : M <= K_W4A16_DECODE_MAX_M ? K_W4A16_V4_STREAMK : K_W4A16_V3_GEMM;
+    const int max_m = k_w4a16_variant_max_m(variant);
     const __half *xh = reinterpret_cast<const __half *>(x);
     __half *yh = reinterpret_cast<__half *>(y);
     switch (variant) {
@@ -1123,8 +1140,7 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
         return K_ERR_NONE;
     }
     case K_W4A16_V2_DECODE:
-        if (M > K_W4A16_DECODE_MAX_M)
-            K_REFUSE(K_ERR_SHAPE, "W4A16 decode variant: M=%d > %d", M, K_W4A16_DECODE_MAX_M);
+        if (M > max_m) K_REFUSE(K_ERR_SHAPE, "W4A16 decode variant: M=%d > %d", M, max_m);
         rc = check_workspace(__func__, "decode", M, N, workspace, workspace_bytes);
         if (rc) return rc;
         return launch_v2(xh, reinterpret_cast<const uint4 *>(qweight),
@@ -1133,16 +1149,14 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
                          workspace, stream);
     case K_W4A16_V5_DECODE:
     case K_W4A16_V6_DECODE_RING:
-        if (M > K_W4A16_V5_MAX_M)
-            K_REFUSE(K_ERR_SHAPE, "W4A16 lean decode variant: M=%d > %d", M, K_W4A16_V5_MAX_M);
+        if (M > max_m) K_REFUSE(K_ERR_SHAPE, "W4A16 lean decode variant: M=%d > %d", M, max_m);
         rc = check_workspace(__func__, "decode", M, N, workspace, workspace_bytes);
         if (rc) return rc;
         return (variant == K_W4A16_V5_DECODE ? launch_v5<false> : launch_v5<true>)(
             xh, reinterpret_cast<const uint4 *>(qweight), reinterpret_cast<const uint4 *>(qzeros),
             reinterpret_cast<const uint4 *>(scales), bias, yh, M, N, K, G, workspace, stream);
     case K_W4A16_V4_STREAMK:
-        if (M > K_W4A16_DECODE_MAX_M)
-            K_REFUSE(K_ERR_SHAPE, "W4A16 stream-K variant: M=%d > %d", M, K_W4A16_DECODE_MAX_M);
+        if (M > max_m) K_REFUSE(K_ERR_SHAPE, "W4A16 stream-K variant: M=%d > %d", M, max_m);
         rc = check_workspace(__func__, "stream-K", M, N, workspace, workspace_bytes);
         if (rc) return rc;
         return launch_v4(xh, reinterpret_cast<const uint4 *>(qweight),
@@ -1151,8 +1165,8 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
                          workspace, stream);
     case K_W4A16_V3_GEMM: {
         const int NT = N / 64;
+        if (M > max_m) K_REFUSE(K_ERR_SHAPE, "W4A16 GEMM: M=%d too large", M);
         const long mblocks = (M + v3::BM - 1) / v3::BM;
-        if (mblocks > 65535) K_REFUSE(K_ERR_SHAPE, "W4A16 GEMM: M=%d too large", M);
         const dim3 grid((NT + v3::BNT - 1) / v3::BNT, (unsigned)mblocks);
         w4a16_v3_gemm_kernel<<<grid, v3::THREADS, 0, stream>>>(
             xh, reinterpret_cast<const uint4 *>(qweight), reinterpret_cast<const uint4 *>(qzeros),

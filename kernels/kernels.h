@@ -93,6 +93,11 @@ enum k_w4a16_variant {
 #define K_W4A16_V5_MAX_M 16
 #define K_W4A16_DECODE_MAX_M 64
 
+/* Largest M that k_w4a16_linear_variant(variant, ...) accepts (it refuses M above it with
+ * K_ERR_SHAPE): K_W4A16_V5_MAX_M for variants 5 and 6, K_W4A16_DECODE_MAX_M for 2 and 4,
+ * 65535 * 128 for 3 and auto (grid rows of 128), INT_MAX for 1; 0 for an unknown variant. */
+int k_w4a16_variant_max_m(int variant);
+
 /* Bytes of workspace the W4A16 linear needs for M rows and N columns: M*N fp32 partial sums
  * plus one uint32 counter per 64-column tile, rounded up to 256. The caller allocates it once
  * (cudaMalloc), zeroes it once (cudaMemset); every call leaves it zeroed again. One workspace
@@ -110,8 +115,8 @@ size_t k_w4a16_workspace_bytes(int M, int N);
  * ((q - z) exact, times s), products and sums in fp32 (tensor cores, fp16 inputs).
  * workspace: k_w4a16_workspace_bytes(M, N) bytes, zeroed (see above); variants 1 and 3 ignore it
  * (may be NULL) and it is needed only by variant 2 / auto with M <= K_W4A16_DECODE_MAX_M.
- * Errors: K_ERR_SHAPE (M < 1, K % 16, N % 64, K % G, G % 16, G < 16, K or N < 1, M > 64 for
- * variant 2), K_ERR_ARG (NULL tensor, unknown variant), K_ERR_WORKSPACE.
+ * Errors: K_ERR_SHAPE (M < 1, K % 16, N % 64, K % G, G % 16, G < 16, K or N < 1,
+ * M > k_w4a16_variant_max_m(variant)), K_ERR_ARG (NULL tensor, unknown variant), K_ERR_WORKSPACE.
  */
 int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweight,
                            const uint8_t *qzeros, const uint16_t *scales, const float *bias,

@@ -204,8 +204,7 @@ static void test_w4a16_shape(const char *label, int M, int N, int K, int G, bool
     TCUDA(cudaMalloc(&ws, wsb));
     TCUDA(cudaMemset(ws, 0, wsb));
     for (int v : variants) {
-        if ((v == K_W4A16_V2_DECODE || v == K_W4A16_V4_STREAMK) && M > K_W4A16_DECODE_MAX_M) continue;
-        if ((v == K_W4A16_V5_DECODE || v == K_W4A16_V6_DECODE_RING) && M > K_W4A16_V5_MAX_M) continue;
+        if (v != K_W4A16_DQ_GEMM && M > k_w4a16_variant_max_m(v)) continue;
         /* the decode variants run twice: the second run proves the workspace came back zeroed */
         const int reps = (v == K_W4A16_V2_DECODE || v == K_W4A16_V4_STREAMK || v == K_W4A16_V5_DECODE ||
                           v == K_W4A16_V6_DECODE_RING ||
