@@ -825,21 +825,32 @@ static enum rt_err moe(struct rt_model *m, int l, int M)
     return RT_ERR_NONE;
 }
 
+/* Rank r's lm_head output (its logits [n][vocab_size_per_rank], fp32) through m->h_logits into
+ * columns [r * vocab_size_per_rank, ...) of out[n][vocab_size]; its padding columns past
+ * vocab_size are dropped. Errors: the backend's download. */
+static enum rt_err download_logits(struct rt_model *m, int r, int n, float *out)
+{
+    const struct rt_config *c = &m->ranks[0].cfg;
+    int Vr = c->vocab_size_per_rank, V = c->vocab_size;
+    TRY(OPS->download(BCTX, r, m->h_logits, m->ranks[r].logits, (size_t)n * Vr * sizeof(float)));
+    int64_t col0 = (int64_t)r * Vr;
+    int64_t cols = V - col0 < Vr ? V - col0 : Vr; /* padding columns past vocab_size dropped */
+    for (int i = 0; cols > 0 && i < n; i++)
+        memcpy(out + (size_t)i * V + col0, m->h_logits + (size_t)i * Vr,
+               (size_t)cols * sizeof(float));
+    return RT_ERR_NONE;
+}
+
 /* lm_head on rows [row0, row0 + n) of x, assembled across ranks into out[n][vocab_size]. */
 static enum rt_err logits_rows(struct rt_model *m, int row0, int n, float *out)
 {
     const struct rt_config *c = &m->ranks[0].cfg;
-    int H = c->hidden_size, Vr = c->vocab_size_per_rank, V = c->vocab_size;
+    int H = c->hidden_size, Vr = c->vocab_size_per_rank;
     for (int r = 0; r < m->world; r++) {
         struct rt_rank *R = &m->ranks[r];
         TRY(OPS->lm_head(BCTX, r, act_at(m, R->x, (size_t)row0 * H), R->lm_head, n, H, Vr,
                          R->logits));
-        TRY(OPS->download(BCTX, r, m->h_logits, R->logits, (size_t)n * Vr * sizeof(float)));
-        int64_t col0 = (int64_t)r * Vr;
-        int64_t cols = V - col0 < Vr ? V - col0 : Vr; /* padding rows past vocab_size dropped */
-        for (int i = 0; cols > 0 && i < n; i++)
-            memcpy(out + (size_t)i * V + col0, m->h_logits + (size_t)i * Vr,
-                   (size_t)cols * sizeof(float));
+        TRY(download_logits(m, r, n, out));
     }
     return RT_ERR_NONE;
 }
@@ -912,7 +923,7 @@ static enum rt_err step_graph(struct rt_model *m, int32_t token, int p0, float *
 {
     struct rt_rank *R = &m->ranks[0];
     const struct rt_config *c = &R->cfg;
-    int Vr = c->vocab_size_per_rank, V = c->vocab_size;
+    int Vr = c->vocab_size_per_rank;
     TRY(OPS->graph_replay(BCTX, 0, token, p0, done));
     if (!*done) {
         TRY(OPS->graph_begin(BCTX, 0));
@@ -932,9 +943,7 @@ static enum rt_err step_graph(struct rt_model *m, int32_t token, int p0, float *
             return RT_ERR_NONE;
         }
     }
-    TRY(OPS->download(BCTX, 0, m->h_logits, R->logits, (size_t)Vr * sizeof(float)));
-    memcpy(logits, m->h_logits, (size_t)(V < Vr ? V : Vr) * sizeof(float)); /* padding dropped */
-    return RT_ERR_NONE;
+    return download_logits(m, 0, 1, logits);
 }
 
 /* One chunk of M <= max_batch tokens at positions p0..p0+M-1. */
