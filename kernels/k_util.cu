@@ -18,17 +18,27 @@ const char *k_err_str(enum k_err e)
     return "unknown k_err";
 }
 
-int k_device_sm_count(void)
+enum { MAX_DEVICES = 64 };
+
+/* Attribute attr of the current device, cached per device in cache[MAX_DEVICES] (0 = not
+ * queried yet, so only attributes that are >= 1 on every device are cached; devices past
+ * MAX_DEVICES are queried each time). Benign race: the same value is written. CUDA errors
+ * abort (K_CUDA_CHECK). */
+static int device_attr(int (&cache)[MAX_DEVICES], cudaDeviceAttr attr)
 {
-    enum { MAX_DEVICES = 64 };
-    static int cache[MAX_DEVICES]; /* 0 = not queried yet; benign race: same value written */
     int dev = 0;
     K_CUDA_CHECK(cudaGetDevice(&dev));
     if (dev >= 0 && dev < MAX_DEVICES && cache[dev] > 0) return cache[dev];
-    int n = 0;
-    K_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    if (dev >= 0 && dev < MAX_DEVICES) cache[dev] = n;
-    return n;
+    int v = 0;
+    K_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, dev));
+    if (dev >= 0 && dev < MAX_DEVICES) cache[dev] = v;
+    return v;
+}
+
+int k_device_sm_count(void)
+{
+    static int cache[MAX_DEVICES];
+    return device_attr(cache, cudaDevAttrMultiProcessorCount);
 }
 
 static int g_pdl = -1; /* k_set_pdl; -1: not set yet, QSHARD_PDL=0 in the environment turns it off */
@@ -46,15 +56,7 @@ int k_get_pdl(void)
 
 bool k_pdl_usable(void)
 {
-    enum { MAX_DEVICES = 64 };
-    static int cache[MAX_DEVICES]; /* 0 = not queried, 1 = below sm_90, 2 = sm_90+ */
+    static int cache[MAX_DEVICES]; /* compute capability major */
     if (!k_get_pdl()) return false;
-    int dev = 0;
-    K_CUDA_CHECK(cudaGetDevice(&dev));
-    if (dev >= 0 && dev < MAX_DEVICES && cache[dev]) return cache[dev] == 2;
-    int major = 0;
-    K_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    const int v = major >= 9 ? 2 : 1;
-    if (dev >= 0 && dev < MAX_DEVICES) cache[dev] = v;
-    return v == 2;
+    return device_attr(cache, cudaDevAttrComputeCapabilityMajor) >= 9;
 }
