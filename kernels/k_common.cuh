@@ -73,12 +73,27 @@ __device__ __forceinline__ uint32_t k_half2_as_u32(__half2 h)
 /* 16-byte streaming load of read-only data that is used once (packed weights): .nc uses the
  * non-coherent read-only path, L1::no_allocate keeps it from evicting the activations from L1.
  * PTX ISA "ld": https://docs.nvidia.com/cuda/parallel-thread-execution/#data-movement-and-conversion-instructions-ld */
+#define K_LD_STREAM_V4_PTX "ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
 __device__ __forceinline__ uint4 k_ld_stream_v4(const void *p)
 {
     uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+    asm volatile(K_LD_STREAM_V4_PTX : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+
+/* k_ld_stream_v4 ordered after the instructions that compute `after`: the asm takes those 16
+ * registers as (unused) inputs, a fake dependency that keeps the compiler from hoisting the
+ * load above them. W4A16 v5 refills a weight register slot this way right after the dequant
+ * that read it, so no register rotation has to wait on the load. */
+__device__ __forceinline__ uint4 k_ld_stream_v4_after(const void *p, const uint32_t (&after)[4][4])
+{
+    uint4 r;
+    asm volatile(K_LD_STREAM_V4_PTX
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
+                 : "l"(p), "r"(after[0][0]), "r"(after[0][1]), "r"(after[0][2]), "r"(after[0][3]),
+                   "r"(after[1][0]), "r"(after[1][1]), "r"(after[1][2]), "r"(after[1][3]),
+                   "r"(after[2][0]), "r"(after[2][1]), "r"(after[2][2]), "r"(after[2][3]),
+                   "r"(after[3][0]), "r"(after[3][1]), "r"(after[3][2]), "r"(after[3][3]));
     return r;
 }
 

@@ -538,19 +538,9 @@ w4a16_v5_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
                 a[w][0] = b[0]; a[w][1] = b[2]; a[w][2] = b[1]; a[w][3] = b[3];
             }
             if constexpr (!RING) {
-                if (i + D < kc_eff) {
-                    /* refill slot j: after the dequant read it (the asm takes the dequantised
-                     * registers as inputs, so it cannot be hoisted above them) */
-                    uint4 r;
-                    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                                 : "l"(qn + j * K_WARP), "r"(a[0][0]), "r"(a[0][1]), "r"(a[0][2]),
-                                   "r"(a[0][3]), "r"(a[1][0]), "r"(a[1][1]), "r"(a[1][2]),
-                                   "r"(a[1][3]), "r"(a[2][0]), "r"(a[2][1]), "r"(a[2][2]),
-                                   "r"(a[2][3]), "r"(a[3][0]), "r"(a[3][1]), "r"(a[3][2]),
-                                   "r"(a[3][3]));
-                    buf[j] = r;
-                }
+                /* refill slot j: after the dequant read it (the load takes the dequantised
+                 * registers as inputs, so it cannot be hoisted above them) */
+                if (i + D < kc_eff) buf[j] = k_ld_stream_v4_after(qn + j * K_WARP, a);
             }
 #pragma unroll
             for (int w = 0; w < 4; ++w)
