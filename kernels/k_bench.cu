@@ -15,9 +15,11 @@
  * (bytes read + bytes written), "x cuBLAS" = cuBLAS time / our time.
  *
  * Output: one line per config: op variant shape | us | GB/s | % copy | TFLOP/s | x cuBLAS.
+ * `qshard bench kernel sample` and `... stream`: see bench_sample and bench_stream below.
  */
 #include <cublas_v2.h> /* cublasGemmEx */
 #include <getopt.h>
+#include <time.h> /* clock_gettime */
 
 #include <algorithm>
 #include <string>
@@ -27,6 +29,7 @@ extern "C" {
 #include "cmd.h" /* bench_kernel_main (C linkage: tools/ is C), QS_EXIT_* */
 }
 #include "k_common.cuh" /* K_CUDA_CHECK, kernels.h */
+#include "rt_sample.h"  /* rt_sampler: the host path that `bench kernel sample` compares with */
 
 #define B_CUBLAS_CHECK(expr)                                                                \
     do {                                                                                    \
@@ -301,6 +304,105 @@ int bench_stream(void)
     return QS_EXIT_OK;
 }
 
+/* --- `bench kernel sample`: next-token choice on the GPU vs on the host ------------------------ */
+/*
+ * Per vocabulary size, logit shape and sampler setting, the time of one token's choice as
+ * `qshard run` makes it, wall clock per call, median of 3 loops of 200:
+ *   gpu:  k_sample on the device row, then the 4-byte id to the host (rt.h sample);
+ *   host: the row to pageable host memory (the runtime's download) + rt_sampler_next.
+ * Logits: "flat" N(0, 2^2) (a random model); "peaked" the same plus 12 on 16 ids (a trained
+ * model's few likely tokens). The ids of both paths are compared on every call.
+ */
+double b_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int bench_sample(const std::vector<int> &vocabs)
+{
+    struct cfg { const char *name; float t; int k; float p, min_p, r; };
+    const cfg cfgs[] = {
+        {"greedy", 0.0f, 0, 1.0f, 0.0f, 1.0f},
+        {"T0.8", 0.8f, 0, 1.0f, 0.0f, 1.0f},
+        {"T0.8 k40", 0.8f, 40, 1.0f, 0.0f, 1.0f},
+        {"T0.8 p0.95", 0.8f, 0, 0.95f, 0.0f, 1.0f},
+        {"T0.8 k40 p0.95", 0.8f, 40, 0.95f, 0.0f, 1.0f},
+        {"T0.7 r1.1 minp0.05", 0.7f, 0, 1.0f, 0.05f, 1.1f},
+    };
+    printf("%-8s %-7s %-20s | %9s | %9s | %7s | %s\n", "vocab", "logits", "sampler", "gpu us",
+           "host us", "x host", "ids equal");
+    uint64_t rs = 0x9E3779B97F4A7C15ULL;
+    auto rnd = [&rs]() { rs ^= rs >> 12; rs ^= rs << 25; rs ^= rs >> 27; return rs * 0x2545F4914F6CDD1DULL; };
+    for (int V : vocabs) {
+        std::vector<float> lg((size_t)V), host((size_t)V);
+        float *dl = nullptr;
+        int32_t *did = nullptr, *hid = nullptr;
+        uint8_t *dseen = nullptr;
+        K_CUDA_CHECK(cudaMalloc(&dl, (size_t)V * 4));
+        K_CUDA_CHECK(cudaMalloc(&dseen, (size_t)V / 8 + 1));
+        K_CUDA_CHECK(cudaMalloc(&did, 4));
+        K_CUDA_CHECK(cudaMallocHost(&hid, 4));
+        for (int peaked = 0; peaked < 2; ++peaked) {
+            for (int i = 0; i < V; ++i) {
+                const double u1 = ((rnd() >> 11) + 1) * 0x1p-53, u2 = (rnd() >> 11) * 0x1p-53;
+                lg[i] = (float)(2.0 * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+            }
+            if (peaked)
+                for (int j = 0; j < 16; ++j) lg[rnd() % (uint64_t)V] += 12.0f;
+            K_CUDA_CHECK(cudaMemcpy(dl, lg.data(), (size_t)V * 4, cudaMemcpyHostToDevice));
+            for (const cfg &c : cfgs) {
+                struct rt_sample_params sp = rt_sample_params_default();
+                sp.temperature = c.t; sp.top_k = c.k; sp.top_p = c.p; sp.min_p = c.min_p;
+                sp.repeat_penalty = c.r; sp.seed = 1;
+                struct rt_sampler smp = {};
+                if (rt_sampler_init(&smp, &sp, V) != RT_SAMPLE_ERR_NONE) return QS_EXIT_RUNTIME;
+                for (int j = 0; j < 64; ++j) rt_sampler_accept(&smp, (int32_t)(rnd() % (uint64_t)V));
+                K_CUDA_CHECK(cudaMemcpy(dseen, smp.seen, ((size_t)V + 7) / 8, cudaMemcpyHostToDevice));
+                const struct k_sample_params kp = {c.t, c.k, c.p, c.min_p, c.r};
+                const int n = 200;
+                std::vector<double> tg, th;
+                int equal = 0, total = 0;
+                for (int loop = 0; loop < 3; ++loop) {
+                    std::vector<double> us(n);
+                    std::vector<int32_t> gid(n), hid_v(n);
+                    /* the draws the host loop below will make, from a copy of its PRNG */
+                    struct rt_sampler ps = smp;
+                    std::vector<double> u(n);
+                    for (int j = 0; j < n; ++j) u[j] = c.t > 0.0f ? rt_sampler_uniform(&ps) : 0.0;
+                    double t0 = b_now();
+                    for (int j = 0; j < n; ++j) {
+                        if (k_sample(did, nullptr, dl, V, dseen, &kp, u[j], g_bs) != K_ERR_NONE)
+                            return QS_EXIT_RUNTIME;
+                        K_CUDA_CHECK(cudaMemcpyAsync(hid, did, 4, cudaMemcpyDeviceToHost, g_bs));
+                        K_CUDA_CHECK(cudaStreamSynchronize(g_bs));
+                        gid[j] = *hid;
+                    }
+                    tg.push_back((b_now() - t0) / n * 1e6);
+                    t0 = b_now();
+                    for (int j = 0; j < n; ++j) {
+                        K_CUDA_CHECK(cudaMemcpyAsync(host.data(), dl, (size_t)V * 4, cudaMemcpyDeviceToHost, g_bs));
+                        K_CUDA_CHECK(cudaStreamSynchronize(g_bs));
+                        if (rt_sampler_next(&smp, host.data(), V, &hid_v[j]) != RT_SAMPLE_ERR_NONE) hid_v[j] = -1;
+                    }
+                    th.push_back((b_now() - t0) / n * 1e6);
+                    for (int j = 0; j < n; ++j) { equal += gid[j] == hid_v[j]; ++total; }
+                }
+                rt_sampler_free(&smp);
+                std::sort(tg.begin(), tg.end());
+                std::sort(th.begin(), th.end());
+                printf("%-8d %-7s %-20s | %9.1f | %9.1f | %7.2f | %d/%d\n", V,
+                       peaked ? "peaked" : "flat", c.name, tg[1], th[1], th[1] / tg[1], equal, total);
+                fflush(stdout);
+            }
+        }
+        K_CUDA_CHECK(cudaFree(dl)); K_CUDA_CHECK(cudaFree(dseen)); K_CUDA_CHECK(cudaFree(did));
+        K_CUDA_CHECK(cudaFreeHost(hid));
+    }
+    return QS_EXIT_OK;
+}
+
 constexpr int B_NO_PDL = 100; /* --variants 100 + v */
 
 void usage(FILE *f)
@@ -308,6 +410,8 @@ void usage(FILE *f)
     fprintf(f,
             "usage: qshard bench kernel w4a16 [options]\n"
             "       qshard bench kernel stream   (read bandwidth of the access patterns)\n"
+            "       qshard bench kernel sample [--vocab 32000,128256]\n"
+            "                                    (next-token choice: k_sample vs download + host sampler)\n"
             "  --m LIST         activation rows M (default 1,16,64,256,4096)\n"
             "  --shapes LIST    llama2-7b,llama3-8b,llama2-13b,70b (default llama2-7b,llama3-8b,70b)\n"
             "  --tp N           tensor-parallel size of the layer shapes (default 1)\n"
@@ -329,8 +433,8 @@ int bench_kernel_main(int argc, char **argv)
         {"tp", required_argument, nullptr, 't'},      {"variants", required_argument, nullptr, 'v'},
         {"group", required_argument, nullptr, 'g'},   {"ms", required_argument, nullptr, 'T'},
         {"no-graph", no_argument, nullptr, 'G'},      {"help", no_argument, nullptr, 'h'},
-        {nullptr, 0, nullptr, 0}};
-    std::vector<int> Ms = {1, 16, 64, 256, 4096}, variants = {0};
+        {"vocab", required_argument, nullptr, 'V'},   {nullptr, 0, nullptr, 0}};
+    std::vector<int> Ms = {1, 16, 64, 256, 4096}, variants = {0}, vocabs;
     std::string shapes = "llama2-7b,llama3-8b,70b";
     int tp = 1, G = 128;
     double target_ms = 20;
@@ -345,6 +449,11 @@ int bench_kernel_main(int argc, char **argv)
         case 'g': G = atoi(optarg); break;
         case 'T': target_ms = atof(optarg); break;
         case 'G': g_use_graph = false; break;
+        case 'V':
+            vocabs = parse_ints(optarg);
+            for (int v : vocabs)
+                if (v < 1) { fprintf(stderr, "qshard bench kernel: bad --vocab value %d\n", v); return QS_EXIT_USAGE; }
+            break;
         case 'h': usage(stdout); return QS_EXIT_OK;
         default: usage(stderr); return QS_EXIT_USAGE;
         }
@@ -356,8 +465,10 @@ int bench_kernel_main(int argc, char **argv)
         return QS_EXIT_RUNTIME;
     }
     if (optind < argc && strcmp(argv[optind], "stream") == 0) return bench_stream();
+    if (optind < argc && strcmp(argv[optind], "sample") == 0)
+        return bench_sample(vocabs.empty() ? std::vector<int>{32000, 128256} : vocabs);
     if (optind >= argc || strcmp(argv[optind], "w4a16") != 0) {
-        fprintf(stderr, "qshard bench kernel: name the op (only 'w4a16' so far)\n");
+        fprintf(stderr, "qshard bench kernel: name the op (w4a16, sample or stream)\n");
         usage(stderr);
         return QS_EXIT_USAGE;
     }

@@ -226,6 +226,32 @@ int k_embed(float *out, const uint16_t *table, const int32_t *tokens, int M, int
 int k_argmax(int32_t *ids, const float *logits, int M, int n, size_t row_stride, int vocab_size,
              struct CUstream_st *stream);
 
+/* Sampling parameters of runtime/rt_sample.h (struct rt_sample_params without the seed). */
+struct k_sample_params {
+    float temperature;    /* 0: greedy; else > 0 */
+    int32_t top_k;        /* 0: off */
+    float top_p;          /* (0, 1]; 1: off */
+    float min_p;          /* [0, 1]; 0: off */
+    float repeat_penalty; /* > 0; 1: off */
+};
+
+/*
+ * Next-token choice on the GPU with the semantics of runtime/rt_sample.h, steps 1-7 (repetition
+ * penalty, greedy, temperature, top-k, top-p, min-p, the inverse-CDF draw in id order), one
+ * block. Reference: rt_sampler_next / rt_sampler_candidates (runtime/rt_sample.c); the two agree
+ * except where u or p falls within rounding of a cumulative boundary (sums in another order).
+ * logits: fp32 [vocab_size] device (ids >= vocab_size are never read); seen: device history
+ * bitmap [ceil(vocab_size/8)] (bit id%8 of byte id/8, as rt_sampler.seen), may be NULL when
+ * repeat_penalty == 1; u: the draw in [0, 1) from the caller's PRNG (unused when greedy).
+ * out_id: one int32 device, -1 when no logit is finite; keep: NULL, or device [vocab_size] bytes
+ * set to 1 for the ids that survive steps 1-6 (tests). The caller keeps the history and the PRNG.
+ * Errors: K_ERR_SHAPE (vocab_size < 1), K_ERR_ARG (NULL, parameter out of range, u outside
+ * [0, 1), repeat_penalty != 1 without seen).
+ */
+int k_sample(int32_t *out_id, uint8_t *keep, const float *logits, int vocab_size,
+             const uint8_t *seen, const struct k_sample_params *p, double u,
+             struct CUstream_st *stream);
+
 /* --- attention (kernels/k_attention.cu) ---------------------------------------------------- */
 
 /*

@@ -4,7 +4,8 @@
  *
  * STATUS FOR OTHER ENGINEERS (kept current by the runtime-model owner):
  *   READY and stable (CLI, tests): struct rt_config + rt_config_parse(), struct rt_opts +
- *   rt_opts_default(), rt_model_open / rt_model_forward / rt_model_reset / rt_model_free, the
+ *   rt_opts_default(), rt_model_open / rt_model_forward / rt_model_forward_pick (device
+ *   sampling) / rt_model_reset / rt_model_free, the
  *   accessors (rt_model_config, rt_model_n_ctx, rt_model_n_past, rt_model_world_size,
  *   rt_model_device, rt_model_shard), enum rt_err, rt_err_str(), rt_err_exit_code(),
  *   rt_model_open_backend() (a caller-made backend, for tests).
@@ -78,7 +79,8 @@ extern "C" {
     X(RT_ERR_NO_DEVICE, 12, 3, "no usable GPU (or built without CUDA)")                    \
     X(RT_ERR_DEVICE, 13, 3, "GPU runtime failure")                                         \
     X(RT_ERR_UNSUPPORTED, 14, 2, "model feature not supported")                            \
-    X(RT_ERR_THREAD, 15, 3, "could not start worker threads")
+    X(RT_ERR_THREAD, 15, 3, "could not start worker threads")                              \
+    X(RT_ERR_NUMERIC, 16, 3, "the model computed no finite logit")
 
 enum rt_err {
 #define RT_X_ENUM(name, val, code, msg) name = val,
@@ -207,6 +209,38 @@ enum rt_err rt_model_open_backend(const char *path_or_dir, const struct rt_opts 
 enum rt_err rt_model_forward(struct rt_model *m, const int32_t *tokens, int n_tokens,
                              int start_pos, float *logits, bool all_logits);
 
+/*
+ * One next-token choice made on the device (rt_sample.h steps 1-7). The caller's rt_sampler
+ * stays the owner of the parameters (checked there), the PRNG and the history: it fills one
+ * rt_pick per token, drawing u from its own stream (rt_sampler_uniform; one draw per sampled
+ * token, none when greedy), so the ids are those rt_sampler_next would pick from the same
+ * logits (up to rounding at a cumulative boundary, rt_sample.h).
+ */
+struct rt_pick {
+    float temperature;    /* 0: greedy */
+    int32_t top_k;        /* 0: off */
+    float top_p;          /* (0, 1]; 1: off */
+    float min_p;          /* [0, 1]; 0: off */
+    float repeat_penalty; /* 1: off */
+    double u;             /* this token's draw in [0, 1); unused when greedy */
+    const uint8_t *seen;  /* host [ceil(vocab_size/8)]: history bitmap (rt_sampler.seen) */
+};
+
+/* Whether rt_model_forward_pick can run: the backend has a device sampler (CUDA), the model has
+ * one rank (the vocab-parallel logits of several would first have to be gathered), and the
+ * environment does not say QSHARD_DEVICE_SAMPLE=0 (A/B runs against the host sampler). */
+bool rt_model_can_pick(const struct rt_model *m);
+
+/*
+ * rt_model_forward of tokens (logits of the last position only), then the next token chosen
+ * on the device from those logits; only the id [0, vocab_size) comes back to the host, not the
+ * [vocab_size] row. Errors: those of rt_model_forward; RT_ERR_UNSUPPORTED when
+ * !rt_model_can_pick; RT_ERR_ARG (pick or id NULL, or parameters the kernel refuses);
+ * RT_ERR_NUMERIC when no logit is finite (every one NaN or -inf: the model computed garbage).
+ */
+enum rt_err rt_model_forward_pick(struct rt_model *m, const int32_t *tokens, int n_tokens,
+                                  int start_pos, const struct rt_pick *pick, int32_t *id);
+
 /* Forget the KV cache (n_past = 0). */
 void rt_model_reset(struct rt_model *m);
 /* Free everything (activations, KV cache, backend, mappings); NULL is fine. */
@@ -322,6 +356,12 @@ struct rt_backend_ops {
     enum rt_err (*graph_begin)(void *ctx, int rank);
     enum rt_err (*graph_end)(void *ctx, int rank, bool ok);
     enum rt_err (*graph_replay)(void *ctx, int rank, int32_t token, int pos, bool *done);
+
+    /* Optional: *id = the next token chosen on the device from f32 logits [vocab_size] of
+     * `rank` (an lm_head output) following rt_sample.h with `pick` (host), or -1 when no logit
+     * is finite (kernels.h k_sample). Synchronises (the id is on the host on return). */
+    enum rt_err (*sample)(void *ctx, int rank, const float *logits, int vocab_size,
+                          const struct rt_pick *pick, int32_t *id);
 };
 
 struct rt_backend {

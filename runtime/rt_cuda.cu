@@ -103,6 +103,10 @@ struct cuda_rank {
     int32_t *h_step;        /* pinned host [2]: copied to d_step before each replay */
     cudaGraphExec_t gexec;  /* the recording, or NULL */
     unsigned gexec_gen;     /* buf_gen when it was recorded */
+    /* device sampling (rt.h sample): [0, 16) the id, [16, ...) the history bitmap */
+    unsigned char *d_pick;  /* device */
+    unsigned char *h_pick;  /* pinned host staging */
+    size_t pick_bytes;
 };
 
 struct cuda_ctx {
@@ -189,6 +193,10 @@ static void rank_free(struct cuda_rank *r)
     if (r->gexec) cudaGraphExecDestroy(r->gexec);
     cudaFree(r->d_step);
     cudaFreeHost(r->h_step);
+    cudaFree(r->d_pick);
+    cudaFreeHost(r->h_pick);
+    r->d_pick = r->h_pick = NULL;
+    r->pick_bytes = 0;
     r->gexec = NULL;
     r->d_step = r->h_step = NULL;
     if (r->cublas) cublasDestroy(r->cublas);
@@ -649,12 +657,50 @@ static enum rt_err cuda_graph_replay(void *ctx, int rank, int32_t token, int pos
     return RT_ERR_NONE;
 }
 
+// --- device sampling (rt.h sample) -------------------------------------------------------------
+
+static enum rt_err cuda_sample(void *ctx, int rank, const float *logits, int vocab_size,
+                               const struct rt_pick *pick, int32_t *id)
+{
+    struct cuda_rank *r = R(ctx, rank);
+    const size_t seen_bytes = ((size_t)vocab_size + 7) / 8, need = 16 + seen_bytes;
+    if (r->pick_bytes < need) {
+        RT_CUDA_TRY(cudaStreamSynchronize(r->stream));
+        cudaFree(r->d_pick);
+        cudaFreeHost(r->h_pick);
+        r->d_pick = r->h_pick = NULL;
+        r->pick_bytes = 0;
+        void *d = NULL;
+        enum rt_err e = dev_alloc("the sampling buffers", r->device, need, &d);
+        if (e) return e;
+        r->d_pick = static_cast<unsigned char *>(d);
+        RT_CUDA_TRY(cudaMallocHost(&r->h_pick, need));
+        r->pick_bytes = need;
+    }
+    const uint8_t *seen = NULL;
+    if (pick->repeat_penalty != 1.0f) { /* the history changes every token: send it along */
+        memcpy(r->h_pick + 16, pick->seen, seen_bytes);
+        RT_CUDA_TRY(cudaMemcpyAsync(r->d_pick + 16, r->h_pick + 16, seen_bytes,
+                                    cudaMemcpyHostToDevice, r->stream));
+        seen = r->d_pick + 16;
+    }
+    const struct k_sample_params kp = {pick->temperature, pick->top_k, pick->top_p, pick->min_p,
+                                       pick->repeat_penalty};
+    RT_K_TRY(k_sample(reinterpret_cast<int32_t *>(r->d_pick), NULL, logits, vocab_size, seen, &kp,
+                      pick->temperature > 0.0f ? pick->u : 0.0, r->stream));
+    RT_CUDA_TRY(cudaMemcpyAsync(r->h_pick, r->d_pick, sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                r->stream));
+    RT_CUDA_TRY(cudaStreamSynchronize(r->stream));
+    memcpy(id, r->h_pick, sizeof(int32_t));
+    return RT_ERR_NONE;
+}
+
 static const struct rt_backend_ops cuda_ops = {
     "cuda", 2, 2, cuda_destroy, cuda_load_weights, cuda_tensor_ptr, cuda_alloc, cuda_free,
     cuda_upload, cuda_download, cuda_zero, cuda_embed, cuda_rmsnorm, cuda_linear_w4,
     cuda_linear_f16, cuda_lm_head, cuda_router, cuda_rope, cuda_kv_store, cuda_attention,
     cuda_silu_mul, cuda_gather_rows, cuda_scatter_add_rows, cuda_all_reduce,
-    cuda_graph_begin, cuda_graph_end, cuda_graph_replay,
+    cuda_graph_begin, cuda_graph_end, cuda_graph_replay, cuda_sample,
 };
 
 bool rt_cuda_available(void)

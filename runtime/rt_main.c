@@ -500,6 +500,24 @@ static int forward(struct session *s, const int32_t *ids, size_t n, int64_t pos,
     return e == RT_ERR_NONE ? QS_EXIT_OK : rt_err_exit_code(e);
 }
 
+/* forward, then the next token chosen on the device (rt_model_forward_pick) with the sampler's
+ * parameters, history and PRNG stream: one draw per sampled token, as rt_sampler_next. */
+static int forward_pick(struct session *s, const int32_t *ids, size_t n, int64_t pos,
+                        struct rt_sampler *smp, int32_t *next)
+{
+    const struct rt_pick pk = {
+        .temperature = smp->p.temperature,
+        .top_k = smp->p.top_k,
+        .top_p = smp->p.top_p,
+        .min_p = smp->p.min_p,
+        .repeat_penalty = smp->p.repeat_penalty,
+        .u = smp->p.temperature > 0.0f ? rt_sampler_uniform(smp) : 0.0,
+        .seen = smp->seen,
+    };
+    enum rt_err e = rt_model_forward_pick(s->model, ids, (int)n, (int)pos, &pk, next);
+    return e == RT_ERR_NONE ? QS_EXIT_OK : rt_err_exit_code(e);
+}
+
 // --- prompts -------------------------------------------------------------------------------
 
 struct prompt_opts {
@@ -996,8 +1014,14 @@ int cmd_run(int argc, char **argv)
         fflush(stdout);
     }
 
+    /* CUDA, one rank: the next token is chosen on the GPU and only its id comes back */
+    const bool dev_pick = rt_model_can_pick(s.model);
+    if (mo.verbose)
+        qs_log_debug("sampling on the %s", dev_pick ? "GPU (k_sample)" : "host (rt_sampler)");
+    int32_t next = -1;
     double t0 = now_s();
-    rc = forward(&s, ids, n_ids, 0, logits, false);
+    rc = dev_pick ? forward_pick(&s, ids, n_ids, 0, &smp, &next)
+                  : forward(&s, ids, n_ids, 0, logits, false);
     if (rc)
         goto out;
     double t_prefill = now_s() - t0, t_decode = 0;
@@ -1006,10 +1030,14 @@ int cmd_run(int argc, char **argv)
     const char *why = n_predict == 0 ? "-n 0" : "-n reached";
     bool warned_no_text = false;
     for (long i = 0; i < n_predict; i++) {
-        int32_t next;
-        if (rt_sampler_next(&smp, logits, s.logits_stride, &next) != RT_SAMPLE_ERR_NONE) {
-            rc = QS_EXIT_RUNTIME; /* every logit NaN/-inf: the model computed garbage */
-            goto out;
+        if (!dev_pick) { /* host sampling counts as part of the step it completes */
+            double t_s = now_s();
+            enum rt_sample_err se = rt_sampler_next(&smp, logits, s.logits_stride, &next);
+            *(i == 0 ? &t_prefill : &t_decode) += now_s() - t_s;
+            if (se != RT_SAMPLE_ERR_NONE) {
+                rc = QS_EXIT_RUNTIME; /* every logit NaN/-inf: the model computed garbage */
+                goto out;
+            }
         }
         if (!ignore_eos && is_eos(&s, next)) {
             why = "eos";
@@ -1044,7 +1072,9 @@ int cmd_run(int argc, char **argv)
             break;
         }
         double t1 = now_s();
-        rc = forward(&s, &next, 1, pos, logits, false);
+        const int32_t cur = next;
+        rc = dev_pick ? forward_pick(&s, &cur, 1, pos, &smp, &next)
+                      : forward(&s, &cur, 1, pos, logits, false);
         if (rc)
             goto out;
         t_decode += now_s() - t1;

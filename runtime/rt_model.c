@@ -943,21 +943,43 @@ static enum rt_err step_graph(struct rt_model *m, int32_t token, int p0, float *
             return RT_ERR_NONE;
         }
     }
+    if (!logits) /* the caller picks the next token on the device */
+        return RT_ERR_NONE;
     return download_logits(m, 0, 1, logits);
 }
 
-/* One chunk of M <= max_batch tokens at positions p0..p0+M-1. */
-static enum rt_err step(struct rt_model *m, const int32_t *tokens, int M, int p0, float *logits,
-                        bool all_logits)
+/* The next token from rank 0's logits [V_r] (world 1: V_r = V) on the device. */
+static enum rt_err pick_id(struct rt_model *m, const struct rt_pick *pick, int32_t *id)
 {
     const struct rt_config *c = &m->ranks[0].cfg;
-    if (M == 1 && logits && use_graph(m)) {
+    TRY(OPS->sample(BCTX, 0, m->ranks[0].logits, c->vocab_size, pick, id));
+    if (*id < 0 || *id >= c->vocab_size) {
+        qs_log_error(__func__, "no finite logit among the %d ids: the model computed NaN or "
+                     "-inf everywhere", c->vocab_size);
+        return RT_ERR_NUMERIC;
+    }
+    return RT_ERR_NONE;
+}
+
+/* One chunk of M <= max_batch tokens at positions p0..p0+M-1; with `pick` (the last chunk of
+ * rt_model_forward_pick) the last row's next token goes to *id instead of logits. */
+static enum rt_err step(struct rt_model *m, const int32_t *tokens, int M, int p0, float *logits,
+                        bool all_logits, const struct rt_pick *pick, int32_t *id)
+{
+    const struct rt_config *c = &m->ranks[0].cfg;
+    if (M == 1 && (logits || pick) && use_graph(m)) {
         bool done = false;
         TRY(step_graph(m, tokens[0], p0, logits, &done));
         if (done)
-            return RT_ERR_NONE;
+            return pick ? pick_id(m, pick, id) : RT_ERR_NONE;
     }
     TRY(step_body(m, tokens, M, p0));
+    if (pick) {
+        struct rt_rank *R = &m->ranks[0];
+        TRY(OPS->lm_head(BCTX, 0, act_at(m, R->x, (size_t)(M - 1) * c->hidden_size),
+                         R->lm_head, 1, c->hidden_size, c->vocab_size_per_rank, R->logits));
+        return pick_id(m, pick, id);
+    }
     if (!logits)
         return RT_ERR_NONE;
     if (!all_logits)
@@ -969,8 +991,9 @@ static enum rt_err step(struct rt_model *m, const int32_t *tokens, int M, int p0
     return RT_ERR_NONE;
 }
 
-enum rt_err rt_model_forward(struct rt_model *m, const int32_t *tokens, int n_tokens,
-                             int start_pos, float *logits, bool all_logits)
+static enum rt_err forward(struct rt_model *m, const int32_t *tokens, int n_tokens,
+                           int start_pos, float *logits, bool all_logits,
+                           const struct rt_pick *pick, int32_t *id)
 {
     const struct rt_config *c = &m->ranks[0].cfg;
     if (n_tokens < 1 || !tokens) {
@@ -1003,9 +1026,41 @@ enum rt_err rt_model_forward(struct rt_model *m, const int32_t *tokens, int n_to
             out = logits + (size_t)done * c->vocab_size;
         else if (logits && last)
             out = logits;
-        TRY(step(m, tokens + done, M, start_pos + done, out, all_logits));
+        TRY(step(m, tokens + done, M, start_pos + done, out, all_logits, last ? pick : NULL,
+                 id));
         done += M;
         m->n_past = start_pos + done;
     }
     return RT_ERR_NONE;
+}
+
+enum rt_err rt_model_forward(struct rt_model *m, const int32_t *tokens, int n_tokens,
+                             int start_pos, float *logits, bool all_logits)
+{
+    return forward(m, tokens, n_tokens, start_pos, logits, all_logits, NULL, NULL);
+}
+
+bool rt_model_can_pick(const struct rt_model *m)
+{
+    static int env = -1; /* QSHARD_DEVICE_SAMPLE=0: the host samples the downloaded row */
+    if (env < 0) {
+        const char *e = getenv("QSHARD_DEVICE_SAMPLE");
+        env = !(e && strcmp(e, "0") == 0);
+    }
+    return env && OPS->sample && m->world == 1;
+}
+
+enum rt_err rt_model_forward_pick(struct rt_model *m, const int32_t *tokens, int n_tokens,
+                                  int start_pos, const struct rt_pick *pick, int32_t *id)
+{
+    if (!pick || !id) {
+        qs_log_error(__func__, "pick and id must not be NULL");
+        return RT_ERR_ARG;
+    }
+    if (!rt_model_can_pick(m)) {
+        qs_log_error(__func__, "the %s backend with %d rank%s cannot sample on the device",
+                     OPS->name, m->world, m->world == 1 ? "" : "s");
+        return RT_ERR_UNSUPPORTED;
+    }
+    return forward(m, tokens, n_tokens, start_pos, NULL, false, pick, id);
 }

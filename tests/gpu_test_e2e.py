@@ -7,7 +7,11 @@ has goldens is converted (tp 1), then for each golden prompt
     and no NaN;
   * `qshard run --device cuda --temp 0 --print-ids`: the 16 greedy ids equal the golden
     greedy_ids wherever the golden top1 - top2 margin is >= 0.05 (below that, fp16 rounding may
-    legitimately swap two near-equal logits; those steps and everything after are skipped).
+    legitimately swap two near-equal logits; those steps and everything after are skipped);
+  * 40 ids decoded through the CUDA graph equal 40 ids decoded op by op;
+  * on the first prompt: ids sampled on the GPU equal ids sampled on the host from the same
+    logits with the same seed (four sampler settings), and a one-token prompt decodes the same
+    with and without the graph.
 
 With --tp N the fixtures are converted at tensor-parallel size N instead (one GPU per rank, so N
 GPUs are needed; the CPU backend runs the same N ranks in one process): a fixture that cannot be
@@ -47,6 +51,52 @@ def rel_l2(a, b):
 def run(args):
     p = subprocess.run([QSHARD] + args, capture_output=True, text=True, timeout=300)
     return p.returncode, p.stdout, p.stderr
+
+
+def run_env(args, **env):
+    p = subprocess.run([QSHARD] + args, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, **env))
+    return p.returncode, p.stdout.strip(), p.stderr
+
+
+SAMPLERS = [  # rt_sample.h steps; the PRNG stream is the host sampler's in both runs
+    ["--temp", "0.8", "--top-k", "40", "--top-p", "0.95", "--seed", "11"],
+    ["--temp", "1.1", "--top-p", "0.7", "--min-p", "0.05", "--repeat-penalty", "1.3", "--seed", "3"],
+    ["--temp", "1.5", "--seed", "7"],
+    ["--temp", "0", "--repeat-penalty", "1.2"],
+]
+
+
+def sampling_checks(name, out, ids, tp):
+    """Next tokens chosen on the GPU (k_sample, only the id comes back) vs by the host sampler
+    on the downloaded row (QSHARD_DEVICE_SAMPLE=0): the same logits and the same PRNG stream give
+    the same 40 ids. Then a one-token prompt: its prefill is the first single-token step, so the
+    decode graph is recorded while every kernel runs for the first time; its ids must equal the
+    op-by-op run's."""
+    base = ["run", out, "--tokens", ",".join(str(i) for i in ids), "-n", "40", "--ignore-eos",
+            "--print-ids", "--no-echo", "--device", "cuda", "-v"]
+    for smp in SAMPLERS:
+        res = {}
+        for dev in ("1", "0"):
+            rc, so, se = run_env(base + smp, QSHARD_DEVICE_SAMPLE=dev)
+            check(rc == 0, "%s %s: run (QSHARD_DEVICE_SAMPLE=%s) exit %d: %s" % (name, " ".join(smp), dev, rc, se.strip()[-400:]))
+            res[dev] = (so, se)
+        if len(res) < 2:
+            continue
+        check(res["1"][0] == res["0"][0] and len(res["1"][0].split(",")) == 40,
+              "%s %s: ids sampled on the GPU %s != on the host %s" % (name, " ".join(smp), res["1"][0], res["0"][0]))
+        on_gpu = "sampling on the GPU" in res["1"][1]
+        check(on_gpu == (tp == 1), "%s: sampled on the GPU: %s, expected %s (one rank only)" % (name, on_gpu, tp == 1))
+        check("sampling on the host" in res["0"][1], "%s: QSHARD_DEVICE_SAMPLE=0 did not sample on the host" % name)
+    one = ["run", out, "--tokens", str(ids[0]), "-n", "24", "--temp", "0", "--ignore-eos",
+           "--print-ids", "--no-echo", "--device", "cuda", "-v"]
+    res = {g: run_env(one, QSHARD_GRAPH=g) for g in ("1", "0")}
+    for g, (rc, so, se) in res.items():
+        check(rc == 0, "%s: one-token prompt (QSHARD_GRAPH=%s) exit %d: %s" % (name, g, rc, se.strip()[-400:]))
+    check(res["1"][1] == res["0"][1], "%s: one-token prompt: ids with the graph %s != op by op %s" % (name, res["1"][1], res["0"][1]))
+    recorded = "recorded as a CUDA graph" in res["1"][2]
+    expect = tp == 1 and name.find("mixtral") < 0
+    check(recorded == expect, "%s: one-token prompt: decode graph recorded: %s, expected %s" % (name, recorded, expect))
 
 
 def main():
@@ -124,6 +174,8 @@ def main():
                 recorded = "recorded as a CUDA graph" in runs["1"][1]
                 expect = tp == 1 and m["name"].find("mixtral") < 0  # graphs: one rank, no MoE
                 check(recorded == expect, "%s/%s: decode graph recorded: %s, expected %s" % (m["name"], pr["name"], recorded, expect))
+            if pr is golden["prompts"][0]:
+                sampling_checks(m["name"], out, pr["ids"], tp)
     print("e2e: %d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
 

@@ -8,7 +8,8 @@
  * relative L2 over the tensor and norm(got) > 0, so neither zeros nor NaNs can pass.
  * Areas: w4a16 (odd-M shape sweep with canonical packing; the real Llama-2-7B, Llama-3-8B,
  * Llama-2-13B, 70B layer shapes after the TP split at tp 1/2/4/8; launcher rejections;
- * workspace reset), dequant (bit-exact), rmsnorm, rope, silu_mul, embed, argmax, attention.
+ * workspace reset), dequant (bit-exact), rmsnorm, rope, silu_mul, embed, argmax, sample (vs
+ * runtime/rt_sample.c), attention, moe.
  *
  * Run: build-gpu/gpu_test_kernels [--quick] (tests/run_gpu_tests.sh; --quick = small subset
  * for compute-sanitizer). Seed: QS_TEST_SEED (default from the clock, printed).
@@ -28,6 +29,7 @@
 #include "kernels.h" /* k_* launchers */
 #include "qs_log.h"  /* qs_log_set_quiet */
 #include "ref.h"     /* ref_* oracles, ref_pack_*, fp16 conversion */
+#include "rt_sample.h" /* rt_sampler: the reference of k_sample */
 #include "t.h"       /* CHECK, CHECK_MSG, t_done */
 
 #define TCUDA(expr)                                                                         \
@@ -561,6 +563,194 @@ static void test_argmax(void)
     TCUDA(cudaFree(dl)); TCUDA(cudaFree(dids));
 }
 
+// --- sample: k_sample vs the CPU backend's sampler (runtime/rt_sample.c) -------------------------
+
+static float rng_gauss(void)
+{ /* Box-Muller */
+    const float u1 = rng_uniform(1e-7f, 1.0f), u2 = rng_uniform(0.0f, 1.0f);
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
+}
+
+struct sample_ctx {
+    float *dl;      /* logits [V] */
+    uint8_t *dseen; /* history bitmap */
+    int32_t *did;
+    uint8_t *dkeep;
+    int cases, ambiguous;
+};
+
+/* The reference's survivors (ascending ids) and their probabilities for logits lg [V] after the
+ * history hist. */
+static std::vector<int32_t> sample_ref_set(const struct rt_sample_params &p, int V,
+                                           const std::vector<int32_t> &hist, const float *lg,
+                                           std::vector<double> *prob)
+{
+    struct rt_sampler s = {};
+    std::vector<int32_t> c;
+    if (rt_sampler_init(&s, &p, V) != RT_SAMPLE_ERR_NONE) { CHECK(false); return c; }
+    for (int32_t id : hist) rt_sampler_accept(&s, id);
+    const int n = rt_sampler_candidates(&s, lg, V);
+    if (n > 0) c.assign(s.cand, s.cand + n);
+    if (prob && n > 0) prob->assign(s.prob, s.prob + n);
+    rt_sampler_free(&s);
+    return c;
+}
+
+/*
+ * One row under one parameter set: the survivor mask must equal rt_sampler_candidates' set
+ * (where top-p's boundary is within rounding, equal to the set at p one float ulp lower or
+ * higher: "ambiguous"), and `draws` ids drawn with the reference's own PRNG stream must equal
+ * rt_sampler_next's (a differing id must still hold u within 1e-9 of its CDF interval).
+ */
+static void sample_case(sample_ctx &cx, const char *what, const std::vector<float> &lg, int V,
+                        struct rt_sample_params p, int n_hist, int draws)
+{
+    cx.cases++;
+    std::vector<int32_t> hist;
+    for (int i = 0; i < n_hist; ++i) hist.push_back((int32_t)(rng_u64() % (uint64_t)V));
+    struct rt_sampler s = {};
+    if (rt_sampler_init(&s, &p, V) != RT_SAMPLE_ERR_NONE) { CHECK_MSG(false, "%s: init", what); return; }
+    for (int32_t id : hist) rt_sampler_accept(&s, id);
+    TCUDA(cudaMemcpy(cx.dl, lg.data(), (size_t)V * 4, cudaMemcpyHostToDevice));
+    TCUDA(cudaMemcpy(cx.dseen, s.seen, ((size_t)V + 7) / 8, cudaMemcpyHostToDevice));
+    const struct k_sample_params kp = {p.temperature, p.top_k, p.top_p, p.min_p, p.repeat_penalty};
+    std::vector<double> prob;
+    const std::vector<int32_t> want = sample_ref_set(p, V, hist, lg.data(), &prob);
+
+    TCUDA(cudaMemset(cx.dkeep, 0xAB, (size_t)V));
+    CHECK_EQ_INT(k_sample(cx.did, cx.dkeep, cx.dl, V, cx.dseen, &kp, 0.5, nullptr), K_ERR_NONE);
+    const std::vector<uint8_t> keep = dev_download(cx.dkeep, (size_t)V);
+    std::vector<int32_t> got;
+    bool bytes_ok = true;
+    for (int i = 0; i < V; ++i) {
+        if (keep[i] > 1) bytes_ok = false;
+        if (keep[i] == 1) got.push_back(i);
+    }
+    CHECK_MSG(bytes_ok, "%s V=%d: keep mask holds bytes other than 0/1", what, V);
+    if (got != want) {
+        bool amb = false;
+        if (p.top_p < 1.0f) {
+            struct rt_sample_params lo = p, hi = p;
+            lo.top_p = nextafterf(p.top_p, 0.0f);
+            hi.top_p = fminf(nextafterf(p.top_p, 2.0f), 1.0f);
+            amb = got == sample_ref_set(lo, V, hist, lg.data(), nullptr) ||
+                  got == sample_ref_set(hi, V, hist, lg.data(), nullptr);
+        }
+        CHECK_MSG(amb, "%s V=%d T=%g k=%d p=%g min_p=%g r=%g: %zu survivors, reference %zu",
+                  what, V, (double)p.temperature, (int)p.top_k, (double)p.top_p,
+                  (double)p.min_p, (double)p.repeat_penalty, got.size(), want.size());
+        cx.ambiguous += amb;
+    }
+
+    for (int d = 0; d < (p.temperature > 0.0f ? draws : 1); ++d) {
+        struct rt_sampler peek = s; /* shares the arrays; only the PRNG state is copied */
+        const double u = p.temperature > 0.0f ? rt_sampler_uniform(&peek) : 0.0;
+        int32_t ref_id = -1;
+        const enum rt_sample_err se = rt_sampler_next(&s, lg.data(), V, &ref_id);
+        if (se != RT_SAMPLE_ERR_NONE) ref_id = -1;
+        CHECK_EQ_INT(k_sample(cx.did, nullptr, cx.dl, V, cx.dseen, &kp, u, nullptr), K_ERR_NONE);
+        const int32_t id = dev_download(cx.did, 1)[0];
+        if (id == ref_id) { CHECK(true); continue; }
+        /* a differing id must hold u within rounding of its interval of the reference CDF */
+        double before = 0.0;
+        bool near = false;
+        for (size_t j = 0; j < want.size(); ++j) {
+            if (want[j] == id)
+                near = before - 1e-9 <= u && u < before + prob[j] + 1e-9;
+            before += prob[j];
+        }
+        CHECK_MSG(near, "%s V=%d T=%g k=%d p=%g min_p=%g r=%g u=%.17g: GPU id %d, reference %d",
+                  what, V, (double)p.temperature, (int)p.top_k, (double)p.top_p,
+                  (double)p.min_p, (double)p.repeat_penalty, u, id, ref_id);
+        cx.ambiguous += near;
+    }
+    rt_sampler_free(&s);
+}
+
+static void test_sample(bool quick)
+{
+    const int vmax = 151936; /* Qwen2 */
+    sample_ctx cx = {};
+    TCUDA(cudaMalloc(&cx.dl, (size_t)vmax * 4));
+    TCUDA(cudaMalloc(&cx.dseen, (size_t)vmax / 8 + 1));
+    TCUDA(cudaMalloc(&cx.did, 4));
+    TCUDA(cudaMalloc(&cx.dkeep, (size_t)vmax));
+    const std::vector<int> vs = quick ? std::vector<int>{2, 1000, 32000}
+                                      : std::vector<int>{1, 2, 33, 1000, 32000, 128256, vmax};
+    struct P { float t; int k; float p, min_p, r; };
+    const P ps[] = {
+        {0.0f, 0, 1.0f, 0.0f, 1.0f},     {0.0f, 0, 1.0f, 0.0f, 1.3f},
+        {1.0f, 0, 1.0f, 0.0f, 1.0f},     {0.7f, 40, 1.0f, 0.0f, 1.0f},
+        {0.8f, 40, 0.95f, 0.0f, 1.0f},   {1.3f, 0, 0.9f, 0.0f, 1.0f},
+        {1.0f, 0, 0.5f, 0.05f, 1.0f},    {0.6f, 1, 1.0f, 0.0f, 1.0f},
+        {1.0f, -1, 1.0f, 0.0f, 1.0f},    {1.0f, -2, 0.8f, 0.0f, 1.0f},
+        {1.0f, 0, 1.0f, 0.1f, 1.0f},     {0.9f, 50, 0.3f, 0.02f, 1.2f},
+        {1.0f, 0, 0.999f, 0.0f, 1.0f},   {2.0f, 0, 0.1f, 0.0f, 0.8f},
+    }; /* k = -1: V - 1; k = -2: V + 5 (off) */
+    const char *dists[] = {"gauss1", "gauss4", "ties", "nan-inf"};
+    std::vector<float> lg;
+    for (int V : vs)
+        for (int di = 0; di < 4; ++di) {
+            lg.resize((size_t)V);
+            for (int i = 0; i < V; ++i) {
+                const float g = rng_gauss();
+                switch (di) {
+                case 0: lg[i] = g; break;
+                case 1: lg[i] = 4.0f * g; break;
+                case 2: lg[i] = roundf(2.0f * g) * 0.5f; break; /* many equal logits */
+                default: {
+                    const uint64_t r = rng_u64() % 10;
+                    lg[i] = r == 0 ? NAN : r == 1 ? -INFINITY : 3.0f * g;
+                }
+                }
+            }
+            for (const P &q : ps) {
+                if (quick && (q.k == -1 || q.p == 0.999f)) continue;
+                struct rt_sample_params p = rt_sample_params_default();
+                p.temperature = q.t;
+                p.top_k = q.k == -1 ? V - 1 : q.k == -2 ? V + 5 : q.k;
+                if (p.top_k < 0) p.top_k = 0;
+                p.top_p = q.p;
+                p.min_p = q.min_p;
+                p.repeat_penalty = q.r;
+                sample_case(cx, dists[di], lg, V, p, V > 4 ? 24 : 1, quick ? 3 : 8);
+            }
+        }
+    /* every logit tied (top-p keeps a prefix of the ties in id order); one finite logit;
+     * nothing finite (-1, as the reference's "no candidate") */
+    for (int V : {5, 1000, 32000}) {
+        lg.assign((size_t)V, 1.5f);
+        struct rt_sample_params p = rt_sample_params_default();
+        p.temperature = 1.0f; p.top_k = 0; p.top_p = 0.37f; p.min_p = 0.0f; p.repeat_penalty = 1.0f;
+        sample_case(cx, "all-tied", lg, V, p, 0, 4);
+        p.top_k = V / 3 + 1; p.top_p = 0.61f;
+        sample_case(cx, "all-tied-topk", lg, V, p, 0, 4);
+        lg.assign((size_t)V, -INFINITY);
+        lg[(size_t)V / 2] = -7.0f;
+        sample_case(cx, "one-finite", lg, V, p, 0, 2);
+        lg.assign((size_t)V, NAN);
+        lg[1] = -INFINITY;
+        sample_case(cx, "none-finite", lg, V, p, 0, 1);
+        p.temperature = 0.0f;
+        sample_case(cx, "none-finite-greedy", lg, V, p, 0, 1);
+    }
+    printf("sample: %d cases, %d ambiguous (within rounding of a boundary)\n", cx.cases,
+           cx.ambiguous);
+    CHECK_MSG(cx.ambiguous * 20 <= cx.cases, "sample: %d of %d cases ambiguous", cx.ambiguous,
+              cx.cases);
+    /* refusals */
+    struct k_sample_params kp = {1.0f, 0, 1.0f, 0.0f, 1.0f};
+    CHECK_EQ_INT(k_sample(cx.did, nullptr, cx.dl, 10, nullptr, &kp, 1.0, nullptr), K_ERR_ARG);
+    CHECK_EQ_INT(k_sample(cx.did, nullptr, cx.dl, 0, nullptr, &kp, 0.5, nullptr), K_ERR_SHAPE);
+    kp.repeat_penalty = 1.2f;
+    CHECK_EQ_INT(k_sample(cx.did, nullptr, cx.dl, 10, nullptr, &kp, 0.5, nullptr), K_ERR_ARG);
+    kp.repeat_penalty = 1.0f;
+    kp.top_p = 0.0f;
+    CHECK_EQ_INT(k_sample(cx.did, nullptr, cx.dl, 10, nullptr, &kp, 0.5, nullptr), K_ERR_ARG);
+    TCUDA(cudaFree(cx.dl)); TCUDA(cudaFree(cx.dseen)); TCUDA(cudaFree(cx.did));
+    TCUDA(cudaFree(cx.dkeep));
+}
+
 // --- attention ------------------------------------------------------------------------------------
 
 /* dev_pos: through k_kv_store_at / k_attention_at, the start position in device memory (the
@@ -764,6 +954,7 @@ int main(int argc, char **argv)
     run_area("rope", [](bool) { test_rope(); }, quick, &tp, &tf);
     run_area("embed", [](bool) { test_embed(); }, quick, &tp, &tf);
     run_area("argmax", [](bool) { test_argmax(); }, quick, &tp, &tf);
+    run_area("sample", test_sample, quick, &tp, &tf);
     run_area("attention", test_attention, quick, &tp, &tf);
     run_area("moe", [](bool) { test_moe(); }, quick, &tp, &tf);
     ref_pool_free(g_pool);

@@ -43,6 +43,7 @@
 #include "ref.h"
 #include "rt.h"
 #include "rt_io.h" /* rt_npy_read_f32, rt_file_read */
+#include "rt_sample.h" /* the host sampler rt_model_forward_pick is checked against */
 #include "t.h"
 #include "t_safetensors.h" /* st_entry, write_safetensors (per-channel test) */
 
@@ -795,6 +796,7 @@ static float *run_logits(const char *path, const int32_t *tok, int T, int max_ba
 }
 
 static float *emu_logits(const char *dir, const int32_t *tok, int T, int V, int max_batch);
+static void test_pick(const char *dir, const char *dir_tp2, const int32_t *tok, int T, int V);
 
 static void test_synthetic(const char *label, const struct syn_spec *sp, const int *tps, int n_tp)
 {
@@ -846,6 +848,12 @@ static void test_synthetic(const char *label, const struct syn_spec *sp, const i
         CHECK_MSG(e <= 2e-3 && e > 1e-6, "%s TP-%d fp16 emulation: rel L2 %g", label, tps[i], e);
         free(lg);
     }
+
+    /* device-side sampling plumbing (rt_model_forward_pick) on the TP-1 set */
+    char dir2[512];
+    snprintf(dir, sizeof(dir), "%s/%s-tp1", tmp_root, label);
+    snprintf(dir2, sizeof(dir2), "%s/%s-tp%d", tmp_root, label, tps[n_tp - 1]);
+    test_pick(dir, tps[n_tp - 1] > 1 ? dir2 : NULL, tok, T, sp->V);
 
     /* decode token by token after a 5-token prefill == the all-at-once logits */
     snprintf(dir, sizeof(dir), "%s/%s-tp1", tmp_root, label);
@@ -1146,6 +1154,123 @@ static const struct rt_backend_ops emu_ops = {
     .scatter_add_rows = emu_scatter_add,
     .all_reduce = emu_all_reduce,
 };
+
+/*
+ * rt.h's optional sample op, on the host: the survivors and probabilities of rt_sampler (the
+ * reference) for the parameters and history in `pk`, then rt_sample.h step 7 with the
+ * caller's draw pk->u. With it the emulated backend can run rt_model_forward_pick, whose model
+ * plumbing (which row reaches the sampler, chunked prefill, the draw and the history passed
+ * through) is what test_pick checks; the CUDA kernel itself is checked in gpu_test_kernels.
+ */
+static enum rt_err emu_sample(void *ctx, int rank, const float *logits, int V,
+                              const struct rt_pick *pk, int32_t *id)
+{
+    (void)ctx;
+    (void)rank;
+    struct rt_sample_params p = rt_sample_params_default();
+    p.temperature = pk->temperature;
+    p.top_k = pk->top_k;
+    p.top_p = pk->top_p;
+    p.min_p = pk->min_p;
+    p.repeat_penalty = pk->repeat_penalty;
+    struct rt_sampler s = {0};
+    if (rt_sampler_init(&s, &p, V) != RT_SAMPLE_ERR_NONE)
+        return RT_ERR_ARG;
+    memcpy(s.seen, pk->seen, ((size_t)V + 7) / 8);
+    int32_t n = rt_sampler_candidates(&s, logits, V), i = 0;
+    double acc = 0.0;
+    if (n > 0 && p.temperature > 0.0f)
+        for (; i < n - 1; i++) {
+            acc += s.prob[i];
+            if (pk->u < acc)
+                break;
+        }
+    *id = n > 0 ? s.cand[i] : -1;
+    rt_sampler_free(&s);
+    return RT_ERR_NONE;
+}
+
+/*
+ * rt_model_forward_pick (the emulated backend with emu_sample, prefill in chunks of 5) gives
+ * the ids of rt_model_forward + rt_sampler_next on the same backend without it, over a T-token
+ * prompt and 8 decode steps, greedy and sampled with a repetition penalty; backends without a
+ * sample op, and TP > 1, are refused with RT_ERR_UNSUPPORTED.
+ */
+static void test_pick(const char *dir, const char *dir_tp2, const int32_t *tok, int T, int V)
+{
+    struct rt_backend_ops pick_ops = emu_ops;
+    pick_ops.sample = emu_sample;
+    struct rt_opts o = cpu_opts(T + 8, 5, 1);
+    struct rt_sample_params ps[2] = {rt_sample_params_default(), rt_sample_params_default()};
+    ps[0].temperature = 0.0f;
+    ps[0].repeat_penalty = 1.5f;
+    ps[1].temperature = 0.9f;
+    ps[1].top_k = 12;
+    ps[1].top_p = 0.9f;
+    ps[1].repeat_penalty = 1.3f;
+    ps[1].seed = 42;
+    for (int c = 0; c < 2; c++) {
+        int32_t want[9], got[9];
+        for (int mode = 0; mode < 2; mode++) {
+            struct rt_backend be = {mode ? &pick_ops : &emu_ops, NULL};
+            struct rt_model *rm = NULL;
+            struct rt_sampler smp = {0};
+            int32_t *out = mode ? got : want;
+            if (rt_model_open_backend(dir, &o, &be, &rm) != RT_ERR_NONE ||
+                rt_sampler_init(&smp, &ps[c], V) != RT_SAMPLE_ERR_NONE) {
+                CHECK_MSG(0, "%s: pick test set-up failed: %s", dir, qs_log_last());
+                rt_model_free(rm);
+                return;
+            }
+            CHECK(rt_model_can_pick(rm) == (mode == 1));
+            for (int t = 0; t < T; t++)
+                rt_sampler_accept(&smp, tok[t]);
+            float *row = xcalloc((size_t)V, 4);
+            for (int step = 0; step < 9; step++) {
+                const int32_t *in = step ? &out[step - 1] : tok;
+                int n = step ? 1 : T, pos = step ? T + step - 1 : 0;
+                if (mode) {
+                    struct rt_pick pk = {smp.p.temperature, smp.p.top_k, smp.p.top_p,
+                                         smp.p.min_p, smp.p.repeat_penalty,
+                                         smp.p.temperature > 0 ? rt_sampler_uniform(&smp) : 0.0,
+                                         smp.seen};
+                    CHECK_EQ_INT(rt_model_forward_pick(rm, in, n, pos, &pk, &out[step]),
+                                 RT_ERR_NONE);
+                } else {
+                    CHECK_EQ_INT(rt_model_forward(rm, in, n, pos, row, false), RT_ERR_NONE);
+                    CHECK_EQ_INT(rt_sampler_next(&smp, row, V, &out[step]), RT_SAMPLE_ERR_NONE);
+                }
+                CHECK(out[step] >= 0 && out[step] < V);
+                rt_sampler_accept(&smp, out[step] >= 0 && out[step] < V ? out[step] : 0);
+            }
+            free(row);
+            rt_sampler_free(&smp);
+            rt_model_free(rm);
+        }
+        CHECK_MSG(memcmp(want, got, sizeof(want)) == 0,
+                  "%s: ids picked through rt_model_forward_pick differ from the host sampler's "
+                  "(setting %d)", dir, c);
+    }
+    /* refusals: the plain CPU backend has no sample op; several ranks are not picked on */
+    qs_log_set_quiet(true);
+    struct rt_model *rm = NULL;
+    struct rt_pick pk = {0.0f, 0, 1.0f, 0.0f, 1.0f, 0.0, NULL};
+    int32_t id = 0;
+    if (rt_model_open(dir, &o, &rm) == RT_ERR_NONE) {
+        CHECK(!rt_model_can_pick(rm));
+        CHECK_EQ_INT(rt_model_forward_pick(rm, tok, 1, 0, &pk, &id), RT_ERR_UNSUPPORTED);
+        CHECK_EQ_INT(rt_model_forward_pick(rm, tok, 1, 0, NULL, &id), RT_ERR_ARG);
+        rt_model_free(rm);
+    }
+    rm = NULL;
+    struct rt_backend be = {&pick_ops, NULL};
+    if (dir_tp2 && rt_model_open_backend(dir_tp2, &o, &be, &rm) == RT_ERR_NONE) {
+        CHECK(!rt_model_can_pick(rm));
+        CHECK_EQ_INT(rt_model_forward_pick(rm, tok, 1, 0, &pk, &id), RT_ERR_UNSUPPORTED);
+        rt_model_free(rm);
+    }
+    qs_log_set_quiet(false);
+}
 
 /* fp16-activation logits of tok[0..T) (all rows) on the model in dir; NULL on failure. */
 static float *emu_logits(const char *dir, const int32_t *tok, int T, int V, int max_batch)
