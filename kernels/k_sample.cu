@@ -179,39 +179,31 @@ static __device__ __forceinline__ float sp_unkey(uint32_t k)
     return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
-/* Block-wide sum / max, the same tree every time (deterministic); every thread gets it. */
-static __device__ double sp_sum(double v, sp_smem &sm)
+/* Block-wide reduction with op (warp shuffles, then the warps' partials in red[SP_WARPS] from
+ * init), the same tree every time (deterministic); every thread gets the result. */
+template <class T, class Op>
+static __device__ __forceinline__ T sp_reduce(T v, T *red, T init, Op op)
 {
 #pragma unroll
-    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = 16; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
     __syncthreads();
-    if (threadIdx.x % K_WARP == 0) sm.dred[threadIdx.x / K_WARP] = v;
+    if (threadIdx.x % K_WARP == 0) red[threadIdx.x / K_WARP] = v;
     __syncthreads();
-    double s = 0.0;
-    for (int w = 0; w < SP_WARPS; ++w) s += sm.dred[w];
+    T s = init;
+    for (int w = 0; w < SP_WARPS; ++w) s = op(s, red[w]);
     return s;
+}
+static __device__ double sp_sum(double v, sp_smem &sm)
+{
+    return sp_reduce(v, sm.dred, 0.0, [](double x, double y) { return x + y; });
 }
 static __device__ float sp_max(float v, sp_smem &sm)
 {
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    __syncthreads();
-    if (threadIdx.x % K_WARP == 0) sm.fred[threadIdx.x / K_WARP] = v;
-    __syncthreads();
-    float s = -INFINITY;
-    for (int w = 0; w < SP_WARPS; ++w) s = fmaxf(s, sm.fred[w]);
-    return s;
+    return sp_reduce(v, sm.fred, -INFINITY, [](float x, float y) { return fmaxf(x, y); });
 }
 static __device__ int sp_sum_int(int v, sp_smem &sm)
 {
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    __syncthreads();
-    if (threadIdx.x % K_WARP == 0) sm.ired[threadIdx.x / K_WARP] = v;
-    __syncthreads();
-    int s = 0;
-    for (int w = 0; w < SP_WARPS; ++w) s += sm.ired[w];
-    return s;
+    return sp_reduce(v, sm.ired, 0, [](int x, int y) { return x + y; });
 }
 
 /*
