@@ -320,8 +320,14 @@ struct sp_state {
     double min_p;    /* min-p cut on e = exp(x - mx); 0: off */
 };
 
-/* Whether id i with processed logit x survives steps 4-5 (and 6 with `minp`); *e = exp(x - mx),
- * its weight. */
+/* The unnormalised weight exp(x - mx) of a survivor; 1 for x == mx, so a +inf maximum gives
+ * the ids at +inf equal weight and the rest 0 instead of NaN (rt_sample.h, rt_sample.c weight). */
+static __device__ __forceinline__ double sp_weight(float x, double mx)
+{
+    return (double)x == mx ? 1.0 : exp((double)x - mx);
+}
+
+/* Whether id i with processed logit x survives steps 4-5 (and 6 with `minp`); *e = its weight. */
 static __device__ __forceinline__ bool sp_survives(const sp_state &st, int i, float x, bool minp,
                                                    double *e)
 {
@@ -330,7 +336,7 @@ static __device__ __forceinline__ bool sp_survives(const sp_state &st, int i, fl
         const uint32_t k = sp_key(x);
         if (k < st.kstar || (k == st.kstar && i > st.id_cut)) return false;
     }
-    *e = exp((double)x - st.mx);
+    *e = sp_weight(x, st.mx);
     return !(minp && *e < st.min_p);
 }
 
@@ -403,7 +409,7 @@ static __device__ bool sp_fast(const sp_args &a, float mx, int nfin, sp_smem &sm
         x_lo = dmx + log((1.0 - (double)a.top_p) / (double)nfin * (1.0 - 1e-6));
         double t = 0.0;
         sp_each(a, true, [&](int, bool valid, float x) {
-            if (valid && x != -INFINITY) t += exp((double)x - dmx);
+            if (valid && x != -INFINITY) t += sp_weight(x, dmx);
         });
         sum_all = sp_sum(t, sm);
     } else {
@@ -443,7 +449,7 @@ static __device__ bool sp_fast(const sp_args &a, float mx, int nfin, sp_smem &sm
     for (int r = tid; r < n_s; r += SP_THREADS) {
         const unsigned long long c = sm.cand[r];
         sm.byid[r] = (unsigned long long)(uint32_t)c << 32 | (uint32_t)r;
-        sm.e[r] = exp((double)sp_unkey(~(uint32_t)(c >> 32)) - dmx);
+        sm.e[r] = sp_weight(sp_unkey(~(uint32_t)(c >> 32)), dmx);
     }
     __syncthreads();
     sp_sort(sm.byid, n_s);
@@ -585,7 +591,7 @@ static __global__ void __launch_bounds__(SP_THREADS) sample_kernel(const sp_args
             sp_each(a, true, [&](int, bool valid, float x) {
                 const uint32_t key = sp_key(x);
                 const bool v = valid && x != -INFINITY && x >= st.thr && (key & mask) == prefix;
-                const double e = v ? exp((double)x - st.mx) : 0.0;
+                const double e = v ? sp_weight(x, st.mx) : 0.0;
                 sp_hist_add<true>(v, (key >> shift) & 255u, e, sm);
             });
             __syncthreads();
@@ -643,7 +649,7 @@ static __global__ void __launch_bounds__(SP_THREADS) sample_kernel(const sp_args
         const uint32_t n_tie = sm.cnt[prefix & 255u];
         __syncthreads();
         if (tid == 0) {
-            const double w = exp((double)sp_unkey(prefix) - st.mx);
+            const double w = sp_weight(sp_unkey(prefix), st.mx);
             double before = above;
             uint32_t kept = 0;
             while (kept < n_tie && (kept == 0 || before < p)) {
@@ -723,7 +729,8 @@ int k_sample(int32_t *out_id, uint8_t *keep, const float *logits, int vocab_size
              const uint8_t *seen, const struct k_sample_params *p, double u,
              struct CUstream_st *stream)
 {
-    if (vocab_size < 1) K_REFUSE(K_ERR_SHAPE, "sample: vocab_size %d < 1", vocab_size);
+    if (vocab_size < 1 || vocab_size > (1 << 30)) /* ids, 4 * id and V + 1023 stay in int */
+        K_REFUSE(K_ERR_SHAPE, "sample: vocab_size %d outside [1, 2^30]", vocab_size);
     if (!out_id || !logits || !p) K_REFUSE(K_ERR_ARG, "sample: NULL pointer");
     if (!(p->temperature >= 0.0f) || isinf(p->temperature) || p->top_k < 0 ||
         !(p->top_p > 0.0f && p->top_p <= 1.0f) || !(p->min_p >= 0.0f && p->min_p <= 1.0f) ||

@@ -245,8 +245,8 @@ struct k_sample_params {
  * repeat_penalty == 1; u: the draw in [0, 1) from the caller's PRNG (unused when greedy).
  * out_id: one int32 device, -1 when no logit is finite; keep: NULL, or device [vocab_size] bytes
  * set to 1 for the ids that survive steps 1-6 (tests). The caller keeps the history and the PRNG.
- * Errors: K_ERR_SHAPE (vocab_size < 1), K_ERR_ARG (NULL, parameter out of range, u outside
- * [0, 1), repeat_penalty != 1 without seen).
+ * Errors: K_ERR_SHAPE (vocab_size < 1 or > 2^30), K_ERR_ARG (NULL, parameter out of range, u
+ * outside [0, 1), repeat_penalty != 1 without seen).
  */
 int k_sample(int32_t *out_id, uint8_t *keep, const float *logits, int vocab_size,
              const uint8_t *seen, const struct k_sample_params *p, double u,

@@ -235,7 +235,9 @@ bool rt_model_can_pick(const struct rt_model *m);
  * rt_model_forward of tokens (logits of the last position only), then the next token chosen
  * on the device from those logits; only the id [0, vocab_size) comes back to the host, not the
  * [vocab_size] row. Errors: those of rt_model_forward; RT_ERR_UNSUPPORTED when
- * !rt_model_can_pick; RT_ERR_ARG (pick or id NULL, or parameters the kernel refuses);
+ * !rt_model_can_pick; RT_ERR_ARG (pick or id NULL, a parameter outside rt_sample.h's ranges,
+ * u outside [0, 1) when sampling, seen NULL with a repetition penalty: checked before anything
+ * runs);
  * RT_ERR_NUMERIC when no logit is finite (every one NaN or -inf: the model computed garbage).
  */
 enum rt_err rt_model_forward_pick(struct rt_model *m, const int32_t *tokens, int n_tokens,

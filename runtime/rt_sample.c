@@ -255,12 +255,20 @@ static int32_t argmax_lowest(const float *x, int32_t n)
     return best;
 }
 
-/* prob[j] = exp(logit_j - mx) for the n pairs; returns their sum. */
+/* The unnormalised weight exp(x - mx) of a survivor; 1 for x == mx, so that when the largest
+ * logit is +inf (an overflowing temperature or penalty) the ids at +inf share the mass and the
+ * rest get 0, instead of exp(inf - inf) = NaN (rt_sample.h, step 5). */
+static double weight(float x, float mx)
+{
+    return x == mx ? 1.0 : exp((double)x - (double)mx);
+}
+
+/* prob[j] = weight(logit_j) for the n pairs; returns their sum. */
 static double exp_pairs(const struct rt_sample_pair *pr, int32_t n, float mx, double *prob)
 {
     double sum = 0.0;
     for (int32_t j = 0; j < n; j++) {
-        prob[j] = exp((double)pr[j].logit - (double)mx);
+        prob[j] = weight(pr[j].logit, mx);
         sum += prob[j];
     }
     return sum;
@@ -285,7 +293,7 @@ static int32_t top_p_cut(struct rt_sample_pair *pairs, const double *e, int32_t 
     double before = 0.0;
     int32_t keep = 0;
     while (keep < m && (keep == 0 || before < p))
-        before += exp((double)pairs[keep++].logit - (double)mx) / sum;
+        before += weight(pairs[keep++].logit, mx) / sum;
     qsort(pairs, (size_t)keep, sizeof(*pairs), pair_id_cmp);
     return keep;
 }
@@ -377,7 +385,7 @@ enum rt_sample_err rt_sampler_next(struct rt_sampler *s, const float *logits, in
         return RT_SAMPLE_ERR_PARAM;
     }
     int32_t n = rt_sampler_candidates(s, logits, n_logits);
-    if (n < 0)
+    if (n <= 0) /* n == 0 cannot happen (the largest survives steps 4-6); never read cand[0] */
         return RT_SAMPLE_ERR_NO_CANDIDATE;
     if (s->p.temperature <= 0.0f) {
         *out_id = s->cand[0];

@@ -27,6 +27,9 @@
  *      at least one id is kept. p >= 1 is off.
  *   6. min-p (MinPLogitsWarper, after top-p as in HF): with the survivors' renormalised
  *      probabilities, remove ids whose probability is < min_p * max probability; 0 = off.
+ *   Weights: the softmax of steps 5-7 uses e = exp(x - mx), mx the largest survivor; e = 1
+ *   for x == mx, so a +inf logit (an overflowing x / T or x / r) does not give NaN: the ids at
+ *   +inf share the mass equally and every other id gets 0.
  *   7. draw: one uniform u in [0, 1) from the PRNG; walk the survivors in ascending id order
  *      and return the first id whose cumulative renormalised probability exceeds u (the last
  *      survivor absorbs rounding). Softmax and sums are in double. (Ascending id order needs

@@ -600,25 +600,30 @@ static std::vector<int32_t> sample_ref_set(const struct rt_sample_params &p, int
  * One row under one parameter set: the survivor mask must equal rt_sampler_candidates' set
  * (where top-p's boundary is within rounding, equal to the set at p one float ulp lower or
  * higher: "ambiguous"), and `draws` ids drawn with the reference's own PRNG stream must equal
- * rt_sampler_next's (a differing id must still hold u within 1e-9 of its CDF interval).
+ * rt_sampler_next's (a differing id must still hold u within 1e-9 of its CDF interval), and so
+ * must the ids for u = 0 and the largest u < 1 (the reference's inverse-CDF walk over its
+ * survivors). strict: no ambiguity allowed (rows whose sums are exact in binary). The row goes
+ * to the device `shift` floats past a 256-byte-aligned address (1: the kernel's unaligned path).
  */
 static void sample_case(sample_ctx &cx, const char *what, const std::vector<float> &lg, int V,
-                        struct rt_sample_params p, int n_hist, int draws)
+                        struct rt_sample_params p, int n_hist, int draws, int shift = 0,
+                        bool strict = false)
 {
+    float *const dl = cx.dl + shift;
     cx.cases++;
     std::vector<int32_t> hist;
     for (int i = 0; i < n_hist; ++i) hist.push_back((int32_t)(rng_u64() % (uint64_t)V));
     struct rt_sampler s = {};
     if (rt_sampler_init(&s, &p, V) != RT_SAMPLE_ERR_NONE) { CHECK_MSG(false, "%s: init", what); return; }
     for (int32_t id : hist) rt_sampler_accept(&s, id);
-    TCUDA(cudaMemcpy(cx.dl, lg.data(), (size_t)V * 4, cudaMemcpyHostToDevice));
+    TCUDA(cudaMemcpy(dl, lg.data(), (size_t)V * 4, cudaMemcpyHostToDevice));
     TCUDA(cudaMemcpy(cx.dseen, s.seen, ((size_t)V + 7) / 8, cudaMemcpyHostToDevice));
     const struct k_sample_params kp = {p.temperature, p.top_k, p.top_p, p.min_p, p.repeat_penalty};
     std::vector<double> prob;
     const std::vector<int32_t> want = sample_ref_set(p, V, hist, lg.data(), &prob);
 
     TCUDA(cudaMemset(cx.dkeep, 0xAB, (size_t)V));
-    CHECK_EQ_INT(k_sample(cx.did, cx.dkeep, cx.dl, V, cx.dseen, &kp, 0.5, nullptr), K_ERR_NONE);
+    CHECK_EQ_INT(k_sample(cx.did, cx.dkeep, dl, V, cx.dseen, &kp, 0.5, nullptr), K_ERR_NONE);
     const std::vector<uint8_t> keep = dev_download(cx.dkeep, (size_t)V);
     std::vector<int32_t> got;
     bool bytes_ok = true;
@@ -629,7 +634,7 @@ static void sample_case(sample_ctx &cx, const char *what, const std::vector<floa
     CHECK_MSG(bytes_ok, "%s V=%d: keep mask holds bytes other than 0/1", what, V);
     if (got != want) {
         bool amb = false;
-        if (p.top_p < 1.0f) {
+        if (p.top_p < 1.0f && !strict) {
             struct rt_sample_params lo = p, hi = p;
             lo.top_p = nextafterf(p.top_p, 0.0f);
             hi.top_p = fminf(nextafterf(p.top_p, 2.0f), 1.0f);
@@ -642,13 +647,25 @@ static void sample_case(sample_ctx &cx, const char *what, const std::vector<floa
         cx.ambiguous += amb;
     }
 
-    for (int d = 0; d < (p.temperature > 0.0f ? draws : 1); ++d) {
-        struct rt_sampler peek = s; /* shares the arrays; only the PRNG state is copied */
-        const double u = p.temperature > 0.0f ? rt_sampler_uniform(&peek) : 0.0;
+    const int n_prng = p.temperature > 0.0f ? draws : 1;
+    for (int d = 0; d < n_prng + (p.temperature > 0.0f ? 2 : 0); ++d) {
+        double u = 0.0;
         int32_t ref_id = -1;
-        const enum rt_sample_err se = rt_sampler_next(&s, lg.data(), V, &ref_id);
-        if (se != RT_SAMPLE_ERR_NONE) ref_id = -1;
-        CHECK_EQ_INT(k_sample(cx.did, nullptr, cx.dl, V, cx.dseen, &kp, u, nullptr), K_ERR_NONE);
+        if (d < n_prng) {
+            struct rt_sampler peek = s; /* shares the arrays; only the PRNG state is copied */
+            u = p.temperature > 0.0f ? rt_sampler_uniform(&peek) : 0.0;
+            if (rt_sampler_next(&s, lg.data(), V, &ref_id) != RT_SAMPLE_ERR_NONE) ref_id = -1;
+        } else { /* the ends of [0, 1): rt_sampler_next's walk over the reference survivors */
+            u = d == n_prng ? 0.0 : nextafter(1.0, 0.0);
+            double acc = 0.0;
+            size_t j = 0;
+            for (; j + 1 < want.size(); ++j) {
+                acc += prob[j];
+                if (u < acc) break;
+            }
+            ref_id = want.empty() ? -1 : want[j];
+        }
+        CHECK_EQ_INT(k_sample(cx.did, nullptr, dl, V, cx.dseen, &kp, u, nullptr), K_ERR_NONE);
         const int32_t id = dev_download(cx.did, 1)[0];
         if (id == ref_id) { CHECK(true); continue; }
         /* a differing id must hold u within rounding of its interval of the reference CDF */
@@ -659,6 +676,7 @@ static void sample_case(sample_ctx &cx, const char *what, const std::vector<floa
                 near = before - 1e-9 <= u && u < before + prob[j] + 1e-9;
             before += prob[j];
         }
+        near = near && !strict;
         CHECK_MSG(near, "%s V=%d T=%g k=%d p=%g min_p=%g r=%g u=%.17g: GPU id %d, reference %d",
                   what, V, (double)p.temperature, (int)p.top_k, (double)p.top_p,
                   (double)p.min_p, (double)p.repeat_penalty, u, id, ref_id);
@@ -671,7 +689,7 @@ static void test_sample(bool quick)
 {
     const int vmax = 151936; /* Qwen2 */
     sample_ctx cx = {};
-    TCUDA(cudaMalloc(&cx.dl, (size_t)vmax * 4));
+    TCUDA(cudaMalloc(&cx.dl, ((size_t)vmax + 4) * 4));
     TCUDA(cudaMalloc(&cx.dseen, (size_t)vmax / 8 + 1));
     TCUDA(cudaMalloc(&cx.did, 4));
     TCUDA(cudaMalloc(&cx.dkeep, (size_t)vmax));
@@ -733,6 +751,52 @@ static void test_sample(bool quick)
         sample_case(cx, "none-finite", lg, V, p, 0, 1);
         p.temperature = 0.0f;
         sample_case(cx, "none-finite-greedy", lg, V, p, 0, 1);
+    }
+    /* rows whose every sum is exact in binary: top-p must cut exactly where the reference does
+     * (no one-ulp allowance): 2048 and 4 tied ids at p = 1/2, 3/4 */
+    for (int V : {4, 2048}) {
+        lg.assign((size_t)V, 0.25f);
+        for (float tp : {0.5f, 0.75f}) {
+            struct rt_sample_params p = rt_sample_params_default();
+            p.top_p = tp;
+            sample_case(cx, "dyadic-ties", lg, V, p, 0, 4, 0, true);
+        }
+    }
+    /* +inf logits: two given as +inf, or many from x / T overflowing at T = 1e-38 */
+    for (int V : {1000, 32000}) {
+        lg.resize((size_t)V);
+        for (int i = 0; i < V; ++i) lg[i] = 3.0f * rng_gauss();
+        lg[(size_t)V / 3] = INFINITY;
+        lg[(size_t)V - 2] = INFINITY;
+        for (float tp : {1.0f, 0.6f, 0.4f}) {
+            struct rt_sample_params p = rt_sample_params_default();
+            p.top_p = tp;
+            sample_case(cx, "inf", lg, V, p, 0, 6);
+            p.top_k = 40;
+            sample_case(cx, "inf-topk", lg, V, p, 0, 6);
+        }
+        lg[(size_t)V / 3] = lg[(size_t)V - 2] = 10.0f;
+        struct rt_sample_params p = rt_sample_params_default();
+        p.temperature = 1e-38f;
+        sample_case(cx, "overflow", lg, V, p, 0, 6);
+        p.top_p = 0.9f;
+        sample_case(cx, "overflow-topp", lg, V, p, 0, 6);
+    }
+    /* the general top-k path (k > 1024 candidates) under top-p, and a row that is not 16-byte
+     * aligned (one float past an aligned address) */
+    for (int V : {5003, 128256}) {
+        lg.resize((size_t)V);
+        for (int i = 0; i < V; ++i) lg[i] = 2.0f * rng_gauss();
+        struct rt_sample_params p = rt_sample_params_default();
+        p.temperature = 0.9f;
+        p.top_k = 1500;
+        p.top_p = 0.9f;
+        sample_case(cx, "general-topk-topp", lg, V, p, 8, 6);
+        p.top_k = 40;
+        p.repeat_penalty = 1.2f;
+        sample_case(cx, "unaligned", lg, V, p, 24, 6, 1);
+        p.temperature = 0.0f;
+        sample_case(cx, "unaligned-greedy", lg, V, p, 24, 1, 1);
     }
     printf("sample: %d cases, %d ambiguous (within rounding of a boundary)\n", cx.cases,
            cx.ambiguous);

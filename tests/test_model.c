@@ -1176,7 +1176,8 @@ static enum rt_err emu_sample(void *ctx, int rank, const float *logits, int V,
     struct rt_sampler s = {0};
     if (rt_sampler_init(&s, &p, V) != RT_SAMPLE_ERR_NONE)
         return RT_ERR_ARG;
-    memcpy(s.seen, pk->seen, ((size_t)V + 7) / 8);
+    if (pk->seen) /* may be NULL without a repetition penalty (rt.h) */
+        memcpy(s.seen, pk->seen, ((size_t)V + 7) / 8);
     int32_t n = rt_sampler_candidates(&s, logits, V), i = 0;
     double acc = 0.0;
     if (n > 0 && p.temperature > 0.0f)
@@ -1260,6 +1261,23 @@ static void test_pick(const char *dir, const char *dir_tp2, const int32_t *tok, 
         CHECK(!rt_model_can_pick(rm));
         CHECK_EQ_INT(rt_model_forward_pick(rm, tok, 1, 0, &pk, &id), RT_ERR_UNSUPPORTED);
         CHECK_EQ_INT(rt_model_forward_pick(rm, tok, 1, 0, NULL, &id), RT_ERR_ARG);
+        rt_model_free(rm);
+    }
+    /* bad requests are refused before anything runs (n_past stays) */
+    if (rt_model_open_backend(dir, &o, &(struct rt_backend){&pick_ops, NULL}, &rm) ==
+        RT_ERR_NONE) {
+        CHECK_EQ_INT(rt_model_forward_pick(rm, tok, 3, 0, &pk, &id), RT_ERR_NONE);
+        struct rt_pick bad[5] = {pk, pk, pk, pk, pk};
+        bad[0].repeat_penalty = 1.2f; /* no history */
+        bad[1].temperature = 0.7f;
+        bad[1].u = 1.0;
+        bad[2].top_p = 0.0f;
+        bad[3].temperature = NAN;
+        bad[4].min_p = 1.5f;
+        for (int b = 0; b < 5; b++) {
+            CHECK_EQ_INT(rt_model_forward_pick(rm, tok + 3, 1, 3, &bad[b], &id), RT_ERR_ARG);
+            CHECK_EQ_INT(rt_model_n_past(rm), 3);
+        }
         rt_model_free(rm);
     }
     rm = NULL;

@@ -362,6 +362,56 @@ static void test_top_p_boundary(void)
     }
 }
 
+/* +inf logits (from a temperature so small that x / T overflows, or given as +inf): the ids at
+ * +inf share the mass equally, every other id gets 0; never NaN, never a stale id. */
+static void test_inf_logits(void)
+{
+    static const float tiny_t[8] = {1, 2, 5, 3, 4, 0, 0, 0}; /* / 1e-38: 5 and 4 overflow */
+    const float inf_in[4] = {1, INFINITY, 3, INFINITY};
+    const struct {
+        const float *x;
+        int V;
+        float t, top_p;
+        int a, b; /* the two ids at +inf */
+    } cases[] = {
+        {tiny_t, 8, 1e-38f, 0.9f, 2, 4}, {tiny_t, 8, 1e-38f, 1.0f, 2, 4},
+        {inf_in, 4, 1.0f, 0.6f, 1, 3},   {inf_in, 4, 1.0f, 1.0f, 1, 3},
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        struct rt_sample_params p = rt_sample_params_default();
+        p.temperature = cases[c].t;
+        p.top_p = cases[c].top_p;
+        p.seed = 7 + c;
+        struct rt_sampler s;
+        CHECK_EQ_INT(rt_sampler_init(&s, &p, cases[c].V), RT_SAMPLE_ERR_NONE);
+        int n = rt_sampler_candidates(&s, cases[c].x, cases[c].V);
+        double mass = 0.0;
+        for (int j = 0; j < n; j++) {
+            CHECK_MSG(isfinite(s.prob[j]), "case %zu: probability of id %d is %g", c,
+                      (int)s.cand[j], s.prob[j]);
+            if (s.cand[j] == cases[c].a || s.cand[j] == cases[c].b)
+                mass += s.prob[j];
+        }
+        CHECK_MSG(n >= 2 && fabs(mass - 1.0) < 1e-12, "case %zu: %d survivors, mass at +inf %g",
+                  c, n, mass);
+        int hits[2] = {0, 0}, other = 0;
+        for (int d = 0; d < 64; d++) {
+            int32_t id = -1;
+            CHECK_EQ_INT(rt_sampler_next(&s, cases[c].x, cases[c].V, &id), RT_SAMPLE_ERR_NONE);
+            if (id == cases[c].a)
+                hits[0]++;
+            else if (id == cases[c].b)
+                hits[1]++;
+            else
+                other++;
+        }
+        CHECK_MSG(other == 0 && hits[0] > 8 && hits[1] > 8,
+                  "case %zu: 64 draws gave %d x id %d, %d x id %d, %d others", c, hits[0],
+                  cases[c].a, hits[1], cases[c].b, other);
+        rt_sampler_free(&s);
+    }
+}
+
 static void test_top_k_ties(void)
 {
     /* HF keeps every id whose score is >= the k-th largest: with ties at the boundary more
@@ -530,6 +580,7 @@ int main(void)
     test_padded_vocab();
     test_distributions();
     test_top_p_boundary();
+    test_inf_logits();
     test_top_k_ties();
     test_penalty_greedy();
     test_seeds();
