@@ -240,6 +240,9 @@ struct k_sample_params {
  * penalty, greedy, temperature, top-k, top-p, min-p, the inverse-CDF draw in id order), one
  * block. Reference: rt_sampler_next / rt_sampler_candidates (runtime/rt_sample.c); the two agree
  * except where u or p falls within rounding of a cumulative boundary (sums in another order).
+ * The few-survivor fast path (top-k <= 1024, or a peaked row under top-p) sums in the CPU's
+ * order; the general path's top-p masses are added with shared-memory atomics in a varying
+ * order, so there two runs can differ where p * sum is within rounding of a boundary.
  * logits: fp32 [vocab_size] device (ids >= vocab_size are never read); seen: device history
  * bitmap [ceil(vocab_size/8)] (bit id%8 of byte id/8, as rt_sampler.seen), may be NULL when
  * repeat_penalty == 1; u: the draw in [0, 1) from the caller's PRNG (unused when greedy).
