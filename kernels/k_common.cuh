@@ -50,6 +50,16 @@
         return (code);                          \
     } while (0)
 
+/* The current device (cudaGetDevice), to index per-device caches of launch set-up: function
+ * attributes such as the dynamic shared-memory limit are set per device. */
+#define K_MAX_DEVICES 64
+static inline int k_current_device(void)
+{
+    int d = 0;
+    K_CUDA_CHECK(cudaGetDevice(&d));
+    return d;
+}
+
 /* Named constants instead of literals. */
 #define K_WARP 32
 #define K_SM80 80 /* first arch with mma.sync m16n8k16 fp16->fp32, cp.async, ldmatrix */

@@ -18,26 +18,23 @@ const char *k_err_str(enum k_err e)
     return "unknown k_err";
 }
 
-enum { MAX_DEVICES = 64 };
-
-/* Attribute attr of the current device, cached per device in cache[MAX_DEVICES] (0 = not
+/* Attribute attr of the current device, cached per device in cache[K_MAX_DEVICES] (0 = not
  * queried yet, so only attributes that are >= 1 on every device are cached; devices past
- * MAX_DEVICES are queried each time). Benign race: the same value is written. CUDA errors
+ * K_MAX_DEVICES are queried each time). Benign race: the same value is written. CUDA errors
  * abort (K_CUDA_CHECK). */
-static int device_attr(int (&cache)[MAX_DEVICES], cudaDeviceAttr attr)
+static int device_attr(int (&cache)[K_MAX_DEVICES], cudaDeviceAttr attr)
 {
-    int dev = 0;
-    K_CUDA_CHECK(cudaGetDevice(&dev));
-    if (dev >= 0 && dev < MAX_DEVICES && cache[dev] > 0) return cache[dev];
+    const int dev = k_current_device();
+    if (dev >= 0 && dev < K_MAX_DEVICES && cache[dev] > 0) return cache[dev];
     int v = 0;
     K_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, dev));
-    if (dev >= 0 && dev < MAX_DEVICES) cache[dev] = v;
+    if (dev >= 0 && dev < K_MAX_DEVICES) cache[dev] = v;
     return v;
 }
 
 int k_device_sm_count(void)
 {
-    static int cache[MAX_DEVICES];
+    static int cache[K_MAX_DEVICES];
     return device_attr(cache, cudaDevAttrMultiProcessorCount);
 }
 
@@ -56,7 +53,7 @@ int k_get_pdl(void)
 
 bool k_pdl_usable(void)
 {
-    static int cache[MAX_DEVICES]; /* compute capability major */
+    static int cache[K_MAX_DEVICES]; /* compute capability major */
     if (!k_get_pdl()) return false;
     return device_attr(cache, cudaDevAttrComputeCapabilityMajor) >= 9;
 }

@@ -975,7 +975,11 @@ static void launch_v2_tb(const __half *x, const uint4 *qw, const uint4 *qz, cons
     auto smem_for = [&](int kc) {
         return ROWS * kc * 32 + v2::RING_BYTES + v2::WARPS * ((kc + GT - 1) / GT) * v2::SZ_BYTES;
     };
-    static int blocks_per_sm; /* at the largest slice, per instantiation; queried once */
+    /* at the largest slice, per instantiation and device (the attribute resident_blocks sets is
+     * per device): queried once per device */
+    static int bps_dev[K_MAX_DEVICES];
+    const int dev = k_current_device();
+    int bps_local = 0, &blocks_per_sm = dev < K_MAX_DEVICES ? bps_dev[dev] : bps_local;
     if (blocks_per_sm == 0) blocks_per_sm = resident_blocks(kern, v2::WARPS * K_WARP, smem_for(kc_max));
     const int n_groups = (NT + v2::WARPS - 1) / v2::WARPS;
     const int kc = splitk_slice(KT, n_groups, blocks_per_sm, kc_max, unit);
@@ -1016,7 +1020,9 @@ static void launch_v5_tb(const __half *x, const uint4 *qw, const uint4 *qz, cons
         return ROWS * kc * 32 + (RING ? v5::WARPS * v5::DEPTH * 512 : 0) +
                v5::WARPS * (kc / GT) * v5::SZ_BYTES + v5::WARPS * ROWS * 64 * 4;
     };
-    static int blocks_per_sm; /* at the largest slice, per instantiation; queried once */
+    static int bps_dev[K_MAX_DEVICES]; /* as in launch_v2_tb: per instantiation and device */
+    const int dev = k_current_device();
+    int bps_local = 0, &blocks_per_sm = dev < K_MAX_DEVICES ? bps_dev[dev] : bps_local;
     if (blocks_per_sm == 0) blocks_per_sm = resident_blocks(kern, v5::WARPS * K_WARP, smem_for(kc_max));
     const int n_groups = (NT + v5::WARPS - 1) / v5::WARPS;
     const int kc = splitk_slice(KT, n_groups, blocks_per_sm, kc_max, unit);
@@ -1065,19 +1071,22 @@ static int launch_v4(const __half *x, const uint4 *qw, const uint32_t *qz, const
                      cudaStream_t stream)
 {
     const int T = (K / 16) * (N / 64);
-    static int blocks_per_sm[3]; /* occupancy per MB instantiation, queried once */
+    /* occupancy per MB instantiation and device (the smem attribute is per device) */
+    static int bps_dev[K_MAX_DEVICES][3];
     const int mbi = M <= 16 ? 0 : M <= 32 ? 1 : 2;
     auto kern = mbi == 0 ? w4a16_v4_streamk_kernel<1>
               : mbi == 1 ? w4a16_v4_streamk_kernel<2> : w4a16_v4_streamk_kernel<4>;
-    if (blocks_per_sm[mbi] == 0) {
+    const int dev = k_current_device();
+    int bps_local = 0, &blocks_per_sm = dev < K_MAX_DEVICES ? bps_dev[dev][mbi] : bps_local;
+    if (blocks_per_sm == 0) {
         int b = 0;
         K_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           v4::SMEM_BYTES));
         K_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kern, v4::WARPS * K_WARP,
                                                                    v4::SMEM_BYTES));
-        blocks_per_sm[mbi] = std::max(b, 1);
+        blocks_per_sm = std::max(b, 1);
     }
-    const long max_warps = (long)k_device_sm_count() * blocks_per_sm[mbi] * v4::WARPS;
+    const long max_warps = (long)k_device_sm_count() * blocks_per_sm * v4::WARPS;
     int chunk = (int)((T + max_warps - 1) / max_warps);
     chunk = std::max(chunk, std::min(v4::MIN_CHUNK, T));
     const int warps = (T + chunk - 1) / chunk;
