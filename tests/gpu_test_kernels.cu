@@ -427,6 +427,20 @@ static void test_w4a16(bool quick)
                 }
             }
         }
+    /* Llama-3-8B gate_up at G = 16/32: v5's slice of 64 k-tiles stages 40 KB of scales and zeros,
+     * 64 KB of dynamic shared memory in all, past the 48 KB that needs the opt-in attribute,
+     * which CUDA sets per device: on this GPU, and on a second one when there is one (TP) */
+    int n_dev = 0;
+    TCUDA(cudaGetDeviceCount(&n_dev));
+    for (int d = 0; d < (n_dev > 1 ? 2 : 1); ++d) {
+        TCUDA(cudaSetDevice(d));
+        char label[64];
+        snprintf(label, sizeof label, "smem>48KB on GPU %d", d);
+        test_w4a16_shape(label, 1, 28672, 4096, 16, false, false,
+                         {K_W4A16_AUTO, K_W4A16_V5_DECODE, K_W4A16_V2_DECODE});
+        test_w4a16_shape(label, 3, 28672, 4096, 32, false, true, {K_W4A16_AUTO, K_W4A16_V5_DECODE});
+    }
+    TCUDA(cudaSetDevice(0));
 }
 
 // --- rmsnorm, silu_mul, rope, embed, argmax -------------------------------------------------------
