@@ -124,7 +124,7 @@ LINK_LIBS  = $(DEP_LIBS) $(if $(filter 1,$(HAVE_CUDA)),$(CUDA_LIBS))
 vpath %.c format convert runtime kernels tools tests
 vpath %.cu kernels runtime tests
 
-.PHONY: all help test check fuzz fuzz-run bench test-gpu bench-gpu demo sass clean info tests
+.PHONY: carry all help test check fuzz fuzz-run bench test-gpu bench-gpu demo sass clean info tests
 .DEFAULT_GOAL := all
 .SECONDARY:
 
@@ -198,6 +198,23 @@ ifeq ($(PREBUILT),0)
 endif
 	$(Q)QSHARD=$(QSHARD) BUILD=$(BUILD) sh tests/run_gpu_tests.sh $(GPU_TEST_BIN)
 
+# carry: what the GPU machine (no compiler packages, no cJSON; device tool: 64 MiB of carried
+# files next to the working tree) needs to run test-gpu / bench-gpu: qshard and the GPU tests
+# built for sm_90a only (the three-architecture build is too large), plus libcjson.so.1 found
+# through rpath $ORIGIN. Objects stay in $(CARRY)-obj/, only the binaries go to $(CARRY)/.
+CARRY ?= build-dev
+CARRY_ARCHS ?= -gencode arch=compute_90a,code=sm_90a
+carry: ## build sm_90a binaries + libcjson.so.1 into build-dev/ (CARRY=) for a GPU machine without compilers
+	$(Q)test "$(HAVE_CUDA)" = 1 || { echo "carry needs nvcc (CUDA_HOME=$(CUDA_HOME))"; exit 1; }
+	$(Q)$(MAKE) --no-print-directory BUILD=$(CARRY)-obj CUDA_ARCHS="$(CARRY_ARCHS)" \
+	    $(CARRY)-obj/qshard $(patsubst $(BUILD)/%,$(CARRY)-obj/%,$(GPU_TEST_BIN))
+	$(Q)mkdir -p $(CARRY)
+	$(Q)cp $(CARRY)-obj/qshard $(patsubst $(BUILD)/%,$(CARRY)-obj/%,$(GPU_TEST_BIN)) $(CARRY)/
+	$(Q)lib=$$($(CC) -print-file-name=libcjson.so.1); case "$$lib" in /*) ;; \
+	    *) lib=$$(ldconfig -p | awk '/libcjson.so.1 /{print $$NF; exit}');; esac; \
+	    test -f "$$lib" || { echo "carry: libcjson.so.1 not found"; exit 1; }; cp -L "$$lib" $(CARRY)/
+	$(Q)echo "carry: $$(du -sh $(CARRY) | cut -f1) in $(CARRY)/: run 'make test-gpu PREBUILT=1 BUILD=$(CARRY)' there"
+
 bench: $(QSHARD) ## CPU benchmarks: format open/verify, then converter throughput (needs python3-numpy, time)
 	$(Q)QSHARD=$(QSHARD) sh tools/bench_cpu.sh
 	$(Q)QSHARD=$(QSHARD) sh tools/bench_convert.sh
@@ -212,7 +229,7 @@ sass: $(LIB_OBJ) ## dump register use and SASS of the kernels into $(BUILD)/sass
 	$(Q)mkdir -p $(BUILD)/sass && for o in $(filter %.cu.o,$(LIB_OBJ)); do \
 	    $(CUDA_HOME)/bin/cuobjdump --dump-sass $$o > $(BUILD)/sass/$$(basename $$o .cu.o).sass; done
 
-clean: ## remove the build directories (build, build-san, build-fuzz, and BUILD=... if given)
-	rm -rf build build-san build-fuzz $(filter-out build build-san build-fuzz,$(BUILD))
+clean: ## remove the build directories (build, build-san, build-fuzz, build-dev(-obj), and BUILD=... if given)
+	rm -rf build build-san build-fuzz $(CARRY) $(CARRY)-obj $(filter-out build build-san build-fuzz,$(BUILD))
 
 -include $(wildcard $(BUILD)/*.d)
