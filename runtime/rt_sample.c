@@ -391,15 +391,19 @@ enum rt_sample_err rt_sampler_next(struct rt_sampler *s, const float *logits, in
         *out_id = s->cand[0];
         return RT_SAMPLE_ERR_NONE;
     }
+    *out_id = rt_sample_pick(s->cand, s->prob, n, rt_sampler_uniform(s));
+    return RT_SAMPLE_ERR_NONE;
+}
+
+int32_t rt_sample_pick(const int32_t *cand, const double *prob, int32_t n, double u)
+{
     /* step 7: inverse-CDF walk; the last survivor absorbs rounding (sum may be 1 - eps) */
-    const double u = rt_sampler_uniform(s);
     double acc = 0.0;
     int32_t i = 0;
     for (; i < n - 1; i++) {
-        acc += s->prob[i];
+        acc += prob[i];
         if (u < acc)
             break;
     }
-    *out_id = s->cand[i];
-    return RT_SAMPLE_ERR_NONE;
+    return cand[i];
 }

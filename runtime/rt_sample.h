@@ -131,6 +131,13 @@ enum rt_sample_err rt_sampler_next(struct rt_sampler *s, const float *logits, in
  * rt_sampler_next. */
 int32_t rt_sampler_candidates(struct rt_sampler *s, const float *logits, int64_t n_logits);
 
+/* Step 7 with a given draw u in [0, 1): the id among cand[0..n) (ascending ids with
+ * probabilities prob[0..n), as rt_sampler_candidates leaves them in the sampler) whose cumulative
+ * interval holds u; the last one absorbs rounding (the sum may be 1 - eps). n >= 1.
+ * rt_sampler_next is rt_sampler_candidates, one draw from the PRNG, then this; device samplers
+ * and tests that bring their own u call it directly. */
+int32_t rt_sample_pick(const int32_t *cand, const double *prob, int32_t n, double u);
+
 /* Uniform double in [0, 1) from the sampler's PRNG (exposed for tests). */
 double rt_sampler_uniform(struct rt_sampler *s);
 

@@ -671,13 +671,7 @@ static void sample_case(sample_ctx &cx, const char *what, const std::vector<floa
             if (rt_sampler_next(&s, lg.data(), V, &ref_id) != RT_SAMPLE_ERR_NONE) ref_id = -1;
         } else { /* the ends of [0, 1): rt_sampler_next's walk over the reference survivors */
             u = d == n_prng ? 0.0 : nextafter(1.0, 0.0);
-            double acc = 0.0;
-            size_t j = 0;
-            for (; j + 1 < want.size(); ++j) {
-                acc += prob[j];
-                if (u < acc) break;
-            }
-            ref_id = want.empty() ? -1 : want[j];
+            ref_id = want.empty() ? -1 : rt_sample_pick(want.data(), prob.data(), (int32_t)want.size(), u);
         }
         CHECK_EQ_INT(k_sample(cx.did, nullptr, dl, V, cx.dseen, &kp, u, nullptr), K_ERR_NONE);
         const int32_t id = dev_download(cx.did, 1)[0];

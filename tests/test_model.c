@@ -1157,7 +1157,7 @@ static const struct rt_backend_ops emu_ops = {
 
 /*
  * rt.h's optional sample op, on the host: the survivors and probabilities of rt_sampler (the
- * reference) for the parameters and history in `pk`, then rt_sample.h step 7 with the
+ * reference) for the parameters and history in `pk`, then rt_sample_pick (step 7) with the
  * caller's draw pk->u. With it the emulated backend can run rt_model_forward_pick, whose model
  * plumbing (which row reaches the sampler, chunked prefill, the draw and the history passed
  * through) is what test_pick checks; the CUDA kernel itself is checked in gpu_test_kernels.
@@ -1178,15 +1178,8 @@ static enum rt_err emu_sample(void *ctx, int rank, const float *logits, int V,
         return RT_ERR_ARG;
     if (pk->seen) /* may be NULL without a repetition penalty (rt.h) */
         memcpy(s.seen, pk->seen, ((size_t)V + 7) / 8);
-    int32_t n = rt_sampler_candidates(&s, logits, V), i = 0;
-    double acc = 0.0;
-    if (n > 0 && p.temperature > 0.0f)
-        for (; i < n - 1; i++) {
-            acc += s.prob[i];
-            if (pk->u < acc)
-                break;
-        }
-    *id = n > 0 ? s.cand[i] : -1;
+    int32_t n = rt_sampler_candidates(&s, logits, V);
+    *id = n < 1 ? -1 : p.temperature > 0.0f ? rt_sample_pick(s.cand, s.prob, n, pk->u) : s.cand[0];
     rt_sampler_free(&s);
     return RT_ERR_NONE;
 }
