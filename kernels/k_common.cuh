@@ -50,14 +50,25 @@
         return (code);                          \
     } while (0)
 
-/* The current device (cudaGetDevice), to index per-device caches of launch set-up: function
- * attributes such as the dynamic shared-memory limit are set per device. */
+/* Per-device caches of device attributes and launch set-up (function attributes such as the
+ * dynamic shared-memory limit are set per device: cudaFuncSetAttribute acts on the current one).
+ * k_per_device returns cache[d] for the current device d, computing it with query(d) the first
+ * time; 0 means "not yet", so only values >= 1 are kept, and devices past K_MAX_DEVICES compute
+ * every time. Benign race: the same value is written. CUDA errors abort (K_CUDA_CHECK). */
 #define K_MAX_DEVICES 64
 static inline int k_current_device(void)
 {
     int d = 0;
     K_CUDA_CHECK(cudaGetDevice(&d));
     return d;
+}
+template <class F> static inline int k_per_device(int (&cache)[K_MAX_DEVICES], F &&query)
+{
+    const int d = k_current_device();
+    if (d < K_MAX_DEVICES && cache[d] > 0) return cache[d];
+    const int v = query(d);
+    if (d < K_MAX_DEVICES) cache[d] = v;
+    return v;
 }
 
 /* Named constants instead of literals. */

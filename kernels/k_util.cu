@@ -18,18 +18,14 @@ const char *k_err_str(enum k_err e)
     return "unknown k_err";
 }
 
-/* Attribute attr of the current device, cached per device in cache[K_MAX_DEVICES] (0 = not
- * queried yet, so only attributes that are >= 1 on every device are cached; devices past
- * K_MAX_DEVICES are queried each time). Benign race: the same value is written. CUDA errors
- * abort (K_CUDA_CHECK). */
+/* Attribute attr of the current device, cached per device in cache (k_per_device). */
 static int device_attr(int (&cache)[K_MAX_DEVICES], cudaDeviceAttr attr)
 {
-    const int dev = k_current_device();
-    if (dev >= 0 && dev < K_MAX_DEVICES && cache[dev] > 0) return cache[dev];
-    int v = 0;
-    K_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, dev));
-    if (dev >= 0 && dev < K_MAX_DEVICES) cache[dev] = v;
-    return v;
+    return k_per_device(cache, [attr](int dev) {
+        int v = 0;
+        K_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, dev));
+        return v;
+    });
 }
 
 int k_device_sm_count(void)

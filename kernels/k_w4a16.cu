@@ -931,16 +931,20 @@ static int check_workspace(const char *who, const char *what, int M, int N, void
     return K_ERR_NONE;
 }
 
-/* Resident blocks per SM (at least 1) of kern (v2, v5) launched with `threads` threads and
+/* Resident blocks per SM (at least 1) of kern (v2, v4, v5) launched with `threads` threads and
  * `smem` bytes of dynamic shared memory, after raising its dynamic shared-memory limit to
- * 200 KB (above the default 48 KB). The caller queries once per instantiation and keeps the
- * result. CUDA errors abort (K_CUDA_CHECK). */
-template <typename Kern> static int resident_blocks(Kern kern, int threads, int smem)
+ * max_smem (above the default 48 KB). Both are per device: computed once per device and kept in
+ * the caller's cache, one per instantiation (k_per_device). CUDA errors abort (K_CUDA_CHECK). */
+template <typename Kern>
+static int resident_blocks(int (&cache)[K_MAX_DEVICES], Kern kern, int threads, int smem,
+                           int max_smem)
 {
-    K_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
-    int b = 0;
-    K_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kern, threads, smem));
-    return std::max(b, 1);
+    return k_per_device(cache, [&](int) {
+        K_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem));
+        int b = 0;
+        K_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kern, threads, smem));
+        return std::max(b, 1);
+    });
 }
 
 /* k-tiles per split-K slice (v2, v5): fill the resident block slots (blocks_per_sm x SMs) in
@@ -975,12 +979,9 @@ static void launch_v2_tb(const __half *x, const uint4 *qw, const uint4 *qz, cons
     auto smem_for = [&](int kc) {
         return ROWS * kc * 32 + v2::RING_BYTES + v2::WARPS * ((kc + GT - 1) / GT) * v2::SZ_BYTES;
     };
-    /* at the largest slice, per instantiation and device (the attribute resident_blocks sets is
-     * per device): queried once per device */
-    static int bps_dev[K_MAX_DEVICES];
-    const int dev = k_current_device();
-    int bps_local = 0, &blocks_per_sm = dev < K_MAX_DEVICES ? bps_dev[dev] : bps_local;
-    if (blocks_per_sm == 0) blocks_per_sm = resident_blocks(kern, v2::WARPS * K_WARP, smem_for(kc_max));
+    static int bps[K_MAX_DEVICES]; /* at the largest slice, per instantiation and device */
+    const int blocks_per_sm =
+        resident_blocks(bps, kern, v2::WARPS * K_WARP, smem_for(kc_max), 200 * 1024);
     const int n_groups = (NT + v2::WARPS - 1) / v2::WARPS;
     const int kc = splitk_slice(KT, n_groups, blocks_per_sm, kc_max, unit);
     const int S = (KT + kc - 1) / kc;
@@ -1020,10 +1021,9 @@ static void launch_v5_tb(const __half *x, const uint4 *qw, const uint4 *qz, cons
         return ROWS * kc * 32 + (RING ? v5::WARPS * v5::DEPTH * 512 : 0) +
                v5::WARPS * (kc / GT) * v5::SZ_BYTES + v5::WARPS * ROWS * 64 * 4;
     };
-    static int bps_dev[K_MAX_DEVICES]; /* as in launch_v2_tb: per instantiation and device */
-    const int dev = k_current_device();
-    int bps_local = 0, &blocks_per_sm = dev < K_MAX_DEVICES ? bps_dev[dev] : bps_local;
-    if (blocks_per_sm == 0) blocks_per_sm = resident_blocks(kern, v5::WARPS * K_WARP, smem_for(kc_max));
+    static int bps[K_MAX_DEVICES]; /* at the largest slice, per instantiation and device */
+    const int blocks_per_sm =
+        resident_blocks(bps, kern, v5::WARPS * K_WARP, smem_for(kc_max), 200 * 1024);
     const int n_groups = (NT + v5::WARPS - 1) / v5::WARPS;
     const int kc = splitk_slice(KT, n_groups, blocks_per_sm, kc_max, unit);
     const int S = (KT + kc - 1) / kc;
@@ -1071,21 +1071,12 @@ static int launch_v4(const __half *x, const uint4 *qw, const uint32_t *qz, const
                      cudaStream_t stream)
 {
     const int T = (K / 16) * (N / 64);
-    /* occupancy per MB instantiation and device (the smem attribute is per device) */
-    static int bps_dev[K_MAX_DEVICES][3];
+    static int bps[3][K_MAX_DEVICES]; /* occupancy per MB instantiation and device */
     const int mbi = M <= 16 ? 0 : M <= 32 ? 1 : 2;
     auto kern = mbi == 0 ? w4a16_v4_streamk_kernel<1>
               : mbi == 1 ? w4a16_v4_streamk_kernel<2> : w4a16_v4_streamk_kernel<4>;
-    const int dev = k_current_device();
-    int bps_local = 0, &blocks_per_sm = dev < K_MAX_DEVICES ? bps_dev[dev][mbi] : bps_local;
-    if (blocks_per_sm == 0) {
-        int b = 0;
-        K_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          v4::SMEM_BYTES));
-        K_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kern, v4::WARPS * K_WARP,
-                                                                   v4::SMEM_BYTES));
-        blocks_per_sm = std::max(b, 1);
-    }
+    const int blocks_per_sm =
+        resident_blocks(bps[mbi], kern, v4::WARPS * K_WARP, v4::SMEM_BYTES, v4::SMEM_BYTES);
     const long max_warps = (long)k_device_sm_count() * blocks_per_sm * v4::WARPS;
     int chunk = (int)((T + max_warps - 1) / max_warps);
     chunk = std::max(chunk, std::min(v4::MIN_CHUNK, T));
