@@ -22,6 +22,27 @@ static __device__ __forceinline__ bool am_better(float v, int i, float bv, int b
     return v > bv || (v == bv && i < bi);
 }
 
+/* The best (value, index) of the block under am_better (so ties go to the lowest index) from
+ * every thread's (bv, bi): warp shuffles, then thread 0 over the n_warps partials in sv/si
+ * (shared [n_warps]). The result is valid in thread 0 only (-1: no candidate). */
+static __device__ __forceinline__ int am_block_best(float bv, int bi, float *sv, int *si,
+                                                    int n_warps)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (am_better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+    }
+    const int lane = threadIdx.x % K_WARP, warp = threadIdx.x / K_WARP;
+    if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int w = 1; w < n_warps; ++w)
+            if (am_better(sv[w], si[w], bv, bi)) { bv = sv[w]; bi = si[w]; }
+    return bi;
+}
+
 static __global__ void __launch_bounds__(AM_THREADS)
 argmax_kernel(int32_t *__restrict__ ids, const float *__restrict__ logits, int n,
               size_t row_stride)
@@ -35,20 +56,8 @@ argmax_kernel(int32_t *__restrict__ ids, const float *__restrict__ logits, int n
         const float v = row[i];
         if (!isnan(v) && am_better(v, i, bv, bi)) { bv = v; bi = i; }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (am_better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
-    }
-    const int lane = threadIdx.x % K_WARP, warp = threadIdx.x / K_WARP;
-    if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x / K_WARP); ++w)
-            if (am_better(sv[w], si[w], bv, bi)) { bv = sv[w]; bi = si[w]; }
-        ids[blockIdx.x] = bi;
-    }
+    bi = am_block_best(bv, bi, sv, si, (int)(blockDim.x / K_WARP));
+    if (threadIdx.x == 0) ids[blockIdx.x] = bi;
 }
 
 int k_argmax(int32_t *ids, const float *logits, int M, int n, size_t row_stride, int vocab_size,
@@ -517,17 +526,8 @@ static __global__ void __launch_bounds__(SP_THREADS) sample_kernel(const sp_args
         sp_each(a, false, [&](int i, bool valid, float v) {
             if (valid && v != -INFINITY && am_better(v, i, bv, bi)) { bv = v; bi = i; }
         });
-#pragma unroll
-        for (int o = 16; o > 0; o /= 2) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (am_better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
-        }
-        if (tid % K_WARP == 0) { sm.fred[tid / K_WARP] = bv; sm.ired[tid / K_WARP] = bi; }
-        __syncthreads();
+        bi = am_block_best(bv, bi, sm.fred, sm.ired, SP_WARPS);
         if (tid == 0) {
-            for (int w = 1; w < SP_WARPS; ++w)
-                if (am_better(sm.fred[w], sm.ired[w], bv, bi)) { bv = sm.fred[w]; bi = sm.ired[w]; }
             *a.out_id = bi;
             sm.pick = bi;
         }
