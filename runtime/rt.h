@@ -55,6 +55,7 @@
 
 #include "fmt.h" /* struct fmt_shard, struct fmt_tensor */
 #include "ref.h" /* struct ref_rope_scaling */
+#include "rt_sample.h" /* struct rt_sample_params (struct rt_pick) */
 
 #ifdef __cplusplus
 extern "C" {
@@ -217,13 +218,9 @@ enum rt_err rt_model_forward(struct rt_model *m, const int32_t *tokens, int n_to
  * logits (up to rounding at a cumulative boundary, rt_sample.h).
  */
 struct rt_pick {
-    float temperature;    /* 0: greedy */
-    int32_t top_k;        /* 0: off */
-    float top_p;          /* (0, 1]; 1: off */
-    float min_p;          /* [0, 1]; 0: off */
-    float repeat_penalty; /* 1: off */
-    double u;             /* this token's draw in [0, 1); unused when greedy */
-    const uint8_t *seen;  /* host [ceil(vocab_size/8)]: history bitmap (rt_sampler.seen) */
+    struct rt_sample_params p; /* the sampler's parameters (the seed is not used here) */
+    double u;                  /* this token's draw in [0, 1); unused when greedy */
+    const uint8_t *seen;       /* host [ceil(vocab_size/8)]: history bitmap (rt_sampler.seen) */
 };
 
 /* Whether rt_model_forward_pick can run: the backend has a device sampler (CUDA), the model has
@@ -235,7 +232,7 @@ bool rt_model_can_pick(const struct rt_model *m);
  * rt_model_forward of tokens (logits of the last position only), then the next token chosen
  * on the device from those logits; only the id [0, vocab_size) comes back to the host, not the
  * [vocab_size] row. Errors: those of rt_model_forward; RT_ERR_UNSUPPORTED when
- * !rt_model_can_pick; RT_ERR_ARG (pick or id NULL, a parameter outside rt_sample.h's ranges,
+ * !rt_model_can_pick; RT_ERR_ARG (pick or id NULL, parameters rt_sample_params_check refuses,
  * u outside [0, 1) when sampling, seen NULL with a repetition penalty: checked before anything
  * runs);
  * RT_ERR_NUMERIC when no logit is finite (every one NaN or -inf: the model computed garbage).

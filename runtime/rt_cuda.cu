@@ -678,16 +678,17 @@ static enum rt_err cuda_sample(void *ctx, int rank, const float *logits, int voc
         r->pick_bytes = need;
     }
     const uint8_t *seen = NULL;
-    if (pick->repeat_penalty != 1.0f) { /* the history changes every token: send it along */
+    const struct rt_sample_params *p = &pick->p;
+    if (p->repeat_penalty != 1.0f) { /* the history changes every token: send it along */
         memcpy(r->h_pick + 16, pick->seen, seen_bytes);
         RT_CUDA_TRY(cudaMemcpyAsync(r->d_pick + 16, r->h_pick + 16, seen_bytes,
                                     cudaMemcpyHostToDevice, r->stream));
         seen = r->d_pick + 16;
     }
-    const struct k_sample_params kp = {pick->temperature, pick->top_k, pick->top_p, pick->min_p,
-                                       pick->repeat_penalty};
+    const struct k_sample_params kp = {p->temperature, p->top_k, p->top_p, p->min_p,
+                                       p->repeat_penalty};
     RT_K_TRY(k_sample(reinterpret_cast<int32_t *>(r->d_pick), NULL, logits, vocab_size, seen, &kp,
-                      pick->temperature > 0.0f ? pick->u : 0.0, r->stream));
+                      p->temperature > 0.0f ? pick->u : 0.0, r->stream));
     RT_CUDA_TRY(cudaMemcpyAsync(r->h_pick, r->d_pick, sizeof(int32_t), cudaMemcpyDeviceToHost,
                                 r->stream));
     RT_CUDA_TRY(cudaStreamSynchronize(r->stream));

@@ -506,11 +506,7 @@ static int forward_pick(struct session *s, const int32_t *ids, size_t n, int64_t
                         struct rt_sampler *smp, int32_t *next)
 {
     const struct rt_pick pk = {
-        .temperature = smp->p.temperature,
-        .top_k = smp->p.top_k,
-        .top_p = smp->p.top_p,
-        .min_p = smp->p.min_p,
-        .repeat_penalty = smp->p.repeat_penalty,
+        .p = smp->p,
         .u = smp->p.temperature > 0.0f ? rt_sampler_uniform(smp) : 0.0,
         .seen = smp->seen,
     };

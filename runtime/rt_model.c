@@ -12,7 +12,6 @@
  * rt_err_str, rt_err_exit_code, rt_opts_default. Test: ./build/test_model
  */
 #include <errno.h>
-#include <math.h> /* isfinite */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1060,17 +1059,13 @@ enum rt_err rt_model_forward_pick(struct rt_model *m, const int32_t *tokens, int
     }
     /* checked before anything runs: a refusal by the kernel would come after the forward pass
      * had already written the KV cache */
-    const bool sampled = pick->temperature > 0.0f;
-    if (!(pick->temperature >= 0.0f && isfinite(pick->temperature)) || pick->top_k < 0 ||
-        !(pick->top_p > 0.0f && pick->top_p <= 1.0f) ||
-        !(pick->min_p >= 0.0f && pick->min_p <= 1.0f) ||
-        !(pick->repeat_penalty > 0.0f && isfinite(pick->repeat_penalty)) ||
-        (sampled && !(pick->u >= 0.0 && pick->u < 1.0)) ||
-        (pick->repeat_penalty != 1.0f && !pick->seen)) {
-        qs_log_error(__func__, "bad sampling request: temperature %g, top_k %d, top_p %g, min_p %g, "
-                     "repeat_penalty %g, u %g, history %s", (double)pick->temperature,
-                     (int)pick->top_k, (double)pick->top_p, (double)pick->min_p,
-                     (double)pick->repeat_penalty, pick->u, pick->seen ? "given" : "NULL");
+    if (rt_sample_params_check(&pick->p) != RT_SAMPLE_ERR_NONE) /* reports the field */
+        return RT_ERR_ARG;
+    if ((pick->p.temperature > 0.0f && !(pick->u >= 0.0 && pick->u < 1.0)) ||
+        (pick->p.repeat_penalty != 1.0f && !pick->seen)) {
+        qs_log_error(__func__, "bad sampling request: draw u %g (must be in [0, 1) when "
+                     "sampling), history %s with repetition penalty %g", pick->u,
+                     pick->seen ? "given" : "NULL", (double)pick->p.repeat_penalty);
         return RT_ERR_ARG;
     }
     if (!rt_model_can_pick(m)) {

@@ -1167,19 +1167,15 @@ static enum rt_err emu_sample(void *ctx, int rank, const float *logits, int V,
 {
     (void)ctx;
     (void)rank;
-    struct rt_sample_params p = rt_sample_params_default();
-    p.temperature = pk->temperature;
-    p.top_k = pk->top_k;
-    p.top_p = pk->top_p;
-    p.min_p = pk->min_p;
-    p.repeat_penalty = pk->repeat_penalty;
     struct rt_sampler s = {0};
-    if (rt_sampler_init(&s, &p, V) != RT_SAMPLE_ERR_NONE)
+    if (rt_sampler_init(&s, &pk->p, V) != RT_SAMPLE_ERR_NONE)
         return RT_ERR_ARG;
     if (pk->seen) /* may be NULL without a repetition penalty (rt.h) */
         memcpy(s.seen, pk->seen, ((size_t)V + 7) / 8);
     int32_t n = rt_sampler_candidates(&s, logits, V);
-    *id = n < 1 ? -1 : p.temperature > 0.0f ? rt_sample_pick(s.cand, s.prob, n, pk->u) : s.cand[0];
+    *id = n < 1                      ? -1
+          : pk->p.temperature > 0.0f ? rt_sample_pick(s.cand, s.prob, n, pk->u)
+                                     : s.cand[0];
     rt_sampler_free(&s);
     return RT_ERR_NONE;
 }
@@ -1224,8 +1220,7 @@ static void test_pick(const char *dir, const char *dir_tp2, const int32_t *tok, 
                 const int32_t *in = step ? &out[step - 1] : tok;
                 int n = step ? 1 : T, pos = step ? T + step - 1 : 0;
                 if (mode) {
-                    struct rt_pick pk = {smp.p.temperature, smp.p.top_k, smp.p.top_p,
-                                         smp.p.min_p, smp.p.repeat_penalty,
+                    struct rt_pick pk = {smp.p,
                                          smp.p.temperature > 0 ? rt_sampler_uniform(&smp) : 0.0,
                                          smp.seen};
                     CHECK_EQ_INT(rt_model_forward_pick(rm, in, n, pos, &pk, &out[step]),
@@ -1248,7 +1243,8 @@ static void test_pick(const char *dir, const char *dir_tp2, const int32_t *tok, 
     /* refusals: the plain CPU backend has no sample op; several ranks are not picked on */
     qs_log_set_quiet(true);
     struct rt_model *rm = NULL;
-    struct rt_pick pk = {0.0f, 0, 1.0f, 0.0f, 1.0f, 0.0, NULL};
+    struct rt_pick pk = {rt_sample_params_default(), 0.0, NULL};
+    pk.p.temperature = 0.0f; /* greedy, no penalty: no draw, no history */
     int32_t id = 0;
     if (rt_model_open(dir, &o, &rm) == RT_ERR_NONE) {
         CHECK(!rt_model_can_pick(rm));
@@ -1261,12 +1257,12 @@ static void test_pick(const char *dir, const char *dir_tp2, const int32_t *tok, 
         RT_ERR_NONE) {
         CHECK_EQ_INT(rt_model_forward_pick(rm, tok, 3, 0, &pk, &id), RT_ERR_NONE);
         struct rt_pick bad[5] = {pk, pk, pk, pk, pk};
-        bad[0].repeat_penalty = 1.2f; /* no history */
-        bad[1].temperature = 0.7f;
+        bad[0].p.repeat_penalty = 1.2f; /* no history */
+        bad[1].p.temperature = 0.7f;
         bad[1].u = 1.0;
-        bad[2].top_p = 0.0f;
-        bad[3].temperature = NAN;
-        bad[4].min_p = 1.5f;
+        bad[2].p.top_p = 0.0f;
+        bad[3].p.temperature = NAN;
+        bad[4].p.min_p = 1.5f;
         for (int b = 0; b < 5; b++) {
             CHECK_EQ_INT(rt_model_forward_pick(rm, tok + 3, 1, 3, &bad[b], &id), RT_ERR_ARG);
             CHECK_EQ_INT(rt_model_n_past(rm), 3);
