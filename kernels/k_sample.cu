@@ -386,8 +386,7 @@ static __device__ void sp_sort(unsigned long long *v, int n)
 static __device__ bool sp_fast(const sp_args &a, float mx, int nfin, sp_smem &sm)
 {
     const int V = a.V, tid = threadIdx.x;
-    const bool use_k = a.top_k > 0 && a.top_k < V && nfin >= a.top_k;
-    const bool k_off = !(a.top_k > 0 && a.top_k < V) || nfin < a.top_k;
+    const bool use_k = a.top_k > 0 && a.top_k < V && nfin >= a.top_k; /* else: all finite survive */
     const double dmx = (double)mx;
     uint32_t key_lo = 0;
     double x_lo = 0.0, sum_all = 0.0;
@@ -414,7 +413,7 @@ static __device__ bool sp_fast(const sp_args &a, float mx, int nfin, sp_smem &sm
             if (above + sm.above > SP_CAP) return false;
             key_lo |= (uint32_t)sm.bucket << 16;
         }
-    } else if (k_off && a.top_p < 1.0f) {
+    } else if (!use_k && a.top_p < 1.0f) {
         x_lo = dmx + log((1.0 - (double)a.top_p) / (double)nfin * (1.0 - 1e-6));
         double t = 0.0;
         sp_each(a, true, [&](int, bool valid, float x) {
