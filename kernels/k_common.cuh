@@ -165,49 +165,6 @@ __device__ __forceinline__ void k_pdl_launch_dependents(void)
 #endif
 }
 
-/* --- thread-block clusters (sm_90+) -----------------------------------------------------------
- * k_cluster_sync(): barrier over every thread of the cluster; shared-memory writes before it are
- * visible to every block of the cluster after it (barrier.cluster.arrive.release +
- * wait.acquire). k_cluster_rank(): this block's rank in its cluster. k_cluster_ld_f4(p, rank):
- * the 16 bytes at the same shared-memory offset as p (16-byte aligned) in block `rank` of the
- * cluster (mapa + ld.shared::cluster, distributed shared memory). Below sm_90 they trap: the
- * host launches cluster kernels only on sm_90+. PTX ISA "barrier.cluster", "mapa",
- * "Distributed shared memory". */
-__device__ __forceinline__ void k_cluster_sync(void)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n"
-                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#else
-    __trap();
-#endif
-}
-__device__ __forceinline__ unsigned k_cluster_rank(void)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-#else
-    __trap();
-    return 0;
-#endif
-}
-__device__ __forceinline__ float4 k_cluster_ld_f4(const void *p, unsigned rank)
-{
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    uint32_t a = (uint32_t)__cvta_generic_to_shared(p), ra;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(ra) : "r"(a), "r"(rank));
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(ra) : "memory");
-#else
-    (void)p; (void)rank;
-    __trap();
-#endif
-    return v;
-}
-
 /* --- tensor cores ----------------------------------------------------------------------- */
 
 /* D = A . B + D for one m16n8k16 tile, fp16 inputs, fp32 accumulators: the sm80+ warp-level
@@ -338,41 +295,27 @@ __device__ __forceinline__ float k_w4_scale(const uint16_t *scales, int n_groups
 /* Number of multiprocessors of the current device (cached per device; at most 64 devices). */
 int k_device_sm_count(void);
 
-/* Whether the current device is sm_90 or newer (PDL, thread-block clusters; cached per device). */
-bool k_device_is_sm90(void);
-
 /* Whether to launch with Programmatic Dependent Launch now: k_get_pdl() and the current device
  * is sm_90+ (cached per device). */
 bool k_pdl_usable(void);
 
 /* Launch kern<<<grid, block, smem, stream>>>(args...) through cudaLaunchKernelEx, with the
  * programmatic stream serialization attribute when pdl is true (the kernel must call
- * k_pdl_wait() before touching anything an earlier kernel writes) and, when cluster > 1, in
- * thread-block clusters of `cluster` consecutive blocks along x (sm_90; grid.x a multiple of
- * it; CUDA guide "Thread Block Clusters"). */
+ * k_pdl_wait() before touching anything an earlier kernel writes). */
 template <typename... KArgs, typename... Args>
 static void k_launch_ex(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                        cudaStream_t stream, bool pdl, unsigned cluster, Args... args)
+                        cudaStream_t stream, bool pdl, Args... args)
 {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cudaLaunchAttribute attr[2];
-    unsigned n = 0;
-    if (pdl) {
-        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[n++].val.programmaticStreamSerializationAllowed = 1;
-    }
-    if (cluster > 1) {
-        attr[n].id = cudaLaunchAttributeClusterDimension;
-        attr[n].val.clusterDim.x = cluster;
-        attr[n].val.clusterDim.y = 1;
-        attr[n++].val.clusterDim.z = 1;
-    }
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = n;
+    cfg.numAttrs = pdl ? 1 : 0;
     K_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, static_cast<KArgs>(args)...));
 }
 

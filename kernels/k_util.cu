@@ -47,10 +47,9 @@ int k_get_pdl(void)
     return g_pdl;
 }
 
-bool k_device_is_sm90(void)
+bool k_pdl_usable(void)
 {
     static int cache[K_MAX_DEVICES]; /* compute capability major */
+    if (!k_get_pdl()) return false;
     return device_attr(cache, cudaDevAttrComputeCapabilityMajor) >= 9;
 }
-
-bool k_pdl_usable(void) { return k_get_pdl() && k_device_is_sm90(); }

@@ -18,9 +18,6 @@
  *              into registers 8 tiles ahead (v5) or through an unrolled cp.async ring (v6), the
  *              loop unrolled by 8 (compile-time slots and group boundaries); the weight loads
  *              start before the previous kernel ends (Programmatic Dependent Launch, sm_90).
- *   v7         M <= 16, sm_90. v5 with the slices of an n-tile in one thread-block cluster (up to
- *              4 warps x 16 blocks), summed in distributed shared memory instead of the
- *              workspace (no atomics, fence, counter or read-back round trips).
  *   v4 stream  M <= 64 (auto: 33..64). Stream-K: the tile stream (n-tile-major, DESIGN 4.1) cut
  *              into equal contiguous chunks, one per warp; activations read per tile from L1/L2.
  *   v3 GEMM    any M (auto: M > 64). 128 x 128 block tile, 4 warps of 64 x 64, 2 k-tiles per
@@ -143,11 +140,17 @@ static __device__ __forceinline__ void k_red_add_v4(float *p, float4 v)
 #endif
 }
 
-/* The warp's partial sums acc (fragments as in w4a16_splitk_flush) row-major into its stage
- * [8*MB8][64] fp32 in shared memory. */
+/*
+ * The split-K flush of v5: as w4a16_splitk_flush, with the warp's fragments first gathered
+ * row-major in its own shared-memory stage [8*MB8][64] fp32, so the workspace sees one 16-byte
+ * vector reduction per 4 columns (M*16 per warp instead of M*64 scalar atomics) and the last
+ * slice reads, writes and zeroes 4 columns at a time. Needs N % 4 == 0 (N % 64 == 0 holds).
+ */
 template <int MB8>
-static __device__ __forceinline__ void w4a16_stage_acc(const float (&acc)[MB8][4][4], float *stage,
-                                                       int lane)
+static __device__ __forceinline__ void w4a16_splitk_flush_staged(
+    const float (&acc)[MB8][4][4], float *stage, const float *__restrict__ bias,
+    __half *__restrict__ y, float *__restrict__ ws, unsigned *__restrict__ counters, int M, int N,
+    int nt, int S, int lane)
 {
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
@@ -162,21 +165,6 @@ static __device__ __forceinline__ void w4a16_stage_acc(const float (&acc)[MB8][4
             stage[m1 * 64 + c1] = acc[tb][w][3];
         }
     }
-}
-
-/*
- * The split-K flush of v5: as w4a16_splitk_flush, with the warp's fragments first gathered
- * row-major in its own shared-memory stage [8*MB8][64] fp32, so the workspace sees one 16-byte
- * vector reduction per 4 columns (M*16 per warp instead of M*64 scalar atomics) and the last
- * slice reads, writes and zeroes 4 columns at a time. Needs N % 4 == 0 (N % 64 == 0 holds).
- */
-template <int MB8>
-static __device__ __forceinline__ void w4a16_splitk_flush_staged(
-    const float (&acc)[MB8][4][4], float *stage, const float *__restrict__ bias,
-    __half *__restrict__ y, float *__restrict__ ws, unsigned *__restrict__ counters, int M, int N,
-    int nt, int S, int lane)
-{
-    w4a16_stage_acc<MB8>(acc, stage, lane);
     __syncwarp();
     for (int e = lane; e < M * 16; e += K_WARP) {
         const int r = e / 16, c = (e % 16) * 4;
@@ -373,56 +361,7 @@ constexpr int SZ_BYTES = 160;   /* one group of one n-tile: 128 B scales + 32 B 
  * 4-9 % slower on the H200), M <= 16 3 blocks (48 KB); the cp.async ring (v6) keeps the tiles
  * in shared memory and leaves registers for 6 / 4 blocks */
 template <int MB8, bool RING> constexpr int MIN_BLOCKS = RING ? (MB8 == 1 ? 6 : 4) : MB8 == 1 ? 4 : 3;
-constexpr int CLUSTER_MAX = 16; /* blocks per cluster (v7) at most: the non-portable size of sm_90 */
 } // namespace v5
-
-/*
- * The split-K flush of v7 (thread-block clusters, sm_90): the cluster's CS blocks hold the same
- * WN n-tiles ng*WN .. +WN-1, each block's warp (kp, wn) = (warp / WN, warp % WN) the k-slice
- * rank*KP + kp of n-tile wn. Every warp writes its partial sums to its stage (stage0 + warp *
- * [8*MB8][64] fp32, the same offsets in every block); after a cluster barrier each thread adds
- * up 4 columns of one row over the CS*KP slices in slice order, reading the other blocks' stages
- * through distributed shared memory, adds the bias and writes y; a second barrier keeps every
- * block's shared memory alive until the reads are done. No workspace, no atomics, and the sum
- * is the same run to run. Every thread of the cluster must call it.
- */
-template <int MB8>
-static __device__ __forceinline__ void w4a16_cluster_flush(const float (&acc)[MB8][4][4],
-                                                           float *stage0, int warp, int lane,
-                                                           int WN, int KP, int CS, int ng,
-                                                           const float *__restrict__ bias,
-                                                           __half *__restrict__ y, int M, int N)
-{
-    constexpr int ROWS = 8 * MB8, THREADS = v5::WARPS * K_WARP, B = 8;
-    w4a16_stage_acc<MB8>(acc, stage0 + warp * ROWS * 64, lane);
-    k_cluster_sync();
-    const int NT = N / 64, n_src = CS * KP, U = M * WN * 16;
-    for (int u = (int)k_cluster_rank() * THREADS + warp * K_WARP + lane; u < U; u += CS * THREADS) {
-        const int r = u / (WN * 16), wn = (u / 16) % WN, q = u % 16, nt = ng * WN + wn;
-        if (nt >= NT) continue;
-        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int i0 = 0; i0 < n_src; i0 += B) { /* B loads in flight, then the adds in order */
-            float4 v[B];
-#pragma unroll
-            for (int j = 0; j < B; ++j) {
-                const int i = i0 + j, b = i / KP, kp = i % KP;
-                if (i < n_src) v[j] = k_cluster_ld_f4(stage0 + ((kp * WN + wn) * ROWS + r) * 64 + q * 4, b);
-            }
-#pragma unroll
-            for (int j = 0; j < B; ++j)
-                if (i0 + j < n_src) {
-                    sum.x += v[j].x; sum.y += v[j].y; sum.z += v[j].z; sum.w += v[j].w;
-                }
-        }
-        const int c = nt * 64 + q * 4;
-        if (bias) {
-            sum.x += bias[c]; sum.y += bias[c + 1]; sum.z += bias[c + 2]; sum.w += bias[c + 3];
-        }
-        const __half2 a = __floats2half2_rn(sum.x, sum.y), h = __floats2half2_rn(sum.z, sum.w);
-        *reinterpret_cast<uint2 *>(y + (size_t)r * N + c) = make_uint2(k_half2_as_u32(a), k_half2_as_u32(h));
-    }
-    k_cluster_sync(); /* no block exits while another still reads its stage */
-}
 
 /* acc += s * gacc per column (SCALE_AFTER: the group's exact-integer sums times its scales,
  * fp32), then gacc = 0 when reset. sraw: the lane's 8 fp16 scales, column pair w = {2w, 2w+1}. */
@@ -461,13 +400,8 @@ static __device__ __forceinline__ void v5_scale_group(float (&acc)[MB8][4][4],
  *     previous kernel in the stream finishes; activations, workspace and y are touched only
  *     after it (PTX ISA "griddepcontrol"; CUDA guide "Programmatic Dependent Launch").
  * GTC: tiles per group when GT divides DEPTH (1, 2, 4, 8); 0 when GT is a multiple of DEPTH.
- * CLUSTER (v7, sm_90): the S = CS blocks of a thread-block cluster split the K range of the same
- * wn n-tiles (wn = 4, 2 or 1; the block's 4 / wn warps per n-tile take consecutive k-slices of
- * kc tiles, so one n-tile has up to 4 * CS slices) and add their partial sums in distributed
- * shared memory (w4a16_cluster_flush) instead of the workspace; ws and counters are unused.
- * Without CLUSTER, wn is ignored (4 n-tiles per block, one slice per block, S slices in all).
  */
-template <int MB8, bool SCALE_AFTER, int GTC, bool RING, bool CLUSTER>
+template <int MB8, bool SCALE_AFTER, int GTC, bool RING>
 static __global__ void __launch_bounds__(v5::WARPS *K_WARP, v5::MIN_BLOCKS<MB8, RING>)
 w4a16_v5_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
                        const uint4 *__restrict__ qweight,   /* [N/64][K/16] tiles of 32 x 16 B */
@@ -477,28 +411,25 @@ w4a16_v5_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
                        __half *__restrict__ y,              /* [M, N] */
                        float *__restrict__ ws,              /* [M, N] fp32, zero on entry/exit */
                        unsigned *__restrict__ counters,     /* [N/64], zero on entry/exit */
-                       int M, int N, int K, int G, int kc, int S, int wn)
+                       int M, int N, int K, int G, int kc, int S)
 {
     constexpr int ROWS = 8 * MB8, D = v5::DEPTH;
     extern __shared__ __align__(128) unsigned char k_smem[];
     const int tid = threadIdx.x, lane = tid % K_WARP, warp = tid / K_WARP;
     const int KT = K / 16, NT = N / 64, GT = G / 16, KG = K / G;
-    const int WN = CLUSTER ? wn : v5::WARPS, KP = v5::WARPS / WN; /* n-tiles, warps per n-tile */
-    const int s = blockIdx.x % S, ng = blockIdx.x / S;
-    const int nt = ng * WN + (CLUSTER ? warp % WN : warp), kp = CLUSTER ? warp / WN : 0;
+    const int s = blockIdx.x % S, nt = (blockIdx.x / S) * v5::WARPS + warp;
     const bool active = nt < NT;
-    const int kb = s * KP * kc, kcb_eff = min(KP * kc, KT - kb); /* the block's k-tiles */
-    const int k_a = kb + kp * kc, kc_eff = min(kc, KT - k_a);    /* this warp's; multiples of GT */
+    const int k_a = s * kc, kc_eff = min(kc, KT - k_a); /* both multiples of GT */
     const int g_a = k_a / GT, n_g = kc_eff / GT;
-    const int row_bytes = KP * kc * 32; /* one staged activation row: KP*kc k-tiles of 16 fp16 */
+    const int row_bytes = kc * 32; /* one staged activation row: kc k-tiles of 16 fp16 */
 
     unsigned char *xs = k_smem;                                        /* [ROWS][kc*16] fp16 */
     uint4 *ring = reinterpret_cast<uint4 *>(xs + ROWS * row_bytes) + warp * D * K_WARP;
     unsigned char *sz = xs + ROWS * row_bytes + (RING ? v5::WARPS * D * 512 : 0) +
                         warp * (kc / GT) * v5::SZ_BYTES; /* [n_g][160 B] */
-    float *stage0 = reinterpret_cast<float *>(xs + ROWS * row_bytes + (RING ? v5::WARPS * D * 512 : 0) +
-                                              v5::WARPS * (kc / GT) * v5::SZ_BYTES); /* the flush: */
-    float *stage = stage0 + warp * ROWS * 64; /* [ROWS][64] fp32 per warp */
+    float *stage = reinterpret_cast<float *>(xs + ROWS * row_bytes + (RING ? v5::WARPS * D * 512 : 0) +
+                                             v5::WARPS * (kc / GT) * v5::SZ_BYTES) +
+                   warp * ROWS * 64; /* [ROWS][64] fp32: the flush */
 
     /* 1. constant data: this warp's scales/zeros and its first tiles */
     const uint4 *qw = qweight + ((size_t)nt * KT + k_a) * K_WARP + lane;
@@ -528,16 +459,16 @@ w4a16_v5_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
     k_pdl_wait(); /* the previous kernel's output (x) and its use of ws are complete */
 
     /* 2. the activation slice (all threads), rows >= M zero-filled, swizzled for ldmatrix */
-    for (int id = tid; id < ROWS * KP * kc * 2; id += v5::WARPS * K_WARP) {
-        const int r = id / (KP * kc * 2), c = id % (KP * kc * 2);
-        const bool ok = r < M && c < kcb_eff * 2;
-        const __half *src = ok ? x + (size_t)r * K + (size_t)kb * 16 + c * 8 : x;
+    for (int id = tid; id < ROWS * kc * 2; id += v5::WARPS * K_WARP) {
+        const int r = id / (kc * 2), c = id % (kc * 2);
+        const bool ok = r < M && c < kc_eff * 2;
+        const __half *src = ok ? x + (size_t)r * K + (size_t)k_a * 16 + c * 8 : x;
         k_cp_async16(xs + r * row_bytes + ((c ^ (r & 7)) * 16), src, ok ? 16 : 0);
     }
     k_cp_async_commit();
     k_cp_async_wait<0>(); /* RING: also tiles 0 .. D-2, which is what the first steps need */
     __syncthreads();
-    if (!CLUSTER && !active) return; /* CLUSTER: every thread joins the flush's barriers */
+    if (!active) return;
 
     float acc[MB8][4][4], gacc[SCALE_AFTER ? MB8 : 1][4][4];
 #pragma unroll
@@ -553,7 +484,7 @@ w4a16_v5_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
     /* ldmatrix row address of this lane: row r7 (+8 per token block), 16-byte chunk
      * (2i + hb) ^ r7 of tile i; for i = c + j (c a multiple of D) that is 2c + ((2j + hb) ^ r7) */
     const int r7 = lane & 7, hb = (lane >> 3) & 1;
-    const uint32_t xa = (uint32_t)__cvta_generic_to_shared(xs + r7 * row_bytes + kp * kc * 32);
+    const uint32_t xa = (uint32_t)__cvta_generic_to_shared(xs + r7 * row_bytes);
     uint32_t xo[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) xo[j] = (uint32_t)(((2 * j + hb) ^ r7) * 16);
@@ -562,7 +493,7 @@ w4a16_v5_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
     uint4 sraw = make_uint4(0, 0, 0, 0); /* this lane's 8 fp16 scales of the current group */
     const unsigned char *gz = sz;
     int g_left = 0; /* GTC == 0: tiles left in the current group */
-    for (int c = 0; c < (active ? kc_eff : 0); c += D) {
+    for (int c = 0; c < kc_eff; c += D) {
         const uint4 *qn = qw + (size_t)(c + (RING ? D - 1 : D)) * K_WARP; /* refills start here */
         const uint32_t xc = xa + (uint32_t)(c * 32);
 #pragma unroll
@@ -622,8 +553,7 @@ w4a16_v5_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
     }
     if constexpr (RING) k_cp_async_wait<0>();
     if constexpr (SCALE_AFTER) v5_scale_group<MB8>(acc, gacc, sraw, false);
-    if constexpr (CLUSTER) w4a16_cluster_flush<MB8>(acc, stage0, warp, lane, WN, KP, S, ng, bias, y, M, N);
-    else w4a16_splitk_flush_staged<MB8>(acc, stage, bias, y, ws, counters, M, N, nt, S, lane);
+    w4a16_splitk_flush_staged<MB8>(acc, stage, bias, y, ws, counters, M, N, nt, S, lane);
 }
 
 // --- v4: decode, stream-K over warps --------------------------------------------------------------
@@ -1077,108 +1007,61 @@ static int launch_v2(const __half *x, const uint4 *qw, const uint4 *qz, const ui
     return K_ERR_NONE;
 }
 
-/* Largest thread-block cluster (at most v5::CLUSTER_MAX blocks) with which kern can be
- * launched on the current device with `smem` bytes of dynamic shared memory per block
- * (cudaOccupancyMaxActiveClusters >= 1; 16 needs the non-portable size attribute, else 8);
- * cached per device in cache. */
-template <typename Kern>
-static int cluster_max(int (&cache)[K_MAX_DEVICES], Kern kern, int threads, int smem)
-{
-    return k_per_device(cache, [&](int) {
-        if (cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
-            (void)cudaGetLastError();
-            return 8;
-        }
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute attr[1];
-        cfg.gridDim = dim3(v5::CLUSTER_MAX);
-        cfg.blockDim = dim3(threads);
-        cfg.dynamicSmemBytes = smem;
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = v5::CLUSTER_MAX;
-        attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess) {
-            (void)cudaGetLastError();
-            n = 0;
-        }
-        return n >= 1 ? v5::CLUSTER_MAX : 8;
-    });
-}
-
-/*
- * v5 (CLUSTER false) and v7 (true). Both cut K into slices of kc k-tiles so that the blocks
- * fill the resident block slots (splitk_slice); S slices per n-tile. v7 then gives each n-tile's
- * S slices to KP = 1, 2 or 4 warps of a block (the smallest KP with S / KP <= the largest
- * cluster) times CS blocks of one cluster (the slice length recomputed for KP * CS slices), so
- * a block holds 4 / KP n-tiles.
- */
-template <int MB8, bool SCALE_AFTER, int GTC, bool RING, bool CLUSTER>
+template <int MB8, bool SCALE_AFTER, int GTC, bool RING>
 static void launch_v5_tb(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
                          const float *bias, __half *y, int M, int N, int K, int G, void *ws,
                          cudaStream_t stream)
 {
-    constexpr int ROWS = 8 * MB8, THREADS = v5::WARPS * K_WARP;
+    constexpr int ROWS = 8 * MB8;
     const int KT = K / 16, NT = N / 64, GT = G / 16;
-    auto kern = w4a16_v5_decode_kernel<MB8, SCALE_AFTER, GTC, RING, CLUSTER>;
+    auto kern = w4a16_v5_decode_kernel<MB8, SCALE_AFTER, GTC, RING>;
     const int unit = std::max(v5::DEPTH, GT); /* GT | DEPTH or DEPTH | GT: whole groups, whole unrolls */
     const int kc_max = std::max(unit, (v5::X_BUDGET / (ROWS * 32)) / unit * unit);
-    auto smem_for = [&](int kc, int kp) {
-        return ROWS * kp * kc * 32 + (RING ? v5::WARPS * v5::DEPTH * 512 : 0) +
+    auto smem_for = [&](int kc) {
+        return ROWS * kc * 32 + (RING ? v5::WARPS * v5::DEPTH * 512 : 0) +
                v5::WARPS * (kc / GT) * v5::SZ_BYTES + v5::WARPS * ROWS * 64 * 4;
     };
     static int bps[K_MAX_DEVICES]; /* at the largest slice, per instantiation and device */
-    const int blocks_per_sm = resident_blocks(bps, kern, THREADS, smem_for(kc_max, 1), 200 * 1024);
-    int kc = splitk_slice(KT, (NT + v5::WARPS - 1) / v5::WARPS, blocks_per_sm, kc_max, unit);
-    int S = (KT + kc - 1) / kc, kp = 1;
-    if (CLUSTER) {
-        static int cmax[K_MAX_DEVICES];
-        const int cs_max = cluster_max(cmax, kern, THREADS, smem_for(kc_max, 1));
-        while (kp < v5::WARPS && (S + kp - 1) / kp > cs_max) kp *= 2;
-        S = std::min(cs_max, (S + kp - 1) / kp); /* cluster size */
-        kc = (KT + kp * S - 1) / (kp * S);
-        kc = (kc + unit - 1) / unit * unit;
-        S = (KT + kp * kc - 1) / (kp * kc); /* no all-empty block */
-    }
-    const int wn = v5::WARPS / kp, n_groups = (NT + wn - 1) / wn;
-    float *wsf = CLUSTER ? nullptr : static_cast<float *>(ws);
-    unsigned *counters = CLUSTER ? nullptr : reinterpret_cast<unsigned *>(wsf + (size_t)M * N);
+    const int blocks_per_sm =
+        resident_blocks(bps, kern, v5::WARPS * K_WARP, smem_for(kc_max), 200 * 1024);
+    const int n_groups = (NT + v5::WARPS - 1) / v5::WARPS;
+    const int kc = splitk_slice(KT, n_groups, blocks_per_sm, kc_max, unit);
+    const int S = (KT + kc - 1) / kc;
+    float *wsf = static_cast<float *>(ws);
+    unsigned *counters = reinterpret_cast<unsigned *>(wsf + (size_t)M * N);
     static const bool verbose = getenv("QS_K_VERBOSE") != nullptr; /* launch shapes, for tuning */
     if (verbose)
-        fprintf(stderr, "w4a16 v%d<%d,%d,%d,ring %d> M=%d N=%d K=%d: kc=%d S=%d wn=%d blocks=%d (%d/SM) smem=%d pdl=%d\n",
-                CLUSTER ? 7 : 5, MB8, (int)SCALE_AFTER, GTC, (int)RING, M, N, K, kc, S, wn,
-                n_groups * S, blocks_per_sm, smem_for(kc, kp), (int)k_pdl_usable());
-    k_launch_ex(kern, dim3(n_groups * S), dim3(THREADS), smem_for(kc, kp), stream, k_pdl_usable(),
-                CLUSTER ? (unsigned)S : 0u, x, qw, qz, sc, bias, y, wsf, counters, M, N, K, G, kc,
-                S, wn);
+        fprintf(stderr, "w4a16 v5<%d,%d,%d,ring %d> M=%d N=%d K=%d: kc=%d S=%d blocks=%d (%d/SM) smem=%d pdl=%d\n",
+                MB8, (int)SCALE_AFTER, GTC, (int)RING, M, N, K, kc, S, n_groups * S, blocks_per_sm,
+                smem_for(kc), (int)k_pdl_usable());
+    k_launch_ex(kern, dim3(n_groups * S), dim3(v5::WARPS * K_WARP), smem_for(kc), stream,
+                k_pdl_usable(), x, qw, qz, sc, bias, y, wsf, counters, M, N, K, G, kc, S);
 }
 
-/* v5 / v7 for G/16 in {1, 2, 4, 8} or a multiple of 8; false (nothing launched) otherwise. */
-template <int MB8, bool SCALE_AFTER, bool RING, bool CLUSTER>
+/* v5 for G/16 in {1, 2, 4, 8} or a multiple of 8; false (nothing launched) otherwise. */
+template <int MB8, bool SCALE_AFTER, bool RING>
 static bool launch_v5_g(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
                         const float *bias, __half *y, int M, int N, int K, int G, void *ws,
                         cudaStream_t stream)
 {
     switch (G / 16) {
-    case 1: launch_v5_tb<MB8, SCALE_AFTER, 1, RING, CLUSTER>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream); return true;
-    case 2: launch_v5_tb<MB8, SCALE_AFTER, 2, RING, CLUSTER>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream); return true;
-    case 4: launch_v5_tb<MB8, SCALE_AFTER, 4, RING, CLUSTER>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream); return true;
+    case 1: launch_v5_tb<MB8, SCALE_AFTER, 1, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream); return true;
+    case 2: launch_v5_tb<MB8, SCALE_AFTER, 2, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream); return true;
+    case 4: launch_v5_tb<MB8, SCALE_AFTER, 4, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream); return true;
     default:
         if ((G / 16) % v5::DEPTH) return false;
-        launch_v5_tb<MB8, SCALE_AFTER, 0, RING, CLUSTER>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
+        launch_v5_tb<MB8, SCALE_AFTER, 0, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
         return true;
     }
 }
 
-template <bool RING, bool CLUSTER>
+template <bool RING>
 static int launch_v5(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
                      const float *bias, __half *y, int M, int N, int K, int G, void *ws,
                      cudaStream_t stream)
 {
-    const bool done = M <= 8 ? launch_v5_g<1, true, RING, CLUSTER>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream)
-                             : launch_v5_g<2, false, RING, CLUSTER>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
+    const bool done = M <= 8 ? launch_v5_g<1, true, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream)
+                             : launch_v5_g<2, false, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
     if (!done) return launch_v2(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
     return K_ERR_NONE;
 }
@@ -1216,8 +1099,7 @@ int k_w4a16_variant_max_m(int variant)
     case K_W4A16_V2_DECODE:
     case K_W4A16_V4_STREAMK: return K_W4A16_DECODE_MAX_M;
     case K_W4A16_V5_DECODE:
-    case K_W4A16_V6_DECODE_RING:
-    case K_W4A16_V7_CLUSTER: return K_W4A16_V5_MAX_M;
+    case K_W4A16_V6_DECODE_RING: return K_W4A16_V5_MAX_M;
     default: return 0;
     }
 }
@@ -1260,16 +1142,7 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
         if (M > max_m) K_REFUSE(K_ERR_SHAPE, "W4A16 lean decode variant: M=%d > %d", M, max_m);
         rc = check_workspace(__func__, "decode", M, N, workspace, workspace_bytes);
         if (rc) return rc;
-        return (variant == K_W4A16_V5_DECODE ? launch_v5<false, false> : launch_v5<true, false>)(
-            xh, reinterpret_cast<const uint4 *>(qweight), reinterpret_cast<const uint4 *>(qzeros),
-            reinterpret_cast<const uint4 *>(scales), bias, yh, M, N, K, G, workspace, stream);
-    case K_W4A16_V7_CLUSTER:
-        if (M > max_m) K_REFUSE(K_ERR_SHAPE, "W4A16 cluster decode variant: M=%d > %d", M, max_m);
-        if (!k_device_is_sm90())
-            K_REFUSE(K_ERR_ARG, "W4A16 cluster decode variant needs thread-block clusters (sm_90+)");
-        rc = check_workspace(__func__, "decode", M, N, workspace, workspace_bytes); /* G = 48: v2 */
-        if (rc) return rc;
-        return launch_v5<false, true>(
+        return (variant == K_W4A16_V5_DECODE ? launch_v5<false> : launch_v5<true>)(
             xh, reinterpret_cast<const uint4 *>(qweight), reinterpret_cast<const uint4 *>(qzeros),
             reinterpret_cast<const uint4 *>(scales), bias, yh, M, N, K, G, workspace, stream);
     case K_W4A16_V4_STREAMK:
@@ -1292,7 +1165,7 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
         return K_ERR_NONE;
     }
     default:
-        K_REFUSE(K_ERR_ARG, "unknown W4A16 variant %d (known: 0 auto, 1 naive, 2 decode, 3 GEMM, 4 stream-K, 5 lean decode, 6 lean decode with a shared-memory ring, 7 lean decode with cluster split-K)",
+        K_REFUSE(K_ERR_ARG, "unknown W4A16 variant %d (known: 0 auto, 1 naive, 2 decode, 3 GEMM, 4 stream-K, 5 lean decode, 6 lean decode with a shared-memory ring)",
                  variant);
     }
 }

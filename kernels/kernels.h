@@ -80,10 +80,6 @@ int k_get_pdl(void);
  *      of 8 (e.g. G = 48) fall back to v2.
  *   6  as 5, with the weights through a per-warp cp.async ring in shared memory (v2's
  *      pipeline) instead of registers
- *   7  as 5, with the split-K slices of an n-tile in one thread-block cluster (sm_90; up to 16
- *      blocks x 4 warps) adding their partial sums in distributed shared memory: no workspace
- *      atomics, fence or counter round trip at the end, and the same sum run to run. Refused
- *      (K_ERR_ARG) below sm_90.
  */
 enum k_w4a16_variant {
     K_W4A16_AUTO = 0,
@@ -93,13 +89,12 @@ enum k_w4a16_variant {
     K_W4A16_V4_STREAMK = 4,
     K_W4A16_V5_DECODE = 5,
     K_W4A16_V6_DECODE_RING = 6,
-    K_W4A16_V7_CLUSTER = 7,
 };
 #define K_W4A16_V5_MAX_M 16
 #define K_W4A16_DECODE_MAX_M 64
 
 /* Largest M that k_w4a16_linear_variant(variant, ...) accepts (it refuses M above it with
- * K_ERR_SHAPE): K_W4A16_V5_MAX_M for variants 5, 6 and 7, K_W4A16_DECODE_MAX_M for 2 and 4,
+ * K_ERR_SHAPE): K_W4A16_V5_MAX_M for variants 5 and 6, K_W4A16_DECODE_MAX_M for 2 and 4,
  * 65535 * 128 for 3 and auto (grid rows of 128), INT_MAX for 1; 0 for an unknown variant. */
 int k_w4a16_variant_max_m(int variant);
 
