@@ -12,7 +12,8 @@
  *     between inputs and outputs unless a comment says "in place".
  *   - Every launcher checks its preconditions and returns K_ERR_SHAPE / K_ERR_ARG (reported once
  *     through qs_log_error with the numbers) without launching; it never allocates and never
- *     synchronises (except with `make DEBUG_SYNC=1`). CUDA API/launch failures are not statuses:
+ *     synchronises with the host (except with `make DEBUG_SYNC=1`; k_allreduce_create is a
+ *     set-up call that allocates). CUDA API/launch failures are not statuses:
  *     K_CUDA_CHECK aborts with the expression, file:line and device (STYLE 2.6).
  *   - Math sources: the plain-C references in kernels/ref.h are the definition; each launcher's
  *     comment names its reference.
@@ -37,7 +38,8 @@ struct CUstream_st; /* == cudaStream_t's pointee */
     X(K_ERR_NONE, 0, "ok")                                                    \
     X(K_ERR_SHAPE, 1, "shape not supported by this kernel")                   \
     X(K_ERR_ARG, 2, "invalid argument (NULL pointer, bad variant, bad value)") \
-    X(K_ERR_WORKSPACE, 3, "workspace missing or too small")
+    X(K_ERR_WORKSPACE, 3, "workspace missing or too small")                   \
+    X(K_ERR_UNSUPPORTED, 4, "not supported by these GPUs")
 
 enum k_err {
 #define K_X_ENUM(name, val, msg) name = val,
@@ -254,6 +256,40 @@ struct k_sample_params {
 int k_sample(int32_t *out_id, uint8_t *keep, const float *logits, int vocab_size,
              const uint8_t *seen, const struct k_sample_params *p, double u,
              struct CUstream_st *stream);
+
+/* --- all-reduce across the GPUs of one process (kernels/k_allreduce.cu) ---------------------- */
+
+#define K_ALLREDUCE_MAX_WORLD 8
+#define K_ALLREDUCE_MAX_BYTES (256 * 1024) /* per rank and call: decode rows, not prefill */
+
+struct k_allreduce; /* peer-mapped receive areas and flags of `world` GPUs */
+
+/*
+ * Set up the peer-to-peer all-reduce of `world` GPUs devices[0..world-1] (rank r = devices[r]):
+ * enables peer access between every pair and allocates on each GPU a receive area of
+ * 2 x world x K_ALLREDUCE_MAX_BYTES and its flags (zeroed). The current device is unchanged.
+ * Errors: K_ERR_SHAPE (world outside [2, K_ALLREDUCE_MAX_WORLD]), K_ERR_UNSUPPORTED (a pair
+ * without peer access: the caller uses NCCL), K_ERR_ARG (NULL). CUDA failures abort.
+ */
+int k_allreduce_create(int world, const int *devices, struct k_allreduce **out);
+void k_allreduce_destroy(struct k_allreduce *ar);
+
+/* Whether k_allreduce_sum takes n values (fp16 when f16, else fp32) at buf: at most
+ * K_ALLREDUCE_MAX_BYTES, a multiple of 16 bytes, buf 16-byte aligned. */
+int k_allreduce_fits(const struct k_allreduce *ar, const void *buf, size_t n, int f16);
+
+/*
+ * Rank `rank`'s part of the all-reduce (sum) of buf [n] (fp16 when f16, else fp32; on that
+ * rank's GPU, which must be current) in place, enqueued on `stream` (that GPU's): one block that
+ * pushes buf to every peer, waits for every peer's buffer and writes the sum in rank order,
+ * fp32, rounded once (ref_allreduce_sum), so every rank ends with the same bits. Every rank must
+ * make the same sequence of calls (same n), each on its own stream; the calls of one round wait
+ * for each other on the GPUs (a rank that never comes makes the others trap after ~10 s), so
+ * they can be recorded into CUDA graphs and replayed. Errors: K_ERR_ARG (NULL, rank out of
+ * range), K_ERR_SHAPE (!k_allreduce_fits).
+ */
+int k_allreduce_sum(struct k_allreduce *ar, int rank, void *buf, size_t n, int f16,
+                    struct CUstream_st *stream);
 
 /* --- attention (kernels/k_attention.cu) ---------------------------------------------------- */
 

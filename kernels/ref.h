@@ -183,6 +183,11 @@ void ref_linear_f32(const float *x, const float *W, const float *bias, int M, in
 void ref_rmsnorm(float *out, float *residual, const float *x, const float *w, int M, int H,
                  float eps);
 
+/* out[i] = sum over q = 0, 1, .., world-1 of bufs[q][i], added in that order in fp32 starting
+ * from 0.0f: the tensor-parallel all-reduce as every rank of k_allreduce_sum computes it (fp16
+ * buffers: each value converted to fp32 first, the sum rounded once). bufs: world x [n]. */
+void ref_allreduce_sum(float *out, const float *const *bufs, int world, size_t n);
+
 /* out[M][I] = silu(gate) * up with gate_up[M][2*I] = [gate | up] (the fused gate_up_proj
  * output of DESIGN 5); silu(g) = g / (1 + exp(-g)). fp32. */
 void ref_silu_mul(float *out, const float *gate_up, int M, int I);

@@ -161,9 +161,14 @@ struct rt_opts {
     int max_batch;          /* most tokens per internal forward step (activation buffers);
                                <= 0: min(n_ctx, 512). Longer calls are run in chunks. */
     int cuda_device;        /* first GPU for rank 0 (rank r uses cuda_device + r) */
+    int p2p_allreduce;      /* CUDA, world_size > 1: 1 = all-reduces of up to 256 KB through
+                               our peer-to-peer kernel when every pair of GPUs has peer access
+                               (and decode graphs at world_size > 1), 0 = NCCL only. Mixture-
+                               of-experts models always use NCCL (not verified with the kernel:
+                               docs/BENCHMARKS.md). QSHARD_P2P_ALLREDUCE=0 also turns it off. */
 };
 
-/* Defaults: AUTO device, all cores, default context and batch, GPU 0. */
+/* Defaults: AUTO device, all cores, default context and batch, GPU 0, peer-to-peer all-reduce. */
 struct rt_opts rt_opts_default(void);
 
 /* --- model ---------------------------------------------------------------------------------- */
@@ -344,16 +349,20 @@ struct rt_backend_ops {
     enum rt_err (*all_reduce)(void *ctx, void *const *bufs, int world_size, size_t n,
                               enum rt_buf_type type);
 
-    /* Optional (NULL in backends without it): the decode step (M = 1, world_size 1) as one
-     * replayable graph, so its ~10 ops per layer cost one launch. Between graph_begin and
-     * graph_end the ops of one step are recorded, not run, on `rank` (the CUDA backend's stream
-     * capture); in that mode embed reads the token and rope/kv_store/attention read the position
-     * from backend memory that graph_replay fills, so the recording does not depend on them.
-     * graph_end(ok = false) discards the recording. graph_replay runs the recording for
-     * `token` at position `pos`; *done = false (nothing run) when there is no valid recording
-     * (none yet, or a buffer it uses has been reallocated since): record again first. */
+    /* Optional (NULL in backends without it; all four or none): the decode step (M = 1) of
+     * each rank as one replayable graph, so its ~10 ops per layer cost one launch. Between
+     * graph_begin and graph_end the ops of one step are recorded, not run, on `rank` (the CUDA
+     * backend's stream capture; with several ranks every rank records at once, all-reduces
+     * included: graph_begin for every rank, the step's ops, then graph_end for every rank; a
+     * backend may finish the recordings only at the last graph_end); in that mode embed reads the token and rope/kv_store/attention read the
+     * position from backend memory that graph_replay fills, so the recording does not depend
+     * on them. graph_end(ok = false) discards the recording. graph_ready: whether `rank` has a
+     * valid recording (one was made and no buffer it uses has been reallocated since).
+     * graph_replay runs the recording for `token` at position `pos`; *done = false (nothing
+     * run) when graph_ready is false: record again first. */
     enum rt_err (*graph_begin)(void *ctx, int rank);
     enum rt_err (*graph_end)(void *ctx, int rank, bool ok);
+    bool (*graph_ready)(void *ctx, int rank);
     enum rt_err (*graph_replay)(void *ctx, int rank, int32_t token, int pos, bool *done);
 
     /* Optional: *id = the next token chosen on the device from f32 logits [vocab_size] of

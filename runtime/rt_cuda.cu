@@ -13,15 +13,19 @@
  *     GB/s of each phase.
  *   - W4A16 linears: k_w4a16_linear (decode variants, M <= 64 or up to the dq threshold) or
  *     dequant + cuBLAS (k_w4a16_linear_dq_gemm) for M >= K_W4A16_DQ_GEMM_MIN_M.
- *   - Multi-rank (world_size GPUs driven by one process): all_reduce is one NCCL ncclAllReduce
- *     (sum) per rank inside ncclGroupStart/End, enqueued on the ranks' streams: no host
- *     synchronisation (communicators from ncclCommInitAll at creation). NVLink SHARP/multicast
- *     (NVLS) is off unless NCCL_NVLS_ENABLE is set: our all-reduces are a few KB to MB of
- *     activations, latency-bound, and multicast on shared machines is a hazard (device KINDS).
- *   - Decode steps (M = 1, one rank, no MoE) are recorded once into a CUDA graph (stream capture
- *     of every op of the step + lm_head) and replayed with the token and position copied into
- *     d_step first (embed, rope, kv_store and attention read them there while recording); a
- *     workspace that grows makes the recording stale and the model records again.
+ *   - Multi-rank (world_size GPUs driven by one process): all_reduce is, up to 256 KB per rank
+ *     and when every pair of GPUs has peer access, our peer-to-peer kernel (k_allreduce_sum),
+ *     else one NCCL ncclAllReduce (sum) per rank inside ncclGroupStart/End; both enqueued on
+ *     the ranks' streams: no host synchronisation (communicators from ncclCommInitAll at
+ *     creation). NVLink SHARP/multicast (NVLS) is off unless NCCL_NVLS_ENABLE is set: our
+ *     all-reduces are a few KB to MB of activations, latency-bound, and multicast on shared
+ *     machines is a hazard (device KINDS).
+ *   - Decode steps (M = 1, no MoE) are recorded once into a CUDA graph per rank (stream capture
+ *     of every op of the step + lm_head, every rank's stream at once; at world_size > 1 only
+ *     with the peer-to-peer all-reduce: NCCL is never recorded) and replayed with the token and
+ *     position copied into d_step first (embed, rope, kv_store and attention read them there
+ *     while recording); a workspace that grows makes the recording stale and the model records
+ *     again.
  *   - GPUs older than sm_80 are refused at creation with the GPU's name and compute capability;
  *     out-of-memory says what did not fit and how much was free.
  *
@@ -101,6 +105,7 @@ struct cuda_rank {
     bool capturing;         /* ops are being recorded: take token/position from d_step */
     int32_t *d_step;        /* device [2]: token, position of the step being replayed */
     int32_t *h_step;        /* pinned host [2]: copied to d_step before each replay */
+    cudaGraph_t graph;      /* captured, waiting for every rank's capture to end, or NULL */
     cudaGraphExec_t gexec;  /* the recording, or NULL */
     unsigned gexec_gen;     /* buf_gen when it was recorded */
     /* device sampling (rt.h sample): [0, 16) the id, [16, ...) the history bitmap */
@@ -113,6 +118,7 @@ struct cuda_ctx {
     int world;
     struct cuda_rank r[RT_CUDA_MAX_RANKS];
     ncclComm_t comm[RT_CUDA_MAX_RANKS]; /* world > 1: one communicator per rank */
+    struct k_allreduce *ar;             /* world > 1 with peer access: small all-reduces */
 };
 
 static double now_s(void)
@@ -191,6 +197,7 @@ static void rank_free(struct cuda_rank *r)
         b->bytes = 0;
     }
     if (r->gexec) cudaGraphExecDestroy(r->gexec);
+    if (r->graph) cudaGraphDestroy(r->graph);
     cudaFree(r->d_step);
     cudaFreeHost(r->h_step);
     cudaFree(r->d_pick);
@@ -198,6 +205,7 @@ static void rank_free(struct cuda_rank *r)
     r->d_pick = r->h_pick = NULL;
     r->pick_bytes = 0;
     r->gexec = NULL;
+    r->graph = NULL;
     r->d_step = r->h_step = NULL;
     if (r->cublas) cublasDestroy(r->cublas);
     if (r->stream) cudaStreamDestroy(r->stream);
@@ -211,6 +219,7 @@ static void cuda_destroy(void *vctx)
     struct cuda_ctx *c = static_cast<struct cuda_ctx *>(vctx);
     if (!c) return;
     for (int i = 0; i < c->world; ++i) rank_free(&c->r[i]);
+    k_allreduce_destroy(c->ar);
     for (int i = 0; i < c->world; ++i)
         if (c->comm[i]) ncclCommDestroy(c->comm[i]);
     free(c);
@@ -573,14 +582,33 @@ static enum rt_err cuda_scatter_add_rows(void *ctx, int rank, void *y, const voi
     return RT_ERR_NONE;
 }
 
-/* Sum the ranks' buffers in place with NCCL, enqueued on each rank's stream (no host wait).
- * NCCL's ring/tree order sums fp16 in fp32 internally per step and rounds to fp16 between steps;
- * every rank receives the same bits. The CPU backend rounds once (a difference of rounding). */
+/* Sum the ranks' buffers in place, enqueued on each rank's stream (no host wait); every rank
+ * receives the same bits. Up to K_ALLREDUCE_MAX_BYTES per rank (decode rows, short prompts)
+ * with k_allreduce_sum over peer memory when every pair of GPUs has peer access: fp32 sums in
+ * rank order, rounded once, as the CPU backend does; a decode step that contains only these can
+ * be recorded into graphs. Otherwise NCCL (ring/tree order, fp16 rounded between steps), which
+ * is never called while a graph is being recorded: NCCL capture from one thread driving several
+ * GPUs fails and leaves the communicators unusable (the same failure as pie-project/pie
+ * issue 499 on 2 H200s), so the recording is refused instead. */
 static enum rt_err cuda_all_reduce(void *vctx, void *const *bufs, int world, size_t n,
                                    enum rt_buf_type type)
 {
     struct cuda_ctx *c = static_cast<struct cuda_ctx *>(vctx);
     if (world <= 1) return RT_ERR_NONE;
+    const int f16 = type != RT_BUF_F32;
+    bool p2p = c->ar != NULL;
+    for (int i = 0; i < world && p2p; ++i) p2p = k_allreduce_fits(c->ar, bufs[i], n, f16);
+    if (p2p) {
+        for (int i = 0; i < world; ++i) {
+            struct cuda_rank *r = R(vctx, i);
+            RT_K_TRY(k_allreduce_sum(c->ar, i, bufs[i], n, f16, r->stream));
+        }
+        return RT_ERR_NONE;
+    }
+    if (c->r[0].capturing) {
+        qs_log_debug("all-reduce of %zu values: NCCL cannot be recorded into a graph here", n);
+        return RT_ERR_DEVICE;
+    }
     ncclResult_t nr = ncclGroupStart();
     for (int i = 0; i < world && nr == ncclSuccess; ++i)
         nr = ncclAllReduce(bufs[i], bufs[i], n, type == RT_BUF_F32 ? ncclFloat32 : ncclFloat16,
@@ -599,16 +627,36 @@ static enum rt_err cuda_all_reduce(void *vctx, void *const *bufs, int world, siz
 
 // --- decode-step graph (rt.h graph_begin / graph_end / graph_replay) ------------------------------
 
+static bool any_capturing(const struct cuda_ctx *c)
+{
+    for (int i = 0; i < c->world; ++i)
+        if (c->r[i].capturing) return true;
+    return false;
+}
+
 static enum rt_err cuda_graph_begin(void *ctx, int rank)
 {
-    struct cuda_rank *r = R(ctx, rank);
-    if (!r->d_step) RT_CUDA_TRY(cudaMalloc(&r->d_step, 2 * sizeof(int32_t)));
-    if (!r->h_step) RT_CUDA_TRY(cudaMallocHost(&r->h_step, 2 * sizeof(int32_t)));
-    if (r->gexec) {
-        RT_CUDA_TRY(cudaGraphExecDestroy(r->gexec));
-        r->gexec = NULL;
+    const struct cuda_ctx *c = static_cast<struct cuda_ctx *>(ctx);
+    if (c->world > 1 && !c->ar) { /* the all-reduces would be NCCL calls: see cuda_all_reduce */
+        qs_log_debug("decode graphs: off at world size %d without the peer-to-peer all-reduce",
+                     c->world);
+        return RT_ERR_DEVICE;
     }
-    /* thread-local: only this thread's unsafe calls (syncs, allocations) break the capture */
+    /* While any stream of this thread is being captured, allocations, frees and graph
+     * instantiation are not permitted and would end the capture (thread-local mode): so the
+     * first begin of a round, before any capture, prepares every rank, and the last end
+     * instantiates every rank's graph (cuda_graph_end). */
+    if (!any_capturing(c))
+        for (int i = 0; i < c->world; ++i) {
+            struct cuda_rank *ri = R(ctx, i);
+            if (!ri->d_step) RT_CUDA_TRY(cudaMalloc(&ri->d_step, 2 * sizeof(int32_t)));
+            if (!ri->h_step) RT_CUDA_TRY(cudaMallocHost(&ri->h_step, 2 * sizeof(int32_t)));
+            if (ri->gexec) RT_CUDA_TRY(cudaGraphExecDestroy(ri->gexec));
+            if (ri->graph) RT_CUDA_TRY(cudaGraphDestroy(ri->graph));
+            ri->gexec = NULL;
+            ri->graph = NULL;
+        }
+    struct cuda_rank *r = R(ctx, rank);
     RT_CUDA_TRY(cudaStreamBeginCapture(r->stream, cudaStreamCaptureModeThreadLocal));
     r->capturing = true;
     r->gexec_gen = r->buf_gen;
@@ -617,36 +665,54 @@ static enum rt_err cuda_graph_begin(void *ctx, int rank)
 
 static enum rt_err cuda_graph_end(void *ctx, int rank, bool ok)
 {
+    struct cuda_ctx *c = static_cast<struct cuda_ctx *>(ctx);
     struct cuda_rank *r = R(ctx, rank);
     cudaGraph_t g = NULL;
     r->capturing = false;
     const cudaError_t ce = cudaStreamEndCapture(r->stream, &g); /* always: leave capture mode */
+    enum rt_err ret = RT_ERR_NONE;
     if (ce != cudaSuccess || !ok || !g) {
         if (g) cudaGraphDestroy(g);
         cudaGetLastError();
         if (ce != cudaSuccess)
             qs_log_debug("GPU %d: decode graph capture failed: %s", r->device, cudaGetErrorString(ce));
-        return ok ? RT_ERR_DEVICE : RT_ERR_NONE;
+        if (ok) ret = RT_ERR_DEVICE;
+    } else {
+        r->graph = g;
     }
-    size_t n_nodes = 0;
-    cudaGraphGetNodes(g, NULL, &n_nodes);
-    const cudaError_t ie = cudaGraphInstantiate(&r->gexec, g, 0);
-    cudaGraphDestroy(g);
-    if (ie != cudaSuccess) {
-        r->gexec = NULL;
-        cudaGetLastError();
-        qs_log_debug("GPU %d: decode graph instantiation failed: %s", r->device, cudaGetErrorString(ie));
-        return RT_ERR_DEVICE;
+    if (any_capturing(c)) return ret;
+    for (int i = 0; i < c->world; ++i) { /* the last capture has ended: instantiate them all */
+        struct cuda_rank *ri = R(ctx, i);
+        if (!ri->graph) continue;
+        size_t n_nodes = 0;
+        cudaGraphGetNodes(ri->graph, NULL, &n_nodes);
+        const cudaError_t ie = cudaGraphInstantiate(&ri->gexec, ri->graph, 0);
+        cudaGraphDestroy(ri->graph);
+        ri->graph = NULL;
+        if (ie != cudaSuccess) {
+            ri->gexec = NULL;
+            cudaGetLastError();
+            qs_log_debug("GPU %d: decode graph instantiation failed: %s", ri->device,
+                         cudaGetErrorString(ie));
+            ret = RT_ERR_DEVICE;
+            continue;
+        }
+        qs_log_debug("GPU %d: decode step recorded as a CUDA graph (%zu nodes)", ri->device, n_nodes);
     }
-    qs_log_debug("GPU %d: decode step recorded as a CUDA graph (%zu nodes)", r->device, n_nodes);
-    return RT_ERR_NONE;
+    return ret;
+}
+
+static bool cuda_graph_ready(void *ctx, int rank)
+{
+    const struct cuda_rank *r = R(ctx, rank);
+    return r->gexec && r->gexec_gen == r->buf_gen;
 }
 
 static enum rt_err cuda_graph_replay(void *ctx, int rank, int32_t token, int pos, bool *done)
 {
     struct cuda_rank *r = R(ctx, rank);
     *done = false;
-    if (!r->gexec || r->gexec_gen != r->buf_gen) return RT_ERR_NONE;
+    if (!cuda_graph_ready(ctx, rank)) return RT_ERR_NONE;
     /* the previous replay's copy has run: the caller downloaded its logits (a stream sync) */
     r->h_step[0] = token;
     r->h_step[1] = pos;
@@ -701,7 +767,7 @@ static const struct rt_backend_ops cuda_ops = {
     cuda_upload, cuda_download, cuda_zero, cuda_embed, cuda_rmsnorm, cuda_linear_w4,
     cuda_linear_f16, cuda_lm_head, cuda_router, cuda_rope, cuda_kv_store, cuda_attention,
     cuda_silu_mul, cuda_gather_rows, cuda_scatter_add_rows, cuda_all_reduce,
-    cuda_graph_begin, cuda_graph_end, cuda_graph_replay, cuda_sample,
+    cuda_graph_begin, cuda_graph_end, cuda_graph_ready, cuda_graph_replay, cuda_sample,
 };
 
 bool rt_cuda_available(void)
@@ -783,6 +849,25 @@ enum rt_err rt_cuda_backend_create(const struct rt_opts *opts, int world_size,
             cuda_destroy(c);
             return RT_ERR_DEVICE;
         }
+        /* small all-reduces over peer memory (rt_opts.p2p_allreduce; QSHARD_P2P_ALLREDUCE=0:
+         * NCCL only, for A/B runs) */
+        const char *pe = getenv("QSHARD_P2P_ALLREDUCE");
+        bool peers = (opts ? opts->p2p_allreduce : 1) && !(pe && strcmp(pe, "0") == 0);
+        for (int a = 0; a < world_size && peers; ++a)
+            for (int b = 0; b < world_size && peers; ++b) {
+                int ok = 0;
+                if (a != b && (cudaDeviceCanAccessPeer(&ok, devs[a], devs[b]) != cudaSuccess || !ok)) {
+                    cudaGetLastError();
+                    peers = false;
+                }
+            }
+        if (peers && world_size <= K_ALLREDUCE_MAX_WORLD &&
+            k_allreduce_create(world_size, devs, &c->ar) != K_ERR_NONE) {
+            cuda_destroy(c);
+            return RT_ERR_DEVICE;
+        }
+        qs_log_debug("all-reduce: %s", c->ar ? "peer-to-peer kernel up to 256 KB per rank, NCCL above"
+                                              : "NCCL (no peer access, a mixture-of-experts model, or QSHARD_P2P_ALLREDUCE=0)");
     }
     out->ops = &cuda_ops;
     out->ctx = c;

@@ -49,7 +49,7 @@ int rt_err_exit_code(enum rt_err e)
 
 struct rt_opts rt_opts_default(void)
 {
-    struct rt_opts o = {RT_DEVICE_AUTO, 0, 0, 0, 0};
+    struct rt_opts o = {RT_DEVICE_AUTO, 0, 0, 0, 0, 1};
     return o;
 }
 
@@ -569,8 +569,12 @@ static enum rt_err create_backend(struct rt_model *m, const struct rt_opts *o)
         return RT_ERR_ARG;
     }
     m->device = d;
-    if (d == RT_DEVICE_CUDA)
-        return rt_cuda_backend_create(o, m->world, &m->be);
+    if (d == RT_DEVICE_CUDA) {
+        struct rt_opts oc = *o;
+        if (m->ranks[0].cfg.n_experts) /* see rt_opts.p2p_allreduce */
+            oc.p2p_allreduce = 0;
+        return rt_cuda_backend_create(&oc, m->world, &m->be);
+    }
     return rt_cpu_backend_create(o, m->world, &m->be);
 }
 
@@ -900,10 +904,9 @@ static enum rt_err step_body(struct rt_model *m, const int32_t *tokens, int M, i
     return RT_ERR_NONE;
 }
 
-/* Whether decode steps go through the backend's graph: a backend that has one, one rank (the
- * all-reduce of several would have to be recorded on several devices), no MoE (routing is
- * decided on the host), not switched off (QSHARD_GRAPH=0, for A/B runs), fewer than 2 failed
- * recordings. */
+/* Whether decode steps go through the backend's graphs (one per rank): a backend that has
+ * them, no MoE (routing is decided on the host), not switched off (QSHARD_GRAPH=0, for A/B
+ * runs), fewer than 2 failed recordings. */
 static bool use_graph(const struct rt_model *m)
 {
     static int env = -1; /* QSHARD_GRAPH=0 turns graphs off */
@@ -911,41 +914,74 @@ static bool use_graph(const struct rt_model *m)
         const char *e = getenv("QSHARD_GRAPH");
         env = !(e && strcmp(e, "0") == 0);
     }
-    return env && OPS->graph_replay && m->world == 1 && !m->ranks[0].cfg.n_experts &&
+    return env && OPS->graph_replay && OPS->graph_ready && !m->ranks[0].cfg.n_experts &&
            m->graph_failures < 2;
 }
 
-/* One decode step (M = 1, world 1) through the backend's graph of step_body + lm_head: replay
- * the recording, or record it first. *done = false when no graph could be made (the caller
- * runs the step op by op; a failed recording ran nothing). logits: [vocab_size]. */
+/* Whether every rank has a valid decode-step recording. */
+static bool graphs_ready(const struct rt_model *m)
+{
+    for (int r = 0; r < m->world; r++)
+        if (!OPS->graph_ready(BCTX, r)) return false;
+    return true;
+}
+
+/* Record step_body + lm_head of one decode step as one graph per rank (all ranks at once, so
+ * the all-reduces are recorded on each rank's side). Nothing runs. false when a recording
+ * failed (every rank's capture is ended and discarded; the reason is logged at debug level). */
+static bool record_graphs(struct rt_model *m, int32_t token, int p0)
+{
+    const struct rt_config *c = &m->ranks[0].cfg;
+    int begun = 0;
+    enum rt_err e = RT_ERR_NONE, e2 = RT_ERR_NONE;
+    for (; begun < m->world && !e; begun++)
+        e = OPS->graph_begin(BCTX, begun);
+    if (e) begun--; /* that rank's capture did not start */
+    if (!e) e = step_body(m, &token, 1, p0);
+    for (int r = 0; r < m->world && !e; r++) {
+        struct rt_rank *R = &m->ranks[r];
+        e = OPS->lm_head(BCTX, r, R->x, R->lm_head, 1, c->hidden_size, c->vocab_size_per_rank,
+                         R->logits);
+    }
+    for (int r = 0; r < begun; r++) {
+        enum rt_err er = OPS->graph_end(BCTX, r, e == RT_ERR_NONE && e2 == RT_ERR_NONE);
+        if (!e2) e2 = er;
+    }
+    if (e || e2 || !graphs_ready(m)) {
+        qs_log_debug("decode graph: recording failed (%s); this step runs op by op",
+                     rt_err_str(e ? e : e2 ? e2 : RT_ERR_DEVICE));
+        return false;
+    }
+    return true;
+}
+
+/* One decode step (M = 1) through the backend's graphs of step_body + lm_head, one per rank:
+ * replay the recordings, or record them first (when any rank's is missing or stale, all are
+ * recorded again, so no rank's graph waits in an all-reduce for a rank that runs none).
+ * *done = false when no graphs could be made (the caller runs the step op by op; a failed
+ * recording ran nothing). logits: [vocab_size], assembled across ranks. */
 static enum rt_err step_graph(struct rt_model *m, int32_t token, int p0, float *logits,
                               bool *done)
 {
-    struct rt_rank *R = &m->ranks[0];
-    const struct rt_config *c = &R->cfg;
-    int Vr = c->vocab_size_per_rank;
-    TRY(OPS->graph_replay(BCTX, 0, token, p0, done));
-    if (!*done) {
-        TRY(OPS->graph_begin(BCTX, 0));
-        enum rt_err e = step_body(m, &token, 1, p0);
-        if (!e)
-            e = OPS->lm_head(BCTX, 0, R->x, R->lm_head, 1, c->hidden_size, Vr, R->logits);
-        enum rt_err e2 = OPS->graph_end(BCTX, 0, e == RT_ERR_NONE);
-        if (e || e2) {
-            m->graph_failures++;
-            qs_log_debug("decode graph: recording failed (%s); this step runs op by op",
-                         rt_err_str(e ? e : e2));
-            return RT_ERR_NONE;
-        }
-        TRY(OPS->graph_replay(BCTX, 0, token, p0, done));
-        if (!*done) {
-            m->graph_failures++;
-            return RT_ERR_NONE;
+    *done = false;
+    if (!graphs_ready(m) && !record_graphs(m, token, p0)) {
+        m->graph_failures++;
+        return RT_ERR_NONE;
+    }
+    for (int r = 0; r < m->world; r++) {
+        bool ran = false;
+        TRY(OPS->graph_replay(BCTX, r, token, p0, &ran));
+        if (!ran) { /* ready was checked for every rank just before: cannot happen */
+            qs_log_error(__func__, "rank %d's decode graph went stale during the step", r);
+            return RT_ERR_DEVICE;
         }
     }
+    *done = true;
     if (!logits) /* the caller picks the next token on the device */
         return RT_ERR_NONE;
-    return download_logits(m, 0, 1, logits);
+    for (int r = 0; r < m->world; r++)
+        TRY(download_logits(m, r, 1, logits));
+    return RT_ERR_NONE;
 }
 
 /* The next token from rank 0's logits [V_r] (world 1: V_r = V) on the device. */

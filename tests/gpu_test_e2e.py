@@ -8,7 +8,8 @@ has goldens is converted (tp 1), then for each golden prompt
   * `qshard run --device cuda --temp 0 --print-ids`: the 16 greedy ids equal the golden
     greedy_ids wherever the golden top1 - top2 margin is >= 0.05 (below that, fp16 rounding may
     legitimately swap two near-equal logits; those steps and everything after are skipped);
-  * 40 ids decoded through the CUDA graph equal 40 ids decoded op by op;
+  * 40 ids decoded through the CUDA graphs (one per rank, NCCL all-reduces inside at tp > 1)
+    equal 40 ids decoded op by op, and every rank recorded one (none for MoE models);
   * on the first prompt: ids sampled on the GPU equal ids sampled on the host from the same
     logits with the same seed (four sampler settings), and a one-token prompt decodes the same
     with and without the graph.
@@ -22,6 +23,7 @@ Prints "e2e: N passed, N failed" (tests/run_gpu_tests.sh sums it). Needs numpy.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -33,6 +35,11 @@ QSHARD = os.environ.get("QSHARD", "build-gpu/qshard")
 TOL = 1e-2
 MARGIN = 0.05
 passed = failed = 0
+
+
+def graph_ranks(stderr):
+    """Number of GPUs whose decode-step graph `qshard ... -v` reports as recorded."""
+    return len(set(re.findall(r"GPU (\d+): decode step recorded as a CUDA graph", stderr)))
 
 
 def check(ok, msg):
@@ -94,9 +101,9 @@ def sampling_checks(name, out, ids, tp):
     for g, (rc, so, se) in res.items():
         check(rc == 0, "%s: one-token prompt (QSHARD_GRAPH=%s) exit %d: %s" % (name, g, rc, se.strip()[-400:]))
     check(res["1"][1] == res["0"][1], "%s: one-token prompt: ids with the graph %s != op by op %s" % (name, res["1"][1], res["0"][1]))
-    recorded = "recorded as a CUDA graph" in res["1"][2]
-    expect = tp == 1 and name.find("mixtral") < 0
-    check(recorded == expect, "%s: one-token prompt: decode graph recorded: %s, expected %s" % (name, recorded, expect))
+    recorded = graph_ranks(res["1"][2])
+    expect = tp if name.find("mixtral") < 0 else 0
+    check(recorded == expect, "%s: one-token prompt: decode graphs recorded on %d GPUs, expected %d" % (name, recorded, expect))
 
 
 def main():
@@ -171,9 +178,9 @@ def main():
                 runs[graph] = (p.stdout.strip(), p.stderr)
             if len(runs) == 2:
                 check(runs["1"][0] == runs["0"][0], "%s/%s: 40 greedy ids with the decode graph %s != op by op %s" % (m["name"], pr["name"], runs["1"][0], runs["0"][0]))
-                recorded = "recorded as a CUDA graph" in runs["1"][1]
-                expect = tp == 1 and m["name"].find("mixtral") < 0  # graphs: one rank, no MoE
-                check(recorded == expect, "%s/%s: decode graph recorded: %s, expected %s" % (m["name"], pr["name"], recorded, expect))
+                recorded = graph_ranks(runs["1"][1])
+                expect = tp if m["name"].find("mixtral") < 0 else 0  # graphs: one per rank, no MoE
+                check(recorded == expect, "%s/%s: decode graphs recorded on %d GPUs, expected %d" % (m["name"], pr["name"], recorded, expect))
             if pr is golden["prompts"][0]:
                 sampling_checks(m["name"], out, pr["ids"], tp)
     print("e2e: %d passed, %d failed" % (passed, failed))

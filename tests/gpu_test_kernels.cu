@@ -990,6 +990,143 @@ static void test_moe(void)
     TCUDA(cudaFree(dyy)); TCUDA(cudaFree(dg)); TCUDA(cudaFree(drows)); TCUDA(cudaFree(dw));
 }
 
+// --- all-reduce across GPUs ------------------------------------------------------------------------
+
+/*
+ * k_allreduce_sum on GPUs 0 and 1 (needs two; on one GPU the area runs only the refusals) vs
+ * ref_allreduce_sum, bit for bit on every rank: fp32 and fp16, 16 bytes to the 256 KB limit;
+ * R rounds in a row without host synchronisation (epochs and the two receive slots, each round
+ * summing the previous round's results in place); the same rounds recorded into one CUDA graph
+ * per GPU and replayed; refusals.
+ */
+static void test_allreduce(bool quick)
+{
+    int n_dev = 0;
+    TCUDA(cudaGetDeviceCount(&n_dev));
+    qs_log_set_quiet(true);
+    const int one[1] = {0};
+    struct k_allreduce *bad = nullptr;
+    CHECK_EQ_INT(k_allreduce_create(1, one, &bad), K_ERR_SHAPE);
+    CHECK(bad == nullptr);
+    qs_log_set_quiet(false);
+    int can = 0;
+    if (n_dev >= 2) TCUDA(cudaDeviceCanAccessPeer(&can, 0, 1));
+    if (!can) {
+        printf("allreduce: fewer than 2 GPUs with peer access: only the refusals ran\n");
+        return;
+    }
+    const int W = 2, devs[W] = {0, 1};
+    struct k_allreduce *ar = nullptr;
+    CHECK_EQ_INT(k_allreduce_create(W, devs, &ar), K_ERR_NONE);
+    if (!ar) return;
+    cudaStream_t st[W];
+    for (int r = 0; r < W; ++r) {
+        TCUDA(cudaSetDevice(devs[r]));
+        TCUDA(cudaStreamCreateWithFlags(&st[r], cudaStreamNonBlocking));
+    }
+    /* refusals: not a multiple of 16 bytes, too large, rank out of range */
+    qs_log_set_quiet(true);
+    TCUDA(cudaSetDevice(0));
+    void *d0 = nullptr;
+    TCUDA(cudaMalloc(&d0, K_ALLREDUCE_MAX_BYTES + 16));
+    CHECK_EQ_INT(k_allreduce_sum(ar, 0, d0, 3, 0, st[0]), K_ERR_SHAPE);
+    CHECK_EQ_INT(k_allreduce_sum(ar, 0, d0, K_ALLREDUCE_MAX_BYTES / 4 + 4, 0, st[0]), K_ERR_SHAPE);
+    CHECK_EQ_INT(k_allreduce_sum(ar, 0, static_cast<char *>(d0) + 4, 4, 0, st[0]), K_ERR_SHAPE);
+    CHECK_EQ_INT(k_allreduce_sum(ar, 2, d0, 4, 0, st[0]), K_ERR_ARG);
+    CHECK_EQ_INT(k_allreduce_sum(nullptr, 0, d0, 4, 0, st[0]), K_ERR_ARG);
+    TCUDA(cudaFree(d0));
+    qs_log_set_quiet(false);
+
+    const size_t sizes[] = {4, 8, 1000, 4096, 8192, 14336, K_ALLREDUCE_MAX_BYTES / 4, K_ALLREDUCE_MAX_BYTES / 2};
+    for (int f16 = 0; f16 <= 1; ++f16)
+        for (size_t n : sizes) {
+            const size_t es = f16 ? 2 : 4;
+            if (n * es > K_ALLREDUCE_MAX_BYTES || (n * es) % 16) continue;
+            for (int graph = 0; graph <= 1; ++graph) {
+                if (quick && graph && n > 8192) continue;
+                const int R = 3, replays = graph ? 4 : 1;
+                /* inputs: fp16-representable values in [-1, 1) (exact in both types) */
+                std::vector<std::vector<float>> cur(W);
+                void *d[W];
+                for (int r = 0; r < W; ++r) {
+                    std::vector<uint16_t> h16;
+                    rand_f16(h16, cur[r], n, -1.0f, 1.0f);
+                    TCUDA(cudaSetDevice(devs[r]));
+                    TCUDA(cudaMalloc(&d[r], n * es));
+                    if (f16) TCUDA(cudaMemcpy(d[r], h16.data(), n * 2, cudaMemcpyHostToDevice));
+                    else TCUDA(cudaMemcpy(d[r], cur[r].data(), n * 4, cudaMemcpyHostToDevice));
+                }
+                cudaGraphExec_t ge[W] = {nullptr, nullptr};
+                if (graph) {
+                    for (int r = 0; r < W; ++r) {
+                        TCUDA(cudaSetDevice(devs[r]));
+                        TCUDA(cudaStreamBeginCapture(st[r], cudaStreamCaptureModeThreadLocal));
+                    }
+                    for (int k = 0; k < R; ++k)
+                        for (int r = 0; r < W; ++r) {
+                            TCUDA(cudaSetDevice(devs[r]));
+                            CHECK_EQ_INT(k_allreduce_sum(ar, r, d[r], n, f16, st[r]), K_ERR_NONE);
+                        }
+                    /* every capture ends before any instantiation (not permitted while one of
+                     * this thread's streams is capturing) */
+                    cudaGraph_t g[W] = {nullptr, nullptr};
+                    for (int r = 0; r < W; ++r) {
+                        TCUDA(cudaSetDevice(devs[r]));
+                        TCUDA(cudaStreamEndCapture(st[r], &g[r]));
+                    }
+                    for (int r = 0; r < W; ++r) {
+                        TCUDA(cudaSetDevice(devs[r]));
+                        TCUDA(cudaGraphInstantiate(&ge[r], g[r], 0));
+                        TCUDA(cudaGraphDestroy(g[r]));
+                    }
+                }
+                for (int rep = 0; rep < replays; ++rep) {
+                    if (graph)
+                        for (int r = 0; r < W; ++r) {
+                            TCUDA(cudaSetDevice(devs[r]));
+                            TCUDA(cudaGraphLaunch(ge[r], st[r]));
+                        }
+                    else
+                        for (int k = 0; k < R; ++k)
+                            for (int r = 0; r < W; ++r) {
+                                TCUDA(cudaSetDevice(devs[r]));
+                                CHECK_EQ_INT(k_allreduce_sum(ar, r, d[r], n, f16, st[r]), K_ERR_NONE);
+                            }
+                }
+                /* the reference: the same R * replays rounds on the host */
+                std::vector<float> sum(n);
+                for (int k = 0; k < R * replays; ++k) {
+                    const float *b[W] = {cur[0].data(), cur[1].data()};
+                    ref_allreduce_sum(sum.data(), b, W, n);
+                    for (int r = 0; r < W; ++r)
+                        for (size_t i = 0; i < n; ++i)
+                            cur[r][i] = f16 ? ref_f16_to_f32(ref_f32_to_f16(sum[i])) : sum[i];
+                }
+                for (int r = 0; r < W; ++r) {
+                    TCUDA(cudaSetDevice(devs[r]));
+                    TCUDA(cudaStreamSynchronize(st[r]));
+                    std::vector<float> got(n);
+                    if (f16) got = f16_to_f32(dev_download(static_cast<uint16_t *>(d[r]), n));
+                    else got = dev_download(static_cast<float *>(d[r]), n);
+                    size_t diff = 0, first = 0;
+                    for (size_t i = 0; i < n; ++i)
+                        if (memcmp(&got[i], &cur[r][i], 4) != 0 && diff++ == 0) first = i;
+                    CHECK_MSG(diff == 0, "allreduce %s n=%zu %s rank %d: %zu of %zu differ from ref_allreduce_sum, first [%zu] %.9g want %.9g",
+                              f16 ? "fp16" : "fp32", n, graph ? "graph x4" : "3 rounds", r, diff, n, first,
+                              diff ? got[first] : 0.0, diff ? cur[r][first] : 0.0);
+                    if (ge[r]) TCUDA(cudaGraphExecDestroy(ge[r]));
+                    TCUDA(cudaFree(d[r]));
+                }
+            }
+        }
+    for (int r = 0; r < W; ++r) {
+        TCUDA(cudaSetDevice(devs[r]));
+        TCUDA(cudaStreamDestroy(st[r]));
+    }
+    k_allreduce_destroy(ar);
+    TCUDA(cudaSetDevice(0));
+}
+
 // --- main -----------------------------------------------------------------------------------------
 
 typedef void (*area_fn)(bool quick);
@@ -1029,6 +1166,7 @@ int main(int argc, char **argv)
     run_area("sample", test_sample, quick, &tp, &tf);
     run_area("attention", test_attention, quick, &tp, &tf);
     run_area("moe", [](bool) { test_moe(); }, quick, &tp, &tf);
+    run_area("allreduce", test_allreduce, quick, &tp, &tf);
     ref_pool_free(g_pool);
     cublasDestroy(g_cublas);
     TCUDA(cudaDeviceSynchronize());
