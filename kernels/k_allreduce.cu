@@ -17,8 +17,10 @@
  * still read slot e & 1; it can reach call e + 2 (slot e & 1 again) only after this rank's flag
  * for e + 1, which this rank sets after its call e has finished (stream order). Epochs live in
  * device memory (the last word of each rank's flag array), so a recorded graph replays with
- * fresh epochs. A peer that never arrives (its launch failed) ends the wait after ~10 s with a
- * trap (a CUDA error naming the device) instead of a hang.
+ * fresh epochs. A peer that never arrives (its launch failed, or launches are serialised:
+ * CUDA_LAUNCH_BLOCKING=1, compute-sanitizer) ends the wait after ~10 s with a trap, a sticky
+ * CUDA error that ends the process, instead of a hang; runtime/rt_cuda.cu switches this kernel
+ * off with QSHARD_P2P_ALLREDUCE=0 for such runs.
  *
  * PTX ISA "Memory Consistency Model" (release/acquire at .sys scope, cumulativity through
  * bar.sync); CUDA guide "Peer-to-Peer Memory Access".
@@ -139,21 +141,28 @@ allreduce_kernel(uint4 *__restrict__ buf, int n16, int rank, int world, ar_peers
     if (threadIdx.x == 0) own[world] = e; /* only this rank reads its epoch */
 }
 
+int k_allreduce_supported(int world, const int *devices)
+{
+    if (!devices || world < 2 || world > K_ALLREDUCE_MAX_WORLD) return 0;
+    for (int a = 0; a < world; ++a)
+        for (int b = 0; b < world; ++b) {
+            int ok = 0;
+            if (a != b && (cudaDeviceCanAccessPeer(&ok, devices[a], devices[b]) != cudaSuccess || !ok)) {
+                (void)cudaGetLastError();
+                return 0;
+            }
+        }
+    return 1;
+}
+
 int k_allreduce_create(int world, const int *devices, struct k_allreduce **out)
 {
     if (!out || !devices) K_REFUSE(K_ERR_ARG, "NULL argument (devices %p, out %p)", (const void *)devices, (void *)out);
     *out = nullptr;
     if (world < 2 || world > K_ALLREDUCE_MAX_WORLD)
         K_REFUSE(K_ERR_SHAPE, "world size %d outside [2, %d]", world, K_ALLREDUCE_MAX_WORLD);
-    for (int a = 0; a < world; ++a)
-        for (int b = 0; b < world; ++b) {
-            int ok = 0;
-            if (a != b && (cudaDeviceCanAccessPeer(&ok, devices[a], devices[b]) != cudaSuccess || !ok)) {
-                (void)cudaGetLastError();
-                K_REFUSE(K_ERR_UNSUPPORTED, "GPU %d cannot access GPU %d's memory (no peer-to-peer path)",
-                         devices[a], devices[b]);
-            }
-        }
+    if (!k_allreduce_supported(world, devices))
+        K_REFUSE(K_ERR_UNSUPPORTED, "GPUs %d..: a pair without peer-to-peer access", devices[0]);
     int prev = 0;
     K_CUDA_CHECK(cudaGetDevice(&prev));
     struct k_allreduce *ar = static_cast<struct k_allreduce *>(calloc(1, sizeof *ar));
@@ -217,6 +226,8 @@ int k_allreduce_sum(struct k_allreduce *ar, int rank, void *buf, size_t n, int f
         allreduce_kernel<true><<<1, ar::THREADS, 0, stream>>>(static_cast<uint4 *>(buf), n16, rank, ar->world, p);
     else
         allreduce_kernel<false><<<1, ar::THREADS, 0, stream>>>(static_cast<uint4 *>(buf), n16, rank, ar->world, p);
-    K_LAUNCH_CHECK();
+    /* the launch error only: a DEBUG_SYNC device synchronisation here would wait for this
+     * rank's kernel, which waits for the ranks not launched yet (K_LAUNCH_CHECK) */
+    K_CUDA_CHECK(cudaGetLastError());
     return K_ERR_NONE;
 }

@@ -272,6 +272,10 @@ struct k_allreduce; /* peer-mapped receive areas and flags of `world` GPUs */
  * without peer access: the caller uses NCCL), K_ERR_ARG (NULL). CUDA failures abort.
  */
 int k_allreduce_create(int world, const int *devices, struct k_allreduce **out);
+
+/* Whether k_allreduce_create can serve devices[0..world-1]: world in [2,
+ * K_ALLREDUCE_MAX_WORLD] and peer access between every pair. Logs nothing. */
+int k_allreduce_supported(int world, const int *devices);
 void k_allreduce_destroy(struct k_allreduce *ar);
 
 /* Whether k_allreduce_sum takes n values (fp16 when f16, else fp32) at buf: at most

@@ -852,22 +852,13 @@ enum rt_err rt_cuda_backend_create(const struct rt_opts *opts, int world_size,
         /* small all-reduces over peer memory (rt_opts.p2p_allreduce; QSHARD_P2P_ALLREDUCE=0:
          * NCCL only, for A/B runs) */
         const char *pe = getenv("QSHARD_P2P_ALLREDUCE");
-        bool peers = (opts ? opts->p2p_allreduce : 1) && !(pe && strcmp(pe, "0") == 0);
-        for (int a = 0; a < world_size && peers; ++a)
-            for (int b = 0; b < world_size && peers; ++b) {
-                int ok = 0;
-                if (a != b && (cudaDeviceCanAccessPeer(&ok, devs[a], devs[b]) != cudaSuccess || !ok)) {
-                    cudaGetLastError();
-                    peers = false;
-                }
-            }
-        if (peers && world_size <= K_ALLREDUCE_MAX_WORLD &&
-            k_allreduce_create(world_size, devs, &c->ar) != K_ERR_NONE) {
-            cuda_destroy(c);
-            return RT_ERR_DEVICE;
-        }
+        const bool want = (opts ? opts->p2p_allreduce : 1) && !(pe && strcmp(pe, "0") == 0);
+        if (want && k_allreduce_supported(world_size, devs) &&
+            k_allreduce_create(world_size, devs, &c->ar) != K_ERR_NONE)
+            c->ar = NULL; /* reported there; NCCL serves every all-reduce */
         qs_log_debug("all-reduce: %s", c->ar ? "peer-to-peer kernel up to 256 KB per rank, NCCL above"
-                                              : "NCCL (no peer access, a mixture-of-experts model, or QSHARD_P2P_ALLREDUCE=0)");
+                                              : "NCCL (no peer access, more than 8 ranks, a mixture-of-experts "
+                                                "model, or QSHARD_P2P_ALLREDUCE=0)");
     }
     out->ops = &cuda_ops;
     out->ctx = c;

@@ -8,8 +8,9 @@ has goldens is converted (tp 1), then for each golden prompt
   * `qshard run --device cuda --temp 0 --print-ids`: the 16 greedy ids equal the golden
     greedy_ids wherever the golden top1 - top2 margin is >= 0.05 (below that, fp16 rounding may
     legitimately swap two near-equal logits; those steps and everything after are skipped);
-  * 40 ids decoded through the CUDA graphs (one per rank, NCCL all-reduces inside at tp > 1)
-    equal 40 ids decoded op by op, and every rank recorded one (none for MoE models);
+  * 40 ids decoded through the CUDA graphs (one per rank; at tp > 1 they hold our peer-to-peer
+    all-reduce kernel, never NCCL) equal 40 ids decoded op by op, and every rank recorded one
+    (none for MoE models, none at tp > 1 when the peer-to-peer all-reduce is off);
   * on the first prompt: ids sampled on the GPU equal ids sampled on the host from the same
     logits with the same seed (four sampler settings), and a one-token prompt decodes the same
     with and without the graph.
@@ -40,6 +41,16 @@ passed = failed = 0
 def graph_ranks(stderr):
     """Number of GPUs whose decode-step graph `qshard ... -v` reports as recorded."""
     return len(set(re.findall(r"GPU (\d+): decode step recorded as a CUDA graph", stderr)))
+
+
+def expected_graphs(name, tp, stderr):
+    """GPUs that must record a decode graph: every rank, except for MoE models (host routing)
+    and at tp > 1 without the peer-to-peer all-reduce (NCCL is never recorded)."""
+    if name.find("mixtral") >= 0:
+        return 0
+    if tp > 1 and "all-reduce: peer-to-peer" not in stderr:
+        return 0
+    return tp
 
 
 def check(ok, msg):
@@ -102,7 +113,7 @@ def sampling_checks(name, out, ids, tp):
         check(rc == 0, "%s: one-token prompt (QSHARD_GRAPH=%s) exit %d: %s" % (name, g, rc, se.strip()[-400:]))
     check(res["1"][1] == res["0"][1], "%s: one-token prompt: ids with the graph %s != op by op %s" % (name, res["1"][1], res["0"][1]))
     recorded = graph_ranks(res["1"][2])
-    expect = tp if name.find("mixtral") < 0 else 0
+    expect = expected_graphs(name, tp, res["1"][2])
     check(recorded == expect, "%s: one-token prompt: decode graphs recorded on %d GPUs, expected %d" % (name, recorded, expect))
 
 
@@ -179,7 +190,7 @@ def main():
             if len(runs) == 2:
                 check(runs["1"][0] == runs["0"][0], "%s/%s: 40 greedy ids with the decode graph %s != op by op %s" % (m["name"], pr["name"], runs["1"][0], runs["0"][0]))
                 recorded = graph_ranks(runs["1"][1])
-                expect = tp if m["name"].find("mixtral") < 0 else 0  # graphs: one per rank, no MoE
+                expect = expected_graphs(m["name"], tp, runs["1"][1])
                 check(recorded == expect, "%s/%s: decode graphs recorded on %d GPUs, expected %d" % (m["name"], pr["name"], recorded, expect))
             if pr is golden["prompts"][0]:
                 sampling_checks(m["name"], out, pr["ids"], tp)
