@@ -797,6 +797,7 @@ static float *run_logits(const char *path, const int32_t *tok, int T, int max_ba
 
 static float *emu_logits(const char *dir, const int32_t *tok, int T, int V, int max_batch);
 static void test_pick(const char *dir, const char *dir_tp2, const int32_t *tok, int T, int V);
+static void test_graph_fallback(const char *dir, const int32_t *tok, int T, int V, bool moe);
 
 static void test_synthetic(const char *label, const struct syn_spec *sp, const int *tps, int n_tp)
 {
@@ -854,6 +855,9 @@ static void test_synthetic(const char *label, const struct syn_spec *sp, const i
     snprintf(dir, sizeof(dir), "%s/%s-tp1", tmp_root, label);
     snprintf(dir2, sizeof(dir2), "%s/%s-tp%d", tmp_root, label, tps[n_tp - 1]);
     test_pick(dir, tps[n_tp - 1] > 1 ? dir2 : NULL, tok, T, sp->V);
+    test_graph_fallback(dir, tok, T, sp->V, sp->E > 0);
+    if (tps[n_tp - 1] > 1)
+        test_graph_fallback(dir2, tok, T, sp->V, sp->E > 0);
 
     /* decode token by token after a 5-token prefill == the all-at-once logits */
     snprintf(dir, sizeof(dir), "%s/%s-tp1", tmp_root, label);
@@ -1178,6 +1182,120 @@ static enum rt_err emu_sample(void *ctx, int rank, const float *logits, int V,
                                      : s.cand[0];
     rt_sampler_free(&s);
     return RT_ERR_NONE;
+}
+
+/*
+ * The model's side of the decode-step graphs (rt.h graph_begin / graph_end / graph_ready /
+ * graph_replay) at any world size, with graph ops that record nothing: the emulated backend's
+ * ops run as they are called, so a "recording" runs the step once and the model, when the
+ * recording fails, runs it again op by op (same inputs, same KV rows: the same numbers). What
+ * is checked is the orchestration rt_model.c must get right with several ranks: every rank
+ * begins before the step's ops, only ranks that began are ended, the ranks after a failure are
+ * ended with ok = false (discarded), a failed recording leaves the step's logits exactly as
+ * without graphs, and after two failed recordings no more are tried.
+ */
+static struct {
+    int fail_begin, fail_end;     /* rank whose graph_begin / graph_end fails; -1: none */
+    int begins, ends, ends_ok, replays, world;
+    bool capturing[8], bad_order; /* bad_order: an end without a begin, or a begin twice */
+} g_graph;
+
+static enum rt_err mock_graph_begin(void *ctx, int rank)
+{
+    (void)ctx;
+    g_graph.begins++;
+    if (rank < 0 || rank >= g_graph.world || g_graph.capturing[rank])
+        g_graph.bad_order = true;
+    for (int r = 0; r < rank && r < 8; r++) /* ranks begin in order, all before the ops */
+        if (!g_graph.capturing[r])
+            g_graph.bad_order = true;
+    if (rank == g_graph.fail_begin)
+        return RT_ERR_DEVICE;
+    if (rank >= 0 && rank < 8)
+        g_graph.capturing[rank] = true;
+    return RT_ERR_NONE;
+}
+static enum rt_err mock_graph_end(void *ctx, int rank, bool ok)
+{
+    (void)ctx;
+    g_graph.ends++;
+    g_graph.ends_ok += ok;
+    if (rank < 0 || rank >= 8 || !g_graph.capturing[rank])
+        g_graph.bad_order = true;
+    else
+        g_graph.capturing[rank] = false;
+    return ok && rank == g_graph.fail_end ? RT_ERR_DEVICE : RT_ERR_NONE;
+}
+static bool mock_graph_ready(void *ctx, int rank)
+{
+    (void)ctx;
+    (void)rank;
+    return false; /* nothing is ever recorded: every attempt ends as a failed recording */
+}
+static enum rt_err mock_graph_replay(void *ctx, int rank, int32_t token, int pos, bool *done)
+{
+    (void)ctx, (void)rank, (void)token, (void)pos;
+    g_graph.replays++;
+    *done = false;
+    return RT_ERR_NONE;
+}
+
+static void test_graph_fallback(const char *dir, const int32_t *tok, int T, int V, bool moe)
+{
+    struct rt_backend_ops gops = emu_ops;
+    gops.graph_begin = mock_graph_begin;
+    gops.graph_end = mock_graph_end;
+    gops.graph_ready = mock_graph_ready;
+    gops.graph_replay = mock_graph_replay;
+    struct rt_opts o = cpu_opts(T + 8, 0, 1);
+    enum { STEPS = 4 };
+    float *want = xcalloc((size_t)STEPS * V, 4), *got = xcalloc((size_t)STEPS * V, 4);
+    /* scenarios: no failure, rank 0's / the last rank's begin fails, rank 0's end fails */
+    for (int sc = -1; sc < 4; sc++) {
+        struct rt_backend be = {sc < 0 ? &emu_ops : &gops, NULL};
+        struct rt_model *rm = NULL;
+        if (rt_model_open_backend(dir, &o, &be, &rm) != RT_ERR_NONE) {
+            CHECK_MSG(0, "%s: graph test set-up failed: %s", dir, qs_log_last());
+            break;
+        }
+        const int world = rt_model_world_size(rm);
+        memset(&g_graph, 0, sizeof g_graph);
+        g_graph.world = world;
+        g_graph.fail_begin = sc == 1 ? 0 : sc == 2 ? world - 1 : -1;
+        g_graph.fail_end = sc == 3 ? 0 : -1;
+        float *lg = xcalloc((size_t)V, 4);
+        CHECK_EQ_INT(rt_model_forward(rm, tok, T, 0, lg, false), RT_ERR_NONE);
+        int32_t next = tok[T - 1];
+        for (int st = 0; st < STEPS; st++) {
+            float *row = (sc < 0 ? want : got) + (size_t)st * V;
+            CHECK_EQ_INT(rt_model_forward(rm, &next, 1, T + st, row, false), RT_ERR_NONE);
+            next = (int32_t)(((unsigned)next * 7u + 3u) % (unsigned)V); /* any valid id */
+        }
+        free(lg);
+        rt_model_free(rm);
+        if (sc < 0)
+            continue;
+        CHECK_MSG(memcmp(want, got, (size_t)STEPS * V * 4) == 0,
+                  "%s: scenario %d: decode logits after failed graph recordings differ from "
+                  "the run without graphs", dir, sc);
+        CHECK_MSG(!g_graph.bad_order, "%s: scenario %d: graph_begin / graph_end out of order",
+                  dir, sc);
+        CHECK_EQ_INT(g_graph.replays, 0); /* never ready: never replayed */
+        const int tries = moe ? 0 : 2;    /* two failed recordings, then op by op */
+        const int begun = sc == 1 ? 0 : sc == 2 ? world - 1 : world; /* ranks ended per try */
+        CHECK_MSG(g_graph.begins == tries * (sc == 1 ? 1 : world) && g_graph.ends == tries * begun,
+                  "%s: scenario %d (world %d): %d begins, %d ends, want %d and %d", dir, sc,
+                  world, g_graph.begins, g_graph.ends, tries * (sc == 1 ? 1 : world),
+                  tries * begun);
+        /* ok = true reaches every begun rank when nothing failed; after a failed begin none;
+         * after rank 0's failed end only rank 0 (the ranks after it are discarded) */
+        const int ok_per_try = sc == 0 ? world : sc == 3 ? 1 : 0;
+        CHECK_MSG(g_graph.ends_ok == tries * ok_per_try,
+                  "%s: scenario %d: %d ends with ok, want %d", dir, sc, g_graph.ends_ok,
+                  tries * ok_per_try);
+    }
+    free(want);
+    free(got);
 }
 
 /*
