@@ -992,12 +992,38 @@ static void test_moe(void)
 
 // --- all-reduce across GPUs ------------------------------------------------------------------------
 
+/* Between all-reduce rounds, on rank `rank`'s GPU: optionally hold the GPU for ~spin_ns (so the
+ * ranks reach the next round at different times, as the two-slot scheme must survive), then
+ * x = x * scale + (rank + 1) / 4 (scale a power of two: exact, so the host repeats it bit for
+ * bit; the rank-dependent term keeps the ranks' inputs different every round). */
+static __global__ void ar_between_kernel(void *buf, size_t n, int f16, float scale, int rank,
+                                         unsigned long long spin_ns)
+{
+    if (spin_ns && threadIdx.x == 0 && blockIdx.x == 0) {
+        unsigned long long t0, t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); while (t - t0 < spin_ns);
+    }
+    const float c = 0.25f * (float)(rank + 1);
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        if (f16) {
+            __half *h = static_cast<__half *>(buf);
+            h[i] = __float2half_rn(__fmul_rn(__half2float(h[i]), scale) + c);
+        } else {
+            float *f = static_cast<float *>(buf);
+            f[i] = __fadd_rn(__fmul_rn(f[i], scale), c);
+        }
+    }
+}
+
 /*
- * k_allreduce_sum on GPUs 0 and 1 (needs two; on one GPU the area runs only the refusals) vs
- * ref_allreduce_sum, bit for bit on every rank: fp32 and fp16, 16 bytes to the 256 KB limit;
- * R rounds in a row without host synchronisation (epochs and the two receive slots, each round
- * summing the previous round's results in place); the same rounds recorded into one CUDA graph
- * per GPU and replayed; refusals.
+ * k_allreduce_sum over every GPU with peer access to the others (2..8; with one GPU the area
+ * runs only the refusals) vs ref_allreduce_sum, bit for bit on every rank: fp32 and fp16, 16
+ * bytes to the 256 KB limit; R rounds in a row without host synchronisation, each followed by a
+ * rank-dependent step (ar_between_kernel) on every rank and, on one rank in turn, a ~50 us hold,
+ * so the ranks' inputs differ in every round and the ranks reach the rounds out of step (the
+ * two receive slots and the epochs); the same rounds recorded into one CUDA graph per GPU and
+ * replayed 4 times; refusals.
  */
 static void test_allreduce(bool quick)
 {
@@ -1009,34 +1035,39 @@ static void test_allreduce(bool quick)
     CHECK_EQ_INT(k_allreduce_create(1, one, &bad), K_ERR_SHAPE);
     CHECK(bad == nullptr);
     qs_log_set_quiet(false);
-    int can = 0;
-    if (n_dev >= 2) TCUDA(cudaDeviceCanAccessPeer(&can, 0, 1));
-    if (!can) {
+    int devs[K_ALLREDUCE_MAX_WORLD], W = 0;
+    for (int d = 0; d < n_dev && W < K_ALLREDUCE_MAX_WORLD; ++d) {
+        devs[W] = d;
+        if (k_allreduce_supported(W + 1, devs) || W == 0) ++W;
+    }
+    if (W < 2) {
         printf("allreduce: fewer than 2 GPUs with peer access: only the refusals ran\n");
         return;
     }
-    const int W = 2, devs[W] = {0, 1};
+    printf("allreduce: %d GPUs\n", W);
     struct k_allreduce *ar = nullptr;
     CHECK_EQ_INT(k_allreduce_create(W, devs, &ar), K_ERR_NONE);
     if (!ar) return;
-    cudaStream_t st[W];
+    cudaStream_t st[K_ALLREDUCE_MAX_WORLD];
     for (int r = 0; r < W; ++r) {
         TCUDA(cudaSetDevice(devs[r]));
         TCUDA(cudaStreamCreateWithFlags(&st[r], cudaStreamNonBlocking));
     }
-    /* refusals: not a multiple of 16 bytes, too large, rank out of range */
+    /* refusals: not a multiple of 16 bytes, too large, misaligned, rank out of range */
     qs_log_set_quiet(true);
-    TCUDA(cudaSetDevice(0));
+    TCUDA(cudaSetDevice(devs[0]));
     void *d0 = nullptr;
     TCUDA(cudaMalloc(&d0, K_ALLREDUCE_MAX_BYTES + 16));
     CHECK_EQ_INT(k_allreduce_sum(ar, 0, d0, 3, 0, st[0]), K_ERR_SHAPE);
     CHECK_EQ_INT(k_allreduce_sum(ar, 0, d0, K_ALLREDUCE_MAX_BYTES / 4 + 4, 0, st[0]), K_ERR_SHAPE);
     CHECK_EQ_INT(k_allreduce_sum(ar, 0, static_cast<char *>(d0) + 4, 4, 0, st[0]), K_ERR_SHAPE);
-    CHECK_EQ_INT(k_allreduce_sum(ar, 2, d0, 4, 0, st[0]), K_ERR_ARG);
+    CHECK_EQ_INT(k_allreduce_sum(ar, W, d0, 4, 0, st[0]), K_ERR_ARG);
     CHECK_EQ_INT(k_allreduce_sum(nullptr, 0, d0, 4, 0, st[0]), K_ERR_ARG);
     TCUDA(cudaFree(d0));
     qs_log_set_quiet(false);
 
+    float scale = 1.0f; /* 2^-ceil(log2 W): the sums stay bounded round after round */
+    while (scale * (float)W > 1.0f) scale *= 0.5f;
     const size_t sizes[] = {4, 8, 1000, 4096, 8192, 14336, K_ALLREDUCE_MAX_BYTES / 4, K_ALLREDUCE_MAX_BYTES / 2};
     for (int f16 = 0; f16 <= 1; ++f16)
         for (size_t n : sizes) {
@@ -1047,7 +1078,7 @@ static void test_allreduce(bool quick)
                 const int R = 3, replays = graph ? 4 : 1;
                 /* inputs: fp16-representable values in [-1, 1) (exact in both types) */
                 std::vector<std::vector<float>> cur(W);
-                void *d[W];
+                void *d[K_ALLREDUCE_MAX_WORLD];
                 for (int r = 0; r < W; ++r) {
                     std::vector<uint16_t> h16;
                     rand_f16(h16, cur[r], n, -1.0f, 1.0f);
@@ -1056,20 +1087,30 @@ static void test_allreduce(bool quick)
                     if (f16) TCUDA(cudaMemcpy(d[r], h16.data(), n * 2, cudaMemcpyHostToDevice));
                     else TCUDA(cudaMemcpy(d[r], cur[r].data(), n * 4, cudaMemcpyHostToDevice));
                 }
-                cudaGraphExec_t ge[W] = {nullptr, nullptr};
+                auto rounds = [&]() { /* enqueue R rounds on every rank, no host wait */
+                    for (int k = 0; k < R; ++k) {
+                        for (int r = 0; r < W; ++r) {
+                            TCUDA(cudaSetDevice(devs[r]));
+                            CHECK_EQ_INT(k_allreduce_sum(ar, r, d[r], n, f16, st[r]), K_ERR_NONE);
+                        }
+                        for (int r = 0; r < W; ++r) {
+                            TCUDA(cudaSetDevice(devs[r]));
+                            ar_between_kernel<<<8, 256, 0, st[r]>>>(d[r], n, f16, scale, r,
+                                                                     r == k % W ? 50000ull : 0ull);
+                            TCUDA(cudaGetLastError());
+                        }
+                    }
+                };
+                cudaGraphExec_t ge[K_ALLREDUCE_MAX_WORLD] = {};
                 if (graph) {
                     for (int r = 0; r < W; ++r) {
                         TCUDA(cudaSetDevice(devs[r]));
                         TCUDA(cudaStreamBeginCapture(st[r], cudaStreamCaptureModeThreadLocal));
                     }
-                    for (int k = 0; k < R; ++k)
-                        for (int r = 0; r < W; ++r) {
-                            TCUDA(cudaSetDevice(devs[r]));
-                            CHECK_EQ_INT(k_allreduce_sum(ar, r, d[r], n, f16, st[r]), K_ERR_NONE);
-                        }
+                    rounds();
                     /* every capture ends before any instantiation (not permitted while one of
                      * this thread's streams is capturing) */
-                    cudaGraph_t g[W] = {nullptr, nullptr};
+                    cudaGraph_t g[K_ALLREDUCE_MAX_WORLD] = {};
                     for (int r = 0; r < W; ++r) {
                         TCUDA(cudaSetDevice(devs[r]));
                         TCUDA(cudaStreamEndCapture(st[r], &g[r]));
@@ -1081,26 +1122,27 @@ static void test_allreduce(bool quick)
                     }
                 }
                 for (int rep = 0; rep < replays; ++rep) {
-                    if (graph)
-                        for (int r = 0; r < W; ++r) {
-                            TCUDA(cudaSetDevice(devs[r]));
-                            TCUDA(cudaGraphLaunch(ge[r], st[r]));
-                        }
-                    else
-                        for (int k = 0; k < R; ++k)
-                            for (int r = 0; r < W; ++r) {
-                                TCUDA(cudaSetDevice(devs[r]));
-                                CHECK_EQ_INT(k_allreduce_sum(ar, r, d[r], n, f16, st[r]), K_ERR_NONE);
-                            }
+                    if (!graph) {
+                        rounds();
+                        continue;
+                    }
+                    for (int r = 0; r < W; ++r) {
+                        TCUDA(cudaSetDevice(devs[r]));
+                        TCUDA(cudaGraphLaunch(ge[r], st[r]));
+                    }
                 }
                 /* the reference: the same R * replays rounds on the host */
                 std::vector<float> sum(n);
+                std::vector<const float *> b(W);
                 for (int k = 0; k < R * replays; ++k) {
-                    const float *b[W] = {cur[0].data(), cur[1].data()};
-                    ref_allreduce_sum(sum.data(), b, W, n);
+                    for (int r = 0; r < W; ++r) b[r] = cur[r].data();
+                    ref_allreduce_sum(sum.data(), b.data(), W, n);
                     for (int r = 0; r < W; ++r)
-                        for (size_t i = 0; i < n; ++i)
-                            cur[r][i] = f16 ? ref_f16_to_f32(ref_f32_to_f16(sum[i])) : sum[i];
+                        for (size_t i = 0; i < n; ++i) {
+                            const float s_r = f16 ? ref_f16_to_f32(ref_f32_to_f16(sum[i])) : sum[i];
+                            const float v = s_r * scale + 0.25f * (float)(r + 1);
+                            cur[r][i] = f16 ? ref_f16_to_f32(ref_f32_to_f16(v)) : v;
+                        }
                 }
                 for (int r = 0; r < W; ++r) {
                     TCUDA(cudaSetDevice(devs[r]));
@@ -1111,8 +1153,8 @@ static void test_allreduce(bool quick)
                     size_t diff = 0, first = 0;
                     for (size_t i = 0; i < n; ++i)
                         if (memcmp(&got[i], &cur[r][i], 4) != 0 && diff++ == 0) first = i;
-                    CHECK_MSG(diff == 0, "allreduce %s n=%zu %s rank %d: %zu of %zu differ from ref_allreduce_sum, first [%zu] %.9g want %.9g",
-                              f16 ? "fp16" : "fp32", n, graph ? "graph x4" : "3 rounds", r, diff, n, first,
+                    CHECK_MSG(diff == 0, "allreduce %d GPUs %s n=%zu %s rank %d: %zu of %zu differ from ref_allreduce_sum, first [%zu] %.9g want %.9g",
+                              W, f16 ? "fp16" : "fp32", n, graph ? "graph x4" : "3 rounds", r, diff, n, first,
                               diff ? got[first] : 0.0, diff ? cur[r][first] : 0.0);
                     if (ge[r]) TCUDA(cudaGraphExecDestroy(ge[r]));
                     TCUDA(cudaFree(d[r]));
