@@ -34,17 +34,17 @@ constexpr int THREADS = 512;
 constexpr unsigned long long SPIN_NS = 10ull * 1000 * 1000 * 1000; /* give up on a peer after */
 } // namespace ar
 
-struct k_allreduce {
-    int world;
-    int device[K_ALLREDUCE_MAX_WORLD];
+/* What the kernel of every rank gets by value: every rank's receive area and flags (peer
+ * pointers; entries past the world size are NULL). */
+struct ar_peers {
     unsigned char *recv[K_ALLREDUCE_MAX_WORLD]; /* on GPU r: [2][world][K_ALLREDUCE_MAX_BYTES] */
     unsigned *flags[K_ALLREDUCE_MAX_WORLD];     /* on GPU r: [world] peers' epochs, [world] own */
 };
 
-/* What the kernel of one rank needs: every rank's receive area and flags (peer pointers). */
-struct ar_peers {
-    unsigned char *recv[K_ALLREDUCE_MAX_WORLD];
-    unsigned *flags[K_ALLREDUCE_MAX_WORLD];
+struct k_allreduce {
+    int world;
+    int device[K_ALLREDUCE_MAX_WORLD];
+    ar_peers p;
 };
 
 static __device__ __forceinline__ unsigned long long globaltimer_ns(void)
@@ -177,9 +177,9 @@ int k_allreduce_create(int world, const int *devices, struct k_allreduce **out)
             if (e == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
             else K_CUDA_CHECK(e);
         }
-        K_CUDA_CHECK(cudaMalloc(&ar->recv[r], 2 * (size_t)world * K_ALLREDUCE_MAX_BYTES));
-        K_CUDA_CHECK(cudaMalloc(&ar->flags[r], 2 * (size_t)world * sizeof(unsigned)));
-        K_CUDA_CHECK(cudaMemset(ar->flags[r], 0, 2 * (size_t)world * sizeof(unsigned)));
+        K_CUDA_CHECK(cudaMalloc(&ar->p.recv[r], 2 * (size_t)world * K_ALLREDUCE_MAX_BYTES));
+        K_CUDA_CHECK(cudaMalloc(&ar->p.flags[r], 2 * (size_t)world * sizeof(unsigned)));
+        K_CUDA_CHECK(cudaMemset(ar->p.flags[r], 0, 2 * (size_t)world * sizeof(unsigned)));
         K_CUDA_CHECK(cudaDeviceSynchronize());
     }
     K_CUDA_CHECK(cudaSetDevice(prev));
@@ -194,8 +194,8 @@ void k_allreduce_destroy(struct k_allreduce *ar)
     cudaGetDevice(&prev);
     for (int r = 0; r < ar->world; ++r) {
         cudaSetDevice(ar->device[r]);
-        cudaFree(ar->recv[r]);
-        cudaFree(ar->flags[r]);
+        cudaFree(ar->p.recv[r]);
+        cudaFree(ar->p.flags[r]);
     }
     cudaSetDevice(prev);
     free(ar);
@@ -216,16 +216,11 @@ int k_allreduce_sum(struct k_allreduce *ar, int rank, void *buf, size_t n, int f
     if (!k_allreduce_fits(ar, buf, n, f16))
         K_REFUSE(K_ERR_SHAPE, "all-reduce of %zu %s values at %p: needs 16-byte alignment and a "
                  "multiple of 16 bytes, at most %d", n, f16 ? "fp16" : "fp32", buf, K_ALLREDUCE_MAX_BYTES);
-    ar_peers p;
-    for (int r = 0; r < K_ALLREDUCE_MAX_WORLD; ++r) {
-        p.recv[r] = r < ar->world ? ar->recv[r] : nullptr;
-        p.flags[r] = r < ar->world ? ar->flags[r] : nullptr;
-    }
     const int n16 = (int)(n * (f16 ? 2 : 4) / 16);
     if (f16)
-        allreduce_kernel<true><<<1, ar::THREADS, 0, stream>>>(static_cast<uint4 *>(buf), n16, rank, ar->world, p);
+        allreduce_kernel<true><<<1, ar::THREADS, 0, stream>>>(static_cast<uint4 *>(buf), n16, rank, ar->world, ar->p);
     else
-        allreduce_kernel<false><<<1, ar::THREADS, 0, stream>>>(static_cast<uint4 *>(buf), n16, rank, ar->world, p);
+        allreduce_kernel<false><<<1, ar::THREADS, 0, stream>>>(static_cast<uint4 *>(buf), n16, rank, ar->world, ar->p);
     /* the launch error only: a DEBUG_SYNC device synchronisation here would wait for this
      * rank's kernel, which waits for the ranks not launched yet (K_LAUNCH_CHECK) */
     K_CUDA_CHECK(cudaGetLastError());

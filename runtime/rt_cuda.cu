@@ -582,6 +582,14 @@ static enum rt_err cuda_scatter_add_rows(void *ctx, int rank, void *y, const voi
     return RT_ERR_NONE;
 }
 
+/* Whether a graph is being recorded on any rank's stream (graph_begin .. graph_end). */
+static bool any_capturing(const struct cuda_ctx *c)
+{
+    for (int i = 0; i < c->world; ++i)
+        if (c->r[i].capturing) return true;
+    return false;
+}
+
 /* Sum the ranks' buffers in place, enqueued on each rank's stream (no host wait); every rank
  * receives the same bits. Up to K_ALLREDUCE_MAX_BYTES per rank (decode rows, short prompts)
  * with k_allreduce_sum over peer memory when every pair of GPUs has peer access: fp32 sums in
@@ -605,7 +613,7 @@ static enum rt_err cuda_all_reduce(void *vctx, void *const *bufs, int world, siz
         }
         return RT_ERR_NONE;
     }
-    if (c->r[0].capturing) {
+    if (any_capturing(c)) {
         qs_log_debug("all-reduce of %zu values: NCCL cannot be recorded into a graph here", n);
         return RT_ERR_DEVICE;
     }
@@ -626,13 +634,6 @@ static enum rt_err cuda_all_reduce(void *vctx, void *const *bufs, int world, siz
 
 
 // --- decode-step graph (rt.h graph_begin / graph_end / graph_replay) ------------------------------
-
-static bool any_capturing(const struct cuda_ctx *c)
-{
-    for (int i = 0; i < c->world; ++i)
-        if (c->r[i].capturing) return true;
-    return false;
-}
 
 static enum rt_err cuda_graph_begin(void *ctx, int rank)
 {
