@@ -414,6 +414,7 @@ void usage(FILE *f)
             "                                    (next-token choice: k_sample vs download + host sampler)\n"
             "  --m LIST         activation rows M (default 1,16,64,256,4096)\n"
             "  --shapes LIST    llama2-7b,llama3-8b,llama2-13b,70b (default llama2-7b,llama3-8b,70b)\n"
+            "                   or one layer as KxN, e.g. 8192x57344 (--tp does not apply to it)\n"
             "  --tp N           tensor-parallel size of the layer shapes (default 1)\n"
             "  --variants LIST  W4A16 variants to time: 0 auto, 1 naive, 2 decode, 3 GEMM, 4 stream-K,\n"
             "                   5 lean decode, 6 lean decode (smem ring); 100 + v: v without Programmatic Dependent Launch\n"
@@ -487,6 +488,17 @@ int bench_kernel_main(int argc, char **argv)
             const std::string name = t.substr(p, q - p);
             p = q + 1;
             if (name.empty()) continue;
+            int K = 0, N = 0, used = 0;
+            if (sscanf(name.c_str(), "%dx%d%n", &K, &N, &used) == 2 && used == (int)name.size()) {
+                /* one layer given as K x N (one rank's shape, no TP split applied) */
+                if (K <= 0 || N <= 0 || K % G || K % 16 || N % 64) {
+                    fprintf(stderr, "qshard bench kernel: shape %s: K must be a positive multiple "
+                            "of 16 and of --group %d, N a positive multiple of 64\n", name.c_str(), G);
+                    return QS_EXIT_USAGE;
+                }
+                list.push_back({name, K, N});
+                continue;
+            }
             const bmodel *bm = nullptr;
             for (const auto &m : BMODELS)
                 if (name == m.name) bm = &m;

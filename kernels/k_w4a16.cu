@@ -145,6 +145,9 @@ static __device__ __forceinline__ void k_red_add_v4(float *p, float4 v)
  * row-major in its own shared-memory stage [8*MB8][64] fp32, so the workspace sees one 16-byte
  * vector reduction per 4 columns (M*16 per warp instead of M*64 scalar atomics) and the last
  * slice reads, writes and zeroes 4 columns at a time. Needs N % 4 == 0 (N % 64 == 0 holds).
+ * Column c of row r lives at r*64 + (c ^ 4*(r & 7)): the fragment writes (lanes 4g + t hold rows
+ * 2t, 2t + 1 and columns g, g + 8 of each 16-column block) then hit 32 different banks instead of
+ * 4-way conflicts, and the 4-column groups the flush reads as float4 stay contiguous.
  */
 template <int MB8>
 static __device__ __forceinline__ void w4a16_splitk_flush_staged(
@@ -159,16 +162,18 @@ static __device__ __forceinline__ void w4a16_splitk_flush_staged(
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
             const int c0 = 2 * w * 8 + g, c1 = c0 + 8;
-            stage[m0 * 64 + c0] = acc[tb][w][0];
-            stage[m1 * 64 + c0] = acc[tb][w][1];
-            stage[m0 * 64 + c1] = acc[tb][w][2];
-            stage[m1 * 64 + c1] = acc[tb][w][3];
+            const int s0 = 4 * (m0 & 7), s1 = 4 * (m1 & 7);
+            stage[m0 * 64 + (c0 ^ s0)] = acc[tb][w][0];
+            stage[m1 * 64 + (c0 ^ s1)] = acc[tb][w][1];
+            stage[m0 * 64 + (c1 ^ s0)] = acc[tb][w][2];
+            stage[m1 * 64 + (c1 ^ s1)] = acc[tb][w][3];
         }
     }
     __syncwarp();
     for (int e = lane; e < M * 16; e += K_WARP) {
         const int r = e / 16, c = (e % 16) * 4;
-        k_red_add_v4(ws + (size_t)r * N + nt * 64 + c, *reinterpret_cast<const float4 *>(stage + r * 64 + c));
+        k_red_add_v4(ws + (size_t)r * N + nt * 64 + c,
+                     *reinterpret_cast<const float4 *>(stage + r * 64 + (c ^ 4 * (r & 7))));
     }
     __threadfence(); /* our adds are visible device-wide before the counter moves */
     __syncwarp();
@@ -354,7 +359,11 @@ w4a16_v2_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
 namespace v5 {
 constexpr int WARPS = 4;        /* warps per block, one n-tile each */
 constexpr int DEPTH = 8;        /* weight tiles in flight per lane, held in registers */
-constexpr int X_BUDGET = 16384; /* bytes of the staged activation slice at most */
+/* bytes of the staged activation slice at most: 16 KB (M <= 8) or 32 KB (M <= 16) holds 64
+ * k-tiles per slice. At M = 16 a 16 KB slice meant twice the slices, each flushing M x 64
+ * columns of fp32 adds (70B gate_up 100.6 -> 89.9 us with 32 KB on the H200; M <= 8 lost 2-3 %
+ * there with 32 KB, so it keeps 16 KB) */
+template <int MB8> constexpr int X_BUDGET = MB8 == 1 ? 16384 : 32768;
 constexpr int SZ_BYTES = 160;   /* one group of one n-tile: 128 B scales + 32 B zero words */
 /* resident blocks per SM the register allocation must allow: M <= 8 4 x 4 warps x 8 tiles x
  * 512 B = 64 KB of weights in flight per SM (at 133 registers, 3 blocks, the 70B layers ran
@@ -427,9 +436,12 @@ w4a16_v5_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
     uint4 *ring = reinterpret_cast<uint4 *>(xs + ROWS * row_bytes) + warp * D * K_WARP;
     unsigned char *sz = xs + ROWS * row_bytes + (RING ? v5::WARPS * D * 512 : 0) +
                         warp * (kc / GT) * v5::SZ_BYTES; /* [n_g][160 B] */
-    float *stage = reinterpret_cast<float *>(xs + ROWS * row_bytes + (RING ? v5::WARPS * D * 512 : 0) +
-                                             v5::WARPS * (kc / GT) * v5::SZ_BYTES) +
-                   warp * ROWS * 64; /* [ROWS][64] fp32: the flush */
+    /* [ROWS][64] fp32: the flush; RING: in the warp's own ring, free once its last tile is read */
+    static_assert(!RING || ROWS * 64 * 4 <= D * 512, "the flush stage fits in the ring");
+    float *stage = RING ? reinterpret_cast<float *>(ring)
+                        : reinterpret_cast<float *>(xs + ROWS * row_bytes +
+                                                    v5::WARPS * (kc / GT) * v5::SZ_BYTES) +
+                              warp * ROWS * 64;
 
     /* 1. constant data: this warp's scales/zeros and its first tiles */
     const uint4 *qw = qweight + ((size_t)nt * KT + k_a) * K_WARP + lane;
@@ -551,7 +563,10 @@ w4a16_v5_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
                 }
         }
     }
-    if constexpr (RING) k_cp_async_wait<0>();
+    if constexpr (RING) {
+        k_cp_async_wait<0>();
+        __syncwarp(); /* every lane has read its last ring slot before the stage overwrites it */
+    }
     if constexpr (SCALE_AFTER) v5_scale_group<MB8>(acc, gacc, sraw, false);
     w4a16_splitk_flush_staged<MB8>(acc, stage, bias, y, ws, counters, M, N, nt, S, lane);
 }
@@ -1016,10 +1031,10 @@ static void launch_v5_tb(const __half *x, const uint4 *qw, const uint4 *qz, cons
     const int KT = K / 16, NT = N / 64, GT = G / 16;
     auto kern = w4a16_v5_decode_kernel<MB8, SCALE_AFTER, GTC, RING>;
     const int unit = std::max(v5::DEPTH, GT); /* GT | DEPTH or DEPTH | GT: whole groups, whole unrolls */
-    const int kc_max = std::max(unit, (v5::X_BUDGET / (ROWS * 32)) / unit * unit);
+    const int kc_max = std::max(unit, (v5::X_BUDGET<MB8> / (ROWS * 32)) / unit * unit);
     auto smem_for = [&](int kc) {
         return ROWS * kc * 32 + (RING ? v5::WARPS * v5::DEPTH * 512 : 0) +
-               v5::WARPS * (kc / GT) * v5::SZ_BYTES + v5::WARPS * ROWS * 64 * 4;
+               v5::WARPS * (kc / GT) * v5::SZ_BYTES + (RING ? 0 : v5::WARPS * ROWS * 64 * 4);
     };
     static int bps[K_MAX_DEVICES]; /* at the largest slice, per instantiation and device */
     const int blocks_per_sm =
@@ -1055,13 +1070,16 @@ static bool launch_v5_g(const __half *x, const uint4 *qw, const uint4 *qz, const
     }
 }
 
+/* M <= 16 runs the exact-integer dequantisation with the scales applied per group too (167
+ * registers, 3 blocks/SM, no spill): 70B gate_up at M = 16 96.5 -> 90.2 us, 70B down 52.4 ->
+ * 49.4 us against the fp16 scale inside the dequantisation, same run on the H200. */
 template <bool RING>
 static int launch_v5(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
                      const float *bias, __half *y, int M, int N, int K, int G, void *ws,
                      cudaStream_t stream)
 {
     const bool done = M <= 8 ? launch_v5_g<1, true, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream)
-                             : launch_v5_g<2, false, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
+                             : launch_v5_g<2, true, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
     if (!done) return launch_v2(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
     return K_ERR_NONE;
 }

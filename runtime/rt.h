@@ -163,10 +163,8 @@ struct rt_opts {
     int cuda_device;        /* first GPU for rank 0 (rank r uses cuda_device + r) */
     int p2p_allreduce;      /* CUDA, world_size > 1: 1 = all-reduces of up to 256 KB through
                                our peer-to-peer kernel when every pair of GPUs has peer access
-                               (and decode graphs at world_size > 1), 0 = NCCL only. rt_model_open
-                               sets 0 for mixture-of-experts models (not verified with the
-                               kernel: docs/BENCHMARKS.md); callers of rt_model_open_backend
-                               choose. QSHARD_P2P_ALLREDUCE=0 also turns it off (needed under
+                               (and decode graphs at world_size > 1), 0 = NCCL only.
+                               QSHARD_P2P_ALLREDUCE=0 also turns it off (needed under
                                compute-sanitizer or CUDA_LAUNCH_BLOCKING=1, which serialise the
                                ranks' kernels that wait for each other). */
 };

@@ -858,8 +858,8 @@ enum rt_err rt_cuda_backend_create(const struct rt_opts *opts, int world_size,
             k_allreduce_create(world_size, devs, &c->ar) != K_ERR_NONE)
             c->ar = NULL; /* reported there; NCCL serves every all-reduce */
         qs_log_debug("all-reduce: %s", c->ar ? "peer-to-peer kernel up to 256 KB per rank, NCCL above"
-                                              : "NCCL (no peer access, more than 8 ranks, a mixture-of-experts "
-                                                "model, or QSHARD_P2P_ALLREDUCE=0)");
+                                              : "NCCL (no peer access, more than 8 ranks, or "
+                                                "QSHARD_P2P_ALLREDUCE=0)");
     }
     out->ops = &cuda_ops;
     out->ctx = c;

@@ -570,10 +570,7 @@ static enum rt_err create_backend(struct rt_model *m, const struct rt_opts *o)
     }
     m->device = d;
     if (d == RT_DEVICE_CUDA) {
-        struct rt_opts oc = *o;
-        if (m->ranks[0].cfg.n_experts) /* see rt_opts.p2p_allreduce */
-            oc.p2p_allreduce = 0;
-        return rt_cuda_backend_create(&oc, m->world, &m->be);
+        return rt_cuda_backend_create(o, m->world, &m->be);
     }
     return rt_cpu_backend_create(o, m->world, &m->be);
 }

@@ -20,7 +20,8 @@ GPUs are needed; the CPU backend runs the same N ranks in one process): a fixtur
 split N ways (convert exits 2 naming --tp) is reported as not applicable, not counted.
 
 Prints "e2e: N passed, N failed" (tests/run_gpu_tests.sh sums it). Needs numpy.
-  usage: QSHARD=build-gpu/qshard python3 tests/gpu_test_e2e.py [--quick] [--tp N]
+--only S keeps the fixtures whose name contains S.
+  usage: QSHARD=build-gpu/qshard python3 tests/gpu_test_e2e.py [--quick] [--tp N] [--only S]
 """
 import json
 import os
@@ -120,6 +121,7 @@ def sampling_checks(name, out, ids, tp):
 def main():
     quick = "--quick" in sys.argv
     tp = int(sys.argv[sys.argv.index("--tp") + 1]) if "--tp" in sys.argv else 1
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else ""
     index = json.load(open(os.path.join(ROOT, "models", "INDEX.json")))
     tmp = tempfile.mkdtemp(prefix="qshard-e2e-")
     seen_groups = set()
@@ -128,7 +130,7 @@ def main():
         gdir = os.path.join(ROOT, "golden", group)
         if not os.path.exists(os.path.join(gdir, "golden.json")):
             continue
-        if quick and group in seen_groups:
+        if (quick and group in seen_groups) or only not in m["name"]:
             continue
         seen_groups.add(group)
         golden = json.load(open(os.path.join(gdir, "golden.json")))

@@ -10,7 +10,8 @@ pass=0; fail=0; bad=""
 SAN=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
 
 tally() { # $1 = label, $2 = output file, $3 = exit code
-    lines=$(grep -E '^[A-Za-z0-9_/ -]+: [0-9]+ passed, [0-9]+ failed$' "$2" | grep -v '^gpu_kernels:')
+    # per-area lines only: the program's own total (gpu_kernels: ...) would count them twice
+    lines=$(grep -E '^[A-Za-z0-9_/ -]+: [0-9]+ passed, [0-9]+ failed$' "$2" | grep -vE '^(memcheck_)?gpu_kernels:')
     if [ -z "$lines" ]; then
         tail -n 40 "$2"
         echo "$1: crashed or printed no summary (exit $3)"
