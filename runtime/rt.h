@@ -229,9 +229,10 @@ struct rt_pick {
     const uint8_t *seen;       /* host [ceil(vocab_size/8)]: history bitmap (rt_sampler.seen) */
 };
 
-/* Whether rt_model_forward_pick can run: the backend has a device sampler (CUDA), the model has
- * one rank (the vocab-parallel logits of several would first have to be gathered), and the
- * environment does not say QSHARD_DEVICE_SAMPLE=0 (A/B runs against the host sampler). */
+/* Whether rt_model_forward_pick can run: the backend has a device sampler (CUDA); with several
+ * ranks it can also copy between them (the vocab-parallel logits are gathered on rank 0's
+ * device first, rt_backend_ops.copy_ranks); and the environment does not say
+ * QSHARD_DEVICE_SAMPLE=0 (A/B runs against the host sampler). */
 bool rt_model_can_pick(const struct rt_model *m);
 
 /*
@@ -371,6 +372,12 @@ struct rt_backend_ops {
      * is finite (kernels.h k_sample). Synchronises (the id is on the host on return). */
     enum rt_err (*sample)(void *ctx, int rank, const float *logits, int vocab_size,
                           const struct rt_pick *pick, int32_t *id);
+    /* Optional (device sampling at world_size > 1): copy `bytes` from src on src_rank to dst on
+     * dst_rank, after the work already queued on src_rank and before the work queued on
+     * dst_rank after it; later work on src_rank does not overwrite src before the copy has
+     * read it. */
+    enum rt_err (*copy_ranks)(void *ctx, int dst_rank, void *dst, int src_rank,
+                              const void *src, size_t bytes);
 };
 
 struct rt_backend {

@@ -92,6 +92,7 @@ struct grow_buf {
 struct cuda_rank {
     int device;
     cudaStream_t stream;
+    cudaEvent_t ev;         /* copy_ranks: orders a copy between this rank's stream and another's */
     cublasHandle_t cublas;
     unsigned char *weights; /* owned: the rank file's data region */
     size_t weights_bytes;
@@ -208,7 +209,9 @@ static void rank_free(struct cuda_rank *r)
     r->graph = NULL;
     r->d_step = r->h_step = NULL;
     if (r->cublas) cublasDestroy(r->cublas);
+    if (r->ev) cudaEventDestroy(r->ev);
     if (r->stream) cudaStreamDestroy(r->stream);
+    r->ev = NULL;
     r->weights = NULL;
     r->cublas = NULL;
     r->stream = NULL;
@@ -763,12 +766,44 @@ static enum rt_err cuda_sample(void *ctx, int rank, const float *logits, int voc
     return RT_ERR_NONE;
 }
 
+// --- copies between ranks (rt.h copy_ranks) ----------------------------------------------------
+
+/* src (src_rank's device) -> dst (dst_rank's device) on dst_rank's stream after the work queued
+ * on src_rank's stream (an event), and src_rank's later work after the copy (another event):
+ * over NVLink when the all-reduce kernel enabled peer access, else staged by the driver. Not
+ * while a graph is being recorded (events across the ranks' captures would join them). */
+static enum rt_err cuda_copy_ranks(void *vctx, int dst_rank, void *dst, int src_rank,
+                                   const void *src, size_t bytes)
+{
+    const struct cuda_ctx *c = static_cast<const struct cuda_ctx *>(vctx);
+    if (any_capturing(c)) {
+        qs_log_error(__func__, "a copy between ranks %d and %d cannot be recorded in a graph",
+                     src_rank, dst_rank);
+        return RT_ERR_DEVICE;
+    }
+    if (bytes == 0) return RT_ERR_NONE;
+    struct cuda_rank *s = R(vctx, src_rank);
+    if (src_rank == dst_rank) {
+        RT_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s->stream));
+        return RT_ERR_NONE;
+    }
+    RT_CUDA_TRY(cudaEventRecord(s->ev, s->stream));
+    struct cuda_rank *d = R(vctx, dst_rank);
+    RT_CUDA_TRY(cudaStreamWaitEvent(d->stream, s->ev, 0));
+    RT_CUDA_TRY(cudaMemcpyPeerAsync(dst, d->device, src, s->device, bytes, d->stream));
+    RT_CUDA_TRY(cudaEventRecord(d->ev, d->stream));
+    s = R(vctx, src_rank);
+    RT_CUDA_TRY(cudaStreamWaitEvent(s->stream, d->ev, 0));
+    return RT_ERR_NONE;
+}
+
 static const struct rt_backend_ops cuda_ops = {
     "cuda", 2, 2, cuda_destroy, cuda_load_weights, cuda_tensor_ptr, cuda_alloc, cuda_free,
     cuda_upload, cuda_download, cuda_zero, cuda_embed, cuda_rmsnorm, cuda_linear_w4,
     cuda_linear_f16, cuda_lm_head, cuda_router, cuda_rope, cuda_kv_store, cuda_attention,
     cuda_silu_mul, cuda_gather_rows, cuda_scatter_add_rows, cuda_all_reduce,
     cuda_graph_begin, cuda_graph_end, cuda_graph_ready, cuda_graph_replay, cuda_sample,
+    cuda_copy_ranks,
 };
 
 bool rt_cuda_available(void)
@@ -827,6 +862,7 @@ enum rt_err rt_cuda_backend_create(const struct rt_opts *opts, int world_size,
         r->device = first + i;
         cudaError_t e = cudaSetDevice(r->device);
         if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking);
+        if (e == cudaSuccess) e = cudaEventCreateWithFlags(&r->ev, cudaEventDisableTiming);
         cublasStatus_t be = CUBLAS_STATUS_SUCCESS;
         if (e == cudaSuccess) be = cublasCreate(&r->cublas);
         if (e == cudaSuccess && be == CUBLAS_STATUS_SUCCESS) be = cublasSetStream(r->cublas, r->stream);

@@ -100,6 +100,8 @@ struct rt_rank {
     void *xe, *ye;   /* act, MoE: [B][H] gathered expert input / expert output */
     float *router_logits; /* f32, MoE: [B][E] */
     float *logits;   /* f32 [LB][V_r] */
+    float *logits_all; /* f32 [V], rank 0 at world > 1 with device sampling: the last row's
+                        * logits of every rank gathered (pick_id) */
     float *inv_freq; /* f32 [hd/2] */
     void **k_cache, **v_cache; /* owned arrays [n_layers] of kv [nkv_r][n_ctx][hd] */
 };
@@ -413,6 +415,8 @@ static enum rt_err alloc_rank(struct rt_model *m, int r)
         TRY(balloc_f32(m, r, B * (size_t)c->n_experts, &R->router_logits));
     }
     TRY(balloc_f32(m, r, (size_t)m->logit_rows * (size_t)c->vocab_size_per_rank, &R->logits));
+    if (r == 0 && m->world > 1 && OPS->sample && OPS->copy_ranks)
+        TRY(balloc_f32(m, r, (size_t)c->vocab_size, &R->logits_all));
     TRY(balloc_f32(m, r, hd / 2, &R->inv_freq));
 
     float *inv = malloc(hd / 2 * sizeof(float));
@@ -452,7 +456,7 @@ static void free_rank(struct rt_model *m, int r)
     free(R->used);
     if (m->be.ops) {
         void *bufs[] = {R->h, R->x, R->o, R->qkv, R->att, R->gu, R->act, R->xe, R->ye,
-                        R->router_logits, R->logits, R->inv_freq};
+                        R->router_logits, R->logits, R->logits_all, R->inv_freq};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
             OPS->free(BCTX, r, bufs[i]);
         for (int l = 0; l < R->cfg.n_layers; l++) {
@@ -981,11 +985,26 @@ static enum rt_err step_graph(struct rt_model *m, int32_t token, int p0, float *
     return RT_ERR_NONE;
 }
 
-/* The next token from rank 0's logits [V_r] (world 1: V_r = V) on the device. */
+/* The next token, chosen on rank 0's device from the last row's logits [V]: rank 0's own
+ * lm_head output at world 1; at world > 1 every rank's [V_r] slice is first copied into
+ * columns [r * V_r, ...) of rank 0's logits_all (padding columns past V dropped, as in
+ * download_logits). */
 static enum rt_err pick_id(struct rt_model *m, const struct rt_pick *pick, int32_t *id)
 {
     const struct rt_config *c = &m->ranks[0].cfg;
-    TRY(OPS->sample(BCTX, 0, m->ranks[0].logits, c->vocab_size, pick, id));
+    const float *logits = m->ranks[0].logits;
+    if (m->world > 1) {
+        const int Vr = c->vocab_size_per_rank, V = c->vocab_size;
+        float *all = m->ranks[0].logits_all;
+        for (int r = 0; r < m->world; r++) {
+            int64_t col0 = (int64_t)r * Vr, cols = V - col0 < Vr ? V - col0 : Vr;
+            if (cols > 0)
+                TRY(OPS->copy_ranks(BCTX, 0, all + col0, r, m->ranks[r].logits,
+                                    (size_t)cols * sizeof(float)));
+        }
+        logits = all;
+    }
+    TRY(OPS->sample(BCTX, 0, logits, c->vocab_size, pick, id));
     if (*id < 0 || *id >= c->vocab_size) {
         qs_log_error(__func__, "no finite logit among the %d ids: the model computed NaN or "
                      "-inf everywhere", c->vocab_size);
@@ -1008,9 +1027,11 @@ static enum rt_err step(struct rt_model *m, const int32_t *tokens, int M, int p0
     }
     TRY(step_body(m, tokens, M, p0));
     if (pick) {
-        struct rt_rank *R = &m->ranks[0];
-        TRY(OPS->lm_head(BCTX, 0, act_at(m, R->x, (size_t)(M - 1) * c->hidden_size),
-                         R->lm_head, 1, c->hidden_size, c->vocab_size_per_rank, R->logits));
+        for (int r = 0; r < m->world; r++) {
+            struct rt_rank *R = &m->ranks[r];
+            TRY(OPS->lm_head(BCTX, r, act_at(m, R->x, (size_t)(M - 1) * c->hidden_size),
+                             R->lm_head, 1, c->hidden_size, c->vocab_size_per_rank, R->logits));
+        }
         return pick_id(m, pick, id);
     }
     if (!logits)
@@ -1080,7 +1101,7 @@ bool rt_model_can_pick(const struct rt_model *m)
         const char *e = getenv("QSHARD_DEVICE_SAMPLE");
         env = !(e && strcmp(e, "0") == 0);
     }
-    return env && OPS->sample && m->world == 1;
+    return env && OPS->sample && (m->world == 1 || (OPS->copy_ranks && m->ranks[0].logits_all));
 }
 
 enum rt_err rt_model_forward_pick(struct rt_model *m, const int32_t *tokens, int n_tokens,

@@ -1166,6 +1166,15 @@ static const struct rt_backend_ops emu_ops = {
  * plumbing (which row reaches the sampler, chunked prefill, the draw and the history passed
  * through) is what test_pick checks; the CUDA kernel itself is checked in gpu_test_kernels.
  */
+/* rt.h's copy_ranks on the emulated backend: every rank's memory is host memory. */
+static enum rt_err emu_copy_ranks(void *ctx, int dst_rank, void *dst, int src_rank,
+                                  const void *src, size_t bytes)
+{
+    (void)ctx, (void)dst_rank, (void)src_rank;
+    memmove(dst, src, bytes);
+    return RT_ERR_NONE;
+}
+
 static enum rt_err emu_sample(void *ctx, int rank, const float *logits, int V,
                               const struct rt_pick *pk, int32_t *id)
 {
@@ -1308,6 +1317,7 @@ static void test_pick(const char *dir, const char *dir_tp2, const int32_t *tok, 
 {
     struct rt_backend_ops pick_ops = emu_ops;
     pick_ops.sample = emu_sample;
+    pick_ops.copy_ranks = emu_copy_ranks; /* several ranks: logits gathered on rank 0 */
     struct rt_opts o = cpu_opts(T + 8, 5, 1);
     struct rt_sample_params ps[2] = {rt_sample_params_default(), rt_sample_params_default()};
     ps[0].temperature = 0.0f;
@@ -1317,16 +1327,19 @@ static void test_pick(const char *dir, const char *dir_tp2, const int32_t *tok, 
     ps[1].top_p = 0.9f;
     ps[1].repeat_penalty = 1.3f;
     ps[1].seed = 42;
-    for (int c = 0; c < 2; c++) {
+    /* the TP-1 set, then (dir_tp2) the TP-N set: its vocab-parallel slices gathered on rank 0
+     * (copy_ranks), padding columns past V dropped */
+    for (int c = 0; c < 2 * (dir_tp2 ? 2 : 1); c++) {
+        const char *dd = c < 2 ? dir : dir_tp2;
         int32_t want[9], got[9];
         for (int mode = 0; mode < 2; mode++) {
             struct rt_backend be = {mode ? &pick_ops : &emu_ops, NULL};
             struct rt_model *rm = NULL;
             struct rt_sampler smp = {0};
             int32_t *out = mode ? got : want;
-            if (rt_model_open_backend(dir, &o, &be, &rm) != RT_ERR_NONE ||
-                rt_sampler_init(&smp, &ps[c], V) != RT_SAMPLE_ERR_NONE) {
-                CHECK_MSG(0, "%s: pick test set-up failed: %s", dir, qs_log_last());
+            if (rt_model_open_backend(dd, &o, &be, &rm) != RT_ERR_NONE ||
+                rt_sampler_init(&smp, &ps[c % 2], V) != RT_SAMPLE_ERR_NONE) {
+                CHECK_MSG(0, "%s: pick test set-up failed: %s", dd, qs_log_last());
                 rt_model_free(rm);
                 return;
             }
@@ -1356,9 +1369,9 @@ static void test_pick(const char *dir, const char *dir_tp2, const int32_t *tok, 
         }
         CHECK_MSG(memcmp(want, got, sizeof(want)) == 0,
                   "%s: ids picked through rt_model_forward_pick differ from the host sampler's "
-                  "(setting %d)", dir, c);
+                  "(setting %d)", dd, c % 2);
     }
-    /* refusals: the plain CPU backend has no sample op; several ranks are not picked on */
+    /* refusals: the plain CPU backend has no sample op; several ranks without copy_ranks */
     qs_log_set_quiet(true);
     struct rt_model *rm = NULL;
     struct rt_pick pk = {rt_sample_params_default(), 0.0, NULL};
@@ -1388,7 +1401,9 @@ static void test_pick(const char *dir, const char *dir_tp2, const int32_t *tok, 
         rt_model_free(rm);
     }
     rm = NULL;
-    struct rt_backend be = {&pick_ops, NULL};
+    struct rt_backend_ops no_copy = pick_ops;
+    no_copy.copy_ranks = NULL;
+    struct rt_backend be = {&no_copy, NULL};
     if (dir_tp2 && rt_model_open_backend(dir_tp2, &o, &be, &rm) == RT_ERR_NONE) {
         CHECK(!rt_model_can_pick(rm));
         CHECK_EQ_INT(rt_model_forward_pick(rm, tok, 1, 0, &pk, &id), RT_ERR_UNSUPPORTED);
