@@ -30,6 +30,7 @@ attention_kernel(__half *__restrict__ out, size_t out_stride, const __half *__re
                  int T_cap, int sliding_window)
 {
     k_pdl_launch_dependents(); /* the o projection may start loading its weights (k_common.cuh) */
+    k_pdl_wait();              /* launched early (PDL): q and the KV cache rows are complete */
     constexpr int DPL = HD / K_WARP; /* output dims per lane */
     __shared__ __align__(16) float q_s[HD];
     __shared__ float m_s[ATT_WARPS], l_s[ATT_WARPS];
@@ -125,6 +126,8 @@ static __global__ void kv_store_kernel(__half *__restrict__ k_cache, __half *__r
                                        const int32_t *__restrict__ start_pos_dev, int n_kv_heads,
                                        int hd, int T_cap)
 {
+    k_pdl_launch_dependents(); /* attention may launch (k_common.cuh) */
+    k_pdl_wait();              /* launched early (PDL): k and v (after rope) are complete */
     const long long id = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (id >= (long long)M * n_kv_heads * hd) return;
     const int d = (int)(id % hd);
@@ -150,10 +153,11 @@ int k_kv_store(uint16_t *k_cache, uint16_t *v_cache, const uint16_t *k, const ui
                  "row_stride=%zu", M, start_pos, T_cap, n_kv_heads, hd, row_stride);
     if (!k_cache || !v_cache || !k || !v) K_REFUSE(K_ERR_ARG, "kv_store: NULL pointer");
     const long long n = (long long)M * n_kv_heads * hd;
-    kv_store_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(
-        reinterpret_cast<__half *>(k_cache), reinterpret_cast<__half *>(v_cache),
-        reinterpret_cast<const __half *>(k), reinterpret_cast<const __half *>(v), row_stride, M,
-        start_pos, nullptr, n_kv_heads, hd, T_cap);
+    k_launch_ex(kv_store_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, stream,
+                k_pdl_usable(), reinterpret_cast<__half *>(k_cache),
+                reinterpret_cast<__half *>(v_cache), reinterpret_cast<const __half *>(k),
+                reinterpret_cast<const __half *>(v), row_stride, M, start_pos,
+                static_cast<const int32_t *>(nullptr), n_kv_heads, hd, T_cap);
     K_LAUNCH_CHECK();
     return K_ERR_NONE;
 }
@@ -168,10 +172,11 @@ int k_kv_store_at(uint16_t *k_cache, uint16_t *v_cache, const uint16_t *k, const
     if (!k_cache || !v_cache || !k || !v || !start_pos_dev)
         K_REFUSE(K_ERR_ARG, "kv_store_at: NULL pointer");
     const long long n = (long long)M * n_kv_heads * hd;
-    kv_store_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(
-        reinterpret_cast<__half *>(k_cache), reinterpret_cast<__half *>(v_cache),
-        reinterpret_cast<const __half *>(k), reinterpret_cast<const __half *>(v), row_stride, M,
-        0, start_pos_dev, n_kv_heads, hd, T_cap);
+    k_launch_ex(kv_store_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, stream,
+                k_pdl_usable(), reinterpret_cast<__half *>(k_cache),
+                reinterpret_cast<__half *>(v_cache), reinterpret_cast<const __half *>(k),
+                reinterpret_cast<const __half *>(v), row_stride, M, 0, start_pos_dev, n_kv_heads,
+                hd, T_cap);
     K_LAUNCH_CHECK();
     return K_ERR_NONE;
 }
@@ -187,9 +192,9 @@ static int attention_launch(uint16_t *out, size_t out_stride, const uint16_t *q,
     const __half *vh = reinterpret_cast<const __half *>(v_cache);
     __half *oh = reinterpret_cast<__half *>(out);
 #define ATT_LAUNCH(HDV)                                                                      \
-    attention_kernel<HDV><<<grid, ATT_WARPS * K_WARP, 0, stream>>>(                          \
-        oh, out_stride, qh, q_stride, kh, vh, start_pos, start_pos_dev, n_heads, n_kv_heads,   \
-        T_cap, sliding_window)
+    k_launch_ex(attention_kernel<HDV>, grid, dim3(ATT_WARPS * K_WARP), 0, stream,              \
+                k_pdl_usable(), oh, out_stride, qh, q_stride, kh, vh, start_pos, start_pos_dev, \
+                n_heads, n_kv_heads, T_cap, sliding_window)
     if (hd == 64) ATT_LAUNCH(64);
     else if (hd == 128) ATT_LAUNCH(128);
     else ATT_LAUNCH(256);

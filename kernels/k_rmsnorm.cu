@@ -35,6 +35,7 @@ rmsnorm_kernel(__half *__restrict__ out,         /* [M, H] */
                int H, float eps)
 {
     k_pdl_launch_dependents(); /* the next linear may start loading its weights (k_common.cuh) */
+    k_pdl_wait();              /* launched early (PDL): the previous kernel's output is complete */
     __shared__ float red[RMS_THREADS / K_WARP];
     const size_t row = (size_t)blockIdx.x * H;
     float ss = 0.0f;
@@ -65,6 +66,7 @@ rmsnorm_vec_kernel(__half *__restrict__ out,         /* [M, H] */
                    int H, float eps)
 {
     k_pdl_launch_dependents(); /* the next linear may start loading its weights (k_common.cuh) */
+    k_pdl_wait();              /* launched early (PDL): the previous kernel's output is complete */
     __shared__ float red[RMS_THREADS / K_WARP];
     const size_t row = (size_t)blockIdx.x * H;
     float4 h[VPT];
@@ -119,11 +121,12 @@ int k_rmsnorm(uint16_t *out, float *residual, const uint16_t *x, const float *w,
     const bool vec = H % 4 == 0 && ((uintptr_t)out | (uintptr_t)x) % 8 == 0 &&
                      ((uintptr_t)residual | (uintptr_t)w) % 16 == 0;
     const int chunks = (H / 4 + RMS_THREADS - 1) / RMS_THREADS; /* float4 per thread */
-    if (vec && chunks <= 1) rmsnorm_vec_kernel<1><<<M, RMS_THREADS, 0, stream>>>(o, residual, xh, w, H, eps);
-    else if (vec && chunks <= 2) rmsnorm_vec_kernel<2><<<M, RMS_THREADS, 0, stream>>>(o, residual, xh, w, H, eps);
-    else if (vec && chunks <= 4) rmsnorm_vec_kernel<4><<<M, RMS_THREADS, 0, stream>>>(o, residual, xh, w, H, eps);
-    else if (vec && chunks <= 8) rmsnorm_vec_kernel<8><<<M, RMS_THREADS, 0, stream>>>(o, residual, xh, w, H, eps);
-    else rmsnorm_kernel<<<M, RMS_THREADS, 0, stream>>>(o, residual, xh, w, H, eps);
+    const bool pdl = k_pdl_usable(); /* starts during the previous kernel's tail (k_common.cuh) */
+    if (vec && chunks <= 1) k_launch_ex(rmsnorm_vec_kernel<1>, dim3(M), dim3(RMS_THREADS), 0, stream, pdl, o, residual, xh, w, H, eps);
+    else if (vec && chunks <= 2) k_launch_ex(rmsnorm_vec_kernel<2>, dim3(M), dim3(RMS_THREADS), 0, stream, pdl, o, residual, xh, w, H, eps);
+    else if (vec && chunks <= 4) k_launch_ex(rmsnorm_vec_kernel<4>, dim3(M), dim3(RMS_THREADS), 0, stream, pdl, o, residual, xh, w, H, eps);
+    else if (vec && chunks <= 8) k_launch_ex(rmsnorm_vec_kernel<8>, dim3(M), dim3(RMS_THREADS), 0, stream, pdl, o, residual, xh, w, H, eps);
+    else k_launch_ex(rmsnorm_kernel, dim3(M), dim3(RMS_THREADS), 0, stream, pdl, o, residual, xh, w, H, eps);
     K_LAUNCH_CHECK();
     return K_ERR_NONE;
 }

@@ -13,6 +13,8 @@ static __global__ void rope_kernel(__half *__restrict__ x, int M, int n_heads, i
                                    size_t row_stride, const int32_t *__restrict__ pos,
                                    const float *__restrict__ inv_freq)
 {
+    k_pdl_launch_dependents(); /* the KV-cache store may launch (k_common.cuh) */
+    k_pdl_wait();              /* launched early (PDL): the qkv projection is complete */
     const int half_hd = hd / 2;
     const long long id = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (id >= (long long)M * n_heads * half_hd) return;
@@ -37,8 +39,9 @@ int k_rope(uint16_t *x, int M, int n_heads, int hd, size_t row_stride, const int
     if (!x || !pos || !inv_freq) K_REFUSE(K_ERR_ARG, "rope: NULL x, pos or inv_freq");
     const long long n = (long long)M * n_heads * (hd / 2);
     const int threads = 256;
-    rope_kernel<<<(unsigned)((n + threads - 1) / threads), threads, 0, stream>>>(
-        reinterpret_cast<__half *>(x), M, n_heads, hd, row_stride, pos, inv_freq);
+    k_launch_ex(rope_kernel, dim3((unsigned)((n + threads - 1) / threads)), dim3(threads), 0,
+                stream, k_pdl_usable(), reinterpret_cast<__half *>(x), M, n_heads, hd,
+                row_stride, pos, inv_freq);
     K_LAUNCH_CHECK();
     return K_ERR_NONE;
 }

@@ -10,6 +10,7 @@ static __global__ void silu_mul_kernel(__half *__restrict__ out, const __half *_
                                        int M, int I)
 {
     k_pdl_launch_dependents(); /* the down projection may start loading its weights (k_common.cuh) */
+    k_pdl_wait();              /* launched early (PDL): gate_up is complete */
     const long long id = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (id >= (long long)M * I) return;
     const int m = (int)(id / I), i = (int)(id % I);
@@ -23,8 +24,9 @@ int k_silu_mul(uint16_t *out, const uint16_t *gate_up, int M, int I, struct CUst
     if (M < 1 || I < 1) K_REFUSE(K_ERR_SHAPE, "silu_mul M=%d I=%d: need >= 1", M, I);
     if (!out || !gate_up) K_REFUSE(K_ERR_ARG, "silu_mul: NULL out or gate_up");
     const long long n = (long long)M * I;
-    silu_mul_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(
-        reinterpret_cast<__half *>(out), reinterpret_cast<const __half *>(gate_up), M, I);
+    k_launch_ex(silu_mul_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, stream,
+                k_pdl_usable(), reinterpret_cast<__half *>(out),
+                reinterpret_cast<const __half *>(gate_up), M, I);
     K_LAUNCH_CHECK();
     return K_ERR_NONE;
 }
