@@ -17,6 +17,8 @@
  * Output: one line per config: op variant shape | us | GB/s | % copy | TFLOP/s | x cuBLAS.
  * `qshard bench kernel sample` and `... stream`: see bench_sample and bench_stream below.
  */
+#include <cerrno>
+#include <cctype>
 #include <cublas_v2.h> /* cublasGemmEx */
 #include <getopt.h>
 #include <time.h> /* clock_gettime */
@@ -459,15 +461,21 @@ int bench_kernel_main(int argc, char **argv)
         default: usage(stderr); return QS_EXIT_USAGE;
         }
     }
-    /* a blocking stream: setup work on the legacy default stream is ordered before it */
-    if (!g_bs && cudaStreamCreate(&g_bs) != cudaSuccess) {
-        fprintf(stderr, "qshard bench kernel: no usable CUDA device (%s)\n",
-                cudaGetErrorString(cudaGetLastError()));
-        return QS_EXIT_RUNTIME;
-    }
-    if (optind < argc && strcmp(argv[optind], "stream") == 0) return bench_stream();
+    /* a blocking stream: setup work on the legacy default stream is ordered before it; made
+     * once the arguments are known to be good (usage errors come first, also without a GPU) */
+    auto need_stream = [] {
+        if (!g_bs && cudaStreamCreate(&g_bs) != cudaSuccess) {
+            fprintf(stderr, "qshard bench kernel: no usable CUDA device (%s)\n",
+                    cudaGetErrorString(cudaGetLastError()));
+            return false;
+        }
+        return true;
+    };
+    if (optind < argc && strcmp(argv[optind], "stream") == 0)
+        return need_stream() ? bench_stream() : QS_EXIT_RUNTIME;
     if (optind < argc && strcmp(argv[optind], "sample") == 0)
-        return bench_sample(vocabs.empty() ? std::vector<int>{32000, 128256} : vocabs);
+        return need_stream() ? bench_sample(vocabs.empty() ? std::vector<int>{32000, 128256} : vocabs)
+                             : QS_EXIT_RUNTIME;
     if (optind >= argc || strcmp(argv[optind], "w4a16") != 0) {
         fprintf(stderr, "qshard bench kernel: name the op (w4a16, sample or stream)\n");
         usage(stderr);
@@ -475,6 +483,10 @@ int bench_kernel_main(int argc, char **argv)
     }
     for (int m : Ms)
         if (m < 1) { fprintf(stderr, "qshard bench kernel: bad --m value %d\n", m); return QS_EXIT_USAGE; }
+    if (G < 16 || G % 16 || G > (1 << 20)) {
+        fprintf(stderr, "qshard bench kernel: --group %d: must be a multiple of 16 in [16, 2^20]\n", G);
+        return QS_EXIT_USAGE;
+    }
     for (int vv : variants)
         if (k_w4a16_variant_max_m(vv >= B_NO_PDL ? vv - B_NO_PDL : vv) < 1) {
             fprintf(stderr, "qshard bench kernel: unknown --variants value %d\n", vv);
@@ -488,15 +500,20 @@ int bench_kernel_main(int argc, char **argv)
             const std::string name = t.substr(p, q - p);
             p = q + 1;
             if (name.empty()) continue;
-            int K = 0, N = 0, used = 0;
-            if (sscanf(name.c_str(), "%dx%d%n", &K, &N, &used) == 2 && used == (int)name.size()) {
-                /* one layer given as K x N (one rank's shape, no TP split applied) */
-                if (K <= 0 || N <= 0 || K % G || K % 16 || N % 64) {
-                    fprintf(stderr, "qshard bench kernel: shape %s: K must be a positive multiple "
-                            "of 16 and of --group %d, N a positive multiple of 64\n", name.c_str(), G);
+            /* one layer given as K x N (one rank's shape, no TP split applied) */
+            const char *s0 = name.c_str();
+            char *e1 = nullptr, *e2 = nullptr;
+            errno = 0;
+            const long K = isdigit((unsigned char)s0[0]) ? strtol(s0, &e1, 10) : -1;
+            const long N = K >= 0 && *e1 == 'x' && isdigit((unsigned char)e1[1]) ? strtol(e1 + 1, &e2, 10) : -1;
+            if (N >= 0 && *e2 == '\0') {
+                const long MAXD = 1L << 20; /* 2^20 x 2^20 / 2 bytes = 512 GiB: any real layer fits */
+                if (errno || K < 16 || N < 64 || K > MAXD || N > MAXD || K % G || K % 16 || N % 64) {
+                    fprintf(stderr, "qshard bench kernel: shape %s: K must be a multiple of 16 and "
+                            "of --group %d, N a multiple of 64, both positive and at most 2^20\n", s0, G);
                     return QS_EXIT_USAGE;
                 }
-                list.push_back({name, K, N});
+                list.push_back({name, (int)K, (int)N});
                 continue;
             }
             const bmodel *bm = nullptr;
@@ -510,6 +527,7 @@ int bench_kernel_main(int argc, char **argv)
         }
     }
 
+    if (!need_stream()) return QS_EXIT_RUNTIME;
     int dev = 0, n_dev = 0;
     cudaDeviceProp prop;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) {

@@ -867,7 +867,7 @@ enum rt_err rt_cuda_backend_create(const struct rt_opts *opts, int world_size,
         if (e == cudaSuccess) be = cublasCreate(&r->cublas);
         if (e == cudaSuccess && be == CUBLAS_STATUS_SUCCESS) be = cublasSetStream(r->cublas, r->stream);
         if (e != cudaSuccess || be != CUBLAS_STATUS_SUCCESS) {
-            qs_log_error(__func__, "GPU %d: cannot create its stream or cuBLAS handle (%s, cuBLAS %d)",
+            qs_log_error(__func__, "GPU %d: cannot create its stream, event or cuBLAS handle (%s, cuBLAS %d)",
                          r->device, cudaGetErrorString(e), (int)be);
             cuda_destroy(c);
             return RT_ERR_DEVICE;

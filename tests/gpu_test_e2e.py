@@ -121,7 +121,13 @@ def sampling_checks(name, out, ids, tp):
 def main():
     quick = "--quick" in sys.argv
     tp = int(sys.argv[sys.argv.index("--tp") + 1]) if "--tp" in sys.argv else 1
-    only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else [""]
+    only = [""]
+    if "--only" in sys.argv:
+        i = sys.argv.index("--only")
+        if i + 1 >= len(sys.argv) or not sys.argv[i + 1]:
+            print("gpu_test_e2e.py: --only needs a list of fixture name parts", file=sys.stderr)
+            return 2
+        only = sys.argv[i + 1].split(",")
     index = json.load(open(os.path.join(ROOT, "models", "INDEX.json")))
     tmp = tempfile.mkdtemp(prefix="qshard-e2e-")
     seen_groups = set()
@@ -196,6 +202,7 @@ def main():
                 check(recorded == expect, "%s/%s: decode graphs recorded on %d GPUs, expected %d" % (m["name"], pr["name"], recorded, expect))
             if pr is golden["prompts"][0]:
                 sampling_checks(m["name"], out, pr["ids"], tp)
+    check(passed + failed > 0, "no fixture matched --only %s" % ",".join(only))
     print("e2e: %d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
 

@@ -1310,8 +1310,10 @@ static void test_graph_fallback(const char *dir, const int32_t *tok, int T, int 
 /*
  * rt_model_forward_pick (the emulated backend with emu_sample, prefill in chunks of 5) gives
  * the ids of rt_model_forward + rt_sampler_next on the same backend without it, over a T-token
- * prompt and 8 decode steps, greedy and sampled with a repetition penalty; backends without a
- * sample op, and TP > 1, are refused with RT_ERR_UNSUPPORTED.
+ * prompt and 8 decode steps, greedy and sampled with a repetition penalty, on the TP-1 set and
+ * (dir_tp2) a TP-N set, whose vocab slices the model gathers on rank 0 with copy_ranks first;
+ * backends without a sample op, or at TP > 1 without copy_ranks, are refused with
+ * RT_ERR_UNSUPPORTED.
  */
 static void test_pick(const char *dir, const char *dir_tp2, const int32_t *tok, int T, int V)
 {
