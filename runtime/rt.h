@@ -356,9 +356,9 @@ struct rt_backend_ops {
      * graph_begin and graph_end the ops of one step are recorded, not run, on `rank` (the CUDA
      * backend's stream capture; with several ranks every rank records at once, all-reduces
      * included: graph_begin for every rank, the step's ops, then graph_end for every rank; a
-     * backend may finish the recordings only at the last graph_end); in that mode embed reads the token and rope/kv_store/attention read the
-     * position from backend memory that graph_replay fills, so the recording does not depend
-     * on them. graph_end(ok = false) discards the recording. graph_ready: whether `rank` has a
+     * backend may finish the recordings only at the last graph_end); in that mode embed reads
+     * the token and rope/kv_store/attention read the position from backend memory that
+     * graph_replay fills, so the recording does not depend on them. graph_end(ok = false) discards the recording. graph_ready: whether `rank` has a
      * valid recording (one was made and no buffer it uses has been reallocated since).
      * graph_replay runs the recording for `token` at position `pos`; *done = false (nothing
      * run) when graph_ready is false: record again first. */

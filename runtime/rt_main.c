@@ -1010,7 +1010,7 @@ int cmd_run(int argc, char **argv)
         fflush(stdout);
     }
 
-    /* CUDA, one rank: the next token is chosen on the GPU and only its id comes back */
+    /* CUDA: the next token is chosen on the (first) GPU and only its id comes back */
     const bool dev_pick = n_predict != 0 && rt_model_can_pick(s.model); /* -n 0: no pick */
     if (mo.verbose)
         qs_log_debug("sampling on the %s", dev_pick ? "GPU (k_sample)" : "host (rt_sampler)");

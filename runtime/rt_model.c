@@ -573,9 +573,8 @@ static enum rt_err create_backend(struct rt_model *m, const struct rt_opts *o)
         return RT_ERR_ARG;
     }
     m->device = d;
-    if (d == RT_DEVICE_CUDA) {
+    if (d == RT_DEVICE_CUDA)
         return rt_cuda_backend_create(o, m->world, &m->be);
-    }
     return rt_cpu_backend_create(o, m->world, &m->be);
 }
 
@@ -830,16 +829,25 @@ static enum rt_err moe(struct rt_model *m, int l, int M)
     return RT_ERR_NONE;
 }
 
+/* The columns of the full vocabulary that rank r's lm_head slice holds: [*col0, *col0 + result)
+ * with *col0 = r * vocab_size_per_rank; its padding columns past vocab_size are not counted
+ * (the result is <= 0 for a rank that holds padding only). */
+static int64_t rank_vocab_cols(const struct rt_config *c, int r, int64_t *col0)
+{
+    const int64_t Vr = c->vocab_size_per_rank, V = c->vocab_size;
+    *col0 = (int64_t)r * Vr;
+    return V - *col0 < Vr ? V - *col0 : Vr;
+}
+
 /* Rank r's lm_head output (its logits [n][vocab_size_per_rank], fp32) through m->h_logits into
- * columns [r * vocab_size_per_rank, ...) of out[n][vocab_size]; its padding columns past
- * vocab_size are dropped. Errors: the backend's download. */
+ * its columns of out[n][vocab_size] (rank_vocab_cols). Errors: the backend's download. */
 static enum rt_err download_logits(struct rt_model *m, int r, int n, float *out)
 {
     const struct rt_config *c = &m->ranks[0].cfg;
     int Vr = c->vocab_size_per_rank, V = c->vocab_size;
     TRY(OPS->download(BCTX, r, m->h_logits, m->ranks[r].logits, (size_t)n * Vr * sizeof(float)));
-    int64_t col0 = (int64_t)r * Vr;
-    int64_t cols = V - col0 < Vr ? V - col0 : Vr; /* padding columns past vocab_size dropped */
+    int64_t col0;
+    const int64_t cols = rank_vocab_cols(c, r, &col0);
     for (int i = 0; cols > 0 && i < n; i++)
         memcpy(out + (size_t)i * V + col0, m->h_logits + (size_t)i * Vr,
                (size_t)cols * sizeof(float));
@@ -986,18 +994,17 @@ static enum rt_err step_graph(struct rt_model *m, int32_t token, int p0, float *
 }
 
 /* The next token, chosen on rank 0's device from the last row's logits [V]: rank 0's own
- * lm_head output at world 1; at world > 1 every rank's [V_r] slice is first copied into
- * columns [r * V_r, ...) of rank 0's logits_all (padding columns past V dropped, as in
- * download_logits). */
+ * lm_head output at world 1; at world > 1 every rank's [V_r] slice is first copied into its
+ * columns of rank 0's logits_all (rank_vocab_cols). */
 static enum rt_err pick_id(struct rt_model *m, const struct rt_pick *pick, int32_t *id)
 {
     const struct rt_config *c = &m->ranks[0].cfg;
     const float *logits = m->ranks[0].logits;
     if (m->world > 1) {
-        const int Vr = c->vocab_size_per_rank, V = c->vocab_size;
         float *all = m->ranks[0].logits_all;
         for (int r = 0; r < m->world; r++) {
-            int64_t col0 = (int64_t)r * Vr, cols = V - col0 < Vr ? V - col0 : Vr;
+            int64_t col0;
+            const int64_t cols = rank_vocab_cols(c, r, &col0);
             if (cols > 0)
                 TRY(OPS->copy_ranks(BCTX, 0, all + col0, r, m->ranks[r].logits,
                                     (size_t)cols * sizeof(float)));
