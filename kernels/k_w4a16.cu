@@ -145,10 +145,12 @@ static __device__ __forceinline__ void k_red_add_v4(float *p, float4 v)
  * row-major in its own shared-memory stage [8*MB8][64] fp32, so the workspace sees one 16-byte
  * vector reduction per 4 columns (M*16 per warp instead of M*64 scalar atomics) and the last
  * slice reads, writes and zeroes 4 columns at a time. Needs N % 4 == 0 (N % 64 == 0 holds).
- * Column c of row r lives at r*64 + (c ^ 4*(r & 7)): the fragment writes (lanes 4g + t hold rows
+ * Column c of row r lives at stage_at(r, c) = r*64 + (c ^ 4*(r & 7)): the fragment writes (lanes 4g + t hold rows
  * 2t, 2t + 1 and columns g, g + 8 of each 16-column block) then hit 32 different banks instead of
  * 4-way conflicts, and the 4-column groups the flush reads as float4 stay contiguous.
  */
+static __device__ __forceinline__ int stage_at(int r, int c) { return r * 64 + (c ^ 4 * (r & 7)); }
+
 template <int MB8>
 static __device__ __forceinline__ void w4a16_splitk_flush_staged(
     const float (&acc)[MB8][4][4], float *stage, const float *__restrict__ bias,
@@ -162,18 +164,17 @@ static __device__ __forceinline__ void w4a16_splitk_flush_staged(
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
             const int c0 = 2 * w * 8 + g, c1 = c0 + 8;
-            const int s0 = 4 * (m0 & 7), s1 = 4 * (m1 & 7);
-            stage[m0 * 64 + (c0 ^ s0)] = acc[tb][w][0];
-            stage[m1 * 64 + (c0 ^ s1)] = acc[tb][w][1];
-            stage[m0 * 64 + (c1 ^ s0)] = acc[tb][w][2];
-            stage[m1 * 64 + (c1 ^ s1)] = acc[tb][w][3];
+            stage[stage_at(m0, c0)] = acc[tb][w][0];
+            stage[stage_at(m1, c0)] = acc[tb][w][1];
+            stage[stage_at(m0, c1)] = acc[tb][w][2];
+            stage[stage_at(m1, c1)] = acc[tb][w][3];
         }
     }
     __syncwarp();
     for (int e = lane; e < M * 16; e += K_WARP) {
         const int r = e / 16, c = (e % 16) * 4;
         k_red_add_v4(ws + (size_t)r * N + nt * 64 + c,
-                     *reinterpret_cast<const float4 *>(stage + r * 64 + (c ^ 4 * (r & 7))));
+                     *reinterpret_cast<const float4 *>(stage + stage_at(r, c)));
     }
     __threadfence(); /* our adds are visible device-wide before the counter moves */
     __syncwarp();
@@ -357,19 +358,25 @@ w4a16_v2_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
 // --- v5: decode, split-K slices, weights through registers -------------------------------------
 
 namespace v5 {
-constexpr int WARPS = 4;        /* warps per block, one n-tile each */
+/* warps per block, one n-tile each; at M > 32 eight warps share one activation slice, which
+ * halves the slice reads and the split-K partial sums per weight byte */
+template <int MB8> constexpr int WARPS = MB8 >= 4 ? 8 : 4;
 constexpr int DEPTH = 8;        /* weight tiles in flight per lane, held in registers */
 /* bytes of the staged activation slice at most: 16 KB (M <= 8) or 32 KB (M <= 16) holds 64
  * k-tiles per slice. At M = 16 a 16 KB slice meant twice the slices, each flushing M x 64
  * columns of fp32 adds (70B gate_up 100.6 -> 89.9 us with 32 KB on the H200; M <= 8 lost 2-3 %
  * there with 32 KB, so it keeps 16 KB) */
-template <int MB8> constexpr int X_BUDGET = MB8 == 1 ? 16384 : 32768;
+template <int MB8> constexpr int X_BUDGET = MB8 == 1 ? 16384 : MB8 == 2 ? 32768 : MB8 == 4 ? 131072 : 196608;
 constexpr int SZ_BYTES = 160;   /* one group of one n-tile: 128 B scales + 32 B zero words */
 /* resident blocks per SM the register allocation must allow: M <= 8 4 x 4 warps x 8 tiles x
  * 512 B = 64 KB of weights in flight per SM (at 133 registers, 3 blocks, the 70B layers ran
  * 4-9 % slower on the H200), M <= 16 3 blocks (48 KB); the cp.async ring (v6) keeps the tiles
  * in shared memory and leaves registers for 6 / 4 blocks */
-template <int MB8, bool RING> constexpr int MIN_BLOCKS = RING ? (MB8 == 1 ? 6 : 4) : MB8 == 1 ? 4 : 3;
+template <int MB8, bool RING> constexpr int MIN_BLOCKS = RING ? (MB8 == 1 ? 6 : 4) : MB8 == 1 ? 4 : MB8 == 2 ? 3 : 1;
+/* M > 16 (MB8 >= 4): the flush stage [8*MB8][64] fp32 per warp (32 / 64 KB per block) is laid
+ * over the activation slice and the scale/zero rows once every warp of the block is past its
+ * tile loop, instead of taking shared memory of its own */
+template <int MB8, bool RING> constexpr bool STAGE_OVER_X = !RING && MB8 >= 4;
 } // namespace v5
 
 /* acc += s * gacc per column (SCALE_AFTER: the group's exact-integer sums times its scales,
@@ -411,7 +418,7 @@ static __device__ __forceinline__ void v5_scale_group(float (&acc)[MB8][4][4],
  * GTC: tiles per group when GT divides DEPTH (1, 2, 4, 8); 0 when GT is a multiple of DEPTH.
  */
 template <int MB8, bool SCALE_AFTER, int GTC, bool RING>
-static __global__ void __launch_bounds__(v5::WARPS *K_WARP, v5::MIN_BLOCKS<MB8, RING>)
+static __global__ void __launch_bounds__(v5::WARPS<MB8> *K_WARP, v5::MIN_BLOCKS<MB8, RING>)
 w4a16_v5_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
                        const uint4 *__restrict__ qweight,   /* [N/64][K/16] tiles of 32 x 16 B */
                        const uint4 *__restrict__ qzeros,    /* [N/64][K/G] rows of 2 x 16 B */
@@ -426,7 +433,7 @@ w4a16_v5_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
     extern __shared__ __align__(128) unsigned char k_smem[];
     const int tid = threadIdx.x, lane = tid % K_WARP, warp = tid / K_WARP;
     const int KT = K / 16, NT = N / 64, GT = G / 16, KG = K / G;
-    const int s = blockIdx.x % S, nt = (blockIdx.x / S) * v5::WARPS + warp;
+    const int s = blockIdx.x % S, nt = (blockIdx.x / S) * v5::WARPS<MB8> + warp;
     const bool active = nt < NT;
     const int k_a = s * kc, kc_eff = min(kc, KT - k_a); /* both multiples of GT */
     const int g_a = k_a / GT, n_g = kc_eff / GT;
@@ -434,14 +441,16 @@ w4a16_v5_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
 
     unsigned char *xs = k_smem;                                        /* [ROWS][kc*16] fp16 */
     uint4 *ring = reinterpret_cast<uint4 *>(xs + ROWS * row_bytes) + warp * D * K_WARP;
-    unsigned char *sz = xs + ROWS * row_bytes + (RING ? v5::WARPS * D * 512 : 0) +
+    unsigned char *sz = xs + ROWS * row_bytes + (RING ? v5::WARPS<MB8> * D * 512 : 0) +
                         warp * (kc / GT) * v5::SZ_BYTES; /* [n_g][160 B] */
     /* [ROWS][64] fp32: the flush; RING: in the warp's own ring, free once its last tile is read */
     static_assert(!RING || ROWS * 64 * 4 <= D * 512, "the flush stage fits in the ring");
-    float *stage = RING ? reinterpret_cast<float *>(ring)
-                        : reinterpret_cast<float *>(xs + ROWS * row_bytes +
-                                                    v5::WARPS * (kc / GT) * v5::SZ_BYTES) +
-                              warp * ROWS * 64;
+    constexpr bool OVER_X = v5::STAGE_OVER_X<MB8, RING>;
+    float *stage = RING     ? reinterpret_cast<float *>(ring)
+                   : OVER_X ? reinterpret_cast<float *>(xs) + warp * ROWS * 64
+                            : reinterpret_cast<float *>(xs + ROWS * row_bytes +
+                                                        v5::WARPS<MB8> * (kc / GT) * v5::SZ_BYTES) +
+                                  warp * ROWS * 64;
 
     /* 1. constant data: this warp's scales/zeros and its first tiles */
     const uint4 *qw = qweight + ((size_t)nt * KT + k_a) * K_WARP + lane;
@@ -471,7 +480,7 @@ w4a16_v5_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
     k_pdl_wait(); /* the previous kernel's output (x) and its use of ws are complete */
 
     /* 2. the activation slice (all threads), rows >= M zero-filled, swizzled for ldmatrix */
-    for (int id = tid; id < ROWS * kc * 2; id += v5::WARPS * K_WARP) {
+    for (int id = tid; id < ROWS * kc * 2; id += v5::WARPS<MB8> * K_WARP) {
         const int r = id / (kc * 2), c = id % (kc * 2);
         const bool ok = r < M && c < kc_eff * 2;
         const __half *src = ok ? x + (size_t)r * K + (size_t)k_a * 16 + c * 8 : x;
@@ -480,7 +489,8 @@ w4a16_v5_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
     k_cp_async_commit();
     k_cp_async_wait<0>(); /* RING: also tiles 0 .. D-2, which is what the first steps need */
     __syncthreads();
-    if (!active) return;
+    if (!active && !OVER_X) return; /* OVER_X: every warp meets the barrier before the flush */
+    const int n_tiles = active ? kc_eff : 0;
 
     float acc[MB8][4][4], gacc[SCALE_AFTER ? MB8 : 1][4][4];
 #pragma unroll
@@ -505,7 +515,7 @@ w4a16_v5_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
     uint4 sraw = make_uint4(0, 0, 0, 0); /* this lane's 8 fp16 scales of the current group */
     const unsigned char *gz = sz;
     int g_left = 0; /* GTC == 0: tiles left in the current group */
-    for (int c = 0; c < kc_eff; c += D) {
+    for (int c = 0; c < n_tiles; c += D) {
         const uint4 *qn = qw + (size_t)(c + (RING ? D - 1 : D)) * K_WARP; /* refills start here */
         const uint32_t xc = xa + (uint32_t)(c * 32);
 #pragma unroll
@@ -568,6 +578,10 @@ w4a16_v5_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
         __syncwarp(); /* every lane has read its last ring slot before the stage overwrites it */
     }
     if constexpr (SCALE_AFTER) v5_scale_group<MB8>(acc, gacc, sraw, false);
+    if constexpr (OVER_X) {
+        __syncthreads(); /* no warp reads the activation slice or the scale rows any more */
+        if (!active) return;
+    }
     w4a16_splitk_flush_staged<MB8>(acc, stage, bias, y, ws, counters, M, N, nt, S, lane);
 }
 
@@ -1031,15 +1045,20 @@ static void launch_v5_tb(const __half *x, const uint4 *qw, const uint4 *qz, cons
     const int KT = K / 16, NT = N / 64, GT = G / 16;
     auto kern = w4a16_v5_decode_kernel<MB8, SCALE_AFTER, GTC, RING>;
     const int unit = std::max(v5::DEPTH, GT); /* GT | DEPTH or DEPTH | GT: whole groups, whole unrolls */
-    const int kc_max = std::max(unit, (v5::X_BUDGET<MB8> / (ROWS * 32)) / unit * unit);
+    int kc_max = std::max(unit, (v5::X_BUDGET<MB8> / (ROWS * 32)) / unit * unit);
+    constexpr bool OVER_X = v5::STAGE_OVER_X<MB8, RING>;
     auto smem_for = [&](int kc) {
-        return ROWS * kc * 32 + (RING ? v5::WARPS * v5::DEPTH * 512 : 0) +
-               v5::WARPS * (kc / GT) * v5::SZ_BYTES + (RING ? 0 : v5::WARPS * ROWS * 64 * 4);
+        const int loop = ROWS * kc * 32 + (RING ? v5::WARPS<MB8> * v5::DEPTH * 512 : 0) +
+                         v5::WARPS<MB8> * (kc / GT) * v5::SZ_BYTES;
+        const int stage = v5::WARPS<MB8> * ROWS * 64 * 4;
+        return RING ? loop : OVER_X ? std::max(loop, stage) : loop + stage;
     };
+    constexpr int SMEM_MAX = 220 * 1024; /* of the 227 KB a block may use on sm_90 */
+    while (kc_max > unit && smem_for(kc_max) > SMEM_MAX) kc_max -= unit; /* small G: many scale rows */
     static int bps[K_MAX_DEVICES]; /* at the largest slice, per instantiation and device */
     const int blocks_per_sm =
-        resident_blocks(bps, kern, v5::WARPS * K_WARP, smem_for(kc_max), 200 * 1024);
-    const int n_groups = (NT + v5::WARPS - 1) / v5::WARPS;
+        resident_blocks(bps, kern, v5::WARPS<MB8> * K_WARP, smem_for(kc_max), SMEM_MAX);
+    const int n_groups = (NT + v5::WARPS<MB8> - 1) / v5::WARPS<MB8>;
     const int kc = splitk_slice(KT, n_groups, blocks_per_sm, kc_max, unit);
     const int S = (KT + kc - 1) / kc;
     float *wsf = static_cast<float *>(ws);
@@ -1049,7 +1068,7 @@ static void launch_v5_tb(const __half *x, const uint4 *qw, const uint4 *qz, cons
         fprintf(stderr, "w4a16 v5<%d,%d,%d,ring %d> M=%d N=%d K=%d: kc=%d S=%d blocks=%d (%d/SM) smem=%d pdl=%d\n",
                 MB8, (int)SCALE_AFTER, GTC, (int)RING, M, N, K, kc, S, n_groups * S, blocks_per_sm,
                 smem_for(kc), (int)k_pdl_usable());
-    k_launch_ex(kern, dim3(n_groups * S), dim3(v5::WARPS * K_WARP), smem_for(kc), stream,
+    k_launch_ex(kern, dim3(n_groups * S), dim3(v5::WARPS<MB8> * K_WARP), smem_for(kc), stream,
                 k_pdl_usable(), x, qw, qz, sc, bias, y, wsf, counters, M, N, K, G, kc, S);
 }
 
@@ -1072,14 +1091,23 @@ static bool launch_v5_g(const __half *x, const uint4 *qw, const uint4 *qz, const
 
 /* M <= 16 runs the exact-integer dequantisation with the scales applied per group too (167
  * registers, 3 blocks/SM, no spill): 70B gate_up at M = 16 96.5 -> 90.2 us, 70B down 52.4 ->
- * 49.4 us against the fp16 scale inside the dequantisation, same run on the H200. */
+ * 49.4 us against the fp16 scale inside the dequantisation, same run on the H200.
+ * 16 < M <= 64: 32 / 64 token rows, fp16 scale inside the dequantisation (the per-group fp32
+ * sums would double the 64 / 128 accumulator registers), 8 warps per block (186 / 246
+ * registers, no spill, 1 block/SM) sharing a 128 / 192 KB activation slice, so most layers run
+ * in one wave with 2-6 split-K slices. On the H200, per Llama-2-7B layer: M = 17 85.9 -> 76.8
+ * us and M = 64 178.4 -> 144.6 us against 4 warps per block with 64 / 96 KB slices; v2 / v4 /
+ * dequant + cuBLAS took 2-3x longer (docs/BENCHMARKS.md). */
 template <bool RING>
 static int launch_v5(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
                      const float *bias, __half *y, int M, int N, int K, int G, void *ws,
                      cudaStream_t stream)
 {
-    const bool done = M <= 8 ? launch_v5_g<1, true, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream)
-                             : launch_v5_g<2, true, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
+    bool done;
+    if (M <= 8) done = launch_v5_g<1, true, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
+    else if (M <= 16 || RING) done = launch_v5_g<2, true, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
+    else if (M <= 32) done = launch_v5_g<4, false, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
+    else done = launch_v5_g<8, false, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
     if (!done) return launch_v2(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
     return K_ERR_NONE;
 }
@@ -1111,13 +1139,13 @@ static int launch_v4(const __half *x, const uint4 *qw, const uint32_t *qz, const
 int k_w4a16_variant_max_m(int variant)
 {
     switch (variant) {
-    case K_W4A16_AUTO: /* M > K_W4A16_DECODE_MAX_M goes to v3 */
+    case K_W4A16_AUTO: /* M > K_W4A16_V5_MAX_M goes to v3 */
     case K_W4A16_V3_GEMM: return 65535 * v3::BM; /* grid.y: ceil(M / BM) <= 65535 */
     case K_W4A16_V1_NAIVE: return INT_MAX;       /* the grid loops over M */
     case K_W4A16_V2_DECODE:
     case K_W4A16_V4_STREAMK: return K_W4A16_DECODE_MAX_M;
-    case K_W4A16_V5_DECODE:
-    case K_W4A16_V6_DECODE_RING: return K_W4A16_V5_MAX_M;
+    case K_W4A16_V5_DECODE: return K_W4A16_V5_MAX_M;
+    case K_W4A16_V6_DECODE_RING: return K_W4A16_V6_MAX_M;
     default: return 0;
     }
 }
@@ -1134,9 +1162,7 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
                  (const void *)x, (const void *)qweight, (const void *)qzeros,
                  (const void *)scales, (const void *)y);
     if (variant == K_W4A16_AUTO) /* measured on H200: docs/BENCHMARKS.md */
-        variant = M <= K_W4A16_V5_MAX_M ? K_W4A16_V5_DECODE
-                : M <= 32 ? K_W4A16_V2_DECODE
-                : M <= K_W4A16_DECODE_MAX_M ? K_W4A16_V4_STREAMK : K_W4A16_V3_GEMM;
+        variant = M <= K_W4A16_V5_MAX_M ? K_W4A16_V5_DECODE : K_W4A16_V3_GEMM;
     const int max_m = k_w4a16_variant_max_m(variant);
     const __half *xh = reinterpret_cast<const __half *>(x);
     __half *yh = reinterpret_cast<__half *>(y);

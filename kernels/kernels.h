@@ -66,22 +66,24 @@ int k_get_pdl(void);
 
 /*
  * Variants of the W4A16 linear, selected with k_w4a16_linear_variant():
- *   0  auto: v5 for M <= 16, v2 for M <= 32, v4 for M <= K_W4A16_DECODE_MAX_M, else v3 (the
- *      fastest of each range on the H200, docs/BENCHMARKS.md)
+ *   0  auto: v5 for M <= K_W4A16_V5_MAX_M, else v3 (the fastest of each range on the H200,
+ *      docs/BENCHMARKS.md)
  *   1  naive: one thread per output, fp32, straight from ref_w4a16_linear (the device oracle)
  *   2  decode (M <= 64): split-K slices x 4 n-tiles per block so every SM streams weights;
  *      activation slice staged once per block, mma.sync m16n8k16, fp32 atomics into the
  *      workspace, the last slice of each 64-column tile writes y
  *   4  stream-K (M <= 64): the tile stream cut into equal contiguous chunks, one per warp,
- *      activations read from L1/L2 per tile; fastest at 33 <= M <= 64
+ *      activations read from L1/L2 per tile
  *   3  GEMM: 128x128 block tiles, cp.async 4-stage pipeline, mma.sync m16n8k16 (any M)
- *   5  decode, lean (M <= 16): v2's decomposition with the weights loaded straight into
+ *   5  decode, lean (M <= 64): v2's decomposition with the weights loaded straight into
  *      registers 8 tiles ahead and the tile loop unrolled by 8 (no per-tile bookkeeping);
+ *      at M > 16 eight warps per block share an activation slice of up to 128 / 192 KB (one
+ *      wave of blocks, few split-K slices) and the flush stage reuses that memory;
  *      starts streaming its weights before the previous kernel ends (Programmatic Dependent
  *      Launch, sm_90, see k_set_pdl). Group sizes whose G/16 neither divides nor is a multiple
  *      of 8 (e.g. G = 48) fall back to v2.
- *   6  as 5, with the weights through a per-warp cp.async ring in shared memory (v2's
- *      pipeline) instead of registers
+ *   6  as 5 (M <= 16), with the weights through a per-warp cp.async ring in shared memory
+ *      (v2's pipeline) instead of registers
  */
 enum k_w4a16_variant {
     K_W4A16_AUTO = 0,
@@ -92,11 +94,12 @@ enum k_w4a16_variant {
     K_W4A16_V5_DECODE = 5,
     K_W4A16_V6_DECODE_RING = 6,
 };
-#define K_W4A16_V5_MAX_M 16
+#define K_W4A16_V5_MAX_M 64
+#define K_W4A16_V6_MAX_M 16
 #define K_W4A16_DECODE_MAX_M 64
 
 /* Largest M that k_w4a16_linear_variant(variant, ...) accepts (it refuses M above it with
- * K_ERR_SHAPE): K_W4A16_V5_MAX_M for variants 5 and 6, K_W4A16_DECODE_MAX_M for 2 and 4,
+ * K_ERR_SHAPE): K_W4A16_V5_MAX_M / K_W4A16_V6_MAX_M for variants 5 / 6, K_W4A16_DECODE_MAX_M for 2 and 4,
  * 65535 * 128 for 3 and auto (grid rows of 128), INT_MAX for 1; 0 for an unknown variant. */
 int k_w4a16_variant_max_m(int variant);
 
@@ -116,7 +119,7 @@ size_t k_w4a16_workspace_bytes(int M, int N);
  * Reference: ref_w4a16_linear (kernels/ref.h). The dequantised weight is rounded to fp16 once
  * ((q - z) exact, times s), products and sums in fp32 (tensor cores, fp16 inputs).
  * workspace: k_w4a16_workspace_bytes(M, N) bytes, zeroed (see above); variants 1 and 3 ignore it
- * (may be NULL) and it is needed only by variant 2 / auto with M <= K_W4A16_DECODE_MAX_M.
+ * (may be NULL) and it is needed only by variants 2, 4, 5, 6 and auto with M <= K_W4A16_V5_MAX_M.
  * Errors: K_ERR_SHAPE (M < 1, K % 16, N % 64, K % G, G % 16, G < 16, K or N < 1,
  * M > k_w4a16_variant_max_m(variant)), K_ERR_ARG (NULL tensor, unknown variant), K_ERR_WORKSPACE.
  */
@@ -144,12 +147,13 @@ struct cublasContext; /* == cublasHandle_t's pointee */
  * The large-M W4A16 linear (prefill): k_w4a16_dequant into `scratch` (fp16 [K, N], K*N*2 bytes),
  * then y = x . W with cublasGemmEx (fp16 inputs and output, fp32 compute), then + bias (fp32
  * add, one more fp16 rounding). At M >= K_W4A16_DQ_GEMM_MIN_M this beats every mma.sync
- * variant here (cuBLAS uses Hopper's wgmma; the dequant costs ~5 fp16 weight passes), see
+ * variant here (cuBLAS uses Hopper's wgmma; the dequant costs ~5 fp16 weight passes; at
+ * M <= 64 v5 is faster, 0.72-1.02x of cuBLAS fp16 per layer against 0.38-0.45x), see
  * docs/BENCHMARKS.md. cublas: a handle the caller created and bound to `stream`
  * (cublasSetStream). Same inputs as k_w4a16_linear. Errors: K_ERR_SHAPE, K_ERR_ARG,
  * K_ERR_WORKSPACE (scratch NULL or smaller than K*N*2). cuBLAS failures abort like CUDA ones.
  */
-#define K_W4A16_DQ_GEMM_MIN_M 64
+#define K_W4A16_DQ_GEMM_MIN_M 65
 int k_w4a16_linear_dq_gemm(struct cublasContext *cublas, const uint16_t *x, const uint8_t *qweight,
                            const uint8_t *qzeros, const uint16_t *scales, const float *bias,
                            uint16_t *y, int M, int N, int K, int G, void *scratch,

@@ -210,7 +210,7 @@ static void test_w4a16_shape(const char *label, int M, int N, int K, int G, bool
         /* the decode variants run twice: the second run proves the workspace came back zeroed */
         const int reps = (v == K_W4A16_V2_DECODE || v == K_W4A16_V4_STREAMK || v == K_W4A16_V5_DECODE ||
                           v == K_W4A16_V6_DECODE_RING ||
-                          (v == 0 && M <= K_W4A16_DECODE_MAX_M)) ? 2 : 1;
+                          (v == 0 && M <= K_W4A16_V5_MAX_M)) ? 2 : 1;
         for (int r = 0; r < reps; ++r) {
             TCUDA(cudaMemset(dy, 0xFF, (size_t)M * N * 2));
             int rc;
@@ -338,7 +338,7 @@ static int tp_shapes(const model_dims &md, int tp, int G, layer_shape out[4])
 static void test_w4a16_pdl_chain(void)
 {
     const int N = 2048, K = 2048, G = 128, L = 3;
-    for (int M : {1, 5, 16}) {
+    for (int M : {1, 5, 16, 33, 64}) {
         w4_case c[L];
         for (auto &cc : c) make_w4(cc, N, K, G, true);
         std::vector<uint16_t> xh;
@@ -421,6 +421,8 @@ static void test_w4a16(bool quick)
                 test_w4a16_shape(label, 1, l.N, l.K, 128, false, false, {K_W4A16_AUTO, K_W4A16_V5_DECODE, K_W4A16_V6_DECODE_RING});
                 test_w4a16_shape(label, 3, l.N, l.K, 128, false, true, {K_W4A16_AUTO, K_W4A16_V5_DECODE, K_W4A16_V6_DECODE_RING});
                 if (tp >= 4) test_w4a16_shape(label, 16, l.N, l.K, 128, false, false, {K_W4A16_AUTO});
+                if (tp == 2) /* v5 with 32 and 64 token rows (M > 16), on every real shape */
+                    test_w4a16_shape(label, 41, l.N, l.K, 128, false, true, {K_W4A16_AUTO, K_W4A16_V5_DECODE});
                 if (tp == 8) {
                     test_w4a16_shape(label, 80, l.N, l.K, 128, false, false, {K_W4A16_AUTO, K_W4A16_DQ_GEMM});
                     test_w4a16_shape(label, 1, l.N, l.K, 128, false, false, {K_W4A16_V1_NAIVE});
@@ -439,6 +441,8 @@ static void test_w4a16(bool quick)
         test_w4a16_shape(label, 1, 28672, 4096, 16, false, false,
                          {K_W4A16_AUTO, K_W4A16_V5_DECODE, K_W4A16_V2_DECODE});
         test_w4a16_shape(label, 3, 28672, 4096, 32, false, true, {K_W4A16_AUTO, K_W4A16_V5_DECODE});
+        /* M > 32 at G = 16: 8 warps' scale rows shrink the slice to fit the block's 220 KB */
+        test_w4a16_shape(label, 41, 28672, 4096, 16, false, true, {K_W4A16_V5_DECODE});
     }
     TCUDA(cudaSetDevice(0));
 }
