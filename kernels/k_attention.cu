@@ -5,14 +5,15 @@
  *   t in [max(0, p - sliding_window + 1), p], p = start_pos + m, kv head = h / (n_heads/n_kv)
  * Reference ref_attention (same arguments). Plus k_kv_store, which appends rows to the cache.
  *
- * v1 (the only variant so far), CUDA cores, fp32 math: one block per (query row, head);
+ * v2 (prefill, M >= 16, hd 64 / 128, host start position): FlashAttention-2 on tensor cores,
+ * below. v1 (decode, the device-position launches, hd 256), CUDA cores, fp32 math: one block per (query row, head);
  * its ATT_WARPS warps take interleaved tiles of 32 keys. In a tile each lane owns one key
  * (q . k over hd from a 16-byte-loaded key row against q in shared memory), the warp updates
  * the running max / sum with two shuffle reductions, then the lanes switch to owning hd/32
  * output dims and accumulate p_t v_t with coalesced value rows. Warps merge (max, sum, acc)
  * through shared memory at the end. Scores use exp2 with log2(e)/sqrt(hd) folded into q.
- * Weak spot: no tensor cores and no reuse of K/V across query rows in prefill (L1/L2 serve
- * the re-reads); decode of few heads uses few SMs.
+ * Weak spot of v1: no tensor cores and no reuse of K/V across query rows (L1/L2 serve the
+ * re-reads), which v2 fixes for prefill; decode of few heads uses few SMs.
  * Test: build-gpu/gpu_test_kernels (area attention).
  */
 #include "k_common.cuh"
@@ -181,6 +182,213 @@ int k_kv_store_at(uint16_t *k_cache, uint16_t *v_cache, const uint16_t *k, const
     return K_ERR_NONE;
 }
 
+// --- v2: prefill on tensor cores --------------------------------------------------------------
+
+/*
+ * Prefill (M >= FA_MIN_M query rows, hd 64 or 128, host start position) in the FlashAttention-2
+ * decomposition (Dao, "FlashAttention-2", 2023, Algorithm 1): one block per (64 query rows,
+ * head), 4 warps of 16 rows; K and V tiles of 64 keys go through shared memory in a two-stage
+ * cp.async pipeline, shared by the block's rows; S = Q K^T and O += P V on mma.sync m16n8k16
+ * (fp16 inputs, fp32 accumulation), the online softmax on the S fragments in registers (rows
+ * reduced over the 4 lanes of a quad). P is rounded to fp16 for the P V product (as
+ * FlashAttention does); max, sum and O stay fp32. Keys past the block's last position are
+ * zero-filled (never read from unwritten cache rows) and masked, like those outside a row's
+ * causal / sliding window. Shared-memory rows of hd fp16 are XOR-swizzled in 16-byte chunks
+ * (chunk c of row r at c ^ (r & 7)) so ldmatrix reads 8 rows without bank conflicts.
+ */
+namespace fa {
+constexpr int BM = 64, BN = 64, WARPS = 4;
+constexpr int MIN_M = 16; /* fewer rows: v1 (one block per row and head) */
+} // namespace fa
+
+template <int HD>
+static __device__ __forceinline__ uint32_t fa_off(int r, int c)
+{
+    return (uint32_t)(r * HD * 2 + ((c ^ (r & 7)) * 16));
+}
+
+/* rows [0, 64) of a [64][HD] fp16 tile from src (row stride `stride` halves), rows >= n_valid
+ * zero-filled; all threads of the block take part */
+template <int HD>
+static __device__ __forceinline__ void fa_load_tile(unsigned char *dst, const __half *src,
+                                                    size_t stride, int n_valid, int tid)
+{
+    constexpr int CH = HD / 8;
+    for (int id = tid; id < 64 * CH; id += fa::WARPS * K_WARP) {
+        const int r = id / CH, c = id % CH;
+        const bool ok = r < n_valid;
+        k_cp_async16(dst + fa_off<HD>(r, c), ok ? src + (size_t)r * stride + c * 8 : src, ok ? 16 : 0);
+    }
+}
+
+static __device__ __forceinline__ uint32_t fa_pack_half2(float a, float b)
+{
+    return k_half2_as_u32(__floats2half2_rn(a, b));
+}
+
+template <int HD>
+static __global__ void __launch_bounds__(fa::WARPS *K_WARP)
+attention_fa_kernel(__half *__restrict__ out, size_t out_stride, const __half *__restrict__ q,
+                    size_t q_stride, const __half *__restrict__ k_cache,
+                    const __half *__restrict__ v_cache, int M, int start_pos, int n_heads,
+                    int n_kv_heads, int T_cap, int sliding_window)
+{
+    k_pdl_launch_dependents();
+    k_pdl_wait(); /* launched early (PDL): q and the KV cache rows are complete */
+    constexpr int TILE = 64 * HD * 2, KS = HD / 16, NO = HD / 8;
+    extern __shared__ __align__(128) unsigned char fa_smem[];
+    unsigned char *qs = fa_smem; /* then K stages 0, 1 and V stages 0, 1 */
+    auto ks = [&](int st) { return fa_smem + (1 + st) * TILE; };
+    auto vs = [&](int st) { return fa_smem + (3 + st) * TILE; };
+    const int tid = threadIdx.x, lane = tid % K_WARP, warp = tid / K_WARP;
+    const int g = lane / 4, t = lane % 4;
+    /* the heaviest (latest) row tiles first: causal work grows with the position */
+    const int mt = (int)gridDim.x - 1 - (int)blockIdx.x, h = blockIdx.y;
+    const int m0 = mt * fa::BM, rows = min(fa::BM, M - m0);
+    const int p0 = start_pos + m0, p_last = p0 + rows - 1;
+    const int kbeg = sliding_window > 0 ? max(0, p0 - sliding_window + 1) : 0, kend = p_last + 1;
+    const int kvh = h / (n_heads / n_kv_heads);
+    const __half *kc = k_cache + (size_t)kvh * T_cap * HD, *vc = v_cache + (size_t)kvh * T_cap * HD;
+
+    fa_load_tile<HD>(qs, q + (size_t)m0 * q_stride + (size_t)h * HD, q_stride, rows, tid);
+    fa_load_tile<HD>(ks(0), kc + (size_t)kbeg * HD, HD, kend - kbeg, tid);
+    fa_load_tile<HD>(vs(0), vc + (size_t)kbeg * HD, HD, kend - kbeg, tid);
+    k_cp_async_commit();
+    k_cp_async_wait<0>();
+    __syncthreads();
+
+    uint32_t qa[KS][4]; /* this warp's 16 query rows as A fragments */
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk)
+        k_ldmatrix_x4(qa[kk], qs + fa_off<HD>(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)));
+
+    const float qscale = 1.4426950408889634f / sqrtf((float)HD); /* log2(e) / sqrt(hd) */
+    float o[NO][4], m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < NO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    const int pr[2] = {p0 + warp * 16 + g, p0 + warp * 16 + g + 8}; /* this lane's two rows */
+    int lo[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) lo[i] = sliding_window > 0 ? pr[i] - sliding_window + 1 : 0;
+
+    int stage = 0;
+    for (int t0 = kbeg; t0 < kend; t0 += fa::BN, stage ^= 1) {
+        if (t0 + fa::BN < kend) { /* next tile into the other stage while this one is used */
+            const int t1 = t0 + fa::BN;
+            fa_load_tile<HD>(ks(stage ^ 1), kc + (size_t)t1 * HD, HD, kend - t1, tid);
+            fa_load_tile<HD>(vs(stage ^ 1), vc + (size_t)t1 * HD, HD, kend - t1, tid);
+        }
+        k_cp_async_commit();
+        /* S = Q K^T: 16 rows x 64 keys, 8 n8 tiles */
+        float sacc[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+            for (int j = 0; j < 8; j += 2) {
+                uint32_t b[4];
+                const int mat = lane >> 3;
+                k_ldmatrix_x4(b, ks(stage) + fa_off<HD>(8 * j + 8 * (mat >> 1) + (lane & 7), 2 * kk + (mat & 1)));
+                k_mma_16816(sacc[j], qa[kk], b[0], b[1]);
+                k_mma_16816(sacc[j + 1], qa[kk], b[2], b[3]);
+            }
+        /* mask, scale, online softmax: element e of n8 tile j is row i = e / 2, key t0 + 8j +
+         * 2t + (e & 1) */
+        float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = e >> 1, key = t0 + 8 * j + 2 * t + (e & 1);
+                const bool ok = key <= pr[i] && key >= lo[i];
+                sacc[j][e] = ok ? sacc[j][e] * qscale : -INFINITY;
+                tmax[i] = fmaxf(tmax[i], sacc[j][e]);
+            }
+        float corr[2], base[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 1));
+            tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 2));
+            const float m_new = fmaxf(m_run[i], tmax[i]);
+            base[i] = m_new == -INFINITY ? 0.0f : m_new; /* a row with no key yet */
+            corr[i] = exp2f(m_run[i] - base[i]);
+            m_run[i] = m_new;
+            l_run[i] *= corr[i];
+        }
+#pragma unroll
+        for (int n = 0; n < NO; ++n) {
+            o[n][0] *= corr[0]; o[n][1] *= corr[0];
+            o[n][2] *= corr[1]; o[n][3] *= corr[1];
+        }
+        uint32_t pa[4][4]; /* P as A fragments, 16 keys per k-step */
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            float pv[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                pv[e] = exp2f(sacc[j][e] - base[e >> 1]);
+                l_run[e >> 1] += pv[e];
+            }
+            pa[j / 2][(j & 1) * 2 + 0] = fa_pack_half2(pv[0], pv[1]);
+            pa[j / 2][(j & 1) * 2 + 1] = fa_pack_half2(pv[2], pv[3]);
+        }
+        /* O += P V: V rows (keys) through ldmatrix.trans as B fragments */
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int n = 0; n < NO; n += 2) {
+                uint32_t b[4];
+                const int mat = lane >> 3;
+                const uint32_t a = (uint32_t)__cvta_generic_to_shared(
+                    vs(stage) + fa_off<HD>(16 * kk + 8 * (mat & 1) + (lane & 7), n + (mat >> 1)));
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                             : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]) : "r"(a));
+                k_mma_16816(o[n], pa[kk], b[0], b[1]);
+                k_mma_16816(o[n + 1], pa[kk], b[2], b[3]);
+            }
+        k_cp_async_wait<0>();
+        __syncthreads(); /* the next stage has landed; nobody reads this one any more */
+    }
+
+    float inv[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 1);
+        l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 2);
+        inv[i] = 1.0f / l_run[i]; /* > 0: key p itself is always in the window */
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int r = warp * 16 + g + 8 * i;
+        if (r >= rows) continue;
+        __half *dst = out + (size_t)(m0 + r) * out_stride + (size_t)h * HD + 2 * t;
+#pragma unroll
+        for (int n = 0; n < NO; ++n)
+            *reinterpret_cast<__half2 *>(dst + 8 * n) =
+                __floats2half2_rn(o[n][2 * i] * inv[i], o[n][2 * i + 1] * inv[i]);
+    }
+}
+
+template <int HD>
+static void attention_fa_launch(__half *out, size_t out_stride, const __half *q, size_t q_stride,
+                                const __half *k_cache, const __half *v_cache, int M,
+                                int start_pos, int n_heads, int n_kv_heads, int T_cap,
+                                int sliding_window, cudaStream_t stream)
+{
+    constexpr int SMEM = 5 * 64 * HD * 2; /* Q + 2 stages of K and V: 40 / 80 KB */
+    static int attr_set[K_MAX_DEVICES];
+    k_per_device(attr_set, [&](int) {
+        K_CUDA_CHECK(cudaFuncSetAttribute(attention_fa_kernel<HD>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+        return 1;
+    });
+    const dim3 grid((unsigned)((M + fa::BM - 1) / fa::BM), (unsigned)n_heads);
+    k_launch_ex(attention_fa_kernel<HD>, grid, dim3(fa::WARPS * K_WARP), SMEM, stream,
+                k_pdl_usable(), out, out_stride, q, q_stride, k_cache, v_cache, M, start_pos,
+                n_heads, n_kv_heads, T_cap, sliding_window);
+}
+
 static int attention_launch(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q_stride,
                             const uint16_t *k_cache, const uint16_t *v_cache, int M, int start_pos,
                             const int32_t *start_pos_dev, int n_heads, int n_kv_heads, int hd,
@@ -191,6 +399,16 @@ static int attention_launch(uint16_t *out, size_t out_stride, const uint16_t *q,
     const __half *kh = reinterpret_cast<const __half *>(k_cache);
     const __half *vh = reinterpret_cast<const __half *>(v_cache);
     __half *oh = reinterpret_cast<__half *>(out);
+    if (!start_pos_dev && M >= fa::MIN_M && (hd == 64 || hd == 128)) { /* prefill: v2 */
+        if (hd == 64)
+            attention_fa_launch<64>(oh, out_stride, qh, q_stride, kh, vh, M, start_pos, n_heads,
+                                    n_kv_heads, T_cap, sliding_window, stream);
+        else
+            attention_fa_launch<128>(oh, out_stride, qh, q_stride, kh, vh, M, start_pos, n_heads,
+                                     n_kv_heads, T_cap, sliding_window, stream);
+        K_LAUNCH_CHECK();
+        return K_ERR_NONE;
+    }
 #define ATT_LAUNCH(HDV)                                                                      \
     k_launch_ex(attention_kernel<HDV>, grid, dim3(ATT_WARPS * K_WARP), 0, stream,              \
                 k_pdl_usable(), oh, out_stride, qh, q_stride, kh, vh, start_pos, start_pos_dev, \

@@ -932,8 +932,16 @@ static void test_attention(bool quick)
     test_attention_case(17, 20, 6, 3, 128, 40, 0);    /* chunked prefill after a prefix */
     test_attention_case(9, 30, 4, 2, 128, 64, 16);    /* sliding window */
     test_attention_case(3, 5, 2, 2, 256, 16, 0);      /* hd 256 */
+    /* M >= 16 with hd 64 / 128 runs the tensor-core prefill (v2): partial 64-row tiles, a start
+     * inside a key tile, windows narrower and wider than a tile, GQA 4:1, hd 256 on v1 */
+    test_attention_case(16, 0, 2, 1, 128, 16, 0);
+    test_attention_case(70, 10, 8, 2, 128, 100, 24);
+    test_attention_case(130, 77, 4, 4, 64, 300, 100);
+    test_attention_case(20, 3, 2, 2, 256, 32, 0);
     if (!quick) {
         test_attention_case(255, 0, 32, 8, 128, 300, 0); /* Llama-3-8B heads, prefill */
+        test_attention_case(512, 1536, 32, 8, 128, 2048, 0); /* the 4th 512-row chunk of 2048 */
+        test_attention_case(200, 900, 8, 8, 64, 1200, 4096); /* window wider than the context */
         test_attention_case(1, 4000, 32, 32, 128, 4096, 0); /* long decode */
     }
     qs_log_set_quiet(true);
