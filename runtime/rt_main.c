@@ -1,12 +1,14 @@
 /*
  * rt_main.c - the user-facing runtime commands: `qshard run`, `logits`, `perplexity`,
- * `tokenize` (tools/cmd.h entry points cmd_run, cmd_logits, cmd_perplexity, cmd_tokenize).
+ * `tokenize`, `bench model` (tools/cmd.h entry points cmd_run, cmd_logits, cmd_perplexity,
+ * cmd_tokenize, cmd_bench_model).
  *
  *   qshard run MODEL -p "text" [-n 128] [sampling flags] [--chat] [--stop STR]...
  *   qshard run MODEL --tokens 1,2,3 --temp 0 -n 16 --print-ids
  *   qshard logits MODEL (--tokens 1,2,3 | --text "...") --out logits.npy
  *   qshard perplexity MODEL --file text.txt [--ctx 512]
  *   qshard tokenize MODEL --text "..." | --decode 1,2,3
+ *   qshard bench model MODEL [-p 512] [-n 128] [-r 5]   (tools/cmd_bench.c dispatches here)
  *
  * MODEL is a directory written by `qshard convert` (every TP rank; on the CPU they run in one
  * process) or a single TP-1 rank file; a HuggingFace checkpoint directory (config.json, no
@@ -1552,6 +1554,256 @@ out:
     free(out);
     free(ids);
     free(text);
+    session_close(&s);
+    return rc;
+}
+
+// --- qshard bench model --------------------------------------------------------------------
+
+#define BENCH_MAX_TESTS 16
+
+static void bench_model_usage(FILE *f)
+{
+    fprintf(f,
+        "usage: qshard bench model MODEL [-p 512] [-n 128] [-r 5] [--device cpu|cuda]\n"
+        "\n"
+        "Prompt processing and generation speed of a converted model, measured the way\n"
+        "llama.cpp's llama-bench does: ppN runs a prompt of N token ids from an empty KV cache\n"
+        "(one forward of N positions, in chunks of the runtime's batch of at most 512) up to\n"
+        "the first generated token; tgN generates N tokens one at a time from an empty cache\n"
+        "(decode steps, the first after BOS). Ids are pseudo-random (fixed seed), the next\n"
+        "token greedy, chosen where `qshard run` chooses it (on the GPU when it can). Each test\n"
+        "runs once untimed (warm-up: kernels loaded, decode graph recorded), then -r times;\n"
+        "prints a table of mean tokens/s +/- the standard deviation over the runs.\n"
+        "\n"
+        "  -p, --n-prompt LIST     prompt lengths, e.g. 16,64,512 (default 512; 0: none)\n"
+        "  -n, --n-gen LIST        generation lengths (default 128; 0: none)\n"
+        "  -r, --repetitions N     timed runs per test, 1..1000 (default 5)\n"
+        "  --ctx N                 KV cache length (default: what the longest test needs)\n"
+        MODEL_OPTS_HELP
+        "\nexit codes: 0 ok, 1 usage (also a test longer than --ctx), 2 bad input (model\n"
+        "file), 3 runtime failure (GPU, memory), 4 I/O error\n");
+}
+
+/* "16,64,512" into out[] (at most BENCH_MAX_TESTS values in [0, hi]; a lone 0 means none);
+ * false on junk. */
+static bool parse_test_list(const char *arg, long hi, long *out, int *n_out)
+{
+    int n = 0;
+    const char *p = arg;
+    while (*p) {
+        char buf[32];
+        size_t len = strcspn(p, ",");
+        if (len == 0 || len >= sizeof(buf) || n == BENCH_MAX_TESTS)
+            return false;
+        memcpy(buf, p, len);
+        buf[len] = '\0';
+        if (!parse_int(buf, 0, hi, &out[n]))
+            return false;
+        n++;
+        p += len;
+        if (*p == ',' && *++p == '\0')
+            return false;
+    }
+    if (n == 0)
+        return false;
+    if (n == 1 && out[0] == 0)
+        n = 0;
+    for (int i = 0; i < n; i++)
+        if (out[i] == 0)
+            return false;
+    *n_out = n;
+    return true;
+}
+
+/* The next id after ids[0..n) placed at positions pos..pos+n-1, greedy: on the device when
+ * dev_pick (rt_model_forward_pick, as `run`), else rt_sampler_next on the host logits row. */
+static int bench_step(struct session *s, bool dev_pick, struct rt_sampler *smp, float *logits,
+                      const int32_t *ids, int n, int pos, int32_t *next)
+{
+    if (dev_pick)
+        return forward_pick(s, ids, (size_t)n, pos, smp, next);
+    int rc = forward(s, ids, (size_t)n, pos, logits, false);
+    if (rc)
+        return rc;
+    return rt_sampler_next(smp, logits, s->logits_stride, next) == RT_SAMPLE_ERR_NONE
+               ? QS_EXIT_OK
+               : QS_EXIT_RUNTIME;
+}
+
+/*
+ * One test, warm-up then `reps` timed runs from an empty KV cache; secs[r]: the seconds of
+ * run r (>= 1 ns). pp: ids[0..len) in one rt_model_forward up to the first generated id. tg: `len`
+ * decode steps from position 0, the first fed ids[0] (BOS), each next fed the id it chose;
+ * the first timed run's ids go to the debug log (tests compare them with `qshard run`).
+ */
+static int bench_test(struct session *s, bool dev_pick, struct rt_sampler *smp, float *logits,
+                      const int32_t *ids, bool pp, int len, int reps, double *secs)
+{
+    for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
+        rt_model_reset(s->model);
+        rt_sampler_reset(smp);
+        int32_t next = ids[0];
+        char seen[256];
+        size_t sl = 0;
+        seen[0] = '\0';
+        double t0 = now_s();
+        int rc = QS_EXIT_OK;
+        if (pp) {
+            rc = bench_step(s, dev_pick, smp, logits, ids, len, 0, &next);
+        } else {
+            for (int i = 0; i < len && !rc; i++) {
+                const int32_t cur = next;
+                rc = bench_step(s, dev_pick, smp, logits, &cur, 1, i, &next);
+                if (!rc && r == 0 && sl + 16 < sizeof(seen))
+                    sl += (size_t)snprintf(seen + sl, sizeof(seen) - sl, "%s%d", i ? "," : "",
+                                           (int)next);
+            }
+        }
+        const double dt = now_s() - t0;
+        if (rc)
+            return rc;
+        if (r >= 0)
+            secs[r] = dt > 1e-9 ? dt : 1e-9;
+        if (r == 0 && !pp)
+            qs_log_debug("bench tg%d: greedy ids after %d: %s%s", len, (int)ids[0], seen,
+                         sl + 16 >= sizeof(seen) ? ",..." : "");
+    }
+    return QS_EXIT_OK;
+}
+
+int cmd_bench_model(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        MODEL_LONGOPTS,
+        {"n-prompt", required_argument, NULL, 'p'},
+        {"n-gen", required_argument, NULL, 'n'},
+        {"repetitions", required_argument, NULL, 'r'},
+        {NULL, 0, NULL, 0},
+    };
+    struct model_opts mo = {0};
+    long pp[BENCH_MAX_TESTS] = {512}, tg[BENCH_MAX_TESTS] = {128}, reps = 5;
+    int n_pp = 1, n_tg = 1, c;
+    static char prog[] = "qshard bench model";
+    getopt_begin(argv, prog);
+    while ((c = getopt_long(argc, argv, "p:n:r:vh", longopts, NULL)) != -1) {
+        int m = model_opt(c, optarg, &mo, "bench model");
+        if (m < 0)
+            return QS_EXIT_USAGE;
+        if (m > 0)
+            continue;
+        switch (c) {
+        case 'h':
+            bench_model_usage(stdout);
+            return QS_EXIT_OK;
+        case 'p':
+        case 'n':
+            if (!parse_test_list(optarg, c == 'p' ? MAX_CTX : MAX_N_PREDICT, c == 'p' ? pp : tg,
+                                 c == 'p' ? &n_pp : &n_tg)) {
+                fprintf(stderr, "qshard bench model: %s takes a comma-separated list of up to %d "
+                                "lengths >= 1 (or 0 for none), got '%s'\n",
+                        c == 'p' ? "-p/--n-prompt" : "-n/--n-gen", BENCH_MAX_TESTS, optarg);
+                return QS_EXIT_USAGE;
+            }
+            break;
+        case 'r':
+            if (!parse_int(optarg, 1, 1000, &reps)) {
+                fprintf(stderr, "qshard bench model: -r/--repetitions must be an integer in "
+                                "[1, 1000]\n");
+                return QS_EXIT_USAGE;
+            }
+            break;
+        default:
+            return bad_option("bench model");
+        }
+    }
+    if (optind != argc - 1 || n_pp + n_tg == 0) {
+        fprintf(stderr, "qshard bench model: need MODEL and at least one test (see qshard bench "
+                        "model --help)\n");
+        return QS_EXIT_USAGE;
+    }
+    mo.path = argv[optind];
+    long need = 2; /* the KV cache the longest test fills */
+    for (int i = 0; i < n_pp; i++)
+        need = pp[i] > need ? pp[i] : need;
+    for (int i = 0; i < n_tg; i++)
+        need = tg[i] > need ? tg[i] : need;
+    if (mo.ctx > 0 && need > mo.ctx) {
+        fprintf(stderr, "qshard bench model: a test needs %ld positions, --ctx is %ld\n", need,
+                mo.ctx);
+        return QS_EXIT_USAGE;
+    }
+    if (mo.ctx <= 0)
+        mo.ctx = need;
+    struct session s;
+    int rc = session_open(&s, &mo, true);
+    if (rc)
+        return rc;
+    struct rt_sampler smp = {0};
+    struct rt_sample_params sp = rt_sample_params_default();
+    sp.temperature = 0.0f; /* greedy */
+    sp.repeat_penalty = 1.0f;
+    int32_t *ids = malloc((size_t)need * sizeof(*ids));
+    float *logits = malloc((size_t)s.logits_stride * sizeof(float));
+    double *secs = malloc((size_t)reps * sizeof(double));
+    if (!ids || !logits || !secs) {
+        qs_log_error(__func__, "out of memory for %ld ids and %lld logits", need,
+                     (long long)s.logits_stride);
+        rc = QS_EXIT_RUNTIME;
+        goto out;
+    }
+    if (rt_sampler_init(&smp, &sp, s.vocab_size) != RT_SAMPLE_ERR_NONE) {
+        rc = QS_EXIT_RUNTIME;
+        goto out;
+    }
+    uint64_t x = 0x9e3779b97f4a7c15ull; /* splitmix64: the same prompt ids every run */
+    for (long i = 0; i < need; i++) {
+        uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        ids[i] = (int32_t)((z ^ (z >> 31)) % (uint64_t)s.vocab_size);
+    }
+    if (s.bos >= 0)
+        ids[0] = s.bos;
+    const bool dev_pick = rt_model_can_pick(s.model);
+    const struct rt_config *cfg = rt_model_config(s.model);
+    const char *dev = rt_model_device(s.model) == RT_DEVICE_CUDA ? "cuda" : "cpu";
+    fprintf(stderr, "qshard bench model: %s (%s, %d layers, hidden %d, vocab %d), %s, TP %d, "
+                    "KV cache %lld tokens; %ld timed run%s per test after one warm-up; next "
+                    "token greedy on the %s\n",
+            mo.path, cfg->architecture, (int)cfg->n_layers, (int)cfg->hidden_size,
+            (int)s.vocab_size, dev, rt_model_world_size(s.model), (long long)s.ctx, reps,
+            plural(reps), dev_pick ? "GPU" : "host");
+    printf("| model | device | tp | test | t/s | ms per run |\n");
+    printf("|---|---|--:|---|--:|--:|\n");
+    fflush(stdout);
+    for (int t = 0; t < n_pp + n_tg; t++) {
+        const bool is_pp = t < n_pp;
+        const int len = (int)(is_pp ? pp[t] : tg[t - n_pp]);
+        rc = bench_test(&s, dev_pick, &smp, logits, ids, is_pp, len, (int)reps, secs);
+        if (rc)
+            goto out;
+        double mean = 0, var = 0, ms = 0;
+        for (long r = 0; r < reps; r++) {
+            mean += len / secs[r] / (double)reps;
+            ms += 1e3 * secs[r] / (double)reps;
+        }
+        for (long r = 0; r < reps; r++)
+            var += (len / secs[r] - mean) * (len / secs[r] - mean);
+        const double sd = reps > 1 ? sqrt(var / (double)(reps - 1)) : 0.0;
+        printf("| %s | %s | %d | %s%d | %.2f ± %.2f | %.3f |\n", mo.path, dev,
+               rt_model_world_size(s.model), is_pp ? "pp" : "tg", len, mean, sd, ms);
+        if (fflush(stdout) != 0 || ferror(stdout)) {
+            qs_log_error(__func__, "writing the output failed: %s", strerror(errno));
+            rc = QS_EXIT_IO;
+            goto out;
+        }
+    }
+out:
+    rt_sampler_free(&smp);
+    free(secs);
+    free(logits);
+    free(ids);
     session_close(&s);
     return rc;
 }

@@ -11,6 +11,9 @@ has goldens is converted (tp 1), then for each golden prompt
   * 40 ids decoded through the CUDA graphs (one per rank; at tp > 1 they hold our peer-to-peer
     all-reduce kernel, never NCCL) equal 40 ids decoded op by op, and every rank recorded one
     (none for MoE models, none at tp > 1 when the peer-to-peer all-reduce is off);
+  * on the first prompt: longer prompts of 40, 100 and 300 pseudo-random ids (the W4A16 kernel
+    at 17..64 rows, dequant + cuBLAS above, the tensor-core prefill attention over 1-5 key
+    tiles): `logits --device cuda` vs `--device cpu`, relative L2 <= 1e-2, no NaN;
   * on the first prompt: ids sampled on the GPU equal ids sampled on the host from the same
     logits with the same seed (four sampler settings), and a one-token prompt decodes the same
     with and without the graph.
@@ -118,6 +121,34 @@ def sampling_checks(name, out, ids, tp):
     check(recorded == expect, "%s: one-token prompt: decode graphs recorded on %d GPUs, expected %d" % (name, recorded, expect))
 
 
+def long_prompt_checks(m, out, tmp, tp):
+    """Prompts longer than the goldens' (40, 100 and 300 pseudo-random ids below vocab_size):
+    every row of the CUDA logits vs the CPU backend's."""
+    cfg = json.load(open(os.path.join(ROOT, m["path"], "config.json")))
+    vocab, x = m["vocab_size"], 12345
+    for n in (40, 100, 300):
+        if n > cfg.get("max_position_embeddings", 4096):
+            continue
+        ids = []
+        for _ in range(n):
+            x = (x * 1103515245 + 12345) % (1 << 31)
+            ids.append(x % vocab)
+        got = {}
+        for dev in ("cpu", "cuda"):
+            f = os.path.join(tmp, "%s.long%d.%s.npy" % (m["name"], n, dev))
+            rc, so, se = run(["logits", out, "--tokens", ",".join(map(str, ids)), "--out", f, "--device", dev])
+            check(rc == 0, "%s/long%d: logits --device %s exit %d: %s" % (m["name"], n, dev, rc, se.strip()[-400:]))
+            if rc == 0:
+                got[dev] = np.load(f)
+        if len(got) < 2:
+            continue
+        cu, cpu = got["cuda"], got["cpu"]
+        check(bool(np.isfinite(cu).all()), "%s/long%d: NaN/inf in CUDA logits" % (m["name"], n))
+        r = rel_l2(cu, cpu)
+        check(cu.shape == (n, vocab) and r <= TOL, "%s/long%d: shape %s, CUDA vs CPU rel L2 %.3g > %g" % (m["name"], n, cu.shape, r, TOL))
+        print("%s/long%d: tp %d rel L2 CUDA vs CPU %.2e" % (m["name"], n, tp, r), flush=True)
+
+
 def main():
     quick = "--quick" in sys.argv
     tp = int(sys.argv[sys.argv.index("--tp") + 1]) if "--tp" in sys.argv else 1
@@ -202,6 +233,7 @@ def main():
                 check(recorded == expect, "%s/%s: decode graphs recorded on %d GPUs, expected %d" % (m["name"], pr["name"], recorded, expect))
             if pr is golden["prompts"][0]:
                 sampling_checks(m["name"], out, pr["ids"], tp)
+                long_prompt_checks(m, out, tmp, tp)
     check(passed + failed > 0, "no fixture matched --only %s" % ",".join(only))
     print("e2e: %d passed, %d failed" % (passed, failed))
     return 1 if failed else 0

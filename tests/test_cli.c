@@ -27,6 +27,7 @@
  *     options), bad flags (one "qshard CMD: unrecognized option" line plus "try ... --help",
  *     -n and --ctx ranges named), missing paths, an unconverted HuggingFace directory (exit 2
  *     with the convert command), --help (exit codes listed, descriptions at column 26);
+ *   - `bench model`: one row per test, the tg test's greedy ids equal `run`'s, usage errors;
  *   - run --tokens on a model without tokenizer prints the ids as --print-ids does (one note
  *     on stderr); tokenize "" gives [BOS] (llama2.c vector) or nothing with --no-bos;
  *     --chat-template mistral equals BOS + tokenize("[INST] ... [/INST]"); singular "1 token".
@@ -951,6 +952,58 @@ static void check_help_layout(const char *cmd, const char *help)
               first_bad ? first_bad : "");
 }
 
+/* `bench model`: the table has one row per test with a positive rate; the tg test's greedy ids
+ * (debug log of its first timed run) are those `run --tokens BOS --temp 0` prints; the warm-up,
+ * the timed runs and `run` each start from an empty KV cache. Bad lists, -r and a test longer
+ * than --ctx are usage errors. */
+static void check_bench_model(const char *model, const char *name)
+{
+    struct proc p = run("bench", "model", model, "-p", "5,12", "-n", "6", "-r", "2", "--device",
+                        g_device, "-v", NULL);
+    CHECK_EXIT(p, 0, "bench model");
+    const char *tests[] = {"pp5", "pp12", "tg6"};
+    for (int i = 0; i < 3; i++) {
+        char key[32];
+        snprintf(key, sizeof(key), "| %s | ", tests[i]);
+        const char *row = p.out ? strstr(p.out, key) : NULL;
+        double rate = row ? strtod(row + strlen(key), NULL) : 0.0;
+        CHECK_MSG(row && rate > 0.0 && isfinite(rate), "%s: bench model row %s missing or rate "
+                  "%g (stdout: %.400s)", name, tests[i], rate, p.out ? p.out : "");
+    }
+    const char *dbg = p.err ? strstr(p.err, "bench tg6: greedy ids after ") : NULL;
+    CHECK_MSG(dbg != NULL, "%s: bench model -v printed no tg ids (stderr: %.300s)", name,
+              p.err ? p.err : "");
+    if (dbg) {
+        dbg += strlen("bench tg6: greedy ids after ");
+        char first[16];
+        snprintf(first, sizeof(first), "%ld", strtol(dbg, NULL, 10));
+        int32_t got[16], want[16];
+        int ng = parse_ids(strchr(dbg, ':') ? strchr(dbg, ':') + 1 : "", got, 16);
+        struct proc r = run("run", model, "--tokens", first, "--temp", "0", "-n", "6",
+                            "--print-ids", "--ignore-eos", "--device", g_device, NULL);
+        CHECK_EXIT(r, 0, "run for bench model");
+        int nw = parse_ids(r.out ? r.out : "", want, 16);
+        CHECK_MSG(ng == 6 && nw == 6 && !memcmp(got, want, sizeof(int32_t) * 6),
+                  "%s: bench tg6 ids (%d) differ from run's (%d): %.80s vs %.80s", name, ng, nw,
+                  dbg, r.out ? r.out : "");
+        proc_free(&r);
+    }
+    proc_free(&p);
+    const char *bad[][4] = {{"-p", "0", "-n", "0"}, {"-p", "5,,6", "-n", "2"},
+                            {"-p", "abc", "-n", "2"}, {"-p", "4", "-r", "0"},
+                            {"-p", "8", "--ctx", "4"}, {"-n", "3,", "-r", "1"}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        p = run("bench", "model", model, bad[i][0], bad[i][1], bad[i][2], bad[i][3], NULL);
+        char what[96];
+        snprintf(what, sizeof(what), "bench model %s %s %s %s", bad[i][0], bad[i][1], bad[i][2],
+                 bad[i][3]);
+        CHECK_EXIT(p, 1, what);
+        CHECK_MSG(p.err && strstr(p.err, "qshard bench model"), "%s: stderr %.200s", what,
+                  p.err ? p.err : "");
+        proc_free(&p);
+    }
+}
+
 /* `run`/`logits`/`perplexity`/`tokenize` on a HuggingFace checkpoint directory (not converted):
  * exit 2 and the convert command, for every command. */
 static void check_hf_dir(const char *src)
@@ -977,6 +1030,19 @@ static void check_hf_dir(const char *src)
 
 static void check_errors_without_fixtures(void)
 {
+    {
+        struct proc p = run("bench", "model", "--help", NULL);
+        CHECK_EXIT(p, 0, "bench model --help");
+        CHECK_MSG(p.out && strstr(p.out, "usage: qshard bench model") && strstr(p.out, "exit codes:"),
+                  "bench model --help: %.100s", p.out ? p.out : "");
+        check_help_layout("bench model", p.out ? p.out : "");
+        proc_free(&p);
+        p = run("bench", "model", "--no-such-flag", NULL);
+        CHECK_EXIT(p, 1, "bench model --no-such-flag");
+        CHECK_MSG(p.err && strstr(p.err, "try 'qshard bench model --help'"), "bench model "
+                  "--no-such-flag: stderr \"%.300s\"", p.err ? p.err : "");
+        proc_free(&p);
+    }
     const char *cmds[] = {"run", "logits", "perplexity", "tokenize"};
     for (int i = 0; i < 4; i++) {
         struct proc p = run(cmds[i], "--help", NULL);
@@ -1286,6 +1352,11 @@ int main(void)
             }
             if (vocab > 0)
                 check_errors_with_model(dir, name, has_tok, vocab);
+            static bool done_bench;
+            if (!done_bench && has_golden) {
+                check_bench_model(dir, name);
+                done_bench = true;
+            }
             if (has_tok && has_llama2_tokenizer(m)) {
                 check_chat(dir, name, jstr(m, "path"));
                 check_streaming(dir);

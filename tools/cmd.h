@@ -22,6 +22,7 @@ int cmd_run(int argc, char **argv);        /* runtime/rt_main.c */
 int cmd_logits(int argc, char **argv);     /* runtime/rt_main.c */
 int cmd_perplexity(int argc, char **argv); /* runtime/rt_main.c */
 int cmd_tokenize(int argc, char **argv);   /* runtime/rt_main.c */
+int cmd_bench_model(int argc, char **argv); /* runtime/rt_main.c: `qshard bench model ...` */
 int cmd_inspect(int argc, char **argv);    /* tools/cmd_inspect.c */
 int cmd_verify(int argc, char **argv);     /* tools/cmd_inspect.c */
 int cmd_bench(int argc, char **argv);      /* tools/cmd_bench.c */

@@ -9,6 +9,8 @@
  *   qshard bench verify FILE [--repeat N] [--cold]         plain read() of the file vs
  *                                                           fmt_shard_verify_all, GB/s, same run
  *   qshard bench kernel ...                                 kernels (bench_kernel_main)
+ *   qshard bench model MODEL [-p 512] [-n 128] [-r 5]      prompt / generation tokens/s of a
+ *                                                           converted model (cmd_bench_model)
  *
  * --cold drops the file's pages from the page cache (posix_fadvise DONTNEED, this file only)
  * before every timed pass, so both passes read from the disk. tools/bench_cpu.sh (`make bench`)
@@ -67,6 +69,7 @@ static void bench_usage(FILE *f)
                "       qshard bench open FILE [--repeat N]\n"
                "       qshard bench verify FILE [--repeat N] [--cold]\n"
                "       qshard bench kernel ...   (qshard bench kernel --help)\n"
+               "       qshard bench model MODEL [-p 512] [-n 128] [-r 5]   (qshard bench model --help)\n"
                "exit: 0 ok, 1 usage, 2 bad file, 4 I/O error\n");
 }
 
@@ -276,6 +279,8 @@ int cmd_bench(int argc, char **argv)
     const char *what = argv[1];
     if (!strcmp(what, "kernel"))
         return bench_kernel_main(argc - 1, argv + 1);
+    if (!strcmp(what, "model"))
+        return cmd_bench_model(argc - 1, argv + 1);
     static const struct option opts[] = {
         {"size-mb", required_argument, NULL, 's'}, {"tensor-mb", required_argument, NULL, 't'},
         {"repeat", required_argument, NULL, 'r'},  {"cold", no_argument, NULL, 'c'},
