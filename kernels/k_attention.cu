@@ -399,7 +399,11 @@ static int attention_launch(uint16_t *out, size_t out_stride, const uint16_t *q,
     const __half *kh = reinterpret_cast<const __half *>(k_cache);
     const __half *vh = reinterpret_cast<const __half *>(v_cache);
     __half *oh = reinterpret_cast<__half *>(out);
-    if (!start_pos_dev && M >= fa::MIN_M && (hd == 64 || hd == 128)) { /* prefill: v2 */
+    /* prefill: v2, which reads q rows and K/V tiles in 16-byte chunks and writes out in pairs */
+    const bool aligned = (uintptr_t)q % 16 == 0 && q_stride % 8 == 0 && (uintptr_t)out % 4 == 0 &&
+                         out_stride % 2 == 0 && (uintptr_t)k_cache % 16 == 0 &&
+                         (uintptr_t)v_cache % 16 == 0;
+    if (!start_pos_dev && M >= fa::MIN_M && (hd == 64 || hd == 128) && aligned) {
         if (hd == 64)
             attention_fa_launch<64>(oh, out_stride, qh, q_stride, kh, vh, M, start_pos, n_heads,
                                     n_kv_heads, T_cap, sliding_window, stream);

@@ -71,6 +71,19 @@ template <class F> static inline int k_per_device(int (&cache)[K_MAX_DEVICES], F
     return v;
 }
 
+/* Largest dynamic shared memory one block may opt in to on the current device, bytes
+ * (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KB on sm_90, 163 KB on sm_80, 99 KB on sm_86 /
+ * sm_89); launchers size their tiles below it. CUDA errors abort (K_CUDA_CHECK). */
+static inline int k_smem_optin(void)
+{
+    static int cache[K_MAX_DEVICES];
+    return k_per_device(cache, [](int d) {
+        int v = 0;
+        K_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, d));
+        return v > 0 ? v : 1;
+    });
+}
+
 /* Named constants instead of literals. */
 #define K_WARP 32
 #define K_SM80 80 /* first arch with mma.sync m16n8k16 fp16->fp32, cp.async, ldmatrix */

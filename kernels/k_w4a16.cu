@@ -993,8 +993,10 @@ static int splitk_slice(int KT, int n_groups, int blocks_per_sm, int kc_max, int
     return kc;
 }
 
+/* false (nothing launched) when even the smallest slice (whole groups) needs more shared memory
+ * than a block may have: very large G, e.g. per-channel quantisation (G = K) */
 template <int MB8, bool SCALE_AFTER>
-static void launch_v2_tb(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
+static bool launch_v2_tb(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
                          const float *bias, __half *y, int M, int N, int K, int G, void *ws,
                          cudaStream_t stream)
 {
@@ -1008,9 +1010,11 @@ static void launch_v2_tb(const __half *x, const uint4 *qw, const uint4 *qz, cons
     auto smem_for = [&](int kc) {
         return ROWS * kc * 32 + v2::RING_BYTES + v2::WARPS * ((kc + GT - 1) / GT) * v2::SZ_BYTES;
     };
+    const int smem_max = std::min(200 * 1024, k_smem_optin());
+    if (smem_for(kc_max) > smem_max) return false;
     static int bps[K_MAX_DEVICES]; /* at the largest slice, per instantiation and device */
     const int blocks_per_sm =
-        resident_blocks(bps, kern, v2::WARPS * K_WARP, smem_for(kc_max), 200 * 1024);
+        resident_blocks(bps, kern, v2::WARPS * K_WARP, smem_for(kc_max), smem_max);
     const int n_groups = (NT + v2::WARPS - 1) / v2::WARPS;
     const int kc = splitk_slice(KT, n_groups, blocks_per_sm, kc_max, unit);
     const int S = (KT + kc - 1) / kc;
@@ -1023,21 +1027,24 @@ static void launch_v2_tb(const __half *x, const uint4 *qw, const uint4 *qz, cons
     kern<<<n_groups * S, v2::WARPS * K_WARP, smem_for(kc), stream>>>(x, qw, qz, sc, bias, y, wsf,
                                                                      counters, M, N, K, G, kc, S);
     K_LAUNCH_CHECK();
+    return true;
 }
 
-static int launch_v2(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
-                     const float *bias, __half *y, int M, int N, int K, int G, void *ws,
-                     cudaStream_t stream)
+/* v2 for M <= 64; false (nothing launched) when G is too large for its slices (above) */
+static bool launch_v2(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
+                      const float *bias, __half *y, int M, int N, int K, int G, void *ws,
+                      cudaStream_t stream)
 {
-    if (M <= 8) launch_v2_tb<1, true>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
-    else if (M <= 16) launch_v2_tb<2, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
-    else if (M <= 32) launch_v2_tb<4, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
-    else launch_v2_tb<8, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
-    return K_ERR_NONE;
+    if (M <= 8) return launch_v2_tb<1, true>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
+    if (M <= 16) return launch_v2_tb<2, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
+    if (M <= 32) return launch_v2_tb<4, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
+    return launch_v2_tb<8, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
 }
 
+/* false (nothing launched) when even one unit of k-tiles needs more shared memory than a block
+ * may have (large G: whole groups per slice; per-channel G = K) */
 template <int MB8, bool SCALE_AFTER, int GTC, bool RING>
-static void launch_v5_tb(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
+static bool launch_v5_tb(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
                          const float *bias, __half *y, int M, int N, int K, int G, void *ws,
                          cudaStream_t stream)
 {
@@ -1053,11 +1060,13 @@ static void launch_v5_tb(const __half *x, const uint4 *qw, const uint4 *qz, cons
         const int stage = v5::WARPS<MB8> * ROWS * 64 * 4;
         return RING ? loop : OVER_X ? std::max(loop, stage) : loop + stage;
     };
-    constexpr int SMEM_MAX = 220 * 1024; /* of the 227 KB a block may use on sm_90 */
-    while (kc_max > unit && smem_for(kc_max) > SMEM_MAX) kc_max -= unit; /* small G: many scale rows */
+    /* 220 KB of the 227 KB a block may use on sm_90; less where the device offers less */
+    const int smem_max = std::min(220 * 1024, k_smem_optin());
+    while (kc_max > unit && smem_for(kc_max) > smem_max) kc_max -= unit; /* small G: many scale rows */
+    if (smem_for(kc_max) > smem_max) return false;
     static int bps[K_MAX_DEVICES]; /* at the largest slice, per instantiation and device */
     const int blocks_per_sm =
-        resident_blocks(bps, kern, v5::WARPS<MB8> * K_WARP, smem_for(kc_max), SMEM_MAX);
+        resident_blocks(bps, kern, v5::WARPS<MB8> * K_WARP, smem_for(kc_max), smem_max);
     const int n_groups = (NT + v5::WARPS<MB8> - 1) / v5::WARPS<MB8>;
     const int kc = splitk_slice(KT, n_groups, blocks_per_sm, kc_max, unit);
     const int S = (KT + kc - 1) / kc;
@@ -1070,22 +1079,23 @@ static void launch_v5_tb(const __half *x, const uint4 *qw, const uint4 *qz, cons
                 smem_for(kc), (int)k_pdl_usable());
     k_launch_ex(kern, dim3(n_groups * S), dim3(v5::WARPS<MB8> * K_WARP), smem_for(kc), stream,
                 k_pdl_usable(), x, qw, qz, sc, bias, y, wsf, counters, M, N, K, G, kc, S);
+    return true;
 }
 
-/* v5 for G/16 in {1, 2, 4, 8} or a multiple of 8; false (nothing launched) otherwise. */
+/* v5 for G/16 in {1, 2, 4, 8} or a multiple of 8 whose slice fits in shared memory; false
+ * (nothing launched) otherwise. */
 template <int MB8, bool SCALE_AFTER, bool RING>
 static bool launch_v5_g(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
                         const float *bias, __half *y, int M, int N, int K, int G, void *ws,
                         cudaStream_t stream)
 {
     switch (G / 16) {
-    case 1: launch_v5_tb<MB8, SCALE_AFTER, 1, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream); return true;
-    case 2: launch_v5_tb<MB8, SCALE_AFTER, 2, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream); return true;
-    case 4: launch_v5_tb<MB8, SCALE_AFTER, 4, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream); return true;
+    case 1: return launch_v5_tb<MB8, SCALE_AFTER, 1, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
+    case 2: return launch_v5_tb<MB8, SCALE_AFTER, 2, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
+    case 4: return launch_v5_tb<MB8, SCALE_AFTER, 4, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
     default:
         if ((G / 16) % v5::DEPTH) return false;
-        launch_v5_tb<MB8, SCALE_AFTER, 0, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
-        return true;
+        return launch_v5_tb<MB8, SCALE_AFTER, 0, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
     }
 }
 
@@ -1098,6 +1108,12 @@ static bool launch_v5_g(const __half *x, const uint4 *qw, const uint4 *qz, const
  * in one wave with 2-6 split-K slices. On the H200, per Llama-2-7B layer: M = 17 85.9 -> 76.8
  * us and M = 64 178.4 -> 144.6 us against 4 warps per block with 64 / 96 KB slices; v2 / v4 /
  * dequant + cuBLAS took 2-3x longer (docs/BENCHMARKS.md). */
+static int launch_v4(const __half *x, const uint4 *qw, const uint32_t *qz, const uint4 *sc,
+                     const float *bias, __half *y, int M, int N, int K, int G, void *ws,
+                     cudaStream_t stream);
+
+/* ... and where v5 cannot take G (G/16 neither divides nor is a multiple of 8, or a slice of
+ * whole groups does not fit), v2, else v4 (stream-K: a fixed 36 KB of shared memory, any G). */
 template <bool RING>
 static int launch_v5(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
                      const float *bias, __half *y, int M, int N, int K, int G, void *ws,
@@ -1108,7 +1124,9 @@ static int launch_v5(const __half *x, const uint4 *qw, const uint4 *qz, const ui
     else if (M <= 16 || RING) done = launch_v5_g<2, true, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
     else if (M <= 32) done = launch_v5_g<4, false, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
     else done = launch_v5_g<8, false, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
-    if (!done) return launch_v2(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
+    if (!done && !launch_v2(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream))
+        return launch_v4(x, qw, reinterpret_cast<const uint32_t *>(qz), sc, bias, y, M, N, K, G,
+                         ws, stream);
     return K_ERR_NONE;
 }
 
@@ -1177,10 +1195,14 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
         if (M > max_m) K_REFUSE(K_ERR_SHAPE, "W4A16 decode variant: M=%d > %d", M, max_m);
         rc = check_workspace(__func__, "decode", M, N, workspace, workspace_bytes);
         if (rc) return rc;
-        return launch_v2(xh, reinterpret_cast<const uint4 *>(qweight),
-                         reinterpret_cast<const uint4 *>(qzeros),
-                         reinterpret_cast<const uint4 *>(scales), bias, yh, M, N, K, G,
-                         workspace, stream);
+        if (!launch_v2(xh, reinterpret_cast<const uint4 *>(qweight),
+                       reinterpret_cast<const uint4 *>(qzeros),
+                       reinterpret_cast<const uint4 *>(scales), bias, yh, M, N, K, G, workspace,
+                       stream))
+            K_REFUSE(K_ERR_SHAPE, "W4A16 decode variant: G=%d needs a slice larger than the %d "
+                     "bytes of shared memory a block may have (variants 4, 5 and auto take it)",
+                     G, std::min(200 * 1024, k_smem_optin()));
+        return K_ERR_NONE;
     case K_W4A16_V5_DECODE:
     case K_W4A16_V6_DECODE_RING:
         if (M > max_m) K_REFUSE(K_ERR_SHAPE, "W4A16 lean decode variant: M=%d > %d", M, max_m);

@@ -317,7 +317,8 @@ int k_kv_store(uint16_t *k_cache, uint16_t *v_cache, const uint16_t *k, const ui
  * tensors, fp32 math). Query row m is at position p = start_pos + m and attends to keys
  * [max(0, p - sliding_window + 1), p] (sliding_window <= 0: [0, p]); head h reads kv head
  * h / (n_heads / n_kv_heads). q row m at q + m*q_stride: [n_heads][hd] (rotated); out likewise
- * with out_stride. M >= 16 with hd 64 or 128 (prefill): FlashAttention-2 on tensor cores (Dao
+ * with out_stride. M >= 16 with hd 64 or 128 (prefill; q and the caches 16-byte aligned, q_stride
+ * a multiple of 8, out_stride even, as the runtime's buffers are): FlashAttention-2 on tensor cores (Dao
  * 2023; one block per 64 rows and head, K/V tiles of 64 keys in shared memory, mma.sync with
  * fp32 accumulation, P rounded to fp16 for P V); otherwise one block per (row, head) on CUDA
  * cores, its warps split the keys and merge at the end.

@@ -11,8 +11,8 @@ has goldens is converted (tp 1), then for each golden prompt
   * 40 ids decoded through the CUDA graphs (one per rank; at tp > 1 they hold our peer-to-peer
     all-reduce kernel, never NCCL) equal 40 ids decoded op by op, and every rank recorded one
     (none for MoE models, none at tp > 1 when the peer-to-peer all-reduce is off);
-  * on the first prompt: longer prompts of 40, 100 and 300 pseudo-random ids (the W4A16 kernel
-    at 17..64 rows, dequant + cuBLAS above, the tensor-core prefill attention over 1-5 key
+  * on the first prompt: longer prompts of 24, 40, 100 and 300 pseudo-random ids (the W4A16 kernel
+    at 17..32 and 33..64 rows, dequant + cuBLAS above, the tensor-core prefill attention over 1-5 key
     tiles): `logits --device cuda` vs `--device cpu`, relative L2 <= 1e-2, no NaN;
   * on the first prompt: ids sampled on the GPU equal ids sampled on the host from the same
     logits with the same seed (four sampler settings), and a one-token prompt decodes the same
@@ -122,11 +122,11 @@ def sampling_checks(name, out, ids, tp):
 
 
 def long_prompt_checks(m, out, tmp, tp):
-    """Prompts longer than the goldens' (40, 100 and 300 pseudo-random ids below vocab_size):
+    """Prompts longer than the goldens' (24, 40, 100 and 300 pseudo-random ids below vocab_size):
     every row of the CUDA logits vs the CPU backend's."""
     cfg = json.load(open(os.path.join(ROOT, m["path"], "config.json")))
     vocab, x = m["vocab_size"], 12345
-    for n in (40, 100, 300):
+    for n in (24, 40, 100, 300):
         if n > cfg.get("max_position_embeddings", 4096):
             continue
         ids = []

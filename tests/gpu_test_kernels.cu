@@ -275,6 +275,7 @@ static void test_w4a16_rejects(void)
         {0, 1, 64, 64, 0, K_ERR_SHAPE, "G = 0"},
         {0, 1, 0, 64, 64, K_ERR_SHAPE, "N = 0"},
         {2, 65, 64, 64, 64, K_ERR_SHAPE, "decode M > 64"},
+        {2, 41, 64, 11008, 11008, K_ERR_SHAPE, "v2 with a slice of one group (G = K) past shared memory"},
         {9, 1, 64, 64, 64, K_ERR_ARG, "unknown variant"},
     };
     for (auto &c : cases) {
@@ -404,6 +405,15 @@ static void test_w4a16(bool quick)
         for (int M : Ms) {
             if (quick && (M > 33 || s.K > 384)) continue;
             test_w4a16_shape("sweep", M, s.N, s.K, s.G, true, (M % 2) == 1, all);
+        }
+    /* per-channel quantisation (G = K): v5's slice of whole groups does not fit in shared memory
+     * for the larger K and M, so it hands over to v2 or v4; auto and v5 must give the right
+     * answer at every M either way */
+    for (int K : {4096, 11008})
+        for (int M : {1, 12, 24, 41, 64}) {
+            if (quick && (K > 4096 || M > 24)) continue;
+            test_w4a16_shape("per-channel", M, 128, K, K, true, (M % 2) == 1,
+                             {K_W4A16_AUTO, K_W4A16_V5_DECODE, K_W4A16_V6_DECODE_RING, K_W4A16_V4_STREAMK});
         }
     /* a K that gives an odd number of k-tiles and a group larger than one pipeline stage */
     test_w4a16_shape("odd-kt", 129, 128, 48, 48, true, true, all);
@@ -832,10 +842,10 @@ static void test_sample(bool quick)
 /* dev_pos: through k_kv_store_at / k_attention_at, the start position in device memory (the
  * CUDA-graph decode path), which must give the same results */
 static void test_attention_case(int M, int start_pos, int nh, int nkv, int hd, int T_cap, int sw,
-                                bool dev_pos = false)
+                                bool dev_pos = false, int qpad = 0)
 {
     const int T = start_pos + M;
-    const size_t qstride = (size_t)(nh + 2 * nkv) * hd; /* a fused qkv row */
+    const size_t qstride = (size_t)(nh + 2 * nkv) * hd + qpad; /* a fused qkv row (+ padding) */
     std::vector<uint16_t> qkvh, kch, vch;
     std::vector<float> qkvf, kcf, vcf;
     rand_f16(qkvh, qkvf, (size_t)M * qstride, -2.0f, 2.0f);
@@ -938,6 +948,7 @@ static void test_attention(bool quick)
     test_attention_case(70, 10, 8, 2, 128, 100, 24);
     test_attention_case(130, 77, 4, 4, 64, 300, 100);
     test_attention_case(20, 3, 2, 2, 256, 32, 0);
+    test_attention_case(20, 3, 4, 2, 64, 32, 0, false, 4); /* q rows not 16-byte aligned: v1 */
     if (!quick) {
         test_attention_case(255, 0, 32, 8, 128, 300, 0); /* Llama-3-8B heads, prefill */
         test_attention_case(512, 1536, 32, 8, 128, 2048, 0); /* the 4th 512-row chunk of 2048 */

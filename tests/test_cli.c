@@ -989,14 +989,17 @@ static void check_bench_model(const char *model, const char *name)
         proc_free(&r);
     }
     proc_free(&p);
-    const char *bad[][4] = {{"-p", "0", "-n", "0"}, {"-p", "5,,6", "-n", "2"},
+    /* the --ctx cases: a prompt and a generation each longer than the cache, the other off */
+    const char *bad[][6] = {{"-p", "0", "-n", "0"}, {"-p", "5,,6", "-n", "2"},
                             {"-p", "abc", "-n", "2"}, {"-p", "4", "-r", "0"},
-                            {"-p", "8", "--ctx", "4"}, {"-n", "3,", "-r", "1"}};
+                            {"-p", "8", "-n", "0", "--ctx", "4"},
+                            {"-p", "0", "-n", "5", "--ctx", "4"}, {"-n", "3,", "-r", "1"}};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        p = run("bench", "model", model, bad[i][0], bad[i][1], bad[i][2], bad[i][3], NULL);
-        char what[96];
-        snprintf(what, sizeof(what), "bench model %s %s %s %s", bad[i][0], bad[i][1], bad[i][2],
-                 bad[i][3]);
+        p = run("bench", "model", model, bad[i][0], bad[i][1], bad[i][2], bad[i][3], bad[i][4],
+                bad[i][5], NULL);
+        char what[128];
+        snprintf(what, sizeof(what), "bench model %s %s %s %s %s %s", bad[i][0], bad[i][1],
+                 bad[i][2], bad[i][3], bad[i][4] ? bad[i][4] : "", bad[i][5] ? bad[i][5] : "");
         CHECK_EXIT(p, 1, what);
         CHECK_MSG(p.err && strstr(p.err, "qshard bench model"), "%s: stderr %.200s", what,
                   p.err ? p.err : "");
