@@ -144,6 +144,23 @@ static __global__ void kv_store_kernel(__half *__restrict__ k_cache, __half *__r
     v_cache[dst] = v[src];
 }
 
+/* kv_store_kernel over M rows (arguments checked by the callers): start_pos_dev NULL uses
+ * start_pos (k_kv_store), else the position read on the device (k_kv_store_at). */
+static int kv_store_launch(uint16_t *k_cache, uint16_t *v_cache, const uint16_t *k,
+                           const uint16_t *v, size_t row_stride, int M, int start_pos,
+                           const int32_t *start_pos_dev, int n_kv_heads, int hd, int T_cap,
+                           struct CUstream_st *stream)
+{
+    const long long n = (long long)M * n_kv_heads * hd;
+    k_launch_ex(kv_store_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, stream,
+                k_pdl_usable(), reinterpret_cast<__half *>(k_cache),
+                reinterpret_cast<__half *>(v_cache), reinterpret_cast<const __half *>(k),
+                reinterpret_cast<const __half *>(v), row_stride, M, start_pos, start_pos_dev,
+                n_kv_heads, hd, T_cap);
+    K_LAUNCH_CHECK();
+    return K_ERR_NONE;
+}
+
 int k_kv_store(uint16_t *k_cache, uint16_t *v_cache, const uint16_t *k, const uint16_t *v,
                size_t row_stride, int M, int start_pos, int n_kv_heads, int hd, int T_cap,
                struct CUstream_st *stream)
@@ -153,14 +170,8 @@ int k_kv_store(uint16_t *k_cache, uint16_t *v_cache, const uint16_t *k, const ui
         K_REFUSE(K_ERR_SHAPE, "kv_store M=%d start_pos=%d T_cap=%d n_kv_heads=%d hd=%d "
                  "row_stride=%zu", M, start_pos, T_cap, n_kv_heads, hd, row_stride);
     if (!k_cache || !v_cache || !k || !v) K_REFUSE(K_ERR_ARG, "kv_store: NULL pointer");
-    const long long n = (long long)M * n_kv_heads * hd;
-    k_launch_ex(kv_store_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, stream,
-                k_pdl_usable(), reinterpret_cast<__half *>(k_cache),
-                reinterpret_cast<__half *>(v_cache), reinterpret_cast<const __half *>(k),
-                reinterpret_cast<const __half *>(v), row_stride, M, start_pos,
-                static_cast<const int32_t *>(nullptr), n_kv_heads, hd, T_cap);
-    K_LAUNCH_CHECK();
-    return K_ERR_NONE;
+    return kv_store_launch(k_cache, v_cache, k, v, row_stride, M, start_pos, nullptr, n_kv_heads,
+                           hd, T_cap, stream);
 }
 
 int k_kv_store_at(uint16_t *k_cache, uint16_t *v_cache, const uint16_t *k, const uint16_t *v,
@@ -172,20 +183,14 @@ int k_kv_store_at(uint16_t *k_cache, uint16_t *v_cache, const uint16_t *k, const
                  T_cap, n_kv_heads, hd, row_stride);
     if (!k_cache || !v_cache || !k || !v || !start_pos_dev)
         K_REFUSE(K_ERR_ARG, "kv_store_at: NULL pointer");
-    const long long n = (long long)M * n_kv_heads * hd;
-    k_launch_ex(kv_store_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, stream,
-                k_pdl_usable(), reinterpret_cast<__half *>(k_cache),
-                reinterpret_cast<__half *>(v_cache), reinterpret_cast<const __half *>(k),
-                reinterpret_cast<const __half *>(v), row_stride, M, 0, start_pos_dev, n_kv_heads,
-                hd, T_cap);
-    K_LAUNCH_CHECK();
-    return K_ERR_NONE;
+    return kv_store_launch(k_cache, v_cache, k, v, row_stride, M, 0, start_pos_dev, n_kv_heads,
+                           hd, T_cap, stream);
 }
 
 // --- v2: prefill on tensor cores --------------------------------------------------------------
 
 /*
- * Prefill (M >= FA_MIN_M query rows, hd 64 or 128, host start position) in the FlashAttention-2
+ * Prefill (M >= fa::MIN_M query rows, hd 64 or 128, host start position) in the FlashAttention-2
  * decomposition (Dao, "FlashAttention-2", 2023, Algorithm 1): one block per (64 query rows,
  * head), 4 warps of 16 rows; K and V tiles of 64 keys go through shared memory in a two-stage
  * cp.async pipeline, shared by the block's rows; S = Q K^T and O += P V on mma.sync m16n8k16
@@ -340,10 +345,8 @@ attention_fa_kernel(__half *__restrict__ out, size_t out_stride, const __half *_
             for (int n = 0; n < NO; n += 2) {
                 uint32_t b[4];
                 const int mat = lane >> 3;
-                const uint32_t a = (uint32_t)__cvta_generic_to_shared(
-                    vs(stage) + fa_off<HD>(16 * kk + 8 * (mat & 1) + (lane & 7), n + (mat >> 1)));
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                             : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]) : "r"(a));
+                k_ldmatrix_x4_trans(b, vs(stage) + fa_off<HD>(16 * kk + 8 * (mat & 1) + (lane & 7),
+                                                              n + (mat >> 1)));
                 k_mma_16816(o[n], pa[kk], b[0], b[1]);
                 k_mma_16816(o[n + 1], pa[kk], b[2], b[3]);
             }

@@ -158,6 +158,17 @@ __device__ __forceinline__ void k_ldmatrix_x4(uint32_t r[4], const void *smem)
                  : "r"(s));
 }
 
+/* The same with .trans: each 8x8 matrix transposed on the way (lane l receives column l/4, rows
+ * 2(l%4), 2(l%4)+1), which turns row-major [k][n] tiles in shared memory into the B fragments
+ * of an mma (PTX ISA "ldmatrix", .trans). */
+__device__ __forceinline__ void k_ldmatrix_x4_trans(uint32_t r[4], const void *smem)
+{
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
 /* --- Programmatic Dependent Launch (sm_90+) ---------------------------------------------------
  * A kernel launched with cudaLaunchAttributeProgrammaticStreamSerialization may start while the
  * previous kernel in the stream is still running; k_pdl_wait() blocks until that kernel has

@@ -121,12 +121,14 @@ int k_rmsnorm(uint16_t *out, float *residual, const uint16_t *x, const float *w,
     const bool vec = H % 4 == 0 && ((uintptr_t)out | (uintptr_t)x) % 8 == 0 &&
                      ((uintptr_t)residual | (uintptr_t)w) % 16 == 0;
     const int chunks = (H / 4 + RMS_THREADS - 1) / RMS_THREADS; /* float4 per thread */
-    const bool pdl = k_pdl_usable(); /* starts during the previous kernel's tail (k_common.cuh) */
-    if (vec && chunks <= 1) k_launch_ex(rmsnorm_vec_kernel<1>, dim3(M), dim3(RMS_THREADS), 0, stream, pdl, o, residual, xh, w, H, eps);
-    else if (vec && chunks <= 2) k_launch_ex(rmsnorm_vec_kernel<2>, dim3(M), dim3(RMS_THREADS), 0, stream, pdl, o, residual, xh, w, H, eps);
-    else if (vec && chunks <= 4) k_launch_ex(rmsnorm_vec_kernel<4>, dim3(M), dim3(RMS_THREADS), 0, stream, pdl, o, residual, xh, w, H, eps);
-    else if (vec && chunks <= 8) k_launch_ex(rmsnorm_vec_kernel<8>, dim3(M), dim3(RMS_THREADS), 0, stream, pdl, o, residual, xh, w, H, eps);
-    else k_launch_ex(rmsnorm_kernel, dim3(M), dim3(RMS_THREADS), 0, stream, pdl, o, residual, xh, w, H, eps);
+    auto kern = !vec || chunks > 8 ? rmsnorm_kernel
+              : chunks <= 1      ? rmsnorm_vec_kernel<1>
+              : chunks <= 2      ? rmsnorm_vec_kernel<2>
+              : chunks <= 4      ? rmsnorm_vec_kernel<4>
+                                 : rmsnorm_vec_kernel<8>;
+    /* PDL: starts during the previous kernel's tail (k_common.cuh) */
+    k_launch_ex(kern, dim3(M), dim3(RMS_THREADS), 0, stream, k_pdl_usable(), o, residual, xh, w,
+                H, eps);
     K_LAUNCH_CHECK();
     return K_ERR_NONE;
 }

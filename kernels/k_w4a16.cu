@@ -358,7 +358,7 @@ w4a16_v2_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
 // --- v5: decode, split-K slices, weights through registers -------------------------------------
 
 namespace v5 {
-/* warps per block, one n-tile each; at M > 32 eight warps share one activation slice, which
+/* warps per block, one n-tile each; at M > 16 eight warps share one activation slice, which
  * halves the slice reads and the split-K partial sums per weight byte */
 template <int MB8> constexpr int WARPS = MB8 >= 4 ? 8 : 4;
 constexpr int DEPTH = 8;        /* weight tiles in flight per lane, held in registers */
@@ -993,6 +993,13 @@ static int splitk_slice(int KT, int n_groups, int blocks_per_sm, int kc_max, int
     return kc;
 }
 
+/* Dynamic shared memory a v2 block may take on the current device: 200 KB, less where the
+ * device offers less. */
+static int v2_smem_max(void)
+{
+    return std::min(200 * 1024, k_smem_optin());
+}
+
 /* false (nothing launched) when even the smallest slice (whole groups) needs more shared memory
  * than a block may have: very large G, e.g. per-channel quantisation (G = K) */
 template <int MB8, bool SCALE_AFTER>
@@ -1010,7 +1017,7 @@ static bool launch_v2_tb(const __half *x, const uint4 *qw, const uint4 *qz, cons
     auto smem_for = [&](int kc) {
         return ROWS * kc * 32 + v2::RING_BYTES + v2::WARPS * ((kc + GT - 1) / GT) * v2::SZ_BYTES;
     };
-    const int smem_max = std::min(200 * 1024, k_smem_optin());
+    const int smem_max = v2_smem_max();
     if (smem_for(kc_max) > smem_max) return false;
     static int bps[K_MAX_DEVICES]; /* at the largest slice, per instantiation and device */
     const int blocks_per_sm =
@@ -1099,37 +1106,6 @@ static bool launch_v5_g(const __half *x, const uint4 *qw, const uint4 *qz, const
     }
 }
 
-/* M <= 16 runs the exact-integer dequantisation with the scales applied per group too (167
- * registers, 3 blocks/SM, no spill): 70B gate_up at M = 16 96.5 -> 90.2 us, 70B down 52.4 ->
- * 49.4 us against the fp16 scale inside the dequantisation, same run on the H200.
- * 16 < M <= 64: 32 / 64 token rows, fp16 scale inside the dequantisation (the per-group fp32
- * sums would double the 64 / 128 accumulator registers), 8 warps per block (186 / 246
- * registers, no spill, 1 block/SM) sharing a 128 / 192 KB activation slice, so most layers run
- * in one wave with 2-6 split-K slices. On the H200, per Llama-2-7B layer: M = 17 85.9 -> 76.8
- * us and M = 64 178.4 -> 144.6 us against 4 warps per block with 64 / 96 KB slices; v2 / v4 /
- * dequant + cuBLAS took 2-3x longer (docs/BENCHMARKS.md). */
-static int launch_v4(const __half *x, const uint4 *qw, const uint32_t *qz, const uint4 *sc,
-                     const float *bias, __half *y, int M, int N, int K, int G, void *ws,
-                     cudaStream_t stream);
-
-/* ... and where v5 cannot take G (G/16 neither divides nor is a multiple of 8, or a slice of
- * whole groups does not fit), v2, else v4 (stream-K: a fixed 36 KB of shared memory, any G). */
-template <bool RING>
-static int launch_v5(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
-                     const float *bias, __half *y, int M, int N, int K, int G, void *ws,
-                     cudaStream_t stream)
-{
-    bool done;
-    if (M <= 8) done = launch_v5_g<1, true, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
-    else if (M <= 16 || RING) done = launch_v5_g<2, true, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
-    else if (M <= 32) done = launch_v5_g<4, false, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
-    else done = launch_v5_g<8, false, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
-    if (!done && !launch_v2(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream))
-        return launch_v4(x, qw, reinterpret_cast<const uint32_t *>(qz), sc, bias, y, M, N, K, G,
-                         ws, stream);
-    return K_ERR_NONE;
-}
-
 static int launch_v4(const __half *x, const uint4 *qw, const uint32_t *qz, const uint4 *sc,
                      const float *bias, __half *y, int M, int N, int K, int G, void *ws,
                      cudaStream_t stream)
@@ -1151,6 +1127,33 @@ static int launch_v4(const __half *x, const uint4 *qw, const uint32_t *qz, const
     kern<<<blocks, v4::WARPS * K_WARP, v4::SMEM_BYTES, stream>>>(x, qw, qz, sc, bias, y, wsf,
                                                                  counters, M, N, K, G, chunk);
     K_LAUNCH_CHECK();
+    return K_ERR_NONE;
+}
+
+/* M <= 16 runs the exact-integer dequantisation with the scales applied per group too (167
+ * registers, 3 blocks/SM, no spill): 70B gate_up at M = 16 96.5 -> 90.2 us, 70B down 52.4 ->
+ * 49.4 us against the fp16 scale inside the dequantisation, same run on the H200.
+ * 16 < M <= 64: 32 / 64 token rows, fp16 scale inside the dequantisation (the per-group fp32
+ * sums would double the 64 / 128 accumulator registers), 8 warps per block (186 / 246
+ * registers, no spill, 1 block/SM) sharing a 128 / 192 KB activation slice, so most layers run
+ * in one wave with 2-6 split-K slices. On the H200, per Llama-2-7B layer: M = 17 85.9 -> 76.8
+ * us and M = 64 178.4 -> 144.6 us against 4 warps per block with 64 / 96 KB slices; v2 / v4 /
+ * dequant + cuBLAS took 2-3x longer (docs/BENCHMARKS.md).
+ * Where v5 cannot take G (G/16 neither divides nor is a multiple of 8, or a slice of whole
+ * groups does not fit), v2, else v4 (stream-K: a fixed 36 KB of shared memory, any G). */
+template <bool RING>
+static int launch_v5(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
+                     const float *bias, __half *y, int M, int N, int K, int G, void *ws,
+                     cudaStream_t stream)
+{
+    bool done;
+    if (M <= 8) done = launch_v5_g<1, true, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
+    else if (M <= 16 || RING) done = launch_v5_g<2, true, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
+    else if (M <= 32) done = launch_v5_g<4, false, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
+    else done = launch_v5_g<8, false, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
+    if (!done && !launch_v2(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream))
+        return launch_v4(x, qw, reinterpret_cast<const uint32_t *>(qz), sc, bias, y, M, N, K, G,
+                         ws, stream);
     return K_ERR_NONE;
 }
 
@@ -1201,7 +1204,7 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
                        stream))
             K_REFUSE(K_ERR_SHAPE, "W4A16 decode variant: G=%d needs a slice larger than the %d "
                      "bytes of shared memory a block may have (variants 4, 5 and auto take it)",
-                     G, std::min(200 * 1024, k_smem_optin()));
+                     G, v2_smem_max());
         return K_ERR_NONE;
     case K_W4A16_V5_DECODE:
     case K_W4A16_V6_DECODE_RING:
