@@ -792,7 +792,6 @@ static enum rt_err cuda_copy_ranks(void *vctx, int dst_rank, void *dst, int src_
     RT_CUDA_TRY(cudaStreamWaitEvent(d->stream, s->ev, 0));
     RT_CUDA_TRY(cudaMemcpyPeerAsync(dst, d->device, src, s->device, bytes, d->stream));
     RT_CUDA_TRY(cudaEventRecord(d->ev, d->stream));
-    s = R(vctx, src_rank);
     RT_CUDA_TRY(cudaStreamWaitEvent(s->stream, d->ev, 0));
     return RT_ERR_NONE;
 }

@@ -1743,6 +1743,7 @@ int cmd_bench_model(int argc, char **argv)
     struct rt_sample_params sp = rt_sample_params_default();
     sp.temperature = 0.0f; /* greedy */
     sp.repeat_penalty = 1.0f;
+    sp.seed = 1; /* its PRNG draws the prompt ids: the same every run */
     int32_t *ids = malloc((size_t)need * sizeof(*ids));
     float *logits = malloc((size_t)s.logits_stride * sizeof(float));
     double *secs = malloc((size_t)reps * sizeof(double));
@@ -1756,13 +1757,8 @@ int cmd_bench_model(int argc, char **argv)
         rc = QS_EXIT_RUNTIME;
         goto out;
     }
-    uint64_t x = 0x9e3779b97f4a7c15ull; /* splitmix64: the same prompt ids every run */
-    for (long i = 0; i < need; i++) {
-        uint64_t z = (x += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        ids[i] = (int32_t)((z ^ (z >> 31)) % (uint64_t)s.vocab_size);
-    }
+    for (long i = 0; i < need; i++) /* uniform in [0, 1) times vocab_size: < vocab_size */
+        ids[i] = (int32_t)(rt_sampler_uniform(&smp) * (double)s.vocab_size);
     if (s.bos >= 0)
         ids[0] = s.bos;
     const bool dev_pick = rt_model_can_pick(s.model);

@@ -854,8 +854,8 @@ static enum rt_err download_logits(struct rt_model *m, int r, int n, float *out)
     return RT_ERR_NONE;
 }
 
-/* lm_head on rows [row0, row0 + n) of x, assembled across ranks into out[n][vocab_size]. */
-static enum rt_err logits_rows(struct rt_model *m, int row0, int n, float *out)
+/* lm_head on rows [row0, row0 + n) of x on every rank, into each rank's logits [n][V_r]. */
+static enum rt_err lm_head_rows(struct rt_model *m, int row0, int n)
 {
     const struct rt_config *c = &m->ranks[0].cfg;
     int H = c->hidden_size, Vr = c->vocab_size_per_rank;
@@ -863,8 +863,16 @@ static enum rt_err logits_rows(struct rt_model *m, int row0, int n, float *out)
         struct rt_rank *R = &m->ranks[r];
         TRY(OPS->lm_head(BCTX, r, act_at(m, R->x, (size_t)row0 * H), R->lm_head, n, H, Vr,
                          R->logits));
-        TRY(download_logits(m, r, n, out));
     }
+    return RT_ERR_NONE;
+}
+
+/* lm_head on rows [row0, row0 + n) of x, assembled across ranks into out[n][vocab_size]. */
+static enum rt_err logits_rows(struct rt_model *m, int row0, int n, float *out)
+{
+    TRY(lm_head_rows(m, row0, n));
+    for (int r = 0; r < m->world; r++)
+        TRY(download_logits(m, r, n, out));
     return RT_ERR_NONE;
 }
 
@@ -940,18 +948,13 @@ static bool graphs_ready(const struct rt_model *m)
  * failed (every rank's capture is ended and discarded; the reason is logged at debug level). */
 static bool record_graphs(struct rt_model *m, int32_t token, int p0)
 {
-    const struct rt_config *c = &m->ranks[0].cfg;
     int begun = 0;
     enum rt_err e = RT_ERR_NONE, e2 = RT_ERR_NONE;
     for (; begun < m->world && !e; begun++)
         e = OPS->graph_begin(BCTX, begun);
     if (e) begun--; /* that rank's capture did not start */
     if (!e) e = step_body(m, &token, 1, p0);
-    for (int r = 0; r < m->world && !e; r++) {
-        struct rt_rank *R = &m->ranks[r];
-        e = OPS->lm_head(BCTX, r, R->x, R->lm_head, 1, c->hidden_size, c->vocab_size_per_rank,
-                         R->logits);
-    }
+    if (!e) e = lm_head_rows(m, 0, 1);
     for (int r = 0; r < begun; r++) {
         enum rt_err er = OPS->graph_end(BCTX, r, e == RT_ERR_NONE && e2 == RT_ERR_NONE);
         if (!e2) e2 = er;
@@ -1034,11 +1037,7 @@ static enum rt_err step(struct rt_model *m, const int32_t *tokens, int M, int p0
     }
     TRY(step_body(m, tokens, M, p0));
     if (pick) {
-        for (int r = 0; r < m->world; r++) {
-            struct rt_rank *R = &m->ranks[r];
-            TRY(OPS->lm_head(BCTX, r, act_at(m, R->x, (size_t)(M - 1) * c->hidden_size),
-                             R->lm_head, 1, c->hidden_size, c->vocab_size_per_rank, R->logits));
-        }
+        TRY(lm_head_rows(m, M - 1, 1));
         return pick_id(m, pick, id);
     }
     if (!logits)

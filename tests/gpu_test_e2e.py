@@ -121,6 +121,19 @@ def sampling_checks(name, out, ids, tp):
     check(recorded == expect, "%s: one-token prompt: decode graphs recorded on %d GPUs, expected %d" % (name, recorded, expect))
 
 
+def logits_cpu_cuda(out, ids, tmp, what):
+    """`qshard logits` of the ids (a comma-separated string) on --device cpu and cuda: the two
+    arrays (cpu, cuda), or None when either run failed (checked and reported here)."""
+    got = {}
+    for dev in ("cpu", "cuda"):
+        f = os.path.join(tmp, "%s.%s.npy" % (what.replace("/", "."), dev))
+        rc, so, se = run(["logits", out, "--tokens", ids, "--out", f, "--device", dev])
+        check(rc == 0, "%s: logits --device %s exit %d: %s" % (what, dev, rc, se.strip()[-400:]))
+        if rc == 0:
+            got[dev] = np.load(f)
+    return (got["cpu"], got["cuda"]) if len(got) == 2 else None
+
+
 def long_prompt_checks(m, out, tmp, tp):
     """Prompts longer than the goldens' (24, 40, 100 and 300 pseudo-random ids below vocab_size):
     every row of the CUDA logits vs the CPU backend's."""
@@ -133,16 +146,10 @@ def long_prompt_checks(m, out, tmp, tp):
         for _ in range(n):
             x = (x * 1103515245 + 12345) % (1 << 31)
             ids.append(x % vocab)
-        got = {}
-        for dev in ("cpu", "cuda"):
-            f = os.path.join(tmp, "%s.long%d.%s.npy" % (m["name"], n, dev))
-            rc, so, se = run(["logits", out, "--tokens", ",".join(map(str, ids)), "--out", f, "--device", dev])
-            check(rc == 0, "%s/long%d: logits --device %s exit %d: %s" % (m["name"], n, dev, rc, se.strip()[-400:]))
-            if rc == 0:
-                got[dev] = np.load(f)
-        if len(got) < 2:
+        got = logits_cpu_cuda(out, ",".join(map(str, ids)), tmp, "%s/long%d" % (m["name"], n))
+        if not got:
             continue
-        cu, cpu = got["cuda"], got["cpu"]
+        cpu, cu = got
         check(bool(np.isfinite(cu).all()), "%s/long%d: NaN/inf in CUDA logits" % (m["name"], n))
         r = rel_l2(cu, cpu)
         check(cu.shape == (n, vocab) and r <= TOL, "%s/long%d: shape %s, CUDA vs CPU rel L2 %.3g > %g" % (m["name"], n, cu.shape, r, TOL))
@@ -181,17 +188,11 @@ def main():
             continue
         for pr in golden["prompts"]:
             ids = ",".join(str(i) for i in pr["ids"])
-            got = {}
-            for dev in ("cpu", "cuda"):
-                f = os.path.join(tmp, "%s.%s.%s.npy" % (m["name"], pr["name"], dev))
-                rc, so, se = run(["logits", out, "--tokens", ids, "--out", f, "--device", dev])
-                check(rc == 0, "%s/%s: logits --device %s exit %d: %s" % (m["name"], pr["name"], dev, rc, se.strip()[-400:]))
-                if rc == 0:
-                    got[dev] = np.load(f)
-            if len(got) < 2:
+            got = logits_cpu_cuda(out, ids, tmp, "%s/%s" % (m["name"], pr["name"]))
+            if not got:
                 continue
             ref = np.load(os.path.join(gdir, pr["logits"]))
-            cu, cpu = got["cuda"], got["cpu"]
+            cpu, cu = got
             check(cu.shape == ref.shape, "%s/%s: shape %s vs golden %s" % (m["name"], pr["name"], cu.shape, ref.shape))
             if cu.shape != ref.shape:
                 continue
