@@ -20,9 +20,15 @@
  *              start before the previous kernel ends (Programmatic Dependent Launch, sm_90).
  *   v4 stream  M <= 64 (auto: 33..64). Stream-K: the tile stream (n-tile-major, DESIGN 4.1) cut
  *              into equal contiguous chunks, one per warp; activations read per tile from L1/L2.
- *   v3 GEMM    any M (auto: M > 64). 128 x 128 block tile, 4 warps of 64 x 64, 2 k-tiles per
- *              stage, 4-stage cp.async pipeline for activations (swizzled, read with ldmatrix),
- *              packed weights, scales and zeros; 32 mma per k-tile per warp. No split-K yet.
+ *   v3 GEMM    any M (auto: M > 64 where v7 is not available). 128 x 128 block tile, 4 warps of
+ *              64 x 64, 2 k-tiles per stage, 4-stage cp.async pipeline for activations
+ *              (swizzled, read with ldmatrix), packed weights, scales and zeros; 32 mma per
+ *              k-tile per warp. No split-K.
+ *   v7 wgmma   any M, sm_90a (auto: M > 64). 128 x 128 block tile, two warpgroups; each 64-k
+ *              step's weight tile is dequantised once into shared memory (stmatrix, 128-byte
+ *              swizzle) and multiplied with wgmma.mma_async while the warps dequantise the next
+ *              step; split-K through the workspace at M <= 256. The CUDA runtime's path for
+ *              M = 65 .. K_W4A16_DQ_GEMM_MIN_M - 1.
  *   dequant    packed -> fp16 [K, N] row-major; with cuBLAS it is k_w4a16_linear_dq_gemm, the
  *              prefill path (M >= K_W4A16_DQ_GEMM_MIN_M) of the CUDA runtime.
  *
@@ -878,6 +884,284 @@ w4a16_v3_gemm_kernel(const __half *__restrict__ x,      /* [M, K] */
     }
 }
 
+// --- v7: Hopper GEMM, wgmma on a weight tile dequantised into shared memory --------------------
+
+/*
+ * v7 (sm_90a only): y[M, N] = x . W for M > 64 (prompts), on Hopper's warpgroup MMA.
+ *
+ * Block tile 128 tokens x 128 columns, k in steps of 64, two warpgroups of 4 warps; warpgroup
+ * wg owns tokens wg*64 .. +63 and all 128 columns (wgmma.m64n128k16, 64 fp32 accumulators per
+ * thread). Per step the block copies (cp.async, 3-stage ring) the activation tile [128][64]
+ * fp16 in the 128-byte-swizzled K-major layout wgmma reads, and the 8 packed 512-byte tiles of
+ * W (DESIGN 4.1) with their group's scales and zeros, one tile per warp. Each warp dequantises
+ * its tile in registers (k_w4_dequant_word: the mma.sync B fragments) and writes it with
+ * stmatrix into a [128 n][64 k] fp16 buffer in the same swizzled K-major layout; the fragment
+ * of sub-tile j, half h is the 8 x 8 matrix of rows n = j*8 .. +7, columns k = h*8 .. +7 in
+ * ldmatrix order, which is what stmatrix stores. Two such buffers alternate, so the warps
+ * dequantise step s + 1 while the tensor cores run step s asynchronously (wgmma.mma_async,
+ * waited after the dequantisation). Prompts too short to fill the GPU with 128 x 128 tiles
+ * split K (gridDim.z slices): fp32 reductions into the workspace, the last slice of a tile
+ * adds the bias and writes y (as v2 / v5).
+ *
+ * Why: mma.sync tops out near 250 TFLOP/s in v3 on the H200, and dequant + cuBLAS writes and
+ * reads the whole fp16 weight per call (~0.5x of cuBLAS fp16 at M = 65..256). wgmma reads both
+ * operands from shared memory, so the weight is dequantised once per block and never leaves
+ * the SM. Layouts and descriptors: PTX ISA "Asynchronous Warpgroup Level Matrix Multiply-
+ * Accumulate" (9.7.15: matrix descriptor, 128-byte swizzling mode, K-major canonical layouts),
+ * https://docs.nvidia.com/cuda/parallel-thread-execution/#asynchronous-warpgroup-level-matrix-instructions
+ */
+namespace v7 {
+constexpr int BM = 128;                /* token rows per block: 2 warpgroups x m64 */
+constexpr int BN = 128;                /* columns per block: 2 packed n-tiles */
+constexpr int BK = 64;                 /* k per step: 4 packed k-tiles = one 128-byte smem row */
+constexpr int STAGES = 3;              /* cp.async ring */
+constexpr int THREADS = 256;           /* warp w dequantises packed tile (kt = w % 4, nt = w / 4) */
+constexpr int A_BYTES = BM * BK * 2;   /* 16 KB, [BM][64] fp16, 128-byte swizzle */
+constexpr int B_BYTES = BN * BK * 2;   /* 16 KB, [BN][64] fp16, 128-byte swizzle */
+constexpr int P_BYTES = 8 * 512;       /* the 8 packed tiles as stored */
+constexpr int SZ_BYTES = 8 * 160;      /* per warp: its group's 64 scales (128 B) + 8 zero words */
+constexpr int SMEM_BYTES = STAGES * A_BYTES + 2 * B_BYTES + STAGES * (P_BYTES + SZ_BYTES) +
+                           1024;       /* + slack to align the swizzled tiles to 1024 bytes */
+constexpr int SPLIT_MAX_M = 2 * BM;    /* split-K only for 1-2 row blocks (counters: N/64) */
+} // namespace v7
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define K_V7_WGMMA 1
+#else
+#define K_V7_WGMMA 0
+#endif
+
+#if K_V7_WGMMA
+/* wgmma shared-memory matrix descriptor (PTX ISA 9.7.15.5.1): start address >> 4 (bits 0-13),
+ * leading byte offset (unused by swizzled K-major layouts: 1), stride byte offset 1024 >> 4
+ * (bits 32-45: from one group of 8 rows of 128 bytes to the next), 128-byte swizzle (bits
+ * 62-63 = 1). The tile must start on a 1024-byte boundary; moving along k by 16 fp16 inside
+ * the 128-byte rows is +32 bytes on the start address (+2 in the descriptor). */
+static __device__ __forceinline__ uint64_t v7_desc(uint32_t saddr)
+{
+    return (uint64_t)((saddr & 0x3FFFFu) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           (1ull << 62);
+}
+
+/* d[64] += A[64 x 16] . B[16 x 128] (PTX "wgmma.mma_async ... m64n128k16.f32.f16.f16", both
+ * from shared memory through descriptors, K-major, scale-d = 1). d: the warpgroup's 64 x 128
+ * fp32 tile, thread (warp q, lane l) holds rows 16q + l/4 (+8), columns 8i + 2(l%4) (+1) as
+ * d[4i .. 4i+3]. Asynchronous: complete only after k_wgmma_wait. */
+static __device__ __forceinline__ void k_wgmma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db)
+{
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n"
+                 "}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(1));
+}
+static __device__ __forceinline__ void k_wgmma_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void k_wgmma_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void k_wgmma_wait0(void) { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+/* Orders this thread's generic-proxy shared-memory writes (st.shared, stmatrix, completed
+ * cp.async) before later async-proxy reads (wgmma), PTX ISA "membar / fence" proxy fences. */
+static __device__ __forceinline__ void k_fence_proxy_async(void) { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+/* Keeps the compiler from moving accesses of the accumulators across the wgmma fence / wait. */
+static __device__ __forceinline__ void v7_pin(float (&d)[64])
+{
+#pragma unroll
+    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+/* Four 8x8 fp16 matrices from registers to shared memory, the inverse of ldmatrix.x4: lane l
+ * gives the address of row l%8 of matrix l/8 (PTX ISA "stmatrix", sm_90). */
+static __device__ __forceinline__ void k_stmatrix_x4(void *smem, const uint32_t (&r)[4])
+{
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(s),
+                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
+#endif
+
+/* kps: 64-k steps per split-K slice (blockIdx.z); ws / counters used only when gridDim.z > 1. */
+static __global__ void __launch_bounds__(v7::THREADS, 2)
+w4a16_v7_kernel(const __half *__restrict__ x,      /* [M, K] */
+                const uint4 *__restrict__ qweight, /* [N/64][K/16] tiles of 512 B */
+                const uint4 *__restrict__ qzeros,  /* [N/64][K/G] rows of 32 B */
+                const uint4 *__restrict__ scales,  /* [N/64][K/G] rows of 128 B */
+                const float *__restrict__ bias,    /* [N] or NULL */
+                __half *__restrict__ y,            /* [M, N] */
+                float *__restrict__ ws, unsigned *__restrict__ counters, int M, int N, int K,
+                int G, int kps)
+{
+#if K_V7_WGMMA
+    extern __shared__ unsigned char v7_smem_raw[];
+    const uint32_t raw = (uint32_t)__cvta_generic_to_shared(v7_smem_raw);
+    unsigned char *smem = v7_smem_raw + ((1024 - (raw & 1023)) & 1023);
+    unsigned char *const sA = smem;                                  /* STAGES x A_BYTES */
+    unsigned char *const sB = sA + v7::STAGES * v7::A_BYTES;         /* 2 x B_BYTES */
+    unsigned char *const sP = sB + 2 * v7::B_BYTES;                  /* STAGES x P_BYTES */
+    unsigned char *const sZ = sP + v7::STAGES * v7::P_BYTES;         /* STAGES x SZ_BYTES */
+
+    const int tid = threadIdx.x, lane = tid % K_WARP, warp = tid / K_WARP, wg = warp / 4;
+    const int KT = K / 16, NT = N / 64, n_groups = K / G, KS = (K + v7::BK - 1) / v7::BK;
+    const int m0 = blockIdx.y * v7::BM, n0 = blockIdx.x * v7::BN;
+    const int ks0 = blockIdx.z * kps, nsteps = min(KS, ks0 + kps) - ks0;
+    const int wkt = warp % 4, wnt = warp / 4, nt_g = n0 / 64 + wnt;
+
+    /* Copy step i of this slice into stage s. Rows past M and k past K are zero-filled; the
+     * packed tile of a warp past K or N is not copied (its dequantised rows are zeros). */
+    auto load = [&](int i, int s) {
+        const int k0 = (ks0 + i) * v7::BK;
+        unsigned char *a = sA + s * v7::A_BYTES;
+#pragma unroll
+        for (int c = 0; c < v7::BM * v7::BK * 2 / 16 / v7::THREADS; ++c) { /* 4 x 16 B */
+            const int id = tid + c * v7::THREADS, row = id / 8, ch = id % 8;
+            const int gm = m0 + row, gk = k0 + ch * 8;
+            const bool ok = gm < M && gk < K;
+            k_cp_async16(a + row * 128 + ((ch ^ (row & 7)) << 4),
+                         ok ? (const void *)(x + (size_t)gm * K + gk) : (const void *)x,
+                         ok ? 16 : 0);
+        }
+        const int kt_g = (ks0 + i) * 4 + wkt;
+        if (nt_g < NT && kt_g < KT) {
+            k_cp_async16(sP + s * v7::P_BYTES + warp * 512 + lane * 16,
+                         qweight + ((size_t)nt_g * KT + kt_g) * 32 + lane, 16);
+            const size_t row = (size_t)nt_g * n_groups + (size_t)kt_g * 16 / G;
+            unsigned char *z = sZ + s * v7::SZ_BYTES + warp * 160;
+            if (lane < 8) k_cp_async16(z + lane * 16, scales + row * 8 + lane, 16);
+            else if (lane < 10) k_cp_async16(z + lane * 16, qzeros + row * 2 + (lane - 8), 16);
+        }
+    };
+
+    /* Dequantise this warp's packed tile of step i (stage s) into buffer b. */
+    auto dequant = [&](int i, int s, int b) {
+        const int kt_g = (ks0 + i) * 4 + wkt;
+        uint32_t r[4][4];
+        if (nt_g < NT && kt_g < KT) {
+            const uint4 word = *reinterpret_cast<const uint4 *>(sP + s * v7::P_BYTES + warp * 512 + lane * 16);
+            const unsigned char *z = sZ + s * v7::SZ_BYTES + warp * 160;
+            k_w4_group g;
+            k_w4_group_load(g, *reinterpret_cast<const uint32_t *>(z + 128 + (lane / 4) * 4),
+                            *reinterpret_cast<const uint4 *>(z + (lane / 4) * 16));
+            k_w4_dequant_word(word.x, g, 0, r[0]);
+            k_w4_dequant_word(word.y, g, 1, r[1]);
+            k_w4_dequant_word(word.z, g, 2, r[2]);
+            k_w4_dequant_word(word.w, g, 3, r[3]);
+        } else {
+#pragma unroll
+            for (int w = 0; w < 4; ++w) r[w][0] = r[w][1] = r[w][2] = r[w][3] = 0u;
+        }
+        /* stmatrix of word w: matrix l/8 = (sub-tile j = 2w + (l/8)/2, k half h = (l/8)%2),
+         * lane l addresses its row l%8: n = wnt*64 + j*8 + l%8, 16-byte chunk wkt*2 + h */
+        const int mi = lane / 8, rr = lane % 8, h = mi % 2;
+        unsigned char *bb = sB + b * v7::B_BYTES;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            const int n = wnt * 64 + (2 * w + mi / 2) * 8 + rr;
+            k_stmatrix_x4(bb + n * 128 + (((wkt * 2 + h) ^ rr) << 4), r[w]);
+        }
+    };
+
+    float d[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) d[i] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < v7::STAGES - 1; ++s) {
+        if (s < nsteps) load(s, s);
+        k_cp_async_commit();
+    }
+    k_cp_async_wait<v7::STAGES - 2>();
+    __syncwarp();
+    dequant(0, 0, 0);
+    k_fence_proxy_async();
+    __syncthreads();
+
+    const uint32_t a_base = (uint32_t)__cvta_generic_to_shared(sA) + wg * 64 * 128;
+    const uint32_t b_base = (uint32_t)__cvta_generic_to_shared(sB);
+    for (int i = 0; i < nsteps; ++i) {
+        const int s = i % v7::STAGES, b = i & 1;
+        v7_pin(d);
+        k_wgmma_fence();
+        const uint64_t da = v7_desc(a_base + s * v7::A_BYTES), db = v7_desc(b_base + b * v7::B_BYTES);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) k_wgmma_m64n128k16(d, da + 2 * kk, db + 2 * kk);
+        k_wgmma_commit();
+        /* stage (i - 1) % STAGES and buffer (i + 1) & 1 were read by step i - 1, complete */
+        if (i + v7::STAGES - 1 < nsteps) load(i + v7::STAGES - 1, (i + v7::STAGES - 1) % v7::STAGES);
+        k_cp_async_commit();
+        k_cp_async_wait<v7::STAGES - 2>(); /* this thread's copies of step i + 1 landed */
+        __syncwarp();                      /* ... and the warp's (scales / zeros lanes) */
+        if (i + 1 < nsteps) dequant(i + 1, (i + 1) % v7::STAGES, b ^ 1);
+        k_fence_proxy_async();
+        k_wgmma_wait0();
+        v7_pin(d);
+        __syncthreads(); /* step i + 1's activations and dequantised tile are complete */
+    }
+    k_cp_async_wait<0>();
+
+    /* Epilogue: thread (warp q of warpgroup wg, lane l) holds rows r0 = wg*64 + 16q + l/4 and
+     * r0 + 8, columns 8i + 2(l%4), +1 (i = 0..15). */
+    const int r0 = m0 + wg * 64 + (warp % 4) * 16 + lane / 4, r1 = r0 + 8;
+    const int cbase = n0 + 2 * (lane % 4);
+    if (gridDim.z == 1) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const int c = cbase + 8 * i;
+            if (c >= N) continue;
+            const float b0 = bias ? bias[c] : 0.0f, b1 = bias ? bias[c + 1] : 0.0f;
+            if (r0 < M)
+                *reinterpret_cast<__half2 *>(y + (size_t)r0 * N + c) = __floats2half2_rn(d[4 * i] + b0, d[4 * i + 1] + b1);
+            if (r1 < M)
+                *reinterpret_cast<__half2 *>(y + (size_t)r1 * N + c) = __floats2half2_rn(d[4 * i + 2] + b0, d[4 * i + 3] + b1);
+        }
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const int c = cbase + 8 * i;
+        if (c >= N) continue;
+        if (r0 < M)
+            asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(ws + (size_t)r0 * N + c),
+                         "f"(d[4 * i]), "f"(d[4 * i + 1]) : "memory");
+        if (r1 < M)
+            asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(ws + (size_t)r1 * N + c),
+                         "f"(d[4 * i + 2]), "f"(d[4 * i + 3]) : "memory");
+    }
+    __threadfence(); /* our adds are visible device-wide before the counter moves */
+    __syncthreads();
+    __shared__ unsigned last;
+    const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+    if (tid == 0) last = atomicAdd(counters + tile, 1u) == gridDim.z - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence(); /* the last slice sees every other slice's adds */
+    const int rows = min(v7::BM, M - m0), cols = min(v7::BN, N - n0);
+    for (int e = tid; e < rows * (cols / 4); e += v7::THREADS) {
+        const int r = m0 + e / (cols / 4), c = n0 + (e % (cols / 4)) * 4;
+        float4 *p = reinterpret_cast<float4 *>(ws + (size_t)r * N + c);
+        float4 v = __ldcg(p);
+        if (bias) {
+            v.x += bias[c]; v.y += bias[c + 1]; v.z += bias[c + 2]; v.w += bias[c + 3];
+        }
+        const __half2 a = __floats2half2_rn(v.x, v.y), bh = __floats2half2_rn(v.z, v.w);
+        *reinterpret_cast<uint2 *>(y + (size_t)r * N + c) = make_uint2(k_half2_as_u32(a), k_half2_as_u32(bh));
+        __stcg(p, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+    }
+    if (tid == 0) atomicExch(counters + tile, 0u);
+#else
+    (void)x; (void)qweight; (void)qzeros; (void)scales; (void)bias; (void)y; (void)ws;
+    (void)counters; (void)M; (void)N; (void)K; (void)G; (void)kps;
+#endif
+}
+
+
 // --- dequant to fp16 ---------------------------------------------------------------------------
 
 constexpr int DQ_WARPS = 8;
@@ -1157,11 +1441,76 @@ static int launch_v5(const __half *x, const uint4 *qw, const uint4 *qz, const ui
     return K_ERR_NONE;
 }
 
+int k_w4a16_wgmma_available(void)
+{
+    static int cache[K_MAX_DEVICES]; /* 1: no, 2: yes */
+    return k_per_device(cache, [](int d) {
+        int major = 0, minor = 0;
+        K_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d));
+        K_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, d));
+        if (major != 9 || minor != 0) return 1; /* wgmma as compiled here: sm_90a only */
+        /* The image CUDA picked for this device holds the real body only if it is sm_90a code
+         * (a build without sm_90a JITs the empty body from compute_90 PTX); only the real body
+         * has the static shared variable `last`, so its size tells them apart without a launch
+         * (safe inside a stream capture). */
+        cudaFuncAttributes a;
+        K_CUDA_CHECK(cudaFuncGetAttributes(&a, w4a16_v7_kernel));
+        return a.sharedSizeBytes > 0 ? 2 : 1;
+    }) == 2;
+}
+
+/* Split-K slices of v7 for mn tiles of 128 x 128 and KS steps of 64: the S (1..16, slices of at
+ * least 4 steps) with the fewest step-times, counting whole waves of the resident block slots
+ * and two step-times per slice for the fp32 reduction when S > 1. */
+static int v7_slices(long mn, int KS, long slots)
+{
+    int best = 1;
+    long best_cost = -1;
+    for (int S = 1; S <= 16 && (S == 1 || KS / S >= 4); ++S) {
+        const int kps = (KS + S - 1) / S;
+        const long waves = (mn * ((KS + kps - 1) / kps) + slots - 1) / slots;
+        const long cost = waves * (kps + (S > 1 ? 2 : 0));
+        if (best_cost < 0 || cost < best_cost) best = S, best_cost = cost;
+    }
+    return best;
+}
+
+/* v7 launch: split K when the 128 x 128 tiles alone leave block slots idle, M <= 256 and the
+ * workspace is there (else one slice). K_ERR_UNSUPPORTED off sm_90a. */
+static int launch_v7(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
+                     const float *bias, __half *y, int M, int N, int K, int G, void *workspace,
+                     size_t workspace_bytes, cudaStream_t stream)
+{
+    if (!k_w4a16_wgmma_available())
+        K_REFUSE(K_ERR_UNSUPPORTED, "W4A16 variant 7 (wgmma) needs compute capability 9.0 and a "
+                 "build with sm_90a");
+    static int occ[K_MAX_DEVICES];
+    const int per_sm = resident_blocks(occ, w4a16_v7_kernel, v7::THREADS, v7::SMEM_BYTES,
+                                       v7::SMEM_BYTES);
+    const int KS = (K + v7::BK - 1) / v7::BK, nb = (N + v7::BN - 1) / v7::BN;
+    const int mb = (M + v7::BM - 1) / v7::BM;
+    int S = 1;
+    if (M <= v7::SPLIT_MAX_M && (long)mb * nb <= N / 64 && workspace &&
+        workspace_bytes >= k_w4a16_workspace_bytes(M, N))
+        S = v7_slices((long)mb * nb, KS, (long)k_device_sm_count() * per_sm);
+    const int kps = (KS + S - 1) / S;
+    S = (KS + kps - 1) / kps;
+    float *ws = static_cast<float *>(workspace);
+    unsigned *counters = S > 1 ? reinterpret_cast<unsigned *>(ws + (size_t)M * N) : nullptr;
+    w4a16_v7_kernel<<<dim3(nb, mb, S), v7::THREADS, v7::SMEM_BYTES, stream>>>(
+        x, qw, qz, sc, bias, y, S > 1 ? ws : nullptr, counters, M, N, K, G, kps);
+    K_LAUNCH_CHECK();
+    return K_ERR_NONE;
+}
+
 int k_w4a16_variant_max_m(int variant)
 {
     switch (variant) {
-    case K_W4A16_AUTO: /* M > K_W4A16_V5_MAX_M goes to v3 */
-    case K_W4A16_V3_GEMM: return 65535 * v3::BM; /* grid.y: ceil(M / BM) <= 65535 */
+    case K_W4A16_AUTO: /* M > K_W4A16_V5_MAX_M goes to v7 or v3 */
+    case K_W4A16_V3_GEMM:
+    case K_W4A16_V7_WGMMA: /* grid.y: ceil(M / 128) <= 65535 */
+        static_assert(v7::BM == v3::BM, "v3 and v7 share the row limit");
+        return 65535 * v3::BM;
     case K_W4A16_V1_NAIVE: return INT_MAX;       /* the grid loops over M */
     case K_W4A16_V2_DECODE:
     case K_W4A16_V4_STREAMK: return K_W4A16_DECODE_MAX_M;
@@ -1183,7 +1532,8 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
                  (const void *)x, (const void *)qweight, (const void *)qzeros,
                  (const void *)scales, (const void *)y);
     if (variant == K_W4A16_AUTO) /* measured on H200: docs/BENCHMARKS.md */
-        variant = M <= K_W4A16_V5_MAX_M ? K_W4A16_V5_DECODE : K_W4A16_V3_GEMM;
+        variant = M <= K_W4A16_V5_MAX_M ? K_W4A16_V5_DECODE
+                  : k_w4a16_wgmma_available() ? K_W4A16_V7_WGMMA : K_W4A16_V3_GEMM;
     const int max_m = k_w4a16_variant_max_m(variant);
     const __half *xh = reinterpret_cast<const __half *>(x);
     __half *yh = reinterpret_cast<__half *>(y);
@@ -1233,8 +1583,14 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
         K_LAUNCH_CHECK();
         return K_ERR_NONE;
     }
+    case K_W4A16_V7_WGMMA:
+        if (M > max_m) K_REFUSE(K_ERR_SHAPE, "W4A16 wgmma GEMM: M=%d too large", M);
+        return launch_v7(xh, reinterpret_cast<const uint4 *>(qweight),
+                         reinterpret_cast<const uint4 *>(qzeros),
+                         reinterpret_cast<const uint4 *>(scales), bias, yh, M, N, K, G,
+                         workspace, workspace_bytes, stream);
     default:
-        K_REFUSE(K_ERR_ARG, "unknown W4A16 variant %d (known: 0 auto, 1 naive, 2 decode, 3 GEMM, 4 stream-K, 5 lean decode, 6 lean decode with a shared-memory ring)",
+        K_REFUSE(K_ERR_ARG, "unknown W4A16 variant %d (known: 0 auto, 1 naive, 2 decode, 3 GEMM, 4 stream-K, 5 lean decode, 6 lean decode with a shared-memory ring, 7 wgmma GEMM)",
                  variant);
     }
 }

@@ -66,8 +66,8 @@ int k_get_pdl(void);
 
 /*
  * Variants of the W4A16 linear, selected with k_w4a16_linear_variant():
- *   0  auto: v5 for M <= K_W4A16_V5_MAX_M, else v3 (the fastest of each range on the H200,
- *      docs/BENCHMARKS.md)
+ *   0  auto: v5 for M <= K_W4A16_V5_MAX_M, else v7 where k_w4a16_wgmma_available(), else v3
+ *      (the fastest of each range on the H200, docs/BENCHMARKS.md)
  *   1  naive: one thread per output, fp32, straight from ref_w4a16_linear (the device oracle)
  *   2  decode (M <= 64): split-K slices x 4 n-tiles per block so every SM streams weights;
  *      activation slice staged once per block, mma.sync m16n8k16, fp32 atomics into the
@@ -84,6 +84,12 @@ int k_get_pdl(void);
  *      of 8 (e.g. G = 48) fall back to v2.
  *   6  as 5 (M <= 16), with the weights through a per-warp cp.async ring in shared memory
  *      (v2's pipeline) instead of registers
+ *   7  GEMM on Hopper (sm_90a builds on compute capability 9.0 only, else K_ERR_UNSUPPORTED):
+ *      128 x 128 block tiles, each k step's weight tile dequantised once into shared memory and
+ *      multiplied with wgmma.mma_async (fp32 accumulators), the next step dequantised while the
+ *      tensor cores run; split-K through the workspace when the tiles alone leave SMs idle,
+ *      M <= 128, or M <= 256 with N % 128 == 0 (one counter per tile; given a workspace,
+ *      else it runs unsplit)
  */
 enum k_w4a16_variant {
     K_W4A16_AUTO = 0,
@@ -93,6 +99,7 @@ enum k_w4a16_variant {
     K_W4A16_V4_STREAMK = 4,
     K_W4A16_V5_DECODE = 5,
     K_W4A16_V6_DECODE_RING = 6,
+    K_W4A16_V7_WGMMA = 7,
 };
 #define K_W4A16_V5_MAX_M 64
 #define K_W4A16_V6_MAX_M 16
@@ -100,8 +107,13 @@ enum k_w4a16_variant {
 
 /* Largest M that k_w4a16_linear_variant(variant, ...) accepts (it refuses M above it with
  * K_ERR_SHAPE): K_W4A16_V5_MAX_M / K_W4A16_V6_MAX_M for variants 5 / 6, K_W4A16_DECODE_MAX_M for 2 and 4,
- * 65535 * 128 for 3 and auto (grid rows of 128), INT_MAX for 1; 0 for an unknown variant. */
+ * 65535 * 128 for 3, 7 and auto (grid rows of 128), INT_MAX for 1; 0 for an unknown variant. */
 int k_w4a16_variant_max_m(int variant);
+
+/* 1 when variant 7 (wgmma) runs on the current device: compute capability 9.0 and the kernel
+ * image CUDA loads for it is this binary's sm_90a code (cudaFuncGetAttributes, no launch, so
+ * it may be called during a stream capture; cached per device); 0 otherwise. CUDA errors abort. */
+int k_w4a16_wgmma_available(void);
 
 /* Bytes of workspace the W4A16 linear needs for M rows and N columns: M*N fp32 partial sums
  * plus one uint32 counter per 64-column tile, rounded up to 256. The caller allocates it once
@@ -119,9 +131,12 @@ size_t k_w4a16_workspace_bytes(int M, int N);
  * Reference: ref_w4a16_linear (kernels/ref.h). The dequantised weight is rounded to fp16 once
  * ((q - z) exact, times s), products and sums in fp32 (tensor cores, fp16 inputs).
  * workspace: k_w4a16_workspace_bytes(M, N) bytes, zeroed (see above); variants 1 and 3 ignore it
- * (may be NULL) and it is needed only by variants 2, 4, 5, 6 and auto with M <= K_W4A16_V5_MAX_M.
+ * (may be NULL) and it is needed only by variants 2, 4, 5, 6 and auto with M <= K_W4A16_V5_MAX_M;
+ * variant 7 (and auto above K_W4A16_V5_MAX_M) uses it when given, for split-K at M <= 256;
+ * auto above K_W4A16_V5_MAX_M calls k_w4a16_wgmma_available().
  * Errors: K_ERR_SHAPE (M < 1, K % 16, N % 64, K % G, G % 16, G < 16, K or N < 1,
- * M > k_w4a16_variant_max_m(variant)), K_ERR_ARG (NULL tensor, unknown variant), K_ERR_WORKSPACE.
+ * M > k_w4a16_variant_max_m(variant)), K_ERR_ARG (NULL tensor, unknown variant), K_ERR_WORKSPACE,
+ * K_ERR_UNSUPPORTED (variant 7 where k_w4a16_wgmma_available() is 0).
  */
 int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweight,
                            const uint8_t *qzeros, const uint16_t *scales, const float *bias,
@@ -146,14 +161,15 @@ struct cublasContext; /* == cublasHandle_t's pointee */
 /*
  * The large-M W4A16 linear (prefill): k_w4a16_dequant into `scratch` (fp16 [K, N], K*N*2 bytes),
  * then y = x . W with cublasGemmEx (fp16 inputs and output, fp32 compute), then + bias (fp32
- * add, one more fp16 rounding). At M >= K_W4A16_DQ_GEMM_MIN_M this beats every mma.sync
- * variant here (cuBLAS uses Hopper's wgmma; the dequant costs ~5 fp16 weight passes; at
- * M <= 64 v5 is faster, 0.72-1.02x of cuBLAS fp16 per layer against 0.38-0.45x), see
- * docs/BENCHMARKS.md. cublas: a handle the caller created and bound to `stream`
- * (cublasSetStream). Same inputs as k_w4a16_linear. Errors: K_ERR_SHAPE, K_ERR_ARG,
+ * add, one more fp16 rounding). At M >= K_W4A16_DQ_GEMM_MIN_M this beats every variant here
+ * on the H200 (cuBLAS's wgmma tiles run at ~700 TFLOP/s, v7 at ~300; the dequant costs ~5 fp16
+ * weight passes, so at M <= 64 v5 is faster and at 65..128 v7, which never writes the fp16
+ * weight; above 128 v7 runs two row blocks, each dequantising every weight tile), and at
+ * M > 64 it beats the mma.sync variants on GPUs without v7; see docs/BENCHMARKS.md.
+ * cublas: a handle the caller created and bound to `stream` (cublasSetStream). Same inputs as k_w4a16_linear. Errors: K_ERR_SHAPE, K_ERR_ARG,
  * K_ERR_WORKSPACE (scratch NULL or smaller than K*N*2). cuBLAS failures abort like CUDA ones.
  */
-#define K_W4A16_DQ_GEMM_MIN_M 65
+#define K_W4A16_DQ_GEMM_MIN_M 129
 int k_w4a16_linear_dq_gemm(struct cublasContext *cublas, const uint16_t *x, const uint8_t *qweight,
                            const uint8_t *qzeros, const uint16_t *scales, const float *bias,
                            uint16_t *y, int M, int N, int K, int G, void *scratch,

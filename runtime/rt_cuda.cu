@@ -11,8 +11,9 @@
  *     reads from the mapping and PCIe copies overlap; never cudaMemcpy from pageable memory
  *     (7x slower on the test machine, /work/shared/PERF-NOTES.md). -v prints bytes, seconds and
  *     GB/s of each phase.
- *   - W4A16 linears: k_w4a16_linear (decode variants, M <= 64 or up to the dq threshold) or
- *     dequant + cuBLAS (k_w4a16_linear_dq_gemm) for M >= K_W4A16_DQ_GEMM_MIN_M.
+ *   - W4A16 linears: k_w4a16_linear (v5 at M <= 64; v7, wgmma, up to K_W4A16_DQ_GEMM_MIN_M - 1
+ *     on sm_90a) or dequant + cuBLAS (k_w4a16_linear_dq_gemm) for M >= K_W4A16_DQ_GEMM_MIN_M
+ *     (above 64 on GPUs without v7).
  *   - Multi-rank (world_size GPUs driven by one process): all_reduce is, up to 256 KB per rank
  *     and when every pair of GPUs has peer access, our peer-to-peer kernel (k_allreduce_sum),
  *     else one NCCL ncclAllReduce (sum) per rank inside ncclGroupStart/End; both enqueued on
@@ -94,6 +95,7 @@ struct cuda_rank {
     cudaStream_t stream;
     cudaEvent_t ev;         /* copy_ranks: orders a copy between this rank's stream and another's */
     cublasHandle_t cublas;
+    bool wgmma;             /* k_w4a16_wgmma_available() on this GPU (probed at creation) */
     unsigned char *weights; /* owned: the rank file's data region */
     size_t weights_bytes;
     uint64_t region_off;    /* file offset of weights[0] */
@@ -427,14 +429,19 @@ static enum rt_err cuda_linear_w4(void *ctx, int rank, const void *x, const uint
     struct cuda_rank *r = R(ctx, rank);
     const uint16_t *xh = static_cast<const uint16_t *>(x);
     uint16_t *yh = static_cast<uint16_t *>(y);
-    if (M >= K_W4A16_DQ_GEMM_MIN_M) {
+    /* M <= 64: v5; 65..K_W4A16_DQ_GEMM_MIN_M - 1: v7 (wgmma) on Hopper; above, or on other
+     * GPUs above 64: dequant + cuBLAS (the fastest of each range on the H200, BENCHMARKS.md) */
+    if (M >= K_W4A16_DQ_GEMM_MIN_M || (M > K_W4A16_V5_MAX_M && !r->wgmma)) {
         enum rt_err e = grow(r, &r->scratch, (size_t)K * N * 2, "the dequantised weight of a prefill linear", false);
         if (e) return e;
         RT_K_TRY(k_w4a16_linear_dq_gemm(r->cublas, xh, qweight, qzeros, scales, bias, yh, M, N, K,
                                         G, r->scratch.p, r->scratch.bytes, r->stream));
         return RT_ERR_NONE;
     }
-    enum rt_err e = grow(r, &r->ws, k_w4a16_workspace_bytes(M, N), "the W4A16 workspace", true);
+    /* past 64 rows (v7) the workspace is sized for the whole v7 range at once, so prompt chunks
+     * of 65..128 rows do not grow it (and make the decode graphs record again) one by one */
+    const int M_ws = M > K_W4A16_V5_MAX_M ? K_W4A16_DQ_GEMM_MIN_M - 1 : M;
+    enum rt_err e = grow(r, &r->ws, k_w4a16_workspace_bytes(M_ws, N), "the W4A16 workspace", true);
     if (e) return e;
     RT_K_TRY(k_w4a16_linear(xh, qweight, qzeros, scales, bias, yh, M, N, K, G, r->ws.p,
                             r->ws.bytes, r->stream));
@@ -865,6 +872,10 @@ enum rt_err rt_cuda_backend_create(const struct rt_opts *opts, int world_size,
         cublasStatus_t be = CUBLAS_STATUS_SUCCESS;
         if (e == cudaSuccess) be = cublasCreate(&r->cublas);
         if (e == cudaSuccess && be == CUBLAS_STATUS_SUCCESS) be = cublasSetStream(r->cublas, r->stream);
+        if (e == cudaSuccess && be == CUBLAS_STATUS_SUCCESS) { /* probe now, never inside a capture */
+            const char *env = getenv("QSHARD_WGMMA"); /* "0": dequant + cuBLAS above M = 64 (A/B) */
+            r->wgmma = k_w4a16_wgmma_available() != 0 && !(env && strcmp(env, "0") == 0);
+        }
         if (e != cudaSuccess || be != CUBLAS_STATUS_SUCCESS) {
             qs_log_error(__func__, "GPU %d: cannot create its stream, event or cuBLAS handle (%s, cuBLAS %d)",
                          r->device, cudaGetErrorString(e), (int)be);

@@ -12,8 +12,9 @@ has goldens is converted (tp 1), then for each golden prompt
     all-reduce kernel, never NCCL) equal 40 ids decoded op by op, and every rank recorded one
     (none for MoE models, none at tp > 1 when the peer-to-peer all-reduce is off);
   * on the first prompt: longer prompts of 24, 40, 100 and 300 pseudo-random ids (the W4A16 kernel
-    at 17..32 and 33..64 rows, dequant + cuBLAS above, the tensor-core prefill attention over 1-5 key
-    tiles): `logits --device cuda` vs `--device cpu`, relative L2 <= 1e-2, no NaN;
+    at 17..32 and 33..64 rows, v7 (wgmma) at 100 rows on Hopper, dequant + cuBLAS above, the
+    tensor-core prefill attention over 1-5 key tiles): `logits --device cuda` vs `--device cpu`,
+    relative L2 <= 1e-2, no NaN;
   * on the first prompt: ids sampled on the GPU equal ids sampled on the host from the same
     logits with the same seed (four sampler settings), and a one-token prompt decodes the same
     with and without the graph.

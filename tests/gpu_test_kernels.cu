@@ -207,10 +207,11 @@ static void test_w4a16_shape(const char *label, int M, int N, int K, int G, bool
     TCUDA(cudaMemset(ws, 0, wsb));
     for (int v : variants) {
         if (v != K_W4A16_DQ_GEMM && M > k_w4a16_variant_max_m(v)) continue;
-        /* the decode variants run twice: the second run proves the workspace came back zeroed */
+        if (v == K_W4A16_V7_WGMMA && !k_w4a16_wgmma_available()) continue; /* sm_90a only */
+        /* the variants that use the workspace run twice: the second run proves it came back
+         * zeroed */
         const int reps = (v == K_W4A16_V2_DECODE || v == K_W4A16_V4_STREAMK || v == K_W4A16_V5_DECODE ||
-                          v == K_W4A16_V6_DECODE_RING ||
-                          (v == 0 && M <= K_W4A16_V5_MAX_M)) ? 2 : 1;
+                          v == K_W4A16_V6_DECODE_RING || v == K_W4A16_V7_WGMMA || v == 0) ? 2 : 1;
         for (int r = 0; r < reps; ++r) {
             TCUDA(cudaMemset(dy, 0xFF, (size_t)M * N * 2));
             int rc;
@@ -393,7 +394,7 @@ static void test_w4a16(bool quick)
     test_w4a16_rejects();
     const std::vector<int> all = {K_W4A16_V1_NAIVE, K_W4A16_V2_DECODE, K_W4A16_V3_GEMM,
                                   K_W4A16_V4_STREAMK, K_W4A16_V5_DECODE, K_W4A16_V6_DECODE_RING, K_W4A16_AUTO,
-                                  K_W4A16_DQ_GEMM};
+                                  K_W4A16_DQ_GEMM, K_W4A16_V7_WGMMA};
     test_w4a16_pdl_chain();
     /* odd M and small shapes: canonical packing, every variant; group sizes 16..512 (v5 unrolls
      * by 8 k-tiles: G/16 = 1, 2, 4 divide it, 8, 16, 32 are multiples, 3 (G = 48) falls back) */
@@ -417,6 +418,9 @@ static void test_w4a16(bool quick)
         }
     /* a K that gives an odd number of k-tiles and a group larger than one pipeline stage */
     test_w4a16_shape("odd-kt", 129, 128, 48, 48, true, true, all);
+    /* v7 split-K whose last 64-k step is partial (K / 64 = 16.25), one and two row blocks */
+    for (int M : {97, 200})
+        test_w4a16_shape("partial-k-step", M, 128, 1040, 16, true, true, {K_W4A16_AUTO, K_W4A16_V7_WGMMA});
     for (int g : {16, 32, 128}) test_dequant(192, 256, g);
     test_dequant(4096, 4096, 128);
     if (quick) return;
@@ -433,8 +437,11 @@ static void test_w4a16(bool quick)
                 if (tp >= 4) test_w4a16_shape(label, 16, l.N, l.K, 128, false, false, {K_W4A16_AUTO});
                 if (tp == 2) /* v5 with 32 and 64 token rows (M > 16), on every real shape */
                     test_w4a16_shape(label, 41, l.N, l.K, 128, false, true, {K_W4A16_AUTO, K_W4A16_V5_DECODE});
+                if (tp == 2) /* v7: split-K (M <= 256) and three row blocks without it */
+                    for (int M : {97, 300})
+                        test_w4a16_shape(label, M, l.N, l.K, 128, false, M % 2 == 1, {K_W4A16_AUTO, K_W4A16_V7_WGMMA});
                 if (tp == 8) {
-                    test_w4a16_shape(label, 80, l.N, l.K, 128, false, false, {K_W4A16_AUTO, K_W4A16_DQ_GEMM});
+                    test_w4a16_shape(label, 80, l.N, l.K, 128, false, false, {K_W4A16_AUTO, K_W4A16_DQ_GEMM, K_W4A16_V7_WGMMA});
                     test_w4a16_shape(label, 1, l.N, l.K, 128, false, false, {K_W4A16_V1_NAIVE});
                 }
             }
@@ -1217,8 +1224,9 @@ int main(int argc, char **argv)
     cudaDeviceProp prop;
     TCUDA(cudaGetDevice(&dev));
     TCUDA(cudaGetDeviceProperties(&prop, dev));
-    printf("gpu_test_kernels: %s (sm_%d%d, %d SMs), seed %llu%s\n", prop.name, prop.major,
-           prop.minor, prop.multiProcessorCount, (unsigned long long)seed, quick ? ", quick" : "");
+    printf("gpu_test_kernels: %s (sm_%d%d, %d SMs), seed %llu%s, W4A16 v7 (wgmma) %s\n", prop.name,
+           prop.major, prop.minor, prop.multiProcessorCount, (unsigned long long)seed,
+           quick ? ", quick" : "", k_w4a16_wgmma_available() ? "on" : "off (not tested)");
     if (ref_pool_create(quick ? 2 : 0, &g_pool) != REF_ERR_NONE) return 2;
     if (cublasCreate(&g_cublas) != CUBLAS_STATUS_SUCCESS) return 2;
     int tp = 0, tf = 0;
