@@ -146,6 +146,22 @@ static __device__ __forceinline__ void k_red_add_v4(float *p, float4 v)
 #endif
 }
 
+/* Finish 4 columns c .. c+3 of row r after the last split-K slice (v5, v7): y = fp16(ws + bias),
+ * then the workspace entries back to zero. ws, y: [M, N] row-major; c % 4 == 0. */
+static __device__ __forceinline__ void splitk_finish4(float *__restrict__ ws, __half *__restrict__ y,
+                                                      const float *__restrict__ bias, int r, int c,
+                                                      int N)
+{
+    float4 *p = reinterpret_cast<float4 *>(ws + (size_t)r * N + c);
+    float4 v = __ldcg(p);
+    if (bias) {
+        v.x += bias[c]; v.y += bias[c + 1]; v.z += bias[c + 2]; v.w += bias[c + 3];
+    }
+    const __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
+    *reinterpret_cast<uint2 *>(y + (size_t)r * N + c) = make_uint2(k_half2_as_u32(a), k_half2_as_u32(b));
+    __stcg(p, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+}
+
 /*
  * The split-K flush of v5: as w4a16_splitk_flush, with the warp's fragments first gathered
  * row-major in its own shared-memory stage [8*MB8][64] fp32, so the workspace sees one 16-byte
@@ -189,17 +205,8 @@ static __device__ __forceinline__ void w4a16_splitk_flush_staged(
     prev = __shfl_sync(0xffffffffu, prev, 0);
     if (prev != (unsigned)S - 1) return;
     __threadfence(); /* the last slice sees every other slice's adds */
-    for (int e = lane; e < M * 16; e += K_WARP) {
-        const int r = e / 16, c = nt * 64 + (e % 16) * 4;
-        float4 *p = reinterpret_cast<float4 *>(ws + (size_t)r * N + c);
-        float4 v = __ldcg(p);
-        if (bias) {
-            v.x += bias[c]; v.y += bias[c + 1]; v.z += bias[c + 2]; v.w += bias[c + 3];
-        }
-        const __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
-        *reinterpret_cast<uint2 *>(y + (size_t)r * N + c) = make_uint2(k_half2_as_u32(a), k_half2_as_u32(b));
-        __stcg(p, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
-    }
+    for (int e = lane; e < M * 16; e += K_WARP)
+        splitk_finish4(ws, y, bias, e / 16, nt * 64 + (e % 16) * 4, N);
     if (lane == 0) atomicExch(counters + nt, 0u);
 }
 
@@ -1143,17 +1150,8 @@ w4a16_v7_kernel(const __half *__restrict__ x,      /* [M, K] */
     if (!last) return;
     __threadfence(); /* the last slice sees every other slice's adds */
     const int rows = min(v7::BM, M - m0), cols = min(v7::BN, N - n0);
-    for (int e = tid; e < rows * (cols / 4); e += v7::THREADS) {
-        const int r = m0 + e / (cols / 4), c = n0 + (e % (cols / 4)) * 4;
-        float4 *p = reinterpret_cast<float4 *>(ws + (size_t)r * N + c);
-        float4 v = __ldcg(p);
-        if (bias) {
-            v.x += bias[c]; v.y += bias[c + 1]; v.z += bias[c + 2]; v.w += bias[c + 3];
-        }
-        const __half2 a = __floats2half2_rn(v.x, v.y), bh = __floats2half2_rn(v.z, v.w);
-        *reinterpret_cast<uint2 *>(y + (size_t)r * N + c) = make_uint2(k_half2_as_u32(a), k_half2_as_u32(bh));
-        __stcg(p, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
-    }
+    for (int e = tid; e < rows * (cols / 4); e += v7::THREADS)
+        splitk_finish4(ws, y, bias, m0 + e / (cols / 4), n0 + (e % (cols / 4)) * 4, N);
     if (tid == 0) atomicExch(counters + tile, 0u);
 #else
     (void)x; (void)qweight; (void)qzeros; (void)scales; (void)bias; (void)y; (void)ws;
