@@ -169,6 +169,20 @@ __device__ __forceinline__ void k_ldmatrix_x4_trans(uint32_t r[4], const void *s
                  : "r"(s));
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/* The inverse of k_ldmatrix_x4 (sm_90+): four 8x8 fp16 matrices from registers to shared
+ * memory, lane l giving the address of row l%8 of matrix l/8 and holding row l/4, columns
+ * 2(l%4), 2(l%4)+1 of each. PTX ISA "stmatrix":
+ * https://docs.nvidia.com/cuda/parallel-thread-execution/#warp-level-matrix-instructions-stmatrix */
+__device__ __forceinline__ void k_stmatrix_x4(void *smem, const uint32_t (&r)[4])
+{
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(s),
+                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
+#endif
+
 /* --- Programmatic Dependent Launch (sm_90+) ---------------------------------------------------
  * A kernel launched with cudaLaunchAttributeProgrammaticStreamSerialization may start while the
  * previous kernel in the stream is still running; k_pdl_wait() blocks until that kernel has

@@ -984,15 +984,6 @@ static __device__ __forceinline__ void v7_pin(float (&d)[64])
 #pragma unroll
     for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
-/* Four 8x8 fp16 matrices from registers to shared memory, the inverse of ldmatrix.x4: lane l
- * gives the address of row l%8 of matrix l/8 (PTX ISA "stmatrix", sm_90). */
-static __device__ __forceinline__ void k_stmatrix_x4(void *smem, const uint32_t (&r)[4])
-{
-    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(s),
-                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
-                 : "memory");
-}
 #endif
 
 /* kps: 64-k steps per split-K slice (blockIdx.z); ws / counters used only when gridDim.z > 1. */
@@ -1158,7 +1149,6 @@ w4a16_v7_kernel(const __half *__restrict__ x,      /* [M, K] */
     (void)counters; (void)M; (void)N; (void)K; (void)G; (void)kps;
 #endif
 }
-
 
 // --- dequant to fp16 ---------------------------------------------------------------------------
 

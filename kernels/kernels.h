@@ -166,8 +166,9 @@ struct cublasContext; /* == cublasHandle_t's pointee */
  * weight passes, so at M <= 64 v5 is faster and at 65..128 v7, which never writes the fp16
  * weight; above 128 v7 runs two row blocks, each dequantising every weight tile), and at
  * M > 64 it beats the mma.sync variants on GPUs without v7; see docs/BENCHMARKS.md.
- * cublas: a handle the caller created and bound to `stream` (cublasSetStream). Same inputs as k_w4a16_linear. Errors: K_ERR_SHAPE, K_ERR_ARG,
- * K_ERR_WORKSPACE (scratch NULL or smaller than K*N*2). cuBLAS failures abort like CUDA ones.
+ * cublas: a handle the caller created and bound to `stream` (cublasSetStream). Same inputs as
+ * k_w4a16_linear. Errors: K_ERR_SHAPE, K_ERR_ARG, K_ERR_WORKSPACE (scratch NULL or smaller than
+ * K*N*2). cuBLAS failures abort like CUDA ones.
  */
 #define K_W4A16_DQ_GEMM_MIN_M 129
 int k_w4a16_linear_dq_gemm(struct cublasContext *cublas, const uint16_t *x, const uint8_t *qweight,
