@@ -6,42 +6,72 @@
  * Reference ref_attention (same arguments). Plus k_kv_store, which appends rows to the cache.
  *
  * v2 (prefill, M >= 16, hd 64 / 128, host start position): FlashAttention-2 on tensor cores,
- * below. v1 (decode, the device-position launches, hd 256), CUDA cores, fp32 math: one block per (query row, head);
- * its ATT_WARPS warps take interleaved tiles of 32 keys. In a tile each lane owns one key
- * (q . k over hd from a 16-byte-loaded key row against q in shared memory), the warp updates
- * the running max / sum with two shuffle reductions, then the lanes switch to owning hd/32
- * output dims and accumulate p_t v_t with coalesced value rows. Warps merge (max, sum, acc)
- * through shared memory at the end. Scores use exp2 with log2(e)/sqrt(hd) folded into q.
- * Weak spot of v1: no tensor cores and no reuse of K/V across query rows (L1/L2 serve the
- * re-reads), which v2 fixes for prefill; decode of few heads uses few SMs.
+ * below. v1 (decode, the device-position launches, hd 256), CUDA cores, fp32 math: one block per
+ * (query row, head, key split); its ATT_WARPS warps take interleaved tiles of 32 keys. In a
+ * tile each lane owns one key (q . k over hd from its key row, 16-byte loads in flight
+ * together, against q in shared memory), the warp updates the running max / sum with two
+ * shuffle reductions, then the lanes switch to owning hd/32 output dims and accumulate p_t v_t
+ * from coalesced value rows, 16 rows loaded before they are used. Warps merge (max, sum, acc)
+ * through shared memory; with a workspace the keys are split across blocks (Flash-Decoding),
+ * so a decode step of 32 heads runs ~500 blocks instead of 32, and the splits merge in the
+ * last one to finish. Scores use exp2 with log2(e)/sqrt(hd) folded into q.
+ * Weak spot of v1: no tensor cores and no reuse of K/V across query rows or across the q heads
+ * of a GQA group (L1/L2 serve the re-reads), which v2 fixes for prefill.
  * Test: build-gpu/gpu_test_kernels (area attention).
  */
 #include "k_common.cuh"
 
 #include <math.h>
 
-constexpr int ATT_WARPS = 4; /* key splits per (row, head) */
+#include <algorithm>
 
+constexpr int ATT_WARPS = 4;        /* key tiles of 32 in flight per block */
+constexpr int ATT_SPLIT_KEYS = 128; /* split-KV chunks are multiples of ATT_WARPS * 32 keys */
+constexpr int ATT_MAX_SPLITS = 64;
+
+/*
+ * v1 with split-KV (Flash-Decoding: Dao, Haziza, Massa, Sizov, "Flash-Decoding for long-context
+ * inference", 2023): block (head h, row m, split s). The keys [kbeg, kend) of row m are cut
+ * into chunks of a multiple of 128 keys, at most gridDim.z of them (fewer when the row has
+ * fewer keys: a split past the last chunk returns at once; the chunking depends only on the
+ * row's key count, so the graph-launched decode (position read on the device) keeps one grid
+ * for every position). One chunk: the output is written directly (the v1 of earlier
+ * versions). Several: each split writes its (max, sum, unnormalised output) to ws and the
+ * split that arrives last at the (row, head) counter merges them in split order (so results
+ * do not depend on arrival order), writes out and zeroes the counter again.
+ */
 template <int HD>
 static __global__ void __launch_bounds__(ATT_WARPS *K_WARP)
 attention_kernel(__half *__restrict__ out, size_t out_stride, const __half *__restrict__ q,
                  size_t q_stride, const __half *__restrict__ k_cache,
                  const __half *__restrict__ v_cache, int start_pos,
                  const int32_t *__restrict__ start_pos_dev, int n_heads, int n_kv_heads,
-                 int T_cap, int sliding_window)
+                 int T_cap, int sliding_window, float *__restrict__ ws,
+                 unsigned *__restrict__ counters)
 {
     k_pdl_launch_dependents(); /* the o projection may start loading its weights (k_common.cuh) */
     k_pdl_wait();              /* launched early (PDL): q and the KV cache rows are complete */
     constexpr int DPL = HD / K_WARP; /* output dims per lane */
+    constexpr int KB = HD / 8 < 16 ? HD / 8 : 16; /* 16-byte key loads in flight per lane */
+    constexpr int VB = 16;                         /* value rows in flight per warp */
     __shared__ __align__(16) float q_s[HD];
     __shared__ float m_s[ATT_WARPS], l_s[ATT_WARPS];
     __shared__ float acc_s[ATT_WARPS][HD];
-    const int h = blockIdx.x, m = blockIdx.y;
+    __shared__ bool last_s;
+    const int h = blockIdx.x, m = blockIdx.y, s = blockIdx.z, S = gridDim.z;
     const int lane = threadIdx.x % K_WARP, warp = threadIdx.x / K_WARP;
     /* start_pos_dev (k_attention_at): read on the device; a position past the cache is clamped
      * to its last row (the caller checks the context; this only keeps reads in bounds) */
     const int p = min((start_pos_dev ? max(*start_pos_dev, 0) : start_pos) + m, T_cap - 1);
     const int kbeg = sliding_window > 0 ? max(0, p - sliding_window + 1) : 0, kend = p + 1;
+    const int n = kend - kbeg;
+    int chunk = n, s_act = 1;
+    if (S > 1) {
+        chunk = ((n + S - 1) / S + ATT_SPLIT_KEYS - 1) / ATT_SPLIT_KEYS * ATT_SPLIT_KEYS;
+        s_act = (n + chunk - 1) / chunk;
+    }
+    if (s >= s_act) return; /* the whole block: no barrier is skipped */
+    const int cbeg = kbeg + s * chunk, cend = min(kend, cbeg + chunk);
     const int kvh = h / (n_heads / n_kv_heads);
     const float qscale = 1.4426950408889634f / sqrtf((float)HD); /* log2(e) / sqrt(hd) */
 
@@ -55,46 +85,69 @@ attention_kernel(__half *__restrict__ out, size_t out_stride, const __half *__re
 #pragma unroll
     for (int d = 0; d < DPL; ++d) acc[d] = 0.0f;
 
-    for (int t0 = kbeg + warp * K_WARP; t0 < kend; t0 += ATT_WARPS * K_WARP) {
+    for (int t0 = cbeg + warp * K_WARP; t0 < cend; t0 += ATT_WARPS * K_WARP) {
         const int t = t0 + lane;
-        float s = -INFINITY;
-        if (t < kend) {
+        float s_t = -INFINITY;
+        if (t < cend) { /* this lane's key: KB 16-byte loads in flight, then the dot product */
             const uint4 *kr = reinterpret_cast<const uint4 *>(kc + (size_t)t * HD);
             float dot = 0.0f;
 #pragma unroll
-            for (int c = 0; c < HD / 8; ++c) {
-                const uint4 kv = __ldg(kr + c);
-                const uint32_t kw[4] = {kv.x, kv.y, kv.z, kv.w};
+            for (int c0 = 0; c0 < HD / 8; c0 += KB) {
+                uint4 kv[KB];
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float2 kf = __half22float2(k_u32_as_half2(kw[e]));
-                    dot = fmaf(q_s[c * 8 + 2 * e], kf.x, dot);
-                    dot = fmaf(q_s[c * 8 + 2 * e + 1], kf.y, dot);
+                for (int c = 0; c < KB; ++c) kv[c] = __ldg(kr + c0 + c);
+#pragma unroll
+                for (int c = 0; c < KB; ++c) {
+                    const uint32_t kw[4] = {kv[c].x, kv[c].y, kv[c].z, kv[c].w};
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const float2 kf = __half22float2(k_u32_as_half2(kw[e]));
+                        dot = fmaf(q_s[(c0 + c) * 8 + 2 * e], kf.x, dot);
+                        dot = fmaf(q_s[(c0 + c) * 8 + 2 * e + 1], kf.y, dot);
+                    }
                 }
             }
-            s = dot;
+            s_t = dot;
         }
-        float tmax = s;
+        float tmax = s_t;
 #pragma unroll
         for (int o = 16; o > 0; o /= 2) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
-        const float m_new = fmaxf(m_run, tmax); /* finite: key t0 < kend exists */
+        const float m_new = fmaxf(m_run, tmax); /* finite: key t0 < cend exists */
         const float corr = exp2f(m_run - m_new); /* 0 when m_run = -inf */
-        const float pl = t < kend ? exp2f(s - m_new) : 0.0f;
+        const float pl = t < cend ? exp2f(s_t - m_new) : 0.0f;
         float psum = pl;
 #pragma unroll
         for (int o = 16; o > 0; o /= 2) psum += __shfl_xor_sync(0xffffffffu, psum, o);
         l_run = l_run * corr + psum;
 #pragma unroll
         for (int d = 0; d < DPL; ++d) acc[d] *= corr;
-        const int nt = min(K_WARP, kend - t0);
-        for (int j = 0; j < nt; ++j) {
-            const float pj = __shfl_sync(0xffffffffu, pl, j);
-            const __half *vr = vc + (size_t)(t0 + j) * HD + lane * DPL;
+        const int nt = min(K_WARP, cend - t0);
+        for (int j0 = 0; j0 < nt; j0 += VB) { /* VB value rows loaded, then accumulated */
+            uint32_t vw[VB][DPL / 2];
 #pragma unroll
-            for (int d = 0; d < DPL; d += 2) {
-                const float2 vf = __half22float2(*reinterpret_cast<const __half2 *>(vr + d));
-                acc[d] = fmaf(pj, vf.x, acc[d]);
-                acc[d + 1] = fmaf(pj, vf.y, acc[d + 1]);
+            for (int j = 0; j < VB; ++j) {
+                if (j0 + j >= nt) continue; /* (not break: the unrolled slots stay registers) */
+                const __half *vr = vc + (size_t)(t0 + j0 + j) * HD + lane * DPL;
+                if constexpr (DPL == 2) {
+                    vw[j][0] = __ldg(reinterpret_cast<const unsigned *>(vr));
+                } else if constexpr (DPL == 4) {
+                    const uint2 u = __ldg(reinterpret_cast<const uint2 *>(vr));
+                    vw[j][0] = u.x; vw[j][1] = u.y;
+                } else {
+                    const uint4 u = __ldg(reinterpret_cast<const uint4 *>(vr));
+                    vw[j][0] = u.x; vw[j][1] = u.y; vw[j][2] = u.z; vw[j][3] = u.w;
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < VB; ++j) {
+                if (j0 + j >= nt) continue;
+                const float pj = __shfl_sync(0xffffffffu, pl, j0 + j);
+#pragma unroll
+                for (int d = 0; d < DPL; d += 2) {
+                    const float2 vf = __half22float2(k_u32_as_half2(vw[j][d / 2]));
+                    acc[d] = fmaf(pj, vf.x, acc[d]);
+                    acc[d + 1] = fmaf(pj, vf.y, acc[d + 1]);
+                }
             }
         }
         m_run = m_new;
@@ -113,12 +166,46 @@ attention_kernel(__half *__restrict__ out, size_t out_stride, const __half *__re
         f[w] = exp2f(m_s[w] - mx);
         l += l_s[w] * f[w];
     }
+    __half *orow = out + (size_t)m * out_stride + (size_t)h * HD;
+    if (s_act == 1) {
+        for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+            float o = 0.0f;
+#pragma unroll
+            for (int w = 0; w < ATT_WARPS; ++w) o += acc_s[w][d] * f[w];
+            orow[d] = __float2half_rn(o / l);
+        }
+        return;
+    }
+    /* split s of s_act: (max, sum, output relative to the max) into ws[m][h][s][HD + 2] */
+    const size_t rh = (size_t)m * n_heads + h;
+    float *part = ws + (rh * S + s) * (HD + 2);
     for (int d = threadIdx.x; d < HD; d += blockDim.x) {
         float o = 0.0f;
 #pragma unroll
         for (int w = 0; w < ATT_WARPS; ++w) o += acc_s[w][d] * f[w];
-        out[(size_t)m * out_stride + (size_t)h * HD + d] = __float2half_rn(o / l);
+        part[2 + d] = o;
     }
+    if (threadIdx.x == 0) { part[0] = mx; part[1] = l; }
+    __threadfence(); /* this block's partial is visible device-wide before the counter moves */
+    __syncthreads();
+    if (threadIdx.x == 0) last_s = atomicAdd(counters + rh, 1u) == (unsigned)s_act - 1;
+    __syncthreads();
+    if (!last_s) return;
+    __threadfence(); /* the last split sees every other split's partial */
+    const float *base = ws + rh * S * (HD + 2);
+    float gm = -INFINITY;
+    for (int j = 0; j < s_act; ++j) gm = fmaxf(gm, __ldcg(base + (size_t)j * (HD + 2)));
+    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+        float o = 0.0f, lsum = 0.0f;
+        for (int j = 0; j < s_act; ++j) { /* split order: the same sum at every run */
+            const float *pj = base + (size_t)j * (HD + 2);
+            const float fj = exp2f(__ldcg(pj) - gm);
+            lsum = fmaf(__ldcg(pj + 1), fj, lsum);
+            o = fmaf(__ldcg(pj + 2 + d), fj, o);
+        }
+        orow[d] = __float2half_rn(o / lsum);
+    }
+    if (threadIdx.x == 0) atomicExch(counters + rh, 0u);
 }
 
 static __global__ void kv_store_kernel(__half *__restrict__ k_cache, __half *__restrict__ v_cache,
@@ -392,12 +479,44 @@ static void attention_fa_launch(__half *out, size_t out_stride, const __half *q,
                 n_heads, n_kv_heads, T_cap, sliding_window);
 }
 
+/* Splits of the v1 kernel for M rows of n_heads heads with at most n_keys keys per row: enough
+ * blocks for ~4 per SM, chunks of >= ATT_SPLIT_KEYS keys, at most ATT_MAX_SPLITS. */
+static int attention_splits(int M, int n_heads, long n_keys)
+{
+    const long base = (long)M * n_heads, target = 4L * k_device_sm_count();
+    long S = (target + base - 1) / base;
+    S = std::min(S, (long)ATT_MAX_SPLITS);
+    S = std::min(S, (n_keys + ATT_SPLIT_KEYS - 1) / ATT_SPLIT_KEYS);
+    return (int)std::max(S, 1L);
+}
+
+/* ws of the v1 kernel with S splits: first a counter per (row, head), at a place that does not
+ * depend on M (S > 1 only where M * n_heads < 4 * SMs, attention_splits, so that many
+ * counters cover every call; calls with other M then never write partials over another
+ * call's counters), then the partials [M][n_heads][S][hd + 2] fp32; nothing for S = 1 */
+static size_t attention_counter_bytes(void)
+{
+    return ((size_t)4 * k_device_sm_count() * sizeof(unsigned) + 15) / 16 * 16;
+}
+
+static size_t attention_ws_bytes(int M, int n_heads, int hd, int S)
+{
+    if (S <= 1) return 0;
+    return attention_counter_bytes() + (size_t)M * n_heads * S * (hd + 2) * sizeof(float);
+}
+
+size_t k_attention_workspace_bytes(int M, int n_heads, int hd, int T_cap)
+{
+    if (M < 1 || n_heads < 1 || hd < 1 || T_cap < 1) return 0;
+    return attention_ws_bytes(M, n_heads, hd, attention_splits(M, n_heads, T_cap));
+}
+
 static int attention_launch(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q_stride,
                             const uint16_t *k_cache, const uint16_t *v_cache, int M, int start_pos,
                             const int32_t *start_pos_dev, int n_heads, int n_kv_heads, int hd,
-                            int T_cap, int sliding_window, struct CUstream_st *stream)
+                            int T_cap, int sliding_window, void *ws, size_t ws_bytes,
+                            struct CUstream_st *stream)
 {
-    const dim3 grid(n_heads, M);
     const __half *qh = reinterpret_cast<const __half *>(q);
     const __half *kh = reinterpret_cast<const __half *>(k_cache);
     const __half *vh = reinterpret_cast<const __half *>(v_cache);
@@ -416,10 +535,26 @@ static int attention_launch(uint16_t *out, size_t out_stride, const uint16_t *q,
         K_LAUNCH_CHECK();
         return K_ERR_NONE;
     }
+    /* v1: split the keys when a workspace is given (the device-position launch sizes the grid
+     * for the whole cache, the chunking adapts to the position on the device) */
+    int S = 1;
+    if (ws) {
+        S = attention_splits(M, n_heads, start_pos_dev ? (long)T_cap : (long)start_pos + M);
+        const size_t need = attention_ws_bytes(M, n_heads, hd, S);
+        if (ws_bytes < need || (uintptr_t)ws % 16)
+            K_REFUSE(K_ERR_ARG, "attention M=%d n_heads=%d hd=%d T_cap=%d: workspace of %zu bytes "
+                     "(16-byte aligned) needed, got %zu at %p", M, n_heads, hd, T_cap, need,
+                     ws_bytes, ws);
+    }
+    unsigned *counters = S > 1 ? static_cast<unsigned *>(ws) : nullptr;
+    float *wsf = S > 1 ? reinterpret_cast<float *>(static_cast<unsigned char *>(ws) +
+                                                   attention_counter_bytes())
+                       : nullptr;
+    const dim3 grid(n_heads, M, S);
 #define ATT_LAUNCH(HDV)                                                                      \
     k_launch_ex(attention_kernel<HDV>, grid, dim3(ATT_WARPS * K_WARP), 0, stream,              \
                 k_pdl_usable(), oh, out_stride, qh, q_stride, kh, vh, start_pos, start_pos_dev, \
-                n_heads, n_kv_heads, T_cap, sliding_window)
+                n_heads, n_kv_heads, T_cap, sliding_window, wsf, counters)
     if (hd == 64) ATT_LAUNCH(64);
     else if (hd == 128) ATT_LAUNCH(128);
     else ATT_LAUNCH(256);
@@ -430,8 +565,8 @@ static int attention_launch(uint16_t *out, size_t out_stride, const uint16_t *q,
 
 int k_attention(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q_stride,
                 const uint16_t *k_cache, const uint16_t *v_cache, int M, int start_pos,
-                int n_heads, int n_kv_heads, int hd, int T_cap, int sliding_window,
-                struct CUstream_st *stream)
+                int n_heads, int n_kv_heads, int hd, int T_cap, int sliding_window, void *ws,
+                size_t ws_bytes, struct CUstream_st *stream)
 {
     if (M < 1 || M > 65535 || start_pos < 0 || n_heads < 1 || n_kv_heads < 1 ||
         n_heads % n_kv_heads || (long long)start_pos + M > T_cap ||
@@ -442,13 +577,13 @@ int k_attention(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q_st
                  "start_pos + M <= T_cap", M, start_pos, n_heads, n_kv_heads, hd, T_cap);
     if (!out || !q || !k_cache || !v_cache) K_REFUSE(K_ERR_ARG, "attention: NULL pointer");
     return attention_launch(out, out_stride, q, q_stride, k_cache, v_cache, M, start_pos, nullptr,
-                            n_heads, n_kv_heads, hd, T_cap, sliding_window, stream);
+                            n_heads, n_kv_heads, hd, T_cap, sliding_window, ws, ws_bytes, stream);
 }
 
 int k_attention_at(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q_stride,
                    const uint16_t *k_cache, const uint16_t *v_cache, int M,
                    const int32_t *start_pos_dev, int n_heads, int n_kv_heads, int hd, int T_cap,
-                   int sliding_window, struct CUstream_st *stream)
+                   int sliding_window, void *ws, size_t ws_bytes, struct CUstream_st *stream)
 {
     if (M < 1 || M > 65535 || M > T_cap || n_heads < 1 || n_kv_heads < 1 ||
         n_heads % n_kv_heads || (hd != 64 && hd != 128 && hd != 256) ||
@@ -459,5 +594,5 @@ int k_attention_at(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q
     if (!out || !q || !k_cache || !v_cache || !start_pos_dev)
         K_REFUSE(K_ERR_ARG, "attention_at: NULL pointer");
     return attention_launch(out, out_stride, q, q_stride, k_cache, v_cache, M, 0, start_pos_dev,
-                            n_heads, n_kv_heads, hd, T_cap, sliding_window, stream);
+                            n_heads, n_kv_heads, hd, T_cap, sliding_window, ws, ws_bytes, stream);
 }

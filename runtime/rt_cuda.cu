@@ -100,6 +100,7 @@ struct cuda_rank {
     size_t weights_bytes;
     uint64_t region_off;    /* file offset of weights[0] */
     struct grow_buf ws;     /* k_w4a16 workspace (zeroed once, left zeroed by every call) */
+    struct grow_buf att_ws; /* k_attention split-KV workspace (zeroed once, left ready) */
     struct grow_buf scratch;/* dequantised fp16 weight for the dq + cuBLAS path */
     struct grow_buf pos;    /* int32 0, 1, 2, ...: positions for k_rope */
     struct grow_buf small;  /* token ids, MoE rows and weights */
@@ -193,7 +194,7 @@ static void rank_free(struct cuda_rank *r)
     cudaSetDevice(r->device);
     if (r->stream) cudaStreamSynchronize(r->stream);
     cudaFree(r->weights);
-    struct grow_buf *bufs[] = {&r->ws, &r->scratch, &r->pos, &r->small};
+    struct grow_buf *bufs[] = {&r->ws, &r->att_ws, &r->scratch, &r->pos, &r->small};
     for (struct grow_buf *b : bufs) {
         cudaFree(b->p);
         b->p = NULL;
@@ -534,19 +535,28 @@ static enum rt_err cuda_attention(void *ctx, int rank, void *out, size_t out_str
                                   int sliding_window)
 {
     struct cuda_rank *r = R(ctx, rank);
+    /* split-KV decode: a workspace sized for the whole cache, so every position of a decode
+     * graph fits (k_attention_workspace_bytes; zero-filled, each call leaves it ready) */
+    const size_t ws_bytes = k_attention_workspace_bytes(M, n_heads, hd, T_cap);
+    if (ws_bytes) {
+        enum rt_err e = grow(r, &r->att_ws, ws_bytes, "the attention workspace", true);
+        if (e) return e;
+    }
+    void *ws = ws_bytes ? r->att_ws.p : NULL;
     if (r->capturing) {
         RT_K_TRY(k_attention_at(static_cast<uint16_t *>(out), out_stride,
                                 static_cast<const uint16_t *>(q), q_stride,
                                 static_cast<const uint16_t *>(k_cache),
                                 static_cast<const uint16_t *>(v_cache), M, r->d_step + 1, n_heads,
-                                n_kv_heads, hd, T_cap, sliding_window, r->stream));
+                                n_kv_heads, hd, T_cap, sliding_window, ws, r->att_ws.bytes,
+                                r->stream));
         return RT_ERR_NONE;
     }
     RT_K_TRY(k_attention(static_cast<uint16_t *>(out), out_stride,
                          static_cast<const uint16_t *>(q), q_stride,
                          static_cast<const uint16_t *>(k_cache),
                          static_cast<const uint16_t *>(v_cache), M, start_pos, n_heads,
-                         n_kv_heads, hd, T_cap, sliding_window, r->stream));
+                         n_kv_heads, hd, T_cap, sliding_window, ws, r->att_ws.bytes, r->stream));
     return RT_ERR_NONE;
 }
 

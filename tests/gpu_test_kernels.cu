@@ -847,7 +847,10 @@ static void test_sample(bool quick)
 // --- attention ------------------------------------------------------------------------------------
 
 /* dev_pos: through k_kv_store_at / k_attention_at, the start position in device memory (the
- * CUDA-graph decode path), which must give the same results */
+ * CUDA-graph decode path), which must give the same results. Attention runs without a
+ * workspace (one block per row and head) and with one (keys split across blocks where the
+ * decode kernel runs), each against the reference; the split run twice, bit for bit the same
+ * (merged in split order; the counters it leaves are ready for the next call). */
 static void test_attention_case(int M, int start_pos, int nh, int nkv, int hd, int T_cap, int sw,
                                 bool dev_pos = false, int qpad = 0)
 {
@@ -875,21 +878,38 @@ static void test_attention_case(int M, int start_pos, int nh, int nkv, int hd, i
                 kcf[dst] = qkvf[(size_t)m * qstride + (size_t)(nh + h) * hd + d];
                 vcf[dst] = qkvf[(size_t)m * qstride + (size_t)(nh + nkv + h) * hd + d];
             }
-    if (dev_pos)
-        CHECK_EQ_INT(k_attention_at(dout, (size_t)nh * hd, dqkv, qstride, dkc, dvc, M, dpos, nh,
-                                    nkv, hd, T_cap, sw, nullptr), K_ERR_NONE);
-    else
-        CHECK_EQ_INT(k_attention(dout, (size_t)nh * hd, dqkv, qstride, dkc, dvc, M, start_pos, nh,
-                                 nkv, hd, T_cap, sw, nullptr), K_ERR_NONE);
     std::vector<float> out((size_t)M * nh * hd);
     CHECK_EQ_INT(ref_attention(out.data(), (size_t)nh * hd, qkvf.data(), qstride, kcf.data(),
                                vcf.data(), M, start_pos, nh, nkv, hd, T_cap, sw, g_pool),
                  REF_ERR_NONE);
-    const std::vector<float> got = f16_to_f32(dev_download(dout, out.size()));
-    char what[128];
-    snprintf(what, sizeof what, "attention%s M=%d start=%d heads=%d kv=%d hd=%d T=%d sw=%d",
-             dev_pos ? "_at" : "", M, start_pos, nh, nkv, hd, T, sw);
-    compare(what, got.data(), out.data(), got.size(), 3e-3, 3e-3, 3e-3);
+    const size_t ws_bytes = k_attention_workspace_bytes(M, nh, hd, T_cap);
+    void *dws = nullptr;
+    if (ws_bytes) {
+        TCUDA(cudaMalloc(&dws, ws_bytes));
+        TCUDA(cudaMemset(dws, 0, ws_bytes));
+    }
+    std::vector<uint16_t> first;
+    for (int run = 0; run < 3; ++run) { /* no workspace, split, split again */
+        void *w = run ? dws : nullptr;
+        const size_t wb = run ? ws_bytes : 0;
+        TCUDA(cudaMemset(dout, 0xFF, (size_t)M * nh * hd * sizeof(uint16_t)));
+        if (dev_pos)
+            CHECK_EQ_INT(k_attention_at(dout, (size_t)nh * hd, dqkv, qstride, dkc, dvc, M, dpos,
+                                        nh, nkv, hd, T_cap, sw, w, wb, nullptr), K_ERR_NONE);
+        else
+            CHECK_EQ_INT(k_attention(dout, (size_t)nh * hd, dqkv, qstride, dkc, dvc, M, start_pos,
+                                     nh, nkv, hd, T_cap, sw, w, wb, nullptr), K_ERR_NONE);
+        const std::vector<uint16_t> raw = dev_download(dout, out.size());
+        const std::vector<float> got = f16_to_f32(raw);
+        char what[160];
+        snprintf(what, sizeof what, "attention%s M=%d start=%d heads=%d kv=%d hd=%d T=%d sw=%d%s",
+                 dev_pos ? "_at" : "", M, start_pos, nh, nkv, hd, T, sw,
+                 run ? " split-KV workspace" : "");
+        if (run < 2) compare(what, got.data(), out.data(), got.size(), 3e-3, 3e-3, 3e-3);
+        if (run == 1) first = raw;
+        if (run == 2) CHECK_MSG(raw == first, "%s: a second run differs", what);
+    }
+    if (dws) TCUDA(cudaFree(dws));
     /* the cache rows written by k_kv_store, bit for bit */
     const std::vector<uint16_t> kc2 = dev_download(dkc, kch.size());
     size_t bad = 0;
@@ -917,7 +937,7 @@ static void test_attention_at_bounds(void)
     CHECK_EQ_INT(k_kv_store_at(dkc, dvc, dqkv + (size_t)nh * hd, dqkv + (size_t)(nh + nkv) * hd,
                                qstride, M, dpos, nkv, hd, T_cap, nullptr), K_ERR_NONE);
     CHECK_EQ_INT(k_attention_at(dout, (size_t)nh * hd, dqkv, qstride, dkc, dvc, M, dpos, nh, nkv,
-                                hd, T_cap, 0, nullptr), K_ERR_NONE);
+                                hd, T_cap, 0, nullptr, 0, nullptr), K_ERR_NONE);
     TCUDA(cudaDeviceSynchronize());
     for (uint16_t *c : {dkc, dvc}) {
         const std::vector<uint16_t> kc = dev_download(c, cache + hd);
@@ -928,7 +948,7 @@ static void test_attention_at_bounds(void)
     }
     qs_log_set_quiet(true);
     CHECK_EQ_INT(k_attention_at(dout, (size_t)nh * hd, dqkv, qstride, dkc, dvc, M, nullptr, nh,
-                                nkv, hd, T_cap, 0, nullptr), K_ERR_ARG);
+                                nkv, hd, T_cap, 0, nullptr, 0, nullptr), K_ERR_ARG);
     CHECK_EQ_INT(k_kv_store_at(dkc, dvc, dqkv, dqkv, qstride, T_cap + 1, dpos, nkv, hd, T_cap,
                                nullptr), K_ERR_SHAPE);
     qs_log_set_quiet(false);
@@ -962,11 +982,26 @@ static void test_attention(bool quick)
         test_attention_case(200, 900, 8, 8, 64, 1200, 4096); /* window wider than the context */
         test_attention_case(1, 4000, 32, 32, 128, 4096, 0); /* long decode */
     }
+    /* split-KV decode: 64 splits (few heads, long cache), a window, several rows of different
+     * key counts, hd 64 / 256, GQA, the device position (grid sized for the whole cache) */
+    test_attention_case(1, 8000, 2, 2, 128, 8192, 0);
+    test_attention_case(1, 3000, 8, 2, 128, 4096, 1000);
+    test_attention_case(5, 2000, 4, 1, 128, 2100, 0);
+    test_attention_case(1, 700, 8, 2, 64, 1024, 0);
+    test_attention_case(1, 1500, 4, 1, 256, 2048, 0);
+    test_attention_case(1, 3000, 8, 2, 128, 4096, 0, true);
+    test_attention_case(1, 100, 8, 2, 128, 4096, 0, true); /* one chunk of a split grid */
+    test_attention_case(3, 1300, 4, 4, 128, 2048, 300, true);
     qs_log_set_quiet(true);
     uint16_t *d = dev_poisoned<uint16_t>(1024);
-    CHECK_EQ_INT(k_attention(d, 96, d, 96, d, d, 1, 0, 1, 1, 96, 4, 0, nullptr), K_ERR_SHAPE);
-    CHECK_EQ_INT(k_attention(d, 384, d, 384, d, d, 1, 0, 3, 2, 128, 4, 0, nullptr), K_ERR_SHAPE);
-    CHECK_EQ_INT(k_attention(d, 128, d, 128, d, d, 2, 3, 1, 1, 128, 4, 0, nullptr), K_ERR_SHAPE);
+    CHECK_EQ_INT(k_attention(d, 96, d, 96, d, d, 1, 0, 1, 1, 96, 4, 0, nullptr, 0, nullptr), K_ERR_SHAPE);
+    CHECK_EQ_INT(k_attention(d, 384, d, 384, d, d, 1, 0, 3, 2, 128, 4, 0, nullptr, 0, nullptr), K_ERR_SHAPE);
+    CHECK_EQ_INT(k_attention(d, 128, d, 128, d, d, 2, 3, 1, 1, 128, 4, 0, nullptr, 0, nullptr), K_ERR_SHAPE);
+    /* a workspace smaller than the split needs: refused, nothing launched */
+    CHECK_MSG(k_attention_workspace_bytes(1, 2, 128, 4096) > 0, "no split-KV workspace for a "
+              "long decode");
+    CHECK_EQ_INT(k_attention(d, 256, d, 768, d, d, 1, 4000, 2, 2, 128, 4096, 0, d, 64, nullptr),
+                 K_ERR_ARG);
     CHECK_EQ_INT(k_kv_store(d, d, d, d, 128, 2, 3, 1, 128, 4, nullptr), K_ERR_SHAPE);
     qs_log_set_quiet(false);
     TCUDA(cudaFree(d));
