@@ -159,7 +159,8 @@ struct rt_opts {
     int n_ctx;              /* KV cache length in tokens; <= 0: min(max_position_embeddings,
                                4096). Must be <= max_position_embeddings. */
     int max_batch;          /* most tokens per internal forward step (activation buffers);
-                               <= 0: min(n_ctx, 512). Longer calls are run in chunks. */
+                               <= 0: the backend's default_batch (CUDA 2048, CPU 512), at
+                               most n_ctx. Longer calls are run in chunks. */
     int cuda_device;        /* first GPU for rank 0 (rank r uses cuda_device + r) */
     int p2p_allreduce;      /* CUDA, world_size > 1: 1 = all-reduces of up to 256 KB through
                                our peer-to-peer kernel when every pair of GPUs has peer access
@@ -378,6 +379,10 @@ struct rt_backend_ops {
      * read it. */
     enum rt_err (*copy_ranks)(void *ctx, int dst_rank, void *dst, int src_rank,
                               const void *src, size_t bytes);
+    /* Rows per forward (prefill chunk) when rt_opts.max_batch <= 0; 0: 512. CUDA: 2048, where
+     * the W4A16 prefill path (dequant + cuBLAS) costs 0.5-0.65x of cuBLAS fp16 per 256-512
+     * rows but 0.9x at 2048 and more (docs/BENCHMARKS.md, "Prompt chunk size"). */
+    int default_batch;
 };
 
 struct rt_backend {

@@ -819,7 +819,7 @@ static const struct rt_backend_ops cuda_ops = {
     cuda_linear_f16, cuda_lm_head, cuda_router, cuda_rope, cuda_kv_store, cuda_attention,
     cuda_silu_mul, cuda_gather_rows, cuda_scatter_add_rows, cuda_all_reduce,
     cuda_graph_begin, cuda_graph_end, cuda_graph_ready, cuda_graph_replay, cuda_sample,
-    cuda_copy_ranks,
+    cuda_copy_ranks, 2048,
 };
 
 bool rt_cuda_available(void)

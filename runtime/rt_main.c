@@ -203,6 +203,7 @@ struct model_opts {
     const char *device; /* "cpu", "cuda" or NULL (auto) */
     long threads;       /* 0: all online CPUs */
     long ctx;           /* 0: the model's maximum */
+    long batch;         /* rows per forward (prefill chunk); 0: the backend's default */
     bool verbose;
 };
 
@@ -238,6 +239,13 @@ static int model_opt(int c, const char *arg, struct model_opts *mo, const char *
             return -1;
         }
         return 1;
+    case 'b':
+        if (!parse_int(arg, 1, MAX_CTX, &mo->batch)) {
+            fprintf(stderr, "qshard %s: --batch-size must be an integer in [1, %ld]\n", cmd,
+                    MAX_CTX);
+            return -1;
+        }
+        return 1;
     case 'v':
         mo->verbose = true;
         qs_log_set_level(QS_LOG_DEBUG);
@@ -252,6 +260,8 @@ static int model_opt(int c, const char *arg, struct model_opts *mo, const char *
     "  --device cpu|cuda       where to run (default: cuda when the binary has CUDA and a GPU\n" \
     "                          is present, else cpu)\n"                                      \
     "  --threads N             CPU threads (default: all online CPUs)\n"                     \
+    "  -b, --batch-size N      most prompt tokens per forward pass (default: 2048 on cuda, 512\n" \
+    "                          on cpu; at most the context); longer prompts run in chunks\n"   \
     "  -v, --verbose           print the resolved config and debug messages\n"               \
     "  -h, --help              this text\n"
 
@@ -259,7 +269,7 @@ static int model_opt(int c, const char *arg, struct model_opts *mo, const char *
     {"device", required_argument, NULL, OPT_DEVICE},                                         \
         {"threads", required_argument, NULL, OPT_THREADS},                                   \
         {"ctx", required_argument, NULL, OPT_CTX}, {"verbose", no_argument, NULL, 'v'},      \
-        {"help", no_argument, NULL, 'h'}
+        {"batch-size", required_argument, NULL, 'b'}, {"help", no_argument, NULL, 'h'}
 
 // --- the model (runtime/rt.h) --------------------------------------------------------------
 
@@ -436,6 +446,8 @@ static int session_open(struct session *s, const struct model_opts *mo, bool nee
         ro.n_threads = (int)mo->threads;
     if (mo->ctx > 0)
         ro.n_ctx = (int)mo->ctx;
+    if (mo->batch > 0)
+        ro.max_batch = (int)mo->batch;
     rc = refuse_hf_dir(mo->path);
     if (rc)
         return rc;
@@ -766,7 +778,7 @@ int cmd_run(int argc, char **argv)
     int c;
     static char prog[] = "qshard run";
     getopt_begin(argv, prog);
-    while ((c = getopt_long(argc, argv, "p:f:n:vh", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "p:f:n:b:vh", longopts, NULL)) != -1) {
         int m = model_opt(c, optarg, &mo, "run");
         if (m < 0)
             return QS_EXIT_USAGE;
@@ -1153,7 +1165,7 @@ int cmd_logits(int argc, char **argv)
     int c;
     static char prog[] = "qshard logits";
     getopt_begin(argv, prog);
-    while ((c = getopt_long(argc, argv, "o:vh", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "o:b:vh", longopts, NULL)) != -1) {
         int m = model_opt(c, optarg, &mo, "logits");
         if (m < 0)
             return QS_EXIT_USAGE;
@@ -1277,7 +1289,7 @@ int cmd_perplexity(int argc, char **argv)
     int c;
     static char prog[] = "qshard perplexity";
     getopt_begin(argv, prog);
-    while ((c = getopt_long(argc, argv, "f:vh", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "f:b:vh", longopts, NULL)) != -1) {
         int m = model_opt(c, optarg, &mo, "perplexity");
         if (m < 0)
             return QS_EXIT_USAGE;
@@ -1565,19 +1577,22 @@ out:
 static void bench_model_usage(FILE *f)
 {
     fprintf(f,
-        "usage: qshard bench model MODEL [-p 512] [-n 128] [-r 5] [--device cpu|cuda]\n"
+        "usage: qshard bench model MODEL [-p 512] [-n 128] [-d 0] [-r 5] [--device cpu|cuda]\n"
         "\n"
         "Prompt processing and generation speed of a converted model, measured the way\n"
         "llama.cpp's llama-bench does: ppN runs a prompt of N token ids from an empty KV cache\n"
-        "(one forward of N positions, in chunks of the runtime's batch of at most 512) up to\n"
+        "(forwards of at most --batch-size positions) up to\n"
         "the first generated token; tgN generates N tokens one at a time from an empty cache\n"
         "(decode steps, the first after BOS). Ids are pseudo-random (fixed seed), the next\n"
         "token greedy, chosen where `qshard run` chooses it (on the GPU when it can). Each test\n"
         "runs once untimed (warm-up: kernels loaded, decode graph recorded), then -r times;\n"
-        "prints a table of mean tokens/s +/- the standard deviation over the runs.\n"
+        "prints a table of mean tokens/s +/- the standard deviation over the runs. With a\n"
+        "depth d > 0 (\"ppN @ dD\", \"tgN @ dD\"), each run first fills the KV cache with d\n"
+        "prompt ids (not timed), then runs the test at positions d, d+1, ...\n"
         "\n"
         "  -p, --n-prompt LIST     prompt lengths, e.g. 16,64,512 (default 512; 0: none)\n"
         "  -n, --n-gen LIST        generation lengths (default 128; 0: none)\n"
+        "  -d, --n-depth LIST      KV cache depths to run every test at (default 0)\n"
         "  -r, --repetitions N     timed runs per test, 1..1000 (default 5)\n"
         "  --ctx N                 KV cache length (default: what the longest test needs)\n"
         MODEL_OPTS_HELP
@@ -1585,9 +1600,9 @@ static void bench_model_usage(FILE *f)
         "file), 3 runtime failure (GPU, memory), 4 I/O error\n");
 }
 
-/* "16,64,512" into out[] (at most BENCH_MAX_TESTS values in [0, hi]; a lone 0 means none);
- * false on junk. */
-static bool parse_test_list(const char *arg, long hi, long *out, int *n_out)
+/* "16,64,512" into out[] (at most BENCH_MAX_TESTS values in [0, hi]; a lone 0 means none,
+ * unless zero_ok, where 0 is a value like any other); false on junk. */
+static bool parse_test_list(const char *arg, long hi, bool zero_ok, long *out, int *n_out)
 {
     int n = 0;
     const char *p = arg;
@@ -1607,9 +1622,9 @@ static bool parse_test_list(const char *arg, long hi, long *out, int *n_out)
     }
     if (n == 0)
         return false;
-    if (n == 1 && out[0] == 0)
+    if (n == 1 && out[0] == 0 && !zero_ok)
         n = 0;
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n && !zero_ok; i++)
         if (out[i] == 0)
             return false;
     *n_out = n;
@@ -1633,28 +1648,36 @@ static int bench_step(struct session *s, bool dev_pick, struct rt_sampler *smp, 
 
 /*
  * One test, warm-up then `reps` timed runs from an empty KV cache; secs[r]: the seconds of
- * run r (>= 1 ns). pp: ids[0..len) in one rt_model_forward up to the first generated id. tg: `len`
- * decode steps from position 0, the first fed ids[0] (BOS), each next fed the id it chose;
- * the first timed run's ids go to the debug log (tests compare them with `qshard run`).
+ * run r (>= 1 ns). depth > 0: each run first places ids[0..depth) (one untimed forward, in
+ * --batch-size chunks) and the test continues from position depth. pp: ids[depth..depth+len)
+ * in one rt_model_forward up to the first generated id. tg: `len` decode steps, the first fed
+ * ids[depth] (ids[0] = BOS at depth 0), each next fed the id it chose; the first timed run's
+ * ids go to the debug log (tests compare them with `qshard run`).
  */
 static int bench_test(struct session *s, bool dev_pick, struct rt_sampler *smp, float *logits,
-                      const int32_t *ids, bool pp, int len, int reps, double *secs)
+                      const int32_t *ids, int depth, bool pp, int len, int reps, double *secs)
 {
     for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
         rt_model_reset(s->model);
         rt_sampler_reset(smp);
-        int32_t next = ids[0];
+        int32_t next = ids[depth];
         char seen[256];
         size_t sl = 0;
         seen[0] = '\0';
-        double t0 = now_s();
         int rc = QS_EXIT_OK;
+        if (depth > 0) {
+            int32_t ignored;
+            rc = bench_step(s, dev_pick, smp, logits, ids, depth, 0, &ignored);
+            if (rc)
+                return rc;
+        }
+        double t0 = now_s();
         if (pp) {
-            rc = bench_step(s, dev_pick, smp, logits, ids, len, 0, &next);
+            rc = bench_step(s, dev_pick, smp, logits, ids + depth, len, depth, &next);
         } else {
             for (int i = 0; i < len && !rc; i++) {
                 const int32_t cur = next;
-                rc = bench_step(s, dev_pick, smp, logits, &cur, 1, i, &next);
+                rc = bench_step(s, dev_pick, smp, logits, &cur, 1, depth + i, &next);
                 if (!rc && r == 0 && sl + 16 < sizeof(seen))
                     sl += (size_t)snprintf(seen + sl, sizeof(seen) - sl, "%s%d", i ? "," : "",
                                            (int)next);
@@ -1665,8 +1688,18 @@ static int bench_test(struct session *s, bool dev_pick, struct rt_sampler *smp, 
             return rc;
         if (r >= 0)
             secs[r] = dt > 1e-9 ? dt : 1e-9;
+        if (r == 0 && !pp && depth > 0) {
+            char pre[256];
+            size_t pl = 0;
+            pre[0] = '\0';
+            for (int i = 0; i < depth && pl + 16 < sizeof(pre); i++)
+                pl += (size_t)snprintf(pre + pl, sizeof(pre) - pl, "%s%d", i ? "," : "",
+                                       (int)ids[i]);
+            qs_log_debug("bench tg%d @ d%d: prefix ids %s%s", len, depth, pre,
+                         pl + 16 >= sizeof(pre) ? ",..." : "");
+        }
         if (r == 0 && !pp)
-            qs_log_debug("bench tg%d: greedy ids after %d: %s%s", len, (int)ids[0], seen,
+            qs_log_debug("bench tg%d: greedy ids after %d: %s%s", len, (int)ids[depth], seen,
                          sl + 16 >= sizeof(seen) ? ",..." : "");
     }
     return QS_EXIT_OK;
@@ -1679,14 +1712,16 @@ int cmd_bench_model(int argc, char **argv)
         {"n-prompt", required_argument, NULL, 'p'},
         {"n-gen", required_argument, NULL, 'n'},
         {"repetitions", required_argument, NULL, 'r'},
+        {"n-depth", required_argument, NULL, 'd'},
         {NULL, 0, NULL, 0},
     };
     struct model_opts mo = {0};
-    long pp[BENCH_MAX_TESTS] = {512}, tg[BENCH_MAX_TESTS] = {128}, reps = 5;
-    int n_pp = 1, n_tg = 1, c;
+    long pp[BENCH_MAX_TESTS] = {512}, tg[BENCH_MAX_TESTS] = {128}, dp[BENCH_MAX_TESTS] = {0};
+    long reps = 5;
+    int n_pp = 1, n_tg = 1, n_dp = 1, c;
     static char prog[] = "qshard bench model";
     getopt_begin(argv, prog);
-    while ((c = getopt_long(argc, argv, "p:n:r:vh", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "p:n:d:r:b:vh", longopts, NULL)) != -1) {
         int m = model_opt(c, optarg, &mo, "bench model");
         if (m < 0)
             return QS_EXIT_USAGE;
@@ -1698,11 +1733,18 @@ int cmd_bench_model(int argc, char **argv)
             return QS_EXIT_OK;
         case 'p':
         case 'n':
-            if (!parse_test_list(optarg, c == 'p' ? MAX_CTX : MAX_N_PREDICT, c == 'p' ? pp : tg,
-                                 c == 'p' ? &n_pp : &n_tg)) {
+            if (!parse_test_list(optarg, c == 'p' ? MAX_CTX : MAX_N_PREDICT, false,
+                                 c == 'p' ? pp : tg, c == 'p' ? &n_pp : &n_tg)) {
                 fprintf(stderr, "qshard bench model: %s takes a comma-separated list of up to %d "
                                 "lengths >= 1 (or 0 for none), got '%s'\n",
                         c == 'p' ? "-p/--n-prompt" : "-n/--n-gen", BENCH_MAX_TESTS, optarg);
+                return QS_EXIT_USAGE;
+            }
+            break;
+        case 'd':
+            if (!parse_test_list(optarg, MAX_CTX, true, dp, &n_dp)) {
+                fprintf(stderr, "qshard bench model: -d/--n-depth takes a comma-separated list "
+                                "of up to %d depths >= 0, got '%s'\n", BENCH_MAX_TESTS, optarg);
                 return QS_EXIT_USAGE;
             }
             break;
@@ -1723,11 +1765,14 @@ int cmd_bench_model(int argc, char **argv)
         return QS_EXIT_USAGE;
     }
     mo.path = argv[optind];
-    long need = 2; /* the KV cache the longest test fills */
+    long need = 2, longest = 0, deepest = 0; /* the KV cache the longest test fills */
     for (int i = 0; i < n_pp; i++)
-        need = pp[i] > need ? pp[i] : need;
+        longest = pp[i] > longest ? pp[i] : longest;
     for (int i = 0; i < n_tg; i++)
-        need = tg[i] > need ? tg[i] : need;
+        longest = tg[i] > longest ? tg[i] : longest;
+    for (int i = 0; i < n_dp; i++)
+        deepest = dp[i] > deepest ? dp[i] : deepest;
+    need = deepest + longest > need ? deepest + longest : need;
     if (mo.ctx > 0 && need > mo.ctx) {
         fprintf(stderr, "qshard bench model: a test needs %ld positions, --ctx is %ld\n", need,
                 mo.ctx);
@@ -1773,10 +1818,11 @@ int cmd_bench_model(int argc, char **argv)
     printf("| model | device | tp | test | t/s | ms per run |\n");
     printf("|---|---|--:|---|--:|--:|\n");
     fflush(stdout);
-    for (int t = 0; t < n_pp + n_tg; t++) {
-        const bool is_pp = t < n_pp;
-        const int len = (int)(is_pp ? pp[t] : tg[t - n_pp]);
-        rc = bench_test(&s, dev_pick, &smp, logits, ids, is_pp, len, (int)reps, secs);
+    for (int t = 0; t < (n_pp + n_tg) * n_dp; t++) {
+        const int ti = t % (n_pp + n_tg), depth = (int)dp[t / (n_pp + n_tg)];
+        const bool is_pp = ti < n_pp;
+        const int len = (int)(is_pp ? pp[ti] : tg[ti - n_pp]);
+        rc = bench_test(&s, dev_pick, &smp, logits, ids, depth, is_pp, len, (int)reps, secs);
         if (rc)
             goto out;
         double mean = 0, var = 0, ms = 0;
@@ -1787,8 +1833,11 @@ int cmd_bench_model(int argc, char **argv)
         for (long r = 0; r < reps; r++)
             var += (len / secs[r] - mean) * (len / secs[r] - mean);
         const double sd = reps > 1 ? sqrt(var / (double)(reps - 1)) : 0.0;
-        printf("| %s | %s | %d | %s%d | %.2f ± %.2f | %.3f |\n", mo.path, dev,
-               rt_model_world_size(s.model), is_pp ? "pp" : "tg", len, mean, sd, ms);
+        char at[32] = "";
+        if (depth > 0)
+            snprintf(at, sizeof(at), " @ d%d", depth);
+        printf("| %s | %s | %d | %s%d%s | %.2f ± %.2f | %.3f |\n", mo.path, dev,
+               rt_model_world_size(s.model), is_pp ? "pp" : "tg", len, at, mean, sd, ms);
         if (fflush(stdout) != 0 || ferror(stdout)) {
             qs_log_error(__func__, "writing the output failed: %s", strerror(errno));
             rc = QS_EXIT_IO;

@@ -588,11 +588,18 @@ static enum rt_err size_context(struct rt_model *m, const struct rt_opts *o)
                      "most max_position_embeddings = %d", m->n_ctx, maxpos);
         return RT_ERR_CONTEXT;
     }
-    m->max_batch = o->max_batch > 0 ? o->max_batch : 512;
+    return RT_ERR_NONE;
+}
+
+/* Rows per forward: rt_opts.max_batch, else the backend's default (512 when it has none), at
+ * most n_ctx. Needs the backend. */
+static void size_batch(struct rt_model *m, const struct rt_opts *o)
+{
+    int def = OPS->default_batch > 0 ? OPS->default_batch : 512;
+    m->max_batch = o->max_batch > 0 ? o->max_batch : def;
     if (m->max_batch > m->n_ctx)
         m->max_batch = m->n_ctx;
     m->logit_rows = m->max_batch < 64 ? m->max_batch : 64;
-    return RT_ERR_NONE;
 }
 
 static enum rt_err alloc_host(struct rt_model *m)
@@ -619,6 +626,7 @@ static enum rt_err model_open(struct rt_model *m, const char *path, const struct
     TRY(size_context(m, o));
     if (!m->be.ops)
         TRY(create_backend(m, o));
+    size_batch(m, o);
     for (int r = 0; r < m->world; r++) {
         TRY(OPS->load_weights(BCTX, r, m->ranks[r].shard));
         TRY(bind_rank(m, r));
@@ -630,12 +638,12 @@ static enum rt_err model_open(struct rt_model *m, const char *path, const struct
                     (double)OPS->kv_size * m->world / (1 << 20);
     qs_log_info("model %s: %s, %d layer%s, hidden %d, heads %d (kv %d, head_dim %d), vocab %d, "
                 "group_size %d%s; TP %d on %s; weights %.1f MiB per rank; KV cache %d tokens "
-                "(%.1f MiB over %d rank%s)", path, c->architecture, c->n_layers,
+                "(%.1f MiB over %d rank%s); prompts in forwards of up to %d rows", path, c->architecture, c->n_layers,
                 c->n_layers == 1 ? "" : "s", c->hidden_size, c->n_heads, c->n_kv_heads,
                 c->head_dim, c->vocab_size, c->group_size,
                 c->n_experts ? ", mixture of experts" : "", m->world, OPS->name,
                 (double)m->weight_bytes / m->world / (1 << 20), m->n_ctx, kv_mib, m->world,
-                m->world == 1 ? "" : "s");
+                m->world == 1 ? "" : "s", m->max_batch);
     return RT_ERR_NONE;
 }
 

@@ -989,11 +989,46 @@ static void check_bench_model(const char *model, const char *name)
         proc_free(&r);
     }
     proc_free(&p);
+    /* -d: the tg run continues a filled KV cache; its ids are those `run` prints after the
+     * prefix and the first fed id */
+    p = run("bench", "model", model, "-p", "3", "-n", "4", "-d", "0,7", "-r", "1", "--device",
+            g_device, "-v", NULL);
+    CHECK_EXIT(p, 0, "bench model -d");
+    const char *drows[] = {"| pp3 | ", "| tg4 | ", "| pp3 @ d7 | ", "| tg4 @ d7 | "};
+    for (int i = 0; i < 4; i++)
+        CHECK_MSG(p.out && strstr(p.out, drows[i]), "%s: bench model -d: no row %s (stdout: "
+                  "%.400s)", name, drows[i], p.out ? p.out : "");
+    const char *pre = p.err ? strstr(p.err, "bench tg4 @ d7: prefix ids ") : NULL;
+    const char *after = pre ? strstr(pre, "bench tg4: greedy ids after ") : NULL;
+    CHECK_MSG(pre && after, "%s: bench model -d -v printed no prefix or ids (stderr: %.300s)",
+              name, p.err ? p.err : "");
+    if (pre && after) {
+        pre += strlen("bench tg4 @ d7: prefix ids ");
+        after += strlen("bench tg4: greedy ids after ");
+        char prompt[256];
+        int n = snprintf(prompt, sizeof(prompt), "%.*s,%ld", (int)strcspn(pre, "\n"), pre,
+                         strtol(after, NULL, 10));
+        int32_t got[16], want[16], pre_ids[16];
+        CHECK_MSG(parse_ids(prompt, pre_ids, 16) == 8 && n > 0, "%s: bench -d prompt %s", name,
+                  prompt);
+        int ng = parse_ids(strchr(after, ':') ? strchr(after, ':') + 1 : "", got, 16);
+        struct proc r = run("run", model, "--tokens", prompt, "--temp", "0", "-n", "4",
+                            "--print-ids", "--ignore-eos", "--device", g_device,
+                            NULL);
+        CHECK_EXIT(r, 0, "run for bench model -d");
+        int nw = parse_ids(r.out ? r.out : "", want, 16);
+        CHECK_MSG(ng == 4 && nw == 4 && !memcmp(got, want, sizeof(int32_t) * 4),
+                  "%s: bench tg4 @ d7 ids (%d) differ from run's (%d): %.80s vs %.80s", name, ng,
+                  nw, after, r.out ? r.out : "");
+        proc_free(&r);
+    }
+    proc_free(&p);
     /* the --ctx cases: a prompt and a generation each longer than the cache, the other off */
     const char *bad[][6] = {{"-p", "0", "-n", "0"}, {"-p", "5,,6", "-n", "2"},
                             {"-p", "abc", "-n", "2"}, {"-p", "4", "-r", "0"},
                             {"-p", "8", "-n", "0", "--ctx", "4"},
-                            {"-p", "0", "-n", "5", "--ctx", "4"}, {"-n", "3,", "-r", "1"}};
+                            {"-p", "0", "-n", "5", "--ctx", "4"}, {"-n", "3,", "-r", "1"},
+                            {"-n", "2", "-d", "x"}, {"-n", "2", "-d", "3", "--ctx", "4"}};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         p = run("bench", "model", model, bad[i][0], bad[i][1], bad[i][2], bad[i][3], bad[i][4],
                 bad[i][5], NULL);
