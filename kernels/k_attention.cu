@@ -62,7 +62,8 @@ attention_kernel(__half *__restrict__ out, size_t out_stride, const __half *__re
     const int lane = threadIdx.x % K_WARP, warp = threadIdx.x / K_WARP;
     /* start_pos_dev (k_attention_at): read on the device; a position past the cache is clamped
      * to its last row (the caller checks the context; this only keeps reads in bounds) */
-    const int p = min((start_pos_dev ? max(*start_pos_dev, 0) : start_pos) + m, T_cap - 1);
+    const long long p0 = start_pos_dev ? max(*start_pos_dev, 0) : start_pos; /* no int overflow */
+    const int p = (int)min(p0 + m, (long long)T_cap - 1);
     const int kbeg = sliding_window > 0 ? max(0, p - sliding_window + 1) : 0, kend = p + 1;
     const int n = kend - kbeg;
     int chunk = n, s_act = 1;
@@ -508,7 +509,13 @@ static size_t attention_ws_bytes(int M, int n_heads, int hd, int S)
 size_t k_attention_workspace_bytes(int M, int n_heads, int hd, int T_cap)
 {
     if (M < 1 || n_heads < 1 || hd < 1 || T_cap < 1) return 0;
-    return attention_ws_bytes(M, n_heads, hd, attention_splits(M, n_heads, T_cap));
+    /* the most any call of up to M rows takes: rows x splits peaks below 4 * SMs rows' worth */
+    const int hi = (int)std::min<long>(M, 4L * k_device_sm_count());
+    size_t most = 0;
+    for (int m = 1; m <= hi; ++m)
+        most = std::max(most, attention_ws_bytes(m, n_heads, hd,
+                                                 attention_splits(m, n_heads, T_cap)));
+    return most;
 }
 
 static int attention_launch(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q_stride,

@@ -338,12 +338,13 @@ int k_kv_store(uint16_t *k_cache, uint16_t *v_cache, const uint16_t *k, const ui
  * a multiple of 8, out_stride even, as the runtime's buffers are): FlashAttention-2 on tensor cores (Dao
  * 2023; one block per 64 rows and head, K/V tiles of 64 keys in shared memory, mma.sync with
  * fp32 accumulation, P rounded to fp16 for P V); otherwise (decode) one block per (row, head,
- * key split) on CUDA cores: with a workspace ws of k_attention_workspace_bytes(M, n_heads, hd,
- * T_cap) bytes (16-byte aligned, zero-filled before its first use; every call leaves it ready
- * for the next) a row's keys are cut into up to 64 chunks of >= 128 keys, so decode at long
- * contexts reads the KV cache from ~4 blocks per SM (Flash-Decoding, Dao et al. 2023), and the
- * partial results merge in split order (the same bits at every run); ws NULL: one block per
- * (row, head). A ws shared by calls must not be used by two at once (one stream).
+ * key split) on CUDA cores (the caches 16-byte aligned): with a workspace ws of
+ * k_attention_workspace_bytes(M, n_heads, hd, T_cap) bytes (16-byte aligned, zero-filled before
+ * its first use; every call leaves it ready for the next) a row's keys are cut into up to 64
+ * chunks of >= 128 keys, so decode at long contexts reads the KV cache from ~4 blocks per SM
+ * (Flash-Decoding, Dao et al. 2023), and the partial results merge in split order (the same
+ * bits at every run); ws NULL: one block per (row, head). A ws shared by calls must not be
+ * used by two at once (one stream).
  * Errors: K_ERR_SHAPE (hd not 64/128/256, n_heads % n_kv_heads, start_pos + M > T_cap, M < 1),
  * K_ERR_ARG (NULL, ws too small or misaligned).
  */
@@ -351,10 +352,10 @@ int k_attention(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q_st
                 const uint16_t *k_cache, const uint16_t *v_cache, int M, int start_pos,
                 int n_heads, int n_kv_heads, int hd, int T_cap, int sliding_window, void *ws,
                 size_t ws_bytes, struct CUstream_st *stream);
-/* Bytes of the split-KV workspace k_attention / k_attention_at need for M rows of n_heads
- * heads of hd dims over a cache of T_cap rows (the most any position needs); 0: no split (the
- * call then takes ws NULL as well). A counter per (row, head), then the partials
- * [M][n_heads][splits][hd + 2] fp32. */
+/* Bytes of the split-KV workspace that every k_attention / k_attention_at call of up to M rows
+ * of n_heads heads of hd dims over a cache of T_cap rows needs (the most any row count <= M and
+ * position takes: one buffer serves prompt chunks and decode); 0: no split (calls then take ws
+ * NULL as well). Counters per (row, head), then partials [rows][n_heads][splits][hd + 2] fp32. */
 size_t k_attention_workspace_bytes(int M, int n_heads, int hd, int T_cap);
 
 /*

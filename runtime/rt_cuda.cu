@@ -101,6 +101,8 @@ struct cuda_rank {
     uint64_t region_off;    /* file offset of weights[0] */
     struct grow_buf ws;     /* k_w4a16 workspace (zeroed once, left zeroed by every call) */
     struct grow_buf att_ws; /* k_attention split-KV workspace (zeroed once, left ready) */
+    size_t att_ws_need;     /* its size for the (n_heads, hd, T_cap) in att_ws_key */
+    int att_ws_key[3];
     struct grow_buf scratch;/* dequantised fp16 weight for the dq + cuBLAS path */
     struct grow_buf pos;    /* int32 0, 1, 2, ...: positions for k_rope */
     struct grow_buf small;  /* token ids, MoE rows and weights */
@@ -535,9 +537,14 @@ static enum rt_err cuda_attention(void *ctx, int rank, void *out, size_t out_str
                                   int sliding_window)
 {
     struct cuda_rank *r = R(ctx, rank);
-    /* split-KV decode: a workspace sized for the whole cache, so every position of a decode
-     * graph fits (k_attention_workspace_bytes; zero-filled, each call leaves it ready) */
-    const size_t ws_bytes = k_attention_workspace_bytes(M, n_heads, hd, T_cap);
+    /* split-KV decode: one workspace for every row count and position (k_attention_workspace_
+     * bytes with the kernels' largest M), grown by the first call (a prompt, op by op), so a
+     * decode graph never needs it grown while it records; zero-filled, left ready by each call */
+    if (r->att_ws_key[0] != n_heads || r->att_ws_key[1] != hd || r->att_ws_key[2] != T_cap) {
+        r->att_ws_need = k_attention_workspace_bytes(65535, n_heads, hd, T_cap);
+        r->att_ws_key[0] = n_heads; r->att_ws_key[1] = hd; r->att_ws_key[2] = T_cap;
+    }
+    const size_t ws_bytes = r->att_ws_need;
     if (ws_bytes) {
         enum rt_err e = grow(r, &r->att_ws, ws_bytes, "the attention workspace", true);
         if (e) return e;

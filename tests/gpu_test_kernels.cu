@@ -889,11 +889,13 @@ static void test_attention_case(int M, int start_pos, int nh, int nkv, int hd, i
         TCUDA(cudaMemset(dws, 0, ws_bytes));
     }
     std::vector<uint16_t> first;
-    for (int run = 0; run < 3; ++run) { /* no workspace, split, split again */
+    /* no workspace, split, split again; dev_pos: then the host position on the same workspace
+     * (splits sized for the row, not the cache) and the device position again, bit for bit */
+    for (int run = 0; run < (dev_pos ? 5 : 3); ++run) {
         void *w = run ? dws : nullptr;
         const size_t wb = run ? ws_bytes : 0;
         TCUDA(cudaMemset(dout, 0xFF, (size_t)M * nh * hd * sizeof(uint16_t)));
-        if (dev_pos)
+        if (dev_pos && run != 3)
             CHECK_EQ_INT(k_attention_at(dout, (size_t)nh * hd, dqkv, qstride, dkc, dvc, M, dpos,
                                         nh, nkv, hd, T_cap, sw, w, wb, nullptr), K_ERR_NONE);
         else
@@ -905,9 +907,10 @@ static void test_attention_case(int M, int start_pos, int nh, int nkv, int hd, i
         snprintf(what, sizeof what, "attention%s M=%d start=%d heads=%d kv=%d hd=%d T=%d sw=%d%s",
                  dev_pos ? "_at" : "", M, start_pos, nh, nkv, hd, T, sw,
                  run ? " split-KV workspace" : "");
-        if (run < 2) compare(what, got.data(), out.data(), got.size(), 3e-3, 3e-3, 3e-3);
+        if (run < 2 || run == 3)
+            compare(what, got.data(), out.data(), got.size(), 3e-3, 3e-3, 3e-3);
         if (run == 1) first = raw;
-        if (run == 2) CHECK_MSG(raw == first, "%s: a second run differs", what);
+        if (run == 2 || run == 4) CHECK_MSG(raw == first, "%s: run %d differs", what, run);
     }
     if (dws) TCUDA(cudaFree(dws));
     /* the cache rows written by k_kv_store, bit for bit */
@@ -992,11 +995,24 @@ static void test_attention(bool quick)
     test_attention_case(1, 3000, 8, 2, 128, 4096, 0, true);
     test_attention_case(1, 100, 8, 2, 128, 4096, 0, true); /* one chunk of a split grid */
     test_attention_case(3, 1300, 4, 4, 128, 2048, 300, true);
+    /* GQA ratios 3, 5, 7, 8, 12, 11 (q head h reads kv head h / ratio), with and without splits;
+     * rows of one launch on both sides of the first split (127..130 keys) */
+    test_attention_case(1, 2500, 6, 2, 128, 4096, 0);
+    test_attention_case(4, 40, 10, 2, 256, 64, 0);
+    test_attention_case(1, 1800, 14, 2, 128, 2048, 0, true);
+    test_attention_case(2, 3000, 16, 2, 64, 4096, 0);
+    test_attention_case(1, 1000, 24, 2, 128, 1100, 500);
+    test_attention_case(1, 900, 11, 1, 128, 1024, 0);
+    test_attention_case(7, 20, 14, 2, 64, 32, 0, true);
+    test_attention_case(4, 126, 4, 1, 128, 4096, 0, true);
     qs_log_set_quiet(true);
     uint16_t *d = dev_poisoned<uint16_t>(1024);
-    CHECK_EQ_INT(k_attention(d, 96, d, 96, d, d, 1, 0, 1, 1, 96, 4, 0, nullptr, 0, nullptr), K_ERR_SHAPE);
-    CHECK_EQ_INT(k_attention(d, 384, d, 384, d, d, 1, 0, 3, 2, 128, 4, 0, nullptr, 0, nullptr), K_ERR_SHAPE);
-    CHECK_EQ_INT(k_attention(d, 128, d, 128, d, d, 2, 3, 1, 1, 128, 4, 0, nullptr, 0, nullptr), K_ERR_SHAPE);
+    CHECK_EQ_INT(k_attention(d, 96, d, 96, d, d, 1, 0, 1, 1, 96, 4, 0, nullptr, 0, nullptr),
+                 K_ERR_SHAPE);
+    CHECK_EQ_INT(k_attention(d, 384, d, 384, d, d, 1, 0, 3, 2, 128, 4, 0, nullptr, 0, nullptr),
+                 K_ERR_SHAPE);
+    CHECK_EQ_INT(k_attention(d, 128, d, 128, d, d, 2, 3, 1, 1, 128, 4, 0, nullptr, 0, nullptr),
+                 K_ERR_SHAPE);
     /* a workspace smaller than the split needs: refused, nothing launched */
     CHECK_MSG(k_attention_workspace_bytes(1, 2, 128, 4096) > 0, "no split-KV workspace for a "
               "long decode");

@@ -38,6 +38,7 @@
  */
 #include <cjson/cJSON.h>
 #include <dirent.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -1569,6 +1570,12 @@ static void test_cli(void)
 int main(void)
 {
     T_INIT("cvt");
+    /* the SIGINT cases (test_replace) need the signals caught in the converter, which keeps a
+     * signal its parent ignores ignored: a shell starts background jobs (`make test &`) with
+     * SIGINT and SIGQUIT ignored, and the converter inherits that from us */
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
     g_bin = getenv("QSHARD") ? getenv("QSHARD") : "build/qshard";
     snprintf(g_tmp, sizeof(g_tmp), "/tmp/qshard-test-cvt-XXXXXX");
     if (!mkdtemp(g_tmp)) {
