@@ -8,7 +8,7 @@
  *   qshard logits MODEL (--tokens 1,2,3 | --text "...") --out logits.npy
  *   qshard perplexity MODEL --file text.txt [--ctx 512]
  *   qshard tokenize MODEL --text "..." | --decode 1,2,3
- *   qshard bench model MODEL [-p 512] [-n 128] [-r 5]   (tools/cmd_bench.c dispatches here)
+ *   qshard bench model MODEL [-p 512] [-n 128] [-d 0] [-r 5]   (tools/cmd_bench.c dispatches here)
  *
  * MODEL is a directory written by `qshard convert` (every TP rank; on the CPU they run in one
  * process) or a single TP-1 rank file; a HuggingFace checkpoint directory (config.json, no
@@ -241,8 +241,8 @@ static int model_opt(int c, const char *arg, struct model_opts *mo, const char *
         return 1;
     case 'b':
         if (!parse_int(arg, 1, MAX_CTX, &mo->batch)) {
-            fprintf(stderr, "qshard %s: --batch-size must be an integer in [1, %ld]\n", cmd,
-                    MAX_CTX);
+            fprintf(stderr, "qshard %s: --batch-size must be an integer in [1, %ld], got '%s'\n",
+                    cmd, MAX_CTX, arg);
             return -1;
         }
         return 1;
@@ -283,6 +283,7 @@ struct session {
     int n_eos;
     int32_t bos;            /* -1: none */
     struct rt_tok *tok;     /* NULL: the model carries no tokenizer */
+    enum rt_err open_err;   /* why rt_model_open failed (session_open), else RT_ERR_NONE */
 };
 
 static void add_eos(struct session *s, int32_t id)
@@ -452,6 +453,7 @@ static int session_open(struct session *s, const struct model_opts *mo, bool nee
     if (rc)
         return rc;
     enum rt_err e = rt_model_open(mo->path, &ro, &s->model);
+    s->open_err = e;
     if (e != RT_ERR_NONE)
         return rt_err_exit_code(e);
     const struct rt_config *cfg = rt_model_config(s->model);
@@ -1254,14 +1256,14 @@ static void perplexity_usage(FILE *f)
         "\n"
         "Perplexity of a text file, computed the way llama.cpp's tools/perplexity does\n"
         "(perplexity()): the whole file is tokenized (with BOS when the tokenizer adds one;\n"
-        "text such as \"<s>\" in the file is not read as a special token), cut\n"
-        "into non-overlapping chunks of ctx tokens (the remainder is dropped); each chunk is\n"
+        "text such as \"<s>\" in the file is not read as a special token), cut into\n"
+        "non-overlapping chunks of ctx tokens (the remainder is dropped); each chunk is\n"
         "evaluated from an empty KV cache with its first token replaced by BOS (if the\n"
-        "tokenizer adds one; not with --tokens), and only the\n"
-        "second half is scored: the negative log-likelihood of token j+1 from the logits at j,\n"
-        "for j = ctx/2 .. ctx-2. Prints the running estimate after each chunk ([i]ppl) and\n"
-        "\"Final estimate: PPL = x +/- y\", where y = ppl * stddev(nll) / sqrt(count - 1) as in\n"
-        "llama.cpp. llama.cpp asks for at least 2*ctx tokens; one full chunk suffices here.\n"
+        "tokenizer adds one; not with --tokens), and only the second half is scored: the\n"
+        "negative log-likelihood of token j+1 from the logits at j, for j = ctx/2 .. ctx-2.\n"
+        "Prints the running estimate after each chunk ([i]ppl) and \"Final estimate: PPL = x\n"
+        "+/- y\", where y = ppl * stddev(nll) / sqrt(count - 1) as in llama.cpp. llama.cpp\n"
+        "asks for at least 2*ctx tokens; one full chunk suffices here.\n"
         "\n"
         "  -f, --file FILE         UTF-8 text\n"
         "  --tokens 1,2,3          token ids instead of text (models without a tokenizer; no\n"
@@ -1761,28 +1763,49 @@ int cmd_bench_model(int argc, char **argv)
         }
     }
     if (optind != argc - 1 || n_pp + n_tg == 0) {
-        fprintf(stderr, "qshard bench model: need MODEL and at least one test (see qshard bench "
-                        "model --help)\n");
+        if (optind < argc - 1)
+            fprintf(stderr, "qshard bench model: expected one MODEL argument, got '%s' and '%s'\n",
+                    argv[optind], argv[optind + 1]);
+        else
+            fprintf(stderr, "qshard bench model: need MODEL and at least one test (see qshard "
+                            "bench model --help)\n");
         return QS_EXIT_USAGE;
     }
     mo.path = argv[optind];
     long need = 2, longest = 0, deepest = 0; /* the KV cache the longest test fills */
+    bool longest_pp = false;
     for (int i = 0; i < n_pp; i++)
-        longest = pp[i] > longest ? pp[i] : longest;
+        if (pp[i] > longest) {
+            longest = pp[i];
+            longest_pp = true;
+        }
     for (int i = 0; i < n_tg; i++)
-        longest = tg[i] > longest ? tg[i] : longest;
+        if (tg[i] > longest) {
+            longest = tg[i];
+            longest_pp = false;
+        }
     for (int i = 0; i < n_dp; i++)
         deepest = dp[i] > deepest ? dp[i] : deepest;
     need = deepest + longest > need ? deepest + longest : need;
+    char longest_name[64];
+    snprintf(longest_name, sizeof(longest_name), "%s%ld%s%.0ld", longest_pp ? "pp" : "tg",
+             longest, deepest ? " @ d" : "", deepest);
     if (mo.ctx > 0 && need > mo.ctx) {
-        fprintf(stderr, "qshard bench model: a test needs %ld positions, --ctx is %ld\n", need,
-                mo.ctx);
+        fprintf(stderr, "qshard bench model: the longest test (%s) needs %ld positions, --ctx "
+                        "is %ld\n", longest_name, need, mo.ctx);
         return QS_EXIT_USAGE;
     }
+    const bool ctx_given = mo.ctx > 0;
     if (mo.ctx <= 0)
         mo.ctx = need;
     struct session s;
     int rc = session_open(&s, &mo, true);
+    if (rc && !ctx_given && s.open_err == RT_ERR_CONTEXT) {
+        fprintf(stderr, "qshard bench model: the longest test (%s) needs %ld positions, more than "
+                        "the model's context (max_position_embeddings above): shorten -p/-n/-d\n",
+                longest_name, need);
+        return QS_EXIT_USAGE;
+    }
     if (rc)
         return rc;
     struct rt_sampler smp = {0};

@@ -638,13 +638,13 @@ static enum rt_err model_open(struct rt_model *m, const char *path, const struct
                     (double)OPS->kv_size * m->world / (1 << 20);
     qs_log_info("model %s: %s, %d layer%s, hidden %d, heads %d (kv %d, head_dim %d), vocab %d, "
                 "group_size %d%s; TP %d on %s; weights %.1f MiB per rank; KV cache %d tokens "
-                "(%.1f MiB over %d rank%s); prompts in forwards of up to %d rows", path,
+                "(%.1f MiB over %d rank%s); prompts in forwards of up to %d row%s", path,
                 c->architecture, c->n_layers,
                 c->n_layers == 1 ? "" : "s", c->hidden_size, c->n_heads, c->n_kv_heads,
                 c->head_dim, c->vocab_size, c->group_size,
                 c->n_experts ? ", mixture of experts" : "", m->world, OPS->name,
                 (double)m->weight_bytes / m->world / (1 << 20), m->n_ctx, kv_mib, m->world,
-                m->world == 1 ? "" : "s", m->max_batch);
+                m->world == 1 ? "" : "s", m->max_batch, m->max_batch == 1 ? "" : "s");
     return RT_ERR_NONE;
 }
 

@@ -1029,7 +1029,8 @@ static void check_bench_model(const char *model, const char *name)
                             {"-p", "abc", "-n", "2"}, {"-p", "4", "-r", "0"},
                             {"-p", "8", "-n", "0", "--ctx", "4"},
                             {"-p", "0", "-n", "5", "--ctx", "4"}, {"-n", "3,", "-r", "1"},
-                            {"-n", "2", "-d", "x"}, {"-n", "2", "-d", "3", "--ctx", "4"}};
+                            {"-n", "2", "-d", "x"}, {"-n", "2", "-d", "3", "--ctx", "4"},
+                            {"extra", "-p", "4"}, {"-p", "4", "-d", "16000000"}};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         p = run("bench", "model", model, bad[i][0], bad[i][1], bad[i][2], bad[i][3], bad[i][4],
                 bad[i][5], NULL);

@@ -9,7 +9,7 @@
  *   qshard bench verify FILE [--repeat N] [--cold]         plain read() of the file vs
  *                                                           fmt_shard_verify_all, GB/s, same run
  *   qshard bench kernel ...                                 kernels (bench_kernel_main)
- *   qshard bench model MODEL [-p 512] [-n 128] [-r 5]      prompt / generation tokens/s of a
+ *   qshard bench model MODEL [-p 512] [-n 128] [-d 0] [-r 5]  prompt / generation tokens/s of a
  *                                                           converted model (cmd_bench_model)
  *
  * --cold drops the file's pages from the page cache (posix_fadvise DONTNEED, this file only)
@@ -69,8 +69,8 @@ static void bench_usage(FILE *f)
                "       qshard bench open FILE [--repeat N]\n"
                "       qshard bench verify FILE [--repeat N] [--cold]\n"
                "       qshard bench kernel ...   (qshard bench kernel --help)\n"
-               "       qshard bench model MODEL [-p 512] [-n 128] [-r 5]   (qshard bench model --help)\n"
-               "exit: 0 ok, 1 usage, 2 bad file, 4 I/O error\n");
+               "       qshard bench model MODEL [-p 512] [-n 128] [-d 0] ...   (qshard bench model --help)\n"
+               "exit: 0 ok, 1 usage, 2 bad file, 3 runtime failure (GPU, memory), 4 I/O error\n");
 }
 
 /* --- synth --------------------------------------------------------------------------------- */
