@@ -548,10 +548,11 @@ static int attention_launch(uint16_t *out, size_t out_stride, const uint16_t *q,
     if (ws) {
         S = attention_splits(M, n_heads, start_pos_dev ? (long)T_cap : (long)start_pos + M);
         const size_t need = attention_ws_bytes(M, n_heads, hd, S);
-        if (ws_bytes < need || (uintptr_t)ws % 16)
-            K_REFUSE(K_ERR_ARG, "attention M=%d n_heads=%d hd=%d T_cap=%d: workspace of %zu bytes "
-                     "(16-byte aligned) needed, got %zu at %p", M, n_heads, hd, T_cap, need,
-                     ws_bytes, ws);
+        if ((uintptr_t)ws % 16)
+            K_REFUSE(K_ERR_ARG, "attention: workspace at %p is not 16-byte aligned", ws);
+        if (ws_bytes < need)
+            K_REFUSE(K_ERR_WORKSPACE, "attention M=%d n_heads=%d hd=%d T_cap=%d: workspace of %zu "
+                     "bytes needed, got %zu", M, n_heads, hd, T_cap, need, ws_bytes);
     }
     unsigned *counters = S > 1 ? static_cast<unsigned *>(ws) : nullptr;
     float *wsf = S > 1 ? reinterpret_cast<float *>(static_cast<unsigned char *>(ws) +

@@ -306,6 +306,172 @@ int bench_stream(void)
     return QS_EXIT_OK;
 }
 
+/* --- `bench kernel floor`: the per-call floor of a chain of weight-streaming kernels -------- */
+/*
+ * What a kernel that does nothing but stream one linear's W4A16 bytes (qweight + scales + zeros,
+ * K*N/2 + 2.5*N*K/G) costs per call when calls are chained as the runtime chains its linears
+ * (CUDA graph, Programmatic Dependent Launch, a dependent output), with v5's M = 1 decomposition:
+ * 4 warps per block, one 64-column n-tile per warp, S split-K slices per n-tile (resident block
+ * slots filled, >= 8 tiles per slice), chunks of 512 B read 8 at a time per warp into registers
+ * (bench kernel stream's warp-contiguous pattern), the first 8 requested before
+ * griddepcontrol.wait. No dequantisation, no tensor cores. Modes (after the stream):
+ *   0 one plain store per warp (no reduction at all);
+ *   1 v5's split-K tail: red.global.add.v4 of 64 fp32 per warp into a workspace, __threadfence,
+ *     a counter per n-tile, the last slice reads the row back, writes y and re-zeroes (the
+ *     dependent round trips of w4a16_splitk_flush_staged at M = 1);
+ *   2 mode 1 without PDL;
+ *   3 the vector reductions only (no fence, no counter: a consumer would read the fp32 sums
+ *     after the kernel boundary);
+ *   4 mode 1 with the counter as atom.add.acq_rel.gpu instead of the two __threadfence (what
+ *     v5 does since this benchmark);
+ *   5 mode 4 with S rounded to a multiple of 4 and the 4 warps of a block on 4 slices of one
+ *     n-tile: summed in shared memory first, one reduction and one arrival per block.
+ * Mode 0 against the copy bandwidth is the cost of chaining calls of this size; mode 1 against
+ * mode 0 the split-K tail; our W4A16 time against mode 1 the dequantisation and product.
+ */
+template <int MODE>
+__global__ void __launch_bounds__(128) floor_kernel(const uint4 *__restrict__ src, size_t n_chunks,
+                                                    int NT, int S, float *__restrict__ ws,
+                                                    unsigned *__restrict__ counters, float *__restrict__ y)
+{
+    const int lane = threadIdx.x % 32, gw = blockIdx.x * 4 + threadIdx.x / 32;
+    const size_t W = (size_t)NT * S, per = (n_chunks + W - 1) / W, first = (size_t)gw * per;
+    const size_t count = gw < (int)W && first < n_chunks ? min(per, n_chunks - first) : 0;
+    uint4 v[ST_DEPTH];
+#pragma unroll
+    for (int u = 0; u < ST_DEPTH; ++u)
+        if ((size_t)u < count) v[u] = k_ld_stream_v4(src + (first + u) * 32 + lane);
+    k_pdl_launch_dependents();
+    k_pdl_wait();
+    unsigned acc = 0;
+    for (size_t i = 0; i < count; i += ST_DEPTH) {
+        if (i > 0) {
+#pragma unroll
+            for (int u = 0; u < ST_DEPTH; ++u)
+                if (i + u < count) v[u] = k_ld_stream_v4(src + (first + i + u) * 32 + lane);
+        }
+#pragma unroll
+        for (int u = 0; u < ST_DEPTH; ++u)
+            if (i + u < count) acc ^= v[u].x + v[u].y * 3 + v[u].z * 5 + v[u].w * 7;
+    }
+    if (gw >= (int)W) return;
+    const int nt = gw / S;
+    if (MODE == 0) {
+        if (lane == 0) y[gw] = (float)acc;
+        return;
+    }
+    const float f = (float)(acc & 0xffff) * 1e-9f;
+    if (MODE == 5) { /* S % 4 == 0, so the block's 4 warps share nt */
+        __shared__ float4 part[4][16];
+        const int warp = threadIdx.x / 32;
+        if (lane < 16) part[warp][lane] = make_float4(f, f, f, f);
+        __syncthreads();
+        if (warp != 0) return;
+        if (lane < 16) {
+            float4 t = part[0][lane];
+            for (int w = 1; w < 4; ++w) {
+                t.x += part[w][lane].x; t.y += part[w][lane].y; t.z += part[w][lane].z; t.w += part[w][lane].w;
+            }
+            float *p = ws + nt * 64 + lane * 4;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(t.x), "f"(t.y), "f"(t.z), "f"(t.w) : "memory");
+#endif
+        }
+    } else if (lane < 16) {
+        float *p = ws + nt * 64 + lane * 4;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(f), "f"(f), "f"(f), "f"(f) : "memory");
+#else
+        for (int e = 0; e < 4; ++e) atomicAdd(p + e, f);
+#endif
+    }
+    if (MODE == 3) return;
+    const bool ar = MODE == 4 || MODE == 5;
+    if (!ar) __threadfence();
+    __syncwarp();
+    unsigned old = 0;
+    if (lane == 0) {
+        if (ar)
+            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(old) : "l"(&counters[nt]) : "memory");
+        else
+            old = atomicAdd(&counters[nt], 1u);
+    }
+    old = __shfl_sync(0xffffffffu, old, 0);
+    if (old != (unsigned)(MODE == 5 ? S / 4 : S) - 1) return;
+    if (!ar) __threadfence();
+    __syncwarp();
+    if (lane < 16) {
+        float4 *p = reinterpret_cast<float4 *>(ws + nt * 64) + lane;
+        const float4 t = __ldcg(p);
+        reinterpret_cast<float4 *>(y + nt * 64)[lane] = t;
+        __stcg(p, make_float4(0, 0, 0, 0));
+    }
+    if (lane == 0) counters[nt] = 0;
+}
+
+int bench_floor(const std::vector<bshape> &list, int G, double target_ms)
+{
+    int sms = 0;
+    K_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    int l2 = 0;
+    K_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+    const double copy_bw = copy_bandwidth_gbs();
+    constexpr int N_MODES = 6;
+    const char *mname[N_MODES] = {"0 stream + store", "1 + split-K tail", "2 = 1 without PDL",
+                                  "3 reductions only", "4 = 1, acq_rel counter",
+                                  "5 = 4, block pre-sum"};
+    printf("per-call floor of chained weight-streaming kernels (v5's M = 1 decomposition); copy %.0f GB/s\n", copy_bw);
+    printf("%-30s %7s", "shape (K x N)", "MB");
+    for (int m = 0; m < N_MODES; ++m) printf(" | %-22s", mname[m]);
+    printf("\n");
+    for (const auto &s : list) {
+        const size_t bytes = (size_t)s.K * s.N / 2 + (size_t)s.N * (s.K / G) * 5 / 2;
+        const size_t region = (bytes + 4095) / 4096 * 4096;
+        const int R = std::max(2, (int)((3.0 * l2 + region - 1) / region));
+        const int NT = s.N / 64, KT = s.K / 16;
+        const int n_groups = (NT + 3) / 4;
+        const int S = std::max(1, std::min(std::max(1, KT / 8), 4 * sms / n_groups));
+        const int blocks = (NT * S + 3) / 4;
+        const int S4 = std::max(4, (S + 2) / 4 * 4);
+        unsigned char *buf = nullptr;
+        float *ws = nullptr, *y = nullptr;
+        unsigned *cnt = nullptr;
+        K_CUDA_CHECK(cudaMalloc(&buf, region * R));
+        K_CUDA_CHECK(cudaMalloc(&ws, (size_t)NT * 64 * 4));
+        K_CUDA_CHECK(cudaMalloc(&y, (size_t)NT * std::max(S, S4) * 64 * 4));
+        K_CUDA_CHECK(cudaMalloc(&cnt, (size_t)NT * 4));
+        K_CUDA_CHECK(cudaMemset(ws, 0, (size_t)NT * 64 * 4));
+        K_CUDA_CHECK(cudaMemset(cnt, 0, (size_t)NT * 4));
+        rand_fill(buf, region * R, 11);
+        K_CUDA_CHECK(cudaDeviceSynchronize());
+        const size_t n_chunks = bytes / 512;
+        double t[N_MODES];
+        for (int mode = 0; mode < N_MODES; ++mode)
+            t[mode] = time_us([&](int i) {
+                const uint4 *cur = reinterpret_cast<const uint4 *>(buf + region * (i % R));
+                const dim3 g(blocks), b(128);
+                switch (mode) {
+                case 0: k_launch_ex(floor_kernel<0>, g, b, 0, g_bs, true, cur, n_chunks, NT, S, ws, cnt, y); break;
+                case 1: k_launch_ex(floor_kernel<1>, g, b, 0, g_bs, true, cur, n_chunks, NT, S, ws, cnt, y); break;
+                case 2: k_launch_ex(floor_kernel<1>, g, b, 0, g_bs, false, cur, n_chunks, NT, S, ws, cnt, y); break;
+                case 3: k_launch_ex(floor_kernel<3>, g, b, 0, g_bs, true, cur, n_chunks, NT, S, ws, cnt, y); break;
+                case 4: k_launch_ex(floor_kernel<4>, g, b, 0, g_bs, true, cur, n_chunks, NT, S, ws, cnt, y); break;
+                default:
+                    k_launch_ex(floor_kernel<5>, dim3(NT * S4 / 4), b, 0, g_bs, true, cur, n_chunks, NT, S4, ws, cnt, y);
+                    break;
+                }
+            }, target_ms);
+        char name[96];
+        snprintf(name, sizeof name, "%s (%dx%d)", s.name.c_str(), s.K, s.N);
+        printf("%-30s %7.2f", name, bytes / 1e6);
+        for (int mode = 0; mode < N_MODES; ++mode)
+            printf(" | %7.2f us %5.1f%% copy", t[mode], 100.0 * bytes / (t[mode] * 1e3) / copy_bw);
+        printf("  (S=%d, %d blocks; mode 5 S=%d)\n", S, blocks, S4);
+        K_CUDA_CHECK(cudaFree(buf)); K_CUDA_CHECK(cudaFree(ws)); K_CUDA_CHECK(cudaFree(y)); K_CUDA_CHECK(cudaFree(cnt));
+    }
+    return QS_EXIT_OK;
+}
+
 /* --- `bench kernel sample`: next-token choice on the GPU vs on the host ------------------------ */
 /*
  * Per vocabulary size, logit shape and sampler setting, the time of one token's choice as
@@ -412,6 +578,9 @@ void usage(FILE *f)
     fprintf(f,
             "usage: qshard bench kernel w4a16 [options]\n"
             "       qshard bench kernel stream   (read bandwidth of the access patterns)\n"
+            "       qshard bench kernel floor [--shapes ...] [--tp N] [--group N]\n"
+            "                                    (per-call floor: chained kernels that only stream\n"
+            "                                    each shape's W4A16 bytes)\n"
             "       qshard bench kernel sample [--vocab 32000,128256]\n"
             "                                    (next-token choice: k_sample vs download + host sampler)\n"
             "  --m LIST         activation rows M (default 1,16,64,256,4096)\n"
@@ -419,7 +588,8 @@ void usage(FILE *f)
             "                   or one layer as KxN, e.g. 8192x57344 (--tp does not apply to it)\n"
             "  --tp N           tensor-parallel size of the layer shapes (default 1)\n"
             "  --variants LIST  W4A16 variants to time: 0 auto, 1 naive, 2 decode, 3 GEMM, 4 stream-K,\n"
-            "                   5 lean decode, 6 lean decode (smem ring), 7 wgmma GEMM (sm_90a);\n"
+            "                   5 lean decode, 6 lean decode (smem ring), 7 wgmma GEMM (sm_90a),\n"
+            "                   8 lean decode with the block pre-sum (M <= 16);\n"
             "                   100 + v: v without Programmatic Dependent Launch\n"
             "                   (default 0)\n"
             "  --group N        group size G (default 128)\n"
@@ -477,8 +647,9 @@ int bench_kernel_main(int argc, char **argv)
     if (optind < argc && strcmp(argv[optind], "sample") == 0)
         return need_stream() ? bench_sample(vocabs.empty() ? std::vector<int>{32000, 128256} : vocabs)
                              : QS_EXIT_RUNTIME;
-    if (optind >= argc || strcmp(argv[optind], "w4a16") != 0) {
-        fprintf(stderr, "qshard bench kernel: name the op (w4a16, sample or stream)\n");
+    const bool floor_op = optind < argc && strcmp(argv[optind], "floor") == 0;
+    if (!floor_op && (optind >= argc || strcmp(argv[optind], "w4a16") != 0)) {
+        fprintf(stderr, "qshard bench kernel: name the op (w4a16, floor, sample or stream)\n");
         usage(stderr);
         return QS_EXIT_USAGE;
     }
@@ -529,6 +700,7 @@ int bench_kernel_main(int argc, char **argv)
     }
 
     if (!need_stream()) return QS_EXIT_RUNTIME;
+    if (floor_op) return bench_floor(list, G, target_ms);
     int dev = 0, n_dev = 0;
     cudaDeviceProp prop;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) {

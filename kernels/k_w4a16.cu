@@ -146,6 +146,22 @@ static __device__ __forceinline__ void k_red_add_v4(float *p, float4 v)
 #endif
 }
 
+/* *p += v as one atomic with acquire-release semantics at GPU scope (sm_70+: atom.acq_rel.gpu,
+ * PTX ISA "atom"); returns the old value. */
+static __device__ __forceinline__ unsigned k_atom_add_acq_rel(unsigned *p, unsigned v)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    unsigned old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+#else
+    __threadfence();
+    const unsigned old = atomicAdd(p, v);
+    __threadfence();
+    return old;
+#endif
+}
+
 /* Finish 4 columns c .. c+3 of row r after the last split-K slice (v5, v7): y = fp16(ws + bias),
  * then the workspace entries back to zero. ws, y: [M, N] row-major; c % 4 == 0. */
 static __device__ __forceinline__ void splitk_finish4(float *__restrict__ ws, __half *__restrict__ y,
@@ -198,16 +214,71 @@ static __device__ __forceinline__ void w4a16_splitk_flush_staged(
         k_red_add_v4(ws + (size_t)r * N + nt * 64 + c,
                      *reinterpret_cast<const float4 *>(stage + stage_at(r, c)));
     }
-    __threadfence(); /* our adds are visible device-wide before the counter moves */
+    /* the warp's adds, then one acq_rel arrival: release orders every lane's adds before the
+     * counter moves (the warp barrier puts them before lane 0's atomic, and release is
+     * cumulative), acquire lets the last slice see every other slice's adds. One atomic round
+     * trip instead of __threadfence + atomicAdd + __threadfence: 4.93 -> 4.66 us per call on
+     * 4096 x 4096 in `bench kernel floor` (H200). PTX ISA "Memory Consistency Model" (release
+     * and acquire patterns); CUTLASS's semaphore uses the same barrier + release pattern. */
     __syncwarp();
     unsigned prev = 0;
-    if (lane == 0) prev = atomicAdd(counters + nt, 1u);
+    if (lane == 0) prev = k_atom_add_acq_rel(counters + nt, 1u);
     prev = __shfl_sync(0xffffffffu, prev, 0);
     if (prev != (unsigned)S - 1) return;
-    __threadfence(); /* the last slice sees every other slice's adds */
+    __syncwarp(); /* lane 0's acquire before every lane's reads */
     for (int e = lane; e < M * 16; e += K_WARP)
         splitk_finish4(ws, y, bias, e / 16, nt * 64 + (e % 16) * 4, N);
     if (lane == 0) atomicExch(counters + nt, 0u);
+}
+
+/*
+ * The split-K flush of v5 with the block pre-sum (PS): the 4 warps of the block hold partial
+ * sums of the same n-tile (4 slices); each stages its fragments as w4a16_splitk_flush_staged
+ * does (stage0 + warp * rows*64, same swizzle), the block sums the 4 stages per 4 columns and
+ * sends one vector reduction each, then thread 0 arrives once at the n-tile's counter (arrivals:
+ * the number of blocks per n-tile) with acq_rel after the block barrier (CUTLASS's semaphore
+ * pattern); the last block writes y and re-zeroes. Every warp of the block must call it.
+ */
+template <int MB8>
+static __device__ __forceinline__ void w4a16_splitk_flush_presum(
+    const float (&acc)[MB8][4][4], float *stage0, const float *__restrict__ bias,
+    __half *__restrict__ y, float *__restrict__ ws, unsigned *__restrict__ counters, int M, int N,
+    int nt, int arrivals, int tid, int warp, int lane)
+{
+    constexpr int ROWS = 8 * MB8, WARPS = 4, T = WARPS * K_WARP;
+    __shared__ unsigned last_block;
+    float *stage = stage0 + warp * ROWS * 64;
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int tb = 0; tb < MB8; ++tb) {
+        const int m0 = tb * 8 + 2 * t, m1 = m0 + 1;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            const int c0 = 2 * w * 8 + g, c1 = c0 + 8;
+            stage[stage_at(m0, c0)] = acc[tb][w][0];
+            stage[stage_at(m1, c0)] = acc[tb][w][1];
+            stage[stage_at(m0, c1)] = acc[tb][w][2];
+            stage[stage_at(m1, c1)] = acc[tb][w][3];
+        }
+    }
+    __syncthreads();
+    for (int e = tid; e < M * 16; e += T) {
+        const int r = e / 16, c = (e % 16) * 4;
+        float4 v = *reinterpret_cast<const float4 *>(stage0 + stage_at(r, c));
+#pragma unroll
+        for (int w = 1; w < WARPS; ++w) {
+            const float4 u = *reinterpret_cast<const float4 *>(stage0 + w * ROWS * 64 + stage_at(r, c));
+            v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w;
+        }
+        k_red_add_v4(ws + (size_t)r * N + nt * 64 + c, v);
+    }
+    __syncthreads(); /* every thread's adds before thread 0's release */
+    if (tid == 0) last_block = k_atom_add_acq_rel(counters + nt, 1u) == (unsigned)arrivals - 1;
+    __syncthreads(); /* thread 0's acquire before every thread's reads */
+    if (!last_block) return;
+    for (int e = tid; e < M * 16; e += T)
+        splitk_finish4(ws, y, bias, e / 16, nt * 64 + (e % 16) * 4, N);
+    if (tid == 0) atomicExch(counters + nt, 0u);
 }
 
 /*
@@ -429,8 +500,12 @@ static __device__ __forceinline__ void v5_scale_group(float (&acc)[MB8][4][4],
  *     previous kernel in the stream finishes; activations, workspace and y are touched only
  *     after it (PTX ISA "griddepcontrol"; CUDA guide "Programmatic Dependent Launch").
  * GTC: tiles per group when GT divides DEPTH (1, 2, 4, 8); 0 when GT is a multiple of DEPTH.
+ * PS (block pre-sum, M <= 16, S % 4 == 0): the 4 warps of a block take 4 consecutive slices of
+ * ONE n-tile instead of one slice of 4 n-tiles; the block stages the 4 slices' activations,
+ * sums the warps' partial sums in shared memory and sends one set of reductions and one
+ * counter arrival per block (S/4 per n-tile instead of S). Slices past K contribute zeros.
  */
-template <int MB8, bool SCALE_AFTER, int GTC, bool RING>
+template <int MB8, bool SCALE_AFTER, int GTC, bool RING, bool PS>
 static __global__ void __launch_bounds__(v5::WARPS<MB8> *K_WARP, v5::MIN_BLOCKS<MB8, RING>)
 w4a16_v5_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
                        const uint4 *__restrict__ qweight,   /* [N/64][K/16] tiles of 32 x 16 B */
@@ -446,11 +521,15 @@ w4a16_v5_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
     extern __shared__ __align__(128) unsigned char k_smem[];
     const int tid = threadIdx.x, lane = tid % K_WARP, warp = tid / K_WARP;
     const int KT = K / 16, NT = N / 64, GT = G / 16, KG = K / G;
-    const int s = blockIdx.x % S, nt = (blockIdx.x / S) * v5::WARPS<MB8> + warp;
-    const bool active = nt < NT;
-    const int k_a = s * kc, kc_eff = min(kc, KT - k_a); /* both multiples of GT */
+    static_assert(!PS || (!RING && MB8 <= 2 && v5::WARPS<MB8> == 4), "pre-sum: v5 at M <= 16");
+    constexpr int XS = PS ? v5::WARPS<MB8> : 1; /* slices staged per block */
+    const int s = PS ? (blockIdx.x % (S / XS)) * XS + warp : blockIdx.x % S;
+    const int nt = PS ? blockIdx.x / (S / XS) : (blockIdx.x / S) * v5::WARPS<MB8> + warp;
+    const int k_a = s * kc, kc_eff = max(0, min(kc, KT - k_a)); /* both multiples of GT */
+    const bool active = nt < NT && kc_eff > 0;
     const int g_a = k_a / GT, n_g = kc_eff / GT;
-    const int row_bytes = kc * 32; /* one staged activation row: kc k-tiles of 16 fp16 */
+    const int k_b = (s - (PS ? warp : 0)) * kc, kc_b = max(0, min(XS * kc, KT - k_b)); /* the block's */
+    const int row_bytes = XS * kc * 32; /* one staged activation row: XS*kc k-tiles of 16 fp16 */
 
     unsigned char *xs = k_smem;                                        /* [ROWS][kc*16] fp16 */
     uint4 *ring = reinterpret_cast<uint4 *>(xs + ROWS * row_bytes) + warp * D * K_WARP;
@@ -492,17 +571,22 @@ w4a16_v5_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
     k_pdl_launch_dependents();
     k_pdl_wait(); /* the previous kernel's output (x) and its use of ws are complete */
 
-    /* 2. the activation slice (all threads), rows >= M zero-filled, swizzled for ldmatrix */
-    for (int id = tid; id < ROWS * kc * 2; id += v5::WARPS<MB8> * K_WARP) {
-        const int r = id / (kc * 2), c = id % (kc * 2);
-        const bool ok = r < M && c < kc_eff * 2;
-        const __half *src = ok ? x + (size_t)r * K + (size_t)k_a * 16 + c * 8 : x;
+    /* 2. the activation slice (all threads), swizzled for ldmatrix. Rows M .. ROWS-1 are not
+     * written: in the transposed product each token row of x is its own column of D (one dot
+     * product per element), so whatever they hold lands only in D columns the flush never reads
+     * (at M = 1 this skips 7/8 of the staging) */
+    const int x_rows = min(M, ROWS);
+    for (int id = tid; id < x_rows * XS * kc * 2; id += v5::WARPS<MB8> * K_WARP) {
+        const int r = id / (XS * kc * 2), c = id % (XS * kc * 2);
+        const bool ok = r < M && c < kc_b * 2;
+        const __half *src = ok ? x + (size_t)r * K + (size_t)k_b * 16 + c * 8 : x;
         k_cp_async16(xs + r * row_bytes + ((c ^ (r & 7)) * 16), src, ok ? 16 : 0);
     }
     k_cp_async_commit();
     k_cp_async_wait<0>(); /* RING: also tiles 0 .. D-2, which is what the first steps need */
     __syncthreads();
-    if (!active && !OVER_X) return; /* OVER_X: every warp meets the barrier before the flush */
+    /* OVER_X, PS: every warp meets the barrier before the flush */
+    if (!active && !OVER_X && !PS) return;
     const int n_tiles = active ? kc_eff : 0;
 
     float acc[MB8][4][4], gacc[SCALE_AFTER ? MB8 : 1][4][4];
@@ -519,7 +603,7 @@ w4a16_v5_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
     /* ldmatrix row address of this lane: row r7 (+8 per token block), 16-byte chunk
      * (2i + hb) ^ r7 of tile i; for i = c + j (c a multiple of D) that is 2c + ((2j + hb) ^ r7) */
     const int r7 = lane & 7, hb = (lane >> 3) & 1;
-    const uint32_t xa = (uint32_t)__cvta_generic_to_shared(xs + r7 * row_bytes);
+    const uint32_t xa = (uint32_t)__cvta_generic_to_shared(xs + r7 * row_bytes + (PS ? warp * kc * 32 : 0));
     uint32_t xo[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) xo[j] = (uint32_t)(((2 * j + hb) ^ r7) * 16);
@@ -595,7 +679,11 @@ w4a16_v5_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
         __syncthreads(); /* no warp reads the activation slice or the scale rows any more */
         if (!active) return;
     }
-    w4a16_splitk_flush_staged<MB8>(acc, stage, bias, y, ws, counters, M, N, nt, S, lane);
+    if constexpr (PS)
+        w4a16_splitk_flush_presum<MB8>(acc, stage - warp * ROWS * 64, bias, y, ws, counters, M, N,
+                                       nt, S / XS, tid, warp, lane);
+    else
+        w4a16_splitk_flush_staged<MB8>(acc, stage, bias, y, ws, counters, M, N, nt, S, lane);
 }
 
 // --- v4: decode, stream-K over warps --------------------------------------------------------------
@@ -1322,41 +1410,71 @@ static bool launch_v2(const __half *x, const uint4 *qw, const uint4 *qz, const u
 
 /* false (nothing launched) when even one unit of k-tiles needs more shared memory than a block
  * may have (large G: whole groups per slice; per-channel G = K) */
+/* When v5 sums the 4 warps of a block in shared memory first (PS, M <= 16 only): presum 0 never
+ * (variant 5), 1 auto: at 9 <= M <= 16 wherever it fits, 2 wherever it fits (variant 8). Each
+ * slice of an n-tile sends M x 16 vector reductions and one counter arrival, which serialise in
+ * L2 when S is large; PS cuts both by 4 but stages 4 activation slices per block. H200, same
+ * run (docs/BENCHMARKS.md): M = 16 4096 x 4096 10.41 -> 8.39 us, Llama-3-8B qkv 10.53 -> 8.82,
+ * 70B tp 8 qkv 10.00 -> 6.59, o 8.85 -> 6.08, the rest within 0.5 %; at M = 1 it lost on 7 of
+ * the 10 shapes it applies to (7B qkv 8.85 -> 14.29 us) and won 0.27 us on 4096 x 4096 only. */
+
 template <int MB8, bool SCALE_AFTER, int GTC, bool RING>
 static bool launch_v5_tb(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
                          const float *bias, __half *y, int M, int N, int K, int G, void *ws,
-                         cudaStream_t stream)
+                         int presum, cudaStream_t stream)
 {
     constexpr int ROWS = 8 * MB8;
+    constexpr bool CAN_PS = !RING && MB8 <= 2;
     const int KT = K / 16, NT = N / 64, GT = G / 16;
-    auto kern = w4a16_v5_decode_kernel<MB8, SCALE_AFTER, GTC, RING>;
+    auto kern = w4a16_v5_decode_kernel<MB8, SCALE_AFTER, GTC, RING, false>;
+    auto kern_ps = w4a16_v5_decode_kernel<MB8, SCALE_AFTER, GTC, RING, CAN_PS>;
     const int unit = std::max(v5::DEPTH, GT); /* GT | DEPTH or DEPTH | GT: whole groups, whole unrolls */
     int kc_max = std::max(unit, (v5::X_BUDGET<MB8> / (ROWS * 32)) / unit * unit);
     constexpr bool OVER_X = v5::STAGE_OVER_X<MB8, RING>;
-    auto smem_for = [&](int kc) {
-        const int loop = ROWS * kc * 32 + (RING ? v5::WARPS<MB8> * v5::DEPTH * 512 : 0) +
+    auto smem_for = [&](int kc, int xs) {
+        const int loop = ROWS * xs * kc * 32 + (RING ? v5::WARPS<MB8> * v5::DEPTH * 512 : 0) +
                          v5::WARPS<MB8> * (kc / GT) * v5::SZ_BYTES;
         const int stage = v5::WARPS<MB8> * ROWS * 64 * 4;
         return RING ? loop : OVER_X ? std::max(loop, stage) : loop + stage;
     };
     /* 220 KB of the 227 KB a block may use on sm_90; less where the device offers less */
     const int smem_max = std::min(220 * 1024, k_smem_optin());
-    while (kc_max > unit && smem_for(kc_max) > smem_max) kc_max -= unit; /* small G: many scale rows */
-    if (smem_for(kc_max) > smem_max) return false;
+    while (kc_max > unit && smem_for(kc_max, 1) > smem_max) kc_max -= unit; /* small G: many scale rows */
+    if (smem_for(kc_max, 1) > smem_max) return false;
     static int bps[K_MAX_DEVICES]; /* at the largest slice, per instantiation and device */
     const int blocks_per_sm =
-        resident_blocks(bps, kern, v5::WARPS<MB8> * K_WARP, smem_for(kc_max), smem_max);
+        resident_blocks(bps, kern, v5::WARPS<MB8> * K_WARP, smem_for(kc_max, 1), smem_max);
     const int n_groups = (NT + v5::WARPS<MB8> - 1) / v5::WARPS<MB8>;
     const int kc = splitk_slice(KT, n_groups, blocks_per_sm, kc_max, unit);
     const int S = (KT + kc - 1) / kc;
     float *wsf = static_cast<float *>(ws);
     unsigned *counters = reinterpret_cast<unsigned *>(wsf + (size_t)M * N);
     static const bool verbose = getenv("QS_K_VERBOSE") != nullptr; /* launch shapes, for tuning */
+    constexpr int XS = v5::WARPS<MB8>;
+    /* pre-sum: S rounded up to whole blocks of XS slices, the slice no longer (trailing slices
+     * past K are empty), the block's XS slices within the activation budget */
+    if (CAN_PS && (presum == 2 || (presum == 1 && MB8 == 2)) && S >= 2) {
+        const int S4 = (S + XS - 1) / XS * XS;
+        const int kc4 = ((KT + S4 - 1) / S4 + unit - 1) / unit * unit;
+        /* M <= 8 may stage twice the usual budget (4 blocks/SM x ~42 KB still fit) */
+        if (kc4 * XS <= (MB8 == 1 ? 2 : 1) * kc_max && smem_for(kc4, XS) <= smem_max) {
+            if (verbose)
+                fprintf(stderr, "w4a16 v5<%d,%d,%d> pre-sum M=%d N=%d K=%d: kc=%d S=%d blocks=%d smem=%d pdl=%d\n",
+                        MB8, (int)SCALE_AFTER, GTC, M, N, K, kc4, S4, NT * (S4 / XS), smem_for(kc4, XS),
+                        (int)k_pdl_usable());
+            static int ps_attr[K_MAX_DEVICES]; /* sets the opt-in shared-memory size, per device */
+            (void)resident_blocks(ps_attr, kern_ps, v5::WARPS<MB8> * K_WARP, smem_for(kc4, XS), smem_max);
+            k_launch_ex(kern_ps, dim3(NT * (S4 / XS)), dim3(v5::WARPS<MB8> * K_WARP), smem_for(kc4, XS),
+                        stream, k_pdl_usable(), x, qw, qz, sc, bias, y, wsf, counters, M, N, K, G,
+                        kc4, S4);
+            return true;
+        }
+    }
     if (verbose)
         fprintf(stderr, "w4a16 v5<%d,%d,%d,ring %d> M=%d N=%d K=%d: kc=%d S=%d blocks=%d (%d/SM) smem=%d pdl=%d\n",
                 MB8, (int)SCALE_AFTER, GTC, (int)RING, M, N, K, kc, S, n_groups * S, blocks_per_sm,
-                smem_for(kc), (int)k_pdl_usable());
-    k_launch_ex(kern, dim3(n_groups * S), dim3(v5::WARPS<MB8> * K_WARP), smem_for(kc), stream,
+                smem_for(kc, 1), (int)k_pdl_usable());
+    k_launch_ex(kern, dim3(n_groups * S), dim3(v5::WARPS<MB8> * K_WARP), smem_for(kc, 1), stream,
                 k_pdl_usable(), x, qw, qz, sc, bias, y, wsf, counters, M, N, K, G, kc, S);
     return true;
 }
@@ -1366,15 +1484,15 @@ static bool launch_v5_tb(const __half *x, const uint4 *qw, const uint4 *qz, cons
 template <int MB8, bool SCALE_AFTER, bool RING>
 static bool launch_v5_g(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
                         const float *bias, __half *y, int M, int N, int K, int G, void *ws,
-                        cudaStream_t stream)
+                        int presum, cudaStream_t stream)
 {
     switch (G / 16) {
-    case 1: return launch_v5_tb<MB8, SCALE_AFTER, 1, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
-    case 2: return launch_v5_tb<MB8, SCALE_AFTER, 2, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
-    case 4: return launch_v5_tb<MB8, SCALE_AFTER, 4, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
+    case 1: return launch_v5_tb<MB8, SCALE_AFTER, 1, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, presum, stream);
+    case 2: return launch_v5_tb<MB8, SCALE_AFTER, 2, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, presum, stream);
+    case 4: return launch_v5_tb<MB8, SCALE_AFTER, 4, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, presum, stream);
     default:
         if ((G / 16) % v5::DEPTH) return false;
-        return launch_v5_tb<MB8, SCALE_AFTER, 0, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
+        return launch_v5_tb<MB8, SCALE_AFTER, 0, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, presum, stream);
     }
 }
 
@@ -1416,13 +1534,13 @@ static int launch_v4(const __half *x, const uint4 *qw, const uint32_t *qz, const
 template <bool RING>
 static int launch_v5(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
                      const float *bias, __half *y, int M, int N, int K, int G, void *ws,
-                     cudaStream_t stream)
+                     int presum, cudaStream_t stream)
 {
     bool done;
-    if (M <= 8) done = launch_v5_g<1, true, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
-    else if (M <= 16 || RING) done = launch_v5_g<2, true, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
-    else if (M <= 32) done = launch_v5_g<4, false, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
-    else done = launch_v5_g<8, false, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
+    if (M <= 8) done = launch_v5_g<1, true, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, presum, stream);
+    else if (M <= 16 || RING) done = launch_v5_g<2, true, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, presum, stream);
+    else if (M <= 32) done = launch_v5_g<4, false, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, presum, stream);
+    else done = launch_v5_g<8, false, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, presum, stream);
     if (!done && !launch_v2(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream))
         return launch_v4(x, qw, reinterpret_cast<const uint32_t *>(qz), sc, bias, y, M, N, K, G,
                          ws, stream);
@@ -1502,7 +1620,8 @@ int k_w4a16_variant_max_m(int variant)
     case K_W4A16_V1_NAIVE: return INT_MAX;       /* the grid loops over M */
     case K_W4A16_V2_DECODE:
     case K_W4A16_V4_STREAMK: return K_W4A16_DECODE_MAX_M;
-    case K_W4A16_V5_DECODE: return K_W4A16_V5_MAX_M;
+    case K_W4A16_V5_DECODE:
+    case K_W4A16_V8_DECODE_PRESUM: return K_W4A16_V5_MAX_M;
     case K_W4A16_V6_DECODE_RING: return K_W4A16_V6_MAX_M;
     default: return 0;
     }
@@ -1519,9 +1638,15 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
         K_REFUSE(K_ERR_ARG, "NULL tensor (x %p, qweight %p, qzeros %p, scales %p, y %p)",
                  (const void *)x, (const void *)qweight, (const void *)qzeros,
                  (const void *)scales, (const void *)y);
-    if (variant == K_W4A16_AUTO) /* measured on H200: docs/BENCHMARKS.md */
+    int presum = 0; /* v5's block pre-sum: 0 never (variant 5), 1 by the S rule (auto), 2 where it fits */
+    if (variant == K_W4A16_AUTO) { /* measured on H200: docs/BENCHMARKS.md */
         variant = M <= K_W4A16_V5_MAX_M ? K_W4A16_V5_DECODE
                   : k_w4a16_wgmma_available() ? K_W4A16_V7_WGMMA : K_W4A16_V3_GEMM;
+        presum = 1;
+    } else if (variant == K_W4A16_V8_DECODE_PRESUM) {
+        variant = K_W4A16_V5_DECODE;
+        presum = 2;
+    }
     const int max_m = k_w4a16_variant_max_m(variant);
     const __half *xh = reinterpret_cast<const __half *>(x);
     __half *yh = reinterpret_cast<__half *>(y);
@@ -1551,7 +1676,7 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
         if (rc) return rc;
         return (variant == K_W4A16_V5_DECODE ? launch_v5<false> : launch_v5<true>)(
             xh, reinterpret_cast<const uint4 *>(qweight), reinterpret_cast<const uint4 *>(qzeros),
-            reinterpret_cast<const uint4 *>(scales), bias, yh, M, N, K, G, workspace, stream);
+            reinterpret_cast<const uint4 *>(scales), bias, yh, M, N, K, G, workspace, presum, stream);
     case K_W4A16_V4_STREAMK:
         if (M > max_m) K_REFUSE(K_ERR_SHAPE, "W4A16 stream-K variant: M=%d > %d", M, max_m);
         rc = check_workspace(__func__, "stream-K", M, N, workspace, workspace_bytes);
@@ -1578,7 +1703,7 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
                          reinterpret_cast<const uint4 *>(scales), bias, yh, M, N, K, G,
                          workspace, workspace_bytes, stream);
     default:
-        K_REFUSE(K_ERR_ARG, "unknown W4A16 variant %d (known: 0 auto, 1 naive, 2 decode, 3 GEMM, 4 stream-K, 5 lean decode, 6 lean decode with a shared-memory ring, 7 wgmma GEMM)",
+        K_REFUSE(K_ERR_ARG, "unknown W4A16 variant %d (known: 0 auto, 1 naive, 2 decode, 3 GEMM, 4 stream-K, 5 lean decode, 6 lean decode with a shared-memory ring, 7 wgmma GEMM, 8 lean decode with the block pre-sum)",
                  variant);
     }
 }

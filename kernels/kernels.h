@@ -66,8 +66,9 @@ int k_get_pdl(void);
 
 /*
  * Variants of the W4A16 linear, selected with k_w4a16_linear_variant():
- *   0  auto: v5 for M <= K_W4A16_V5_MAX_M, else v7 where k_w4a16_wgmma_available(), else v3
- *      (the fastest of each range on the H200, docs/BENCHMARKS.md)
+ *   0  auto: v5 for M <= K_W4A16_V5_MAX_M (as v8 at 9 <= M <= 16), else v7 where
+ *      k_w4a16_wgmma_available(), else v3 (the fastest of each range on the H200,
+ *      docs/BENCHMARKS.md)
  *   1  naive: one thread per output, fp32, straight from ref_w4a16_linear (the device oracle)
  *   2  decode (M <= 64): split-K slices x 4 n-tiles per block so every SM streams weights;
  *      activation slice staged once per block, mma.sync m16n8k16, fp32 atomics into the
@@ -90,6 +91,10 @@ int k_get_pdl(void);
  *      tensor cores run; split-K through the workspace when the tiles alone leave SMs idle,
  *      M <= 128, or M <= 256 with N % 128 == 0 (one counter per tile; given a workspace,
  *      else it runs unsplit)
+ *   8  as 5, and at M <= 16 the 4 warps of a block take 4 split-K slices of one n-tile and sum
+ *      them in shared memory before the workspace: one set of reductions and one counter
+ *      arrival per block instead of per warp (where the block's 4 activation slices fit; else
+ *      exactly 5). K_W4A16_V5_MAX_M rows.
  */
 enum k_w4a16_variant {
     K_W4A16_AUTO = 0,
@@ -100,6 +105,7 @@ enum k_w4a16_variant {
     K_W4A16_V5_DECODE = 5,
     K_W4A16_V6_DECODE_RING = 6,
     K_W4A16_V7_WGMMA = 7,
+    K_W4A16_V8_DECODE_PRESUM = 8,
 };
 #define K_W4A16_V5_MAX_M 64
 #define K_W4A16_V6_MAX_M 16
@@ -344,9 +350,10 @@ int k_kv_store(uint16_t *k_cache, uint16_t *v_cache, const uint16_t *k, const ui
  * chunks of >= 128 keys, so decode at long contexts reads the KV cache from ~4 blocks per SM
  * (Flash-Decoding, Dao et al. 2023), and the partial results merge in split order (the same
  * bits at every run); ws NULL: one block per (row, head). A ws shared by calls must not be
- * used by two at once (one stream).
+ * used by two at once (one stream). The split count follows the current device's SM count, so
+ * size ws with that device current (each GPU of a TP group sizes its own).
  * Errors: K_ERR_SHAPE (hd not 64/128/256, n_heads % n_kv_heads, start_pos + M > T_cap, M < 1),
- * K_ERR_ARG (NULL, ws too small or misaligned).
+ * K_ERR_ARG (NULL, ws misaligned), K_ERR_WORKSPACE (ws smaller than the split needs).
  */
 int k_attention(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q_stride,
                 const uint16_t *k_cache, const uint16_t *v_cache, int M, int start_pos,

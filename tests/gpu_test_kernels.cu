@@ -211,7 +211,8 @@ static void test_w4a16_shape(const char *label, int M, int N, int K, int G, bool
         /* the variants that use the workspace run twice: the second run proves it came back
          * zeroed */
         const int reps = (v == K_W4A16_V2_DECODE || v == K_W4A16_V4_STREAMK || v == K_W4A16_V5_DECODE ||
-                          v == K_W4A16_V6_DECODE_RING || v == K_W4A16_V7_WGMMA || v == 0) ? 2 : 1;
+                          v == K_W4A16_V6_DECODE_RING || v == K_W4A16_V7_WGMMA || v == K_W4A16_V8_DECODE_PRESUM ||
+                          v == 0) ? 2 : 1;
         for (int r = 0; r < reps; ++r) {
             TCUDA(cudaMemset(dy, 0xFF, (size_t)M * N * 2));
             int rc;
@@ -364,7 +365,9 @@ static void test_w4a16_pdl_chain(void)
         }
         TCUDA(cudaDeviceSynchronize());
         for (int l = 0; l < L; ++l)
-            CHECK_EQ_INT(k_w4a16_linear_variant(K_W4A16_V5_DECODE, act[l], dq[l], dz[l], ds[l],
+            /* v5 and v8 (block pre-sum) alternate on the one workspace */
+            CHECK_EQ_INT(k_w4a16_linear_variant(l % 2 ? K_W4A16_V8_DECODE_PRESUM : K_W4A16_V5_DECODE,
+                                                act[l], dq[l], dz[l], ds[l],
                                                 nullptr, act[l + 1], M, N, K, G, ws, wsb, st),
                          K_ERR_NONE);
         TCUDA(cudaStreamSynchronize(st));
@@ -376,7 +379,7 @@ static void test_w4a16_pdl_chain(void)
             const std::vector<uint16_t> yh = dev_download(act[l + 1], (size_t)M * N);
             const std::vector<float> y = f16_to_f32(yh);
             char what[96];
-            snprintf(what, sizeof what, "w4a16 v5 PDL chain M=%d layer %d of %d", M, l + 1, L);
+            snprintf(what, sizeof what, "w4a16 v5/v8 PDL chain M=%d layer %d of %d", M, l + 1, L);
             compare(what, y.data(), yref.data(), y.size(), 4e-3, 4e-3, 2e-3);
             in = y; /* the next layer reads what the GPU produced, as the chain did */
         }
@@ -394,7 +397,7 @@ static void test_w4a16(bool quick)
     test_w4a16_rejects();
     const std::vector<int> all = {K_W4A16_V1_NAIVE, K_W4A16_V2_DECODE, K_W4A16_V3_GEMM,
                                   K_W4A16_V4_STREAMK, K_W4A16_V5_DECODE, K_W4A16_V6_DECODE_RING, K_W4A16_AUTO,
-                                  K_W4A16_DQ_GEMM, K_W4A16_V7_WGMMA};
+                                  K_W4A16_DQ_GEMM, K_W4A16_V7_WGMMA, K_W4A16_V8_DECODE_PRESUM};
     test_w4a16_pdl_chain();
     /* odd M and small shapes: canonical packing, every variant; group sizes 16..512 (v5 unrolls
      * by 8 k-tiles: G/16 = 1, 2, 4 divide it, 8, 16, 32 are multiples, 3 (G = 48) falls back) */
@@ -414,7 +417,8 @@ static void test_w4a16(bool quick)
         for (int M : {1, 12, 24, 41, 64}) {
             if (quick && (K > 4096 || M > 24)) continue;
             test_w4a16_shape("per-channel", M, 128, K, K, true, (M % 2) == 1,
-                             {K_W4A16_AUTO, K_W4A16_V5_DECODE, K_W4A16_V6_DECODE_RING, K_W4A16_V4_STREAMK});
+                             {K_W4A16_AUTO, K_W4A16_V5_DECODE, K_W4A16_V6_DECODE_RING, K_W4A16_V4_STREAMK,
+                              K_W4A16_V8_DECODE_PRESUM});
         }
     /* a K that gives an odd number of k-tiles and a group larger than one pipeline stage */
     test_w4a16_shape("odd-kt", 129, 128, 48, 48, true, true, all);
@@ -432,9 +436,12 @@ static void test_w4a16(bool quick)
             for (auto &l : ls) {
                 char label[64];
                 snprintf(label, sizeof label, "%s tp%d %s", md.name, tp, l.name);
-                test_w4a16_shape(label, 1, l.N, l.K, 128, false, false, {K_W4A16_AUTO, K_W4A16_V5_DECODE, K_W4A16_V6_DECODE_RING});
-                test_w4a16_shape(label, 3, l.N, l.K, 128, false, true, {K_W4A16_AUTO, K_W4A16_V5_DECODE, K_W4A16_V6_DECODE_RING});
-                if (tp >= 4) test_w4a16_shape(label, 16, l.N, l.K, 128, false, false, {K_W4A16_AUTO});
+                test_w4a16_shape(label, 1, l.N, l.K, 128, false, false,
+                                 {K_W4A16_AUTO, K_W4A16_V5_DECODE, K_W4A16_V6_DECODE_RING, K_W4A16_V8_DECODE_PRESUM});
+                test_w4a16_shape(label, 3, l.N, l.K, 128, false, true,
+                                 {K_W4A16_AUTO, K_W4A16_V5_DECODE, K_W4A16_V6_DECODE_RING, K_W4A16_V8_DECODE_PRESUM});
+                if (tp >= 4)
+                    test_w4a16_shape(label, 16, l.N, l.K, 128, false, false, {K_W4A16_AUTO, K_W4A16_V8_DECODE_PRESUM});
                 if (tp == 2) /* v5 with 32 and 64 token rows (M > 16), on every real shape */
                     test_w4a16_shape(label, 41, l.N, l.K, 128, false, true, {K_W4A16_AUTO, K_W4A16_V5_DECODE});
                 if (tp == 2) /* v7: split-K (M <= 256) and three row blocks without it */
@@ -910,6 +917,15 @@ static void test_attention_case(int M, int start_pos, int nh, int nkv, int hd, i
         if (run < 2 || run == 3)
             compare(what, got.data(), out.data(), got.size(), 3e-3, 3e-3, 3e-3);
         if (run == 1) first = raw;
+        if (run == 1 && T >= 1024 && M <= 8) {
+            /* a decode over >= 1024 keys splits: its partials are left in the workspace (the
+             * counters come back to zero), so an all-zero workspace means it did not split */
+            const std::vector<uint8_t> wsh =
+                ws_bytes ? dev_download(static_cast<uint8_t *>(dws), ws_bytes) : std::vector<uint8_t>();
+            size_t nz = 0;
+            for (uint8_t b : wsh) nz += b != 0;
+            CHECK_MSG(ws_bytes > 0 && nz > 0, "%s: the workspace is untouched (no split)", what);
+        }
         if (run == 2 || run == 4) CHECK_MSG(raw == first, "%s: run %d differs", what, run);
     }
     if (dws) TCUDA(cudaFree(dws));
@@ -1005,6 +1021,7 @@ static void test_attention(bool quick)
     test_attention_case(1, 900, 11, 1, 128, 1024, 0);
     test_attention_case(7, 20, 14, 2, 64, 32, 0, true);
     test_attention_case(4, 126, 4, 1, 128, 4096, 0, true);
+    test_attention_case(24, 1000, 8, 2, 256, 2048, 0); /* hd 256 rows >= 16 (v1), split */
     qs_log_set_quiet(true);
     uint16_t *d = dev_poisoned<uint16_t>(1024);
     CHECK_EQ_INT(k_attention(d, 96, d, 96, d, d, 1, 0, 1, 1, 96, 4, 0, nullptr, 0, nullptr),
@@ -1017,7 +1034,10 @@ static void test_attention(bool quick)
     CHECK_MSG(k_attention_workspace_bytes(1, 2, 128, 4096) > 0, "no split-KV workspace for a "
               "long decode");
     CHECK_EQ_INT(k_attention(d, 256, d, 768, d, d, 1, 4000, 2, 2, 128, 4096, 0, d, 64, nullptr),
-                 K_ERR_ARG);
+                 K_ERR_WORKSPACE);
+    CHECK_EQ_INT(k_attention(d, 256, d, 768, d, d, 1, 4000, 2, 2, 128, 4096, 0,
+                             reinterpret_cast<uint8_t *>(d) + 4, 1 << 20, nullptr),
+                 K_ERR_ARG); /* misaligned */
     CHECK_EQ_INT(k_kv_store(d, d, d, d, 128, 2, 3, 1, 128, 4, nullptr), K_ERR_SHAPE);
     qs_log_set_quiet(false);
     TCUDA(cudaFree(d));
