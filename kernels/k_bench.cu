@@ -375,6 +375,8 @@ __global__ void __launch_bounds__(128) floor_kernel(const uint4 *__restrict__ sr
             float *p = ws + nt * 64 + lane * 4;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
             asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(t.x), "f"(t.y), "f"(t.z), "f"(t.w) : "memory");
+#else
+            atomicAdd(p, t.x); atomicAdd(p + 1, t.y); atomicAdd(p + 2, t.z); atomicAdd(p + 3, t.w);
 #endif
         }
     } else if (lane < 16) {
@@ -572,6 +574,8 @@ int bench_sample(const std::vector<int> &vocabs)
 }
 
 constexpr int B_NO_PDL = 100; /* --variants 100 + v */
+constexpr int B_DEFER = 200;     /* k_w4a16_linear_acc alone (the consumer finishes) */
+constexpr int B_DEFER_FIN = 201; /* k_w4a16_linear_acc + k_w4a16_acc_finish */
 
 void usage(FILE *f)
 {
@@ -590,7 +594,9 @@ void usage(FILE *f)
             "  --variants LIST  W4A16 variants to time: 0 auto, 1 naive, 2 decode, 3 GEMM, 4 stream-K,\n"
             "                   5 lean decode, 6 lean decode (smem ring), 7 wgmma GEMM (sm_90a),\n"
             "                   8 lean decode with the block pre-sum (M <= 16);\n"
-            "                   100 + v: v without Programmatic Dependent Launch\n"
+            "                   100 + v: v without Programmatic Dependent Launch;\n"
+            "                   200: deferred split-K (k_w4a16_linear_acc: no split-K tail, the\n"
+            "                   consumer finishes the sums), 201: 200 + k_w4a16_acc_finish (M <= 64)\n"
             "                   (default 0)\n"
             "  --group N        group size G (default 128)\n"
             "  --ms T           target milliseconds per timed loop (default 20)\n"
@@ -660,7 +666,8 @@ int bench_kernel_main(int argc, char **argv)
         return QS_EXIT_USAGE;
     }
     for (int vv : variants)
-        if (k_w4a16_variant_max_m(vv >= B_NO_PDL ? vv - B_NO_PDL : vv) < 1) {
+        if (vv != B_DEFER && vv != B_DEFER_FIN &&
+            k_w4a16_variant_max_m(vv >= B_NO_PDL ? vv - B_NO_PDL : vv) < 1) {
             fprintf(stderr, "qshard bench kernel: unknown --variants value %d\n", vv);
             return QS_EXIT_USAGE;
         }
@@ -777,6 +784,34 @@ int bench_kernel_main(int argc, char **argv)
 
             double t_best = 0;
             for (int vv : variants) {
+                if (vv == B_DEFER || vv == B_DEFER_FIN) { /* deferred split-K */
+                    if (M > K_W4A16_V5_MAX_M) continue;
+                    const bool fin = vv == B_DEFER_FIN;
+                    const char *vname = fin ? "defer+fin" : "defer";
+                    float *acc = static_cast<float *>(ws);
+                    K_CUDA_CHECK(cudaMemset(y, 0xFF, (size_t)M * N * 2));
+                    int rc = k_w4a16_linear_acc(reinterpret_cast<uint16_t *>(x[0]), qw[0], qz[0], sc[0],
+                                                nullptr, acc, M, N, K, G, nullptr);
+                    if (rc == K_ERR_NONE)
+                        rc = k_w4a16_acc_finish(reinterpret_cast<uint16_t *>(y), acc, M, N, nullptr);
+                    double rel = 0;
+                    if (rc != K_ERR_NONE || !validate(y, yref, (size_t)M * N, &rel)) {
+                        printf("%-34s %-9s | INVALID (rc %d, rel L2 %.3g vs dequant+cuBLAS): not timed\n", shape, vname, rc, rel);
+                        ++invalid;
+                        continue;
+                    }
+                    const double t = time_us([&](int i) {
+                        k_w4a16_linear_acc(reinterpret_cast<uint16_t *>(x[i % 2]), qw[i % R], qz[i % R], sc[i % R],
+                                           nullptr, acc, M, N, K, G, g_bs);
+                        if (fin) k_w4a16_acc_finish(reinterpret_cast<uint16_t *>(y), acc, M, N, g_bs);
+                    }, target_ms);
+                    K_CUDA_CHECK(cudaMemset(ws, 0, wsb)); /* "defer" alone left its sums there */
+                    const double gbs = q_bytes / (t * 1e3);
+                    printf("%-34s %-9s | %9.2f | %7.0f | %5.1f%% | %7.1f | %7.2fx\n", shape, vname, t, gbs,
+                           100.0 * gbs / copy_bw, flops / (t * 1e6), t_cub / t);
+                    if (fin && (t_best == 0 || t < t_best)) t_best = t; /* only y-producing paths */
+                    continue;
+                }
                 /* B_NO_PDL + v: variant v launched without Programmatic Dependent Launch */
                 const bool no_pdl = vv >= B_NO_PDL;
                 const int v = no_pdl ? vv - B_NO_PDL : vv;

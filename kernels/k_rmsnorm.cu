@@ -31,6 +31,7 @@ static __global__ void __launch_bounds__(RMS_THREADS)
 rmsnorm_kernel(__half *__restrict__ out,         /* [M, H] */
                float *__restrict__ residual,     /* [M, H] fp32 in/out, or NULL */
                const __half *__restrict__ x,     /* [M, H] or NULL */
+               float *__restrict__ xf,           /* [M, H] fp32 (zeroed after), or NULL */
                const float *__restrict__ w,      /* [H] */
                int H, float eps)
 {
@@ -41,7 +42,11 @@ rmsnorm_kernel(__half *__restrict__ out,         /* [M, H] */
     float ss = 0.0f;
     for (int i = threadIdx.x; i < H; i += blockDim.x) {
         float h;
-        if (residual) {
+        if (xf) { /* residual != NULL (k_rmsnorm_acc) */
+            h = residual[row + i] + xf[row + i];
+            xf[row + i] = 0.0f;
+            residual[row + i] = h;
+        } else if (residual) {
             h = residual[row + i] + (x ? __half2float(x[row + i]) : 0.0f);
             if (x) residual[row + i] = h;
         } else {
@@ -62,6 +67,7 @@ static __global__ void __launch_bounds__(RMS_THREADS)
 rmsnorm_vec_kernel(__half *__restrict__ out,         /* [M, H] */
                    float *__restrict__ residual,     /* [M, H] fp32 in/out, or NULL */
                    const __half *__restrict__ x,     /* [M, H] or NULL */
+                   float *__restrict__ xf,           /* [M, H] fp32 (zeroed after), or NULL */
                    const float *__restrict__ w,      /* [H] */
                    int H, float eps)
 {
@@ -77,7 +83,11 @@ rmsnorm_vec_kernel(__half *__restrict__ out,         /* [M, H] */
         h[v] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (i >= H) continue;
         float4 xv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (x) {
+        if (xf) {
+            float4 *p = reinterpret_cast<float4 *>(xf + row + i);
+            xv = *p;
+            *p = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        } else if (x) {
             const uint2 raw = *reinterpret_cast<const uint2 *>(x + row + i);
             const float2 a = __half22float2(k_u32_as_half2(raw.x)), b = __half22float2(k_u32_as_half2(raw.y));
             xv = make_float4(a.x, a.y, b.x, b.y);
@@ -93,7 +103,7 @@ rmsnorm_vec_kernel(__half *__restrict__ out,         /* [M, H] */
     for (int v = 0; v < VPT; ++v) {
         const int i = (v * RMS_THREADS + threadIdx.x) * 4;
         if (i >= H) continue;
-        if (residual && x) *reinterpret_cast<float4 *>(residual + row + i) = h[v];
+        if (residual && (x || xf)) *reinterpret_cast<float4 *>(residual + row + i) = h[v];
         ss += h[v].x * h[v].x + h[v].y * h[v].y + h[v].z * h[v].z + h[v].w * h[v].w;
     }
     const float r = rsqrtf(block_sum(ss, red) / (float)H + eps);
@@ -108,18 +118,15 @@ rmsnorm_vec_kernel(__half *__restrict__ out,         /* [M, H] */
     }
 }
 
-int k_rmsnorm(uint16_t *out, float *residual, const uint16_t *x, const float *w, int M, int H,
-              float eps, struct CUstream_st *stream)
+/* k_rmsnorm (x fp16) or k_rmsnorm_acc (xf fp32, residual != NULL), checked by the callers */
+static int launch_rmsnorm(uint16_t *out, float *residual, const uint16_t *x, float *xf,
+                          const float *w, int M, int H, float eps, struct CUstream_st *stream)
 {
-    if (M < 1 || H < 1) K_REFUSE(K_ERR_SHAPE, "rmsnorm M=%d H=%d: need M, H >= 1", M, H);
-    if (!out || !w || (!x && !residual) || !(eps >= 0.0f))
-        K_REFUSE(K_ERR_ARG, "rmsnorm: out %p, w %p, x %p, residual %p, eps %g", (void *)out,
-                 (const void *)w, (const void *)x, (void *)residual, (double)eps);
     __half *o = reinterpret_cast<__half *>(out);
     const __half *xh = reinterpret_cast<const __half *>(x);
     /* 16-byte (fp32) and 8-byte (fp16) vector accesses need H % 4 == 0 and aligned bases */
     const bool vec = H % 4 == 0 && ((uintptr_t)out | (uintptr_t)x) % 8 == 0 &&
-                     ((uintptr_t)residual | (uintptr_t)w) % 16 == 0;
+                     ((uintptr_t)residual | (uintptr_t)w | (uintptr_t)xf) % 16 == 0;
     const int chunks = (H / 4 + RMS_THREADS - 1) / RMS_THREADS; /* float4 per thread */
     auto kern = !vec || chunks > 8 ? rmsnorm_kernel
               : chunks <= 1      ? rmsnorm_vec_kernel<1>
@@ -127,8 +134,28 @@ int k_rmsnorm(uint16_t *out, float *residual, const uint16_t *x, const float *w,
               : chunks <= 4      ? rmsnorm_vec_kernel<4>
                                  : rmsnorm_vec_kernel<8>;
     /* PDL: starts during the previous kernel's tail (k_common.cuh) */
-    k_launch_ex(kern, dim3(M), dim3(RMS_THREADS), 0, stream, k_pdl_usable(), o, residual, xh, w,
-                H, eps);
+    k_launch_ex(kern, dim3(M), dim3(RMS_THREADS), 0, stream, k_pdl_usable(), o, residual, xh, xf,
+                w, H, eps);
     K_LAUNCH_CHECK();
     return K_ERR_NONE;
+}
+
+int k_rmsnorm(uint16_t *out, float *residual, const uint16_t *x, const float *w, int M, int H,
+              float eps, struct CUstream_st *stream)
+{
+    if (M < 1 || H < 1) K_REFUSE(K_ERR_SHAPE, "rmsnorm M=%d H=%d: need M, H >= 1", M, H);
+    if (!out || !w || (!x && !residual) || !(eps >= 0.0f))
+        K_REFUSE(K_ERR_ARG, "rmsnorm: out %p, w %p, x %p, residual %p, eps %g", (void *)out,
+                 (const void *)w, (const void *)x, (void *)residual, (double)eps);
+    return launch_rmsnorm(out, residual, x, nullptr, w, M, H, eps, stream);
+}
+
+int k_rmsnorm_acc(uint16_t *out, float *residual, float *x_acc, const float *w, int M, int H,
+                  float eps, struct CUstream_st *stream)
+{
+    if (M < 1 || H < 1) K_REFUSE(K_ERR_SHAPE, "rmsnorm_acc M=%d H=%d: need M, H >= 1", M, H);
+    if (!out || !w || !x_acc || !residual || !(eps >= 0.0f))
+        K_REFUSE(K_ERR_ARG, "rmsnorm_acc: out %p, w %p, x_acc %p, residual %p, eps %g",
+                 (void *)out, (const void *)w, (void *)x_acc, (void *)residual, (double)eps);
+    return launch_rmsnorm(out, residual, nullptr, x_acc, w, M, H, eps, stream);
 }

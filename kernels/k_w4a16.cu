@@ -189,11 +189,17 @@ static __device__ __forceinline__ void splitk_finish4(float *__restrict__ ws, __
  */
 static __device__ __forceinline__ int stage_at(int r, int c) { return r * 64 + (c ^ 4 * (r & 7)); }
 
+/* v + bias[0..3] (deferred split-K: the slice that holds k = 0 adds the bias once) */
+static __device__ __forceinline__ float4 add_bias4(float4 v, const float *__restrict__ b)
+{
+    return make_float4(v.x + b[0], v.y + b[1], v.z + b[2], v.w + b[3]);
+}
+
 template <int MB8>
 static __device__ __forceinline__ void w4a16_splitk_flush_staged(
     const float (&acc)[MB8][4][4], float *stage, const float *__restrict__ bias,
     __half *__restrict__ y, float *__restrict__ ws, unsigned *__restrict__ counters, int M, int N,
-    int nt, int S, int lane)
+    int nt, int S, bool first, int lane)
 {
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
@@ -209,11 +215,14 @@ static __device__ __forceinline__ void w4a16_splitk_flush_staged(
         }
     }
     __syncwarp();
+    const bool add_bias = !counters && first && bias; /* deferred: slice 0 adds the bias */
     for (int e = lane; e < M * 16; e += K_WARP) {
         const int r = e / 16, c = (e % 16) * 4;
-        k_red_add_v4(ws + (size_t)r * N + nt * 64 + c,
-                     *reinterpret_cast<const float4 *>(stage + stage_at(r, c)));
+        float4 v = *reinterpret_cast<const float4 *>(stage + stage_at(r, c));
+        if (add_bias) v = add_bias4(v, bias + nt * 64 + c);
+        k_red_add_v4(ws + (size_t)r * N + nt * 64 + c, v);
     }
+    if (!counters) return; /* deferred split-K (k_w4a16_linear_acc): the consumer finishes */
     /* the warp's adds, then one acq_rel arrival: release orders every lane's adds before the
      * counter moves (the warp barrier puts them before lane 0's atomic, and release is
      * cumulative), acquire lets the last slice see every other slice's adds. One atomic round
@@ -243,7 +252,7 @@ template <int MB8>
 static __device__ __forceinline__ void w4a16_splitk_flush_presum(
     const float (&acc)[MB8][4][4], float *stage0, const float *__restrict__ bias,
     __half *__restrict__ y, float *__restrict__ ws, unsigned *__restrict__ counters, int M, int N,
-    int nt, int arrivals, int tid, int warp, int lane)
+    int nt, int arrivals, bool first, int tid, int warp, int lane)
 {
     constexpr int ROWS = 8 * MB8, WARPS = 4, T = WARPS * K_WARP;
     __shared__ unsigned last_block;
@@ -270,8 +279,10 @@ static __device__ __forceinline__ void w4a16_splitk_flush_presum(
             const float4 u = *reinterpret_cast<const float4 *>(stage0 + w * ROWS * 64 + stage_at(r, c));
             v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w;
         }
+        if (!counters && first && bias) v = add_bias4(v, bias + nt * 64 + c);
         k_red_add_v4(ws + (size_t)r * N + nt * 64 + c, v);
     }
+    if (!counters) return; /* deferred split-K (k_w4a16_linear_acc): the consumer finishes */
     __syncthreads(); /* every thread's adds before thread 0's release */
     if (tid == 0) last_block = k_atom_add_acq_rel(counters + nt, 1u) == (unsigned)arrivals - 1;
     __syncthreads(); /* thread 0's acquire before every thread's reads */
@@ -514,7 +525,8 @@ w4a16_v5_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
                        const float *__restrict__ bias,      /* [N] or NULL */
                        __half *__restrict__ y,              /* [M, N] */
                        float *__restrict__ ws,              /* [M, N] fp32, zero on entry/exit */
-                       unsigned *__restrict__ counters,     /* [N/64], zero on entry/exit */
+                       unsigned *__restrict__ counters,     /* [N/64], zero on entry/exit; NULL:
+                                                               deferred, ws keeps the sums */
                        int M, int N, int K, int G, int kc, int S)
 {
     constexpr int ROWS = 8 * MB8, D = v5::DEPTH;
@@ -681,9 +693,10 @@ w4a16_v5_decode_kernel(const __half *__restrict__ x,        /* [M, K] */
     }
     if constexpr (PS)
         w4a16_splitk_flush_presum<MB8>(acc, stage - warp * ROWS * 64, bias, y, ws, counters, M, N,
-                                       nt, S / XS, tid, warp, lane);
+                                       nt, S / XS, s == warp, tid, warp, lane);
     else
-        w4a16_splitk_flush_staged<MB8>(acc, stage, bias, y, ws, counters, M, N, nt, S, lane);
+        w4a16_splitk_flush_staged<MB8>(acc, stage, bias, y, ws, counters, M, N, nt, S, s == 0,
+                                       lane);
 }
 
 // --- v4: decode, stream-K over warps --------------------------------------------------------------
@@ -1421,7 +1434,7 @@ static bool launch_v2(const __half *x, const uint4 *qw, const uint4 *qz, const u
 template <int MB8, bool SCALE_AFTER, int GTC, bool RING>
 static bool launch_v5_tb(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
                          const float *bias, __half *y, int M, int N, int K, int G, void *ws,
-                         int presum, cudaStream_t stream)
+                         int presum, bool defer, cudaStream_t stream)
 {
     constexpr int ROWS = 8 * MB8;
     constexpr bool CAN_PS = !RING && MB8 <= 2;
@@ -1448,7 +1461,8 @@ static bool launch_v5_tb(const __half *x, const uint4 *qw, const uint4 *qz, cons
     const int kc = splitk_slice(KT, n_groups, blocks_per_sm, kc_max, unit);
     const int S = (KT + kc - 1) / kc;
     float *wsf = static_cast<float *>(ws);
-    unsigned *counters = reinterpret_cast<unsigned *>(wsf + (size_t)M * N);
+    /* deferred split-K: no counters; ws [M, N] keeps the sums for the consumer */
+    unsigned *counters = defer ? nullptr : reinterpret_cast<unsigned *>(wsf + (size_t)M * N);
     static const bool verbose = getenv("QS_K_VERBOSE") != nullptr; /* launch shapes, for tuning */
     constexpr int XS = v5::WARPS<MB8>;
     /* pre-sum: S rounded up to whole blocks of XS slices, the slice no longer (trailing slices
@@ -1484,15 +1498,15 @@ static bool launch_v5_tb(const __half *x, const uint4 *qw, const uint4 *qz, cons
 template <int MB8, bool SCALE_AFTER, bool RING>
 static bool launch_v5_g(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
                         const float *bias, __half *y, int M, int N, int K, int G, void *ws,
-                        int presum, cudaStream_t stream)
+                        int presum, bool defer, cudaStream_t stream)
 {
     switch (G / 16) {
-    case 1: return launch_v5_tb<MB8, SCALE_AFTER, 1, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, presum, stream);
-    case 2: return launch_v5_tb<MB8, SCALE_AFTER, 2, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, presum, stream);
-    case 4: return launch_v5_tb<MB8, SCALE_AFTER, 4, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, presum, stream);
+    case 1: return launch_v5_tb<MB8, SCALE_AFTER, 1, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, presum, defer, stream);
+    case 2: return launch_v5_tb<MB8, SCALE_AFTER, 2, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, presum, defer, stream);
+    case 4: return launch_v5_tb<MB8, SCALE_AFTER, 4, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, presum, defer, stream);
     default:
         if ((G / 16) % v5::DEPTH) return false;
-        return launch_v5_tb<MB8, SCALE_AFTER, 0, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, presum, stream);
+        return launch_v5_tb<MB8, SCALE_AFTER, 0, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, presum, defer, stream);
     }
 }
 
@@ -1531,16 +1545,24 @@ static int launch_v4(const __half *x, const uint4 *qw, const uint32_t *qz, const
  * dequant + cuBLAS took 2-3x longer (docs/BENCHMARKS.md).
  * Where v5 cannot take G (G/16 neither divides nor is a multiple of 8, or a slice of whole
  * groups does not fit), v2, else v4 (stream-K: a fixed 36 KB of shared memory, any G). */
+/* v5 by M (the instantiation for its row count); false when nothing was launched */
+template <bool RING>
+static bool launch_v5_m(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
+                        const float *bias, __half *y, int M, int N, int K, int G, void *ws,
+                        int presum, bool defer, cudaStream_t stream)
+{
+    if (M <= 8) return launch_v5_g<1, true, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, presum, defer, stream);
+    if (M <= 16 || RING) return launch_v5_g<2, true, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, presum, defer, stream);
+    if (M <= 32) return launch_v5_g<4, false, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, presum, defer, stream);
+    return launch_v5_g<8, false, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, presum, defer, stream);
+}
+
 template <bool RING>
 static int launch_v5(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
                      const float *bias, __half *y, int M, int N, int K, int G, void *ws,
                      int presum, cudaStream_t stream)
 {
-    bool done;
-    if (M <= 8) done = launch_v5_g<1, true, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, presum, stream);
-    else if (M <= 16 || RING) done = launch_v5_g<2, true, RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, presum, stream);
-    else if (M <= 32) done = launch_v5_g<4, false, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, presum, stream);
-    else done = launch_v5_g<8, false, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, presum, stream);
+    bool done = launch_v5_m<RING>(x, qw, qz, sc, bias, y, M, N, K, G, ws, presum, false, stream);
     if (!done && !launch_v2(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream))
         return launch_v4(x, qw, reinterpret_cast<const uint32_t *>(qz), sc, bias, y, M, N, K, G,
                          ws, stream);
@@ -1714,6 +1736,56 @@ int k_w4a16_linear(const uint16_t *x, const uint8_t *qweight, const uint8_t *qze
 {
     return k_w4a16_linear_variant(K_W4A16_AUTO, x, qweight, qzeros, scales, bias, y, M, N, K, G,
                                   workspace, workspace_bytes, stream);
+}
+
+int k_w4a16_linear_acc(const uint16_t *x, const uint8_t *qweight, const uint8_t *qzeros,
+                       const uint16_t *scales, const float *bias, float *acc, int M, int N, int K,
+                       int G, struct CUstream_st *stream)
+{
+    int rc = check_shape(__func__, M, N, K, G);
+    if (rc) return rc;
+    if (M > K_W4A16_V5_MAX_M)
+        K_REFUSE(K_ERR_SHAPE, "deferred W4A16 linear: M=%d > %d", M, K_W4A16_V5_MAX_M);
+    if (!x || !qweight || !qzeros || !scales || !acc || (uintptr_t)acc % 16)
+        K_REFUSE(K_ERR_ARG, "deferred W4A16 linear: NULL tensor or acc not 16-byte aligned "
+                 "(x %p, qweight %p, qzeros %p, scales %p, acc %p)", (const void *)x,
+                 (const void *)qweight, (const void *)qzeros, (const void *)scales, (void *)acc);
+    /* presum 1: as auto (the block pre-sum at 9 <= M <= 16) */
+    if (!launch_v5_m<false>(reinterpret_cast<const __half *>(x),
+                            reinterpret_cast<const uint4 *>(qweight),
+                            reinterpret_cast<const uint4 *>(qzeros),
+                            reinterpret_cast<const uint4 *>(scales), bias, nullptr, M, N, K, G,
+                            acc, 1, true, stream))
+        return K_ERR_UNSUPPORTED; /* not reported: the caller falls back to k_w4a16_linear */
+    return K_ERR_NONE;
+}
+
+/* y = fp16(acc), acc = 0; 4 columns per thread (N % 64 == 0) */
+static __global__ void acc_finish_kernel(__half *__restrict__ y, float *__restrict__ acc,
+                                         long long n4)
+{
+    k_pdl_launch_dependents(); /* the next kernel may start loading (k_common.cuh) */
+    k_pdl_wait();              /* launched early (PDL): the deferred linear is complete */
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    float4 *p = reinterpret_cast<float4 *>(acc) + i;
+    const float4 v = *p;
+    const __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
+    reinterpret_cast<uint2 *>(y)[i] = make_uint2(k_half2_as_u32(a), k_half2_as_u32(b));
+    *p = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+
+int k_w4a16_acc_finish(uint16_t *y, float *acc, int M, int N, struct CUstream_st *stream)
+{
+    if (M < 1 || N < 1 || N % 4)
+        K_REFUSE(K_ERR_SHAPE, "acc_finish M=%d N=%d: need M, N >= 1, N %% 4 == 0", M, N);
+    if (!y || !acc || (uintptr_t)acc % 16 || (uintptr_t)y % 8)
+        K_REFUSE(K_ERR_ARG, "acc_finish: NULL or misaligned y %p / acc %p", (void *)y, (void *)acc);
+    const long long n4 = (long long)M * N / 4;
+    k_launch_ex(acc_finish_kernel, dim3((unsigned)((n4 + 255) / 256)), dim3(256), 0, stream,
+                k_pdl_usable(), reinterpret_cast<__half *>(y), acc, n4);
+    K_LAUNCH_CHECK();
+    return K_ERR_NONE;
 }
 
 int k_w4a16_dequant(const uint8_t *qweight, const uint8_t *qzeros, const uint16_t *scales,

@@ -155,6 +155,32 @@ int k_w4a16_linear(const uint16_t *x, const uint8_t *qweight, const uint8_t *qze
                    int G, void *workspace, size_t workspace_bytes, struct CUstream_st *stream);
 
 /*
+ * Deferred split-K ("accumulate"): acc[M, N] (fp32) += x[M, K] . W[K, N] + bias[N], with the
+ * decomposition of variant 5 (as auto: the block pre-sum at 9 <= M <= 16) but without its
+ * split-K tail: the slices add their partial sums straight into acc (vector reductions; the
+ * slice holding k = 0 adds the bias) and nothing waits for the last one, so no counter, no
+ * read-back and no fp16 y. Whoever reads acc next (a later kernel in the stream: k_w4a16_acc_finish,
+ * k_rmsnorm_acc, k_silu_mul_acc, k_rope_acc) turns the sums into fp16 and zeroes acc again.
+ * Same inputs and math as k_w4a16_linear (reference ref_w4a16_linear, the sums unrounded);
+ * acc: [M, N] fp32 row-major, zero on entry (or partial sums to add to), 16-byte aligned; it may
+ * be the start of a k_w4a16_workspace_bytes(M, N) workspace that is not in use.
+ * The order of the fp32 additions varies from run to run (atomics), as in variant 5.
+ * Errors: K_ERR_SHAPE (as k_w4a16_linear, M > K_W4A16_V5_MAX_M), K_ERR_ARG (NULL, acc misaligned),
+ * K_ERR_UNSUPPORTED, NOT reported and with nothing launched, where variant 5 cannot take G
+ * (G/16 neither divides nor is a multiple of 8, or a slice of whole groups does not fit): the
+ * caller then runs k_w4a16_linear. Source of the idea: the split-K "reduction in the consumer"
+ * measured by `qshard bench kernel floor` (docs/BENCHMARKS.md).
+ */
+int k_w4a16_linear_acc(const uint16_t *x, const uint8_t *qweight, const uint8_t *qzeros,
+                       const uint16_t *scales, const float *bias, float *acc, int M, int N, int K,
+                       int G, struct CUstream_st *stream);
+
+/* y[M, N] = fp16(acc[M, N]) (round to nearest), then acc = 0: the consumer of
+ * k_w4a16_linear_acc when the next op reads fp16. y 8-byte, acc 16-byte aligned.
+ * Errors: K_ERR_SHAPE (M, N < 1, N % 4), K_ERR_ARG (NULL, misaligned). */
+int k_w4a16_acc_finish(uint16_t *y, float *acc, int M, int N, struct CUstream_st *stream);
+
+/*
  * Dequantise a packed linear into a plain fp16 matrix w[K, N] row-major (for a cuBLAS GEMM at
  * large M, and for tests): w[k][n] = fp16((q - z) * s). Same inputs as k_w4a16_linear.
  * Reference: ref_dequant_w4 (then rounded to fp16). Errors: K_ERR_SHAPE, K_ERR_ARG.
@@ -220,6 +246,12 @@ int k_scatter_add_rows(uint16_t *y, const uint16_t *src, const int32_t *rows,
 int k_rmsnorm(uint16_t *out, float *residual, const uint16_t *x, const float *w, int M, int H,
               float eps, struct CUstream_st *stream);
 
+/* k_rmsnorm with x given as fp32 sums x_acc[M, H] (k_w4a16_linear_acc), which it reads and
+ * zeroes: residual[m] += x_acc[m] (no fp16 rounding of x), x_acc[m] = 0, out = w *
+ * norm(residual[m]). residual is required. Errors: K_ERR_SHAPE, K_ERR_ARG (NULL, eps < 0). */
+int k_rmsnorm_acc(uint16_t *out, float *residual, float *x_acc, const float *w, int M, int H,
+                  float eps, struct CUstream_st *stream);
+
 /*
  * RoPE, transformers rotate_half form (reference ref_rope), in place on fp16: rows m = 0..M-1
  * at x + m*row_stride (fp16 elements), n_heads heads of hd values each, pairs (i, i + hd/2):
@@ -232,9 +264,34 @@ int k_rmsnorm(uint16_t *out, float *residual, const uint16_t *x, const float *w,
 int k_rope(uint16_t *x, int M, int n_heads, int hd, size_t row_stride, const int32_t *pos,
            const float *inv_freq, struct CUstream_st *stream);
 
+/* k_rope from fp32 sums (k_w4a16_linear_acc): x[m][c] (fp16, rows of row_stride) = the first
+ * n_heads*hd columns of acc[m] rotated as k_rope does (from the unrounded sums), the rest of
+ * the row (the v heads of a fused qkv row) rounded as they are; acc[M, row_stride] fp32 is
+ * zeroed. Errors: as k_rope, K_ERR_SHAPE also for row_stride > INT_MAX. */
+int k_rope_acc(uint16_t *x, float *acc, int M, int n_heads, int hd, size_t row_stride,
+               const int32_t *pos, const float *inv_freq, struct CUstream_st *stream);
+
+/* RoPE and the KV-cache store of a fused qkv row in one kernel (k_rope on the nq + nkv q and k
+ * heads, then k_kv_store of the rotated k heads and the nkv v heads that follow them):
+ *   x[m] = [q (nq heads) | k (nkv) | v (nkv) | ...] fp16, rows of row_stride; acc NULL: read
+ *   from x (as k_rope), else from the fp32 sums acc[M, row_stride] (k_w4a16_linear_acc; the
+ *   whole row is written to x rounded, acc zeroed, as k_rope_acc);
+ *   k_cache / v_cache [nkv][T_cap][hd] fp16: row pos[m] of each kv head = the rotated k / the v
+ *   of row m; rows with pos[m] outside [0, T_cap) are not stored (the caller checks positions).
+ * pos: [M] int32 device. Same math as k_rope (reference ref_rope, then the copy of
+ * ref_attention's cache layout). Errors: K_ERR_SHAPE (hd odd or < 2, M, nq, nkv, T_cap < 1,
+ * row_stride < (nq + 2 nkv) hd or > INT_MAX), K_ERR_ARG (NULL). */
+int k_rope_kv_store(uint16_t *x, float *acc, int M, int nq, int nkv, int hd, size_t row_stride,
+                    const int32_t *pos, const float *inv_freq, uint16_t *k_cache,
+                    uint16_t *v_cache, int T_cap, struct CUstream_st *stream);
+
 /* out[M, I] = silu(gate) * up, gate_up[M, 2I] = [gate | up] fp16, math in fp32 (reference
  * ref_silu_mul). Errors: K_ERR_SHAPE (M < 1, I < 1), K_ERR_ARG (NULL). */
 int k_silu_mul(uint16_t *out, const uint16_t *gate_up, int M, int I, struct CUstream_st *stream);
+
+/* k_silu_mul from fp32 sums gate_up_acc[M, 2I] (k_w4a16_linear_acc), which it zeroes.
+ * Errors: K_ERR_SHAPE (M < 1, I < 1), K_ERR_ARG (NULL). */
+int k_silu_mul_acc(uint16_t *out, float *gate_up_acc, int M, int I, struct CUstream_st *stream);
 
 /*
  * Vocab-parallel embedding lookup into the fp32 residual stream (reference ref_embed):

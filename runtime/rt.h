@@ -358,7 +358,7 @@ struct rt_backend_ops {
      * backend's stream capture; with several ranks every rank records at once, all-reduces
      * included: graph_begin for every rank, the step's ops, then graph_end for every rank; a
      * backend may finish the recordings only at the last graph_end); in that mode embed reads
-     * the token and rope/kv_store/attention read the position from backend memory that
+     * the token and rope/kv_store/rope_kv_store/attention read the position from backend memory that
      * graph_replay fills, so the recording does not depend on them. graph_end(ok = false) discards the recording. graph_ready: whether `rank` has a
      * valid recording (one was made and no buffer it uses has been reallocated since).
      * graph_replay runs the recording for `token` at position `pos`; *done = false (nothing
@@ -383,6 +383,12 @@ struct rt_backend_ops {
      * the W4A16 prefill path (dequant + cuBLAS) costs 0.5-0.65x of cuBLAS fp16 per 256-512
      * rows but 0.9x at 2048 and more (docs/BENCHMARKS.md, "Prompt chunk size"). */
     int default_batch;
+    /* Optional (NULL: rope, then kv_store): both in one op on the fused qkv rows x of M tokens
+     * at positions start_pos + m: rope on the n_q + n_kv q and k heads, then k and v (the n_kv
+     * heads after them) appended to the caches, with the arguments of rope and kv_store. */
+    enum rt_err (*rope_kv_store)(void *ctx, int rank, void *x, int M, int n_q, int n_kv, int hd,
+                                 size_t row_stride, int start_pos, const float *inv_freq,
+                                 void *k_cache, void *v_cache, int T_cap);
 };
 
 struct rt_backend {

@@ -90,6 +90,10 @@ struct grow_buf {
     size_t bytes;
 };
 
+/* linears remembered as "not deferred" per rank (two per layer of an 80-layer model at tp > 1,
+ * plus MoE expert down projections; past this they are deferred and finished separately) */
+#define RT_CUDA_PLAIN_MAX 1024
+
 struct cuda_rank {
     int device;
     cudaStream_t stream;
@@ -118,6 +122,14 @@ struct cuda_rank {
     unsigned char *d_pick;  /* device */
     unsigned char *h_pick;  /* pinned host staging */
     size_t pick_bytes;
+    /* deferred split-K (see settle): pend_y's [pend_M, pend_N] values are still fp32 sums at
+     * the start of ws, made by k_w4a16_linear_acc with weight pend_w */
+    void *pend_y;
+    int pend_M, pend_N;
+    const void *pend_w;
+    const void *plain_w[RT_CUDA_PLAIN_MAX]; /* linears whose output a non-fusing op read */
+    int n_plain;
+    bool replan;            /* plain_w grew while recording: record again after one replay */
 };
 
 struct cuda_ctx {
@@ -188,6 +200,47 @@ static enum rt_err upload_small(struct cuda_rank *r, const void *host, size_t by
     *dev = static_cast<unsigned char *>(r->small.p) + off;
     RT_CUDA_TRY(cudaMemcpyAsync(*dev, host, bytes, cudaMemcpyHostToDevice, r->stream));
     return RT_ERR_NONE;
+}
+
+/*
+ * Deferred split-K. At M <= RT_CUDA_DEFER_MAX_M a W4A16 linear runs k_w4a16_linear_acc: its
+ * slices add their partial sums into ws and nothing waits for the last slice (no counter, no
+ * read-back, no fp16 y: 1.2-2.5 us per call on the H200, `qshard bench kernel floor`). The op
+ * that reads y next takes the sums from ws and zeroes them: rmsnorm (the o and down projections
+ * at world 1), rope (qkv; it also rounds the v heads), silu_mul (gate_up) have fused versions;
+ * any other op on the rank first calls settle(), which writes y (k_w4a16_acc_finish), and that
+ * linear is then remembered in plain_w and no longer deferred (MoE expert outputs, which
+ * scatter_add_rows reads). World size 1 only for now. QSHARD_DEFER=0 turns it off (A/B runs).
+ */
+#define RT_CUDA_DEFER_MAX_M 16
+
+static enum rt_err settle(struct cuda_rank *r)
+{
+    if (!r->pend_y) return RT_ERR_NONE;
+    void *y = r->pend_y;
+    r->pend_y = NULL;
+    if (r->n_plain < RT_CUDA_PLAIN_MAX) {
+        r->plain_w[r->n_plain++] = r->pend_w;
+        if (r->capturing) r->replan = true; /* the recording holds this finish: record again */
+    }
+    RT_K_TRY(k_w4a16_acc_finish(static_cast<uint16_t *>(y), static_cast<float *>(r->ws.p),
+                                r->pend_M, r->pend_N, r->stream));
+    return RT_ERR_NONE;
+}
+
+#define SETTLE(r)                            \
+    do {                                     \
+        enum rt_err se_ = settle(r);         \
+        if (se_ != RT_ERR_NONE) return se_;  \
+    } while (0)
+
+/* Whether y (M rows of N) is the pending output of a deferred linear: the caller consumes its
+ * sums from ws and the pending state ends. */
+static bool take_pending(struct cuda_rank *r, const void *y, int M, size_t N)
+{
+    if (!r->pend_y || r->pend_y != y || r->pend_M != M || (size_t)r->pend_N != N) return false;
+    r->pend_y = NULL;
+    return true;
 }
 
 static void rank_free(struct cuda_rank *r)
@@ -371,6 +424,7 @@ static void cuda_free(void *ctx, int rank, void *p)
 {
     struct cuda_rank *r = R(ctx, rank);
     if (!p) return;
+    (void)settle(r); /* a pending linear's output may live in p; a failure is reported there */
     cudaStreamSynchronize(r->stream);
     cudaFree(p);
 }
@@ -378,6 +432,7 @@ static void cuda_free(void *ctx, int rank, void *p)
 static enum rt_err cuda_upload(void *ctx, int rank, void *dst, const void *src, size_t bytes)
 {
     struct cuda_rank *r = R(ctx, rank);
+    SETTLE(r);
     RT_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, r->stream));
     RT_CUDA_TRY(cudaStreamSynchronize(r->stream)); /* the host buffer may be reused at once */
     return RT_ERR_NONE;
@@ -386,6 +441,7 @@ static enum rt_err cuda_upload(void *ctx, int rank, void *dst, const void *src, 
 static enum rt_err cuda_download(void *ctx, int rank, void *dst, const void *src, size_t bytes)
 {
     struct cuda_rank *r = R(ctx, rank);
+    SETTLE(r);
     RT_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, r->stream));
     RT_CUDA_TRY(cudaStreamSynchronize(r->stream));
     return RT_ERR_NONE;
@@ -394,6 +450,7 @@ static enum rt_err cuda_download(void *ctx, int rank, void *dst, const void *src
 static enum rt_err cuda_zero(void *ctx, int rank, void *dst, size_t bytes)
 {
     struct cuda_rank *r = R(ctx, rank);
+    SETTLE(r);
     RT_CUDA_TRY(cudaMemsetAsync(dst, 0, bytes, r->stream));
     return RT_ERR_NONE;
 }
@@ -404,6 +461,7 @@ static enum rt_err cuda_embed(void *ctx, int rank, float *out, const uint16_t *t
                               const int32_t *tokens, int M, int64_t row_begin, int V_r, int H)
 {
     struct cuda_rank *r = R(ctx, rank);
+    SETTLE(r);
     if (r->capturing) { /* graph: the token is in d_step[0] at replay */
         RT_K_TRY(k_embed(out, table, r->d_step, M, row_begin, V_r, H, r->stream));
         return RT_ERR_NONE;
@@ -420,6 +478,12 @@ static enum rt_err cuda_rmsnorm(void *ctx, int rank, void *out, float *residual,
                                 const float *w, int M, int H, float eps)
 {
     struct cuda_rank *r = R(ctx, rank);
+    if (residual && take_pending(r, x, M, (size_t)H)) {
+        RT_K_TRY(k_rmsnorm_acc(static_cast<uint16_t *>(out), residual,
+                               static_cast<float *>(r->ws.p), w, M, H, eps, r->stream));
+        return RT_ERR_NONE;
+    }
+    SETTLE(r);
     RT_K_TRY(k_rmsnorm(static_cast<uint16_t *>(out), residual, static_cast<const uint16_t *>(x),
                        w, M, H, eps, r->stream));
     return RT_ERR_NONE;
@@ -432,6 +496,30 @@ static enum rt_err cuda_linear_w4(void *ctx, int rank, const void *x, const uint
     struct cuda_rank *r = R(ctx, rank);
     const uint16_t *xh = static_cast<const uint16_t *>(x);
     uint16_t *yh = static_cast<uint16_t *>(y);
+    SETTLE(r);
+    static int defer = -1; /* QSHARD_DEFER=0: never deferred */
+    if (defer < 0) {
+        const char *env = getenv("QSHARD_DEFER");
+        defer = !(env && strcmp(env, "0") == 0);
+    }
+    /* world 1 only: at world > 1 the o and down outputs feed the all-reduce (they would be
+     * learned as plain after one step), and that path has not run on 2 GPUs yet */
+    bool plain = !defer || M > RT_CUDA_DEFER_MAX_M || static_cast<cuda_ctx *>(ctx)->world > 1;
+    for (int i = 0; i < r->n_plain && !plain; ++i) plain = r->plain_w[i] == qweight;
+    if (!plain) {
+        enum rt_err e = grow(r, &r->ws, k_w4a16_workspace_bytes(M, N), "the W4A16 workspace", true);
+        if (e) return e;
+        const int rc = k_w4a16_linear_acc(xh, qweight, qzeros, scales, bias,
+                                          static_cast<float *>(r->ws.p), M, N, K, G, r->stream);
+        if (rc == K_ERR_NONE) {
+            r->pend_y = y;
+            r->pend_M = M;
+            r->pend_N = N;
+            r->pend_w = qweight;
+            return RT_ERR_NONE;
+        }
+        RT_K_TRY(rc == K_ERR_UNSUPPORTED ? K_ERR_NONE : rc); /* G v5 cannot take: run it plain */
+    }
     /* M <= 64: v5; 65..K_W4A16_DQ_GEMM_MIN_M - 1: v7 (wgmma) on Hopper; above, or on other
      * GPUs above 64: dequant + cuBLAS (the fastest of each range on the H200, BENCHMARKS.md) */
     if (M >= K_W4A16_DQ_GEMM_MIN_M || (M > K_W4A16_V5_MAX_M && !r->wgmma)) {
@@ -455,6 +543,7 @@ static enum rt_err cuda_linear_f16(void *ctx, int rank, const void *x, const uin
                                    const float *bias, int M, int K, int N, void *y)
 {
     struct cuda_rank *r = R(ctx, rank);
+    SETTLE(r);
     const float alpha = 1.0f, beta = 0.0f;
     /* row-major y[M,N] = x[M,K] . W^T with W [N,K]: column-major y^T = op_T(W) . x^T */
     RT_CUBLAS_TRY(cublasGemmEx(r->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, W,
@@ -468,6 +557,7 @@ static enum rt_err cuda_lm_head(void *ctx, int rank, const void *x, const uint16
                                 int K, int N, float *logits)
 {
     struct cuda_rank *r = R(ctx, rank);
+    SETTLE(r);
     const float alpha = 1.0f, beta = 0.0f;
     RT_CUBLAS_TRY(cublasGemmEx(r->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, W,
                                CUDA_R_16F, K, x, CUDA_R_16F, K, &beta, logits, CUDA_R_32F, N,
@@ -479,21 +569,22 @@ static enum rt_err cuda_router(void *ctx, int rank, const void *x, const float *
                                int N, float *y)
 {
     struct cuda_rank *r = R(ctx, rank);
+    SETTLE(r);
     RT_K_TRY(k_router(y, static_cast<const uint16_t *>(x), W, M, K, N, r->stream));
     return RT_ERR_NONE;
 }
 
-static enum rt_err cuda_rope(void *ctx, int rank, void *x, int M, int n_heads, int hd,
-                             size_t row_stride, int start_pos, const float *inv_freq)
+/* Device positions start_pos .. start_pos + M - 1 for k_rope and friends: d_step + 1 while a
+ * decode graph records (M = 1, filled at replay), else a slice of the 0, 1, 2, ... table, grown
+ * as the context grows. */
+static enum rt_err positions(struct cuda_rank *r, int start_pos, int M, const int32_t **out)
 {
-    struct cuda_rank *r = R(ctx, rank);
-    if (r->capturing) { /* graph (M = 1): the position is in d_step[1] at replay */
-        RT_K_TRY(k_rope(static_cast<uint16_t *>(x), M, n_heads, hd, row_stride, r->d_step + 1,
-                        inv_freq, r->stream));
+    if (r->capturing) {
+        *out = r->d_step + 1;
         return RT_ERR_NONE;
     }
     const size_t need = (size_t)(start_pos + M) * sizeof(int32_t);
-    if (r->pos.bytes < need) { /* positions 0, 1, 2, ... once, grown as the context grows */
+    if (r->pos.bytes < need) {
         enum rt_err e = grow(r, &r->pos, need, "the position table", false);
         if (e) return e;
         const size_t n = r->pos.bytes / sizeof(int32_t);
@@ -509,8 +600,25 @@ static enum rt_err cuda_rope(void *ctx, int rank, void *x, int M, int n_heads, i
         free(h);
         RT_CUDA_TRY(ce);
     }
-    RT_K_TRY(k_rope(static_cast<uint16_t *>(x), M, n_heads, hd, row_stride,
-                    static_cast<const int32_t *>(r->pos.p) + start_pos, inv_freq, r->stream));
+    *out = static_cast<const int32_t *>(r->pos.p) + start_pos;
+    return RT_ERR_NONE;
+}
+
+static enum rt_err cuda_rope(void *ctx, int rank, void *x, int M, int n_heads, int hd,
+                             size_t row_stride, int start_pos, const float *inv_freq)
+{
+    struct cuda_rank *r = R(ctx, rank);
+    const bool from_acc = take_pending(r, x, M, row_stride); /* the qkv sums, deferred */
+    if (!from_acc) SETTLE(r);
+    uint16_t *xh = static_cast<uint16_t *>(x);
+    const int32_t *pos = NULL;
+    enum rt_err e = positions(r, start_pos, M, &pos);
+    if (e) return e;
+    if (from_acc)
+        RT_K_TRY(k_rope_acc(xh, static_cast<float *>(r->ws.p), M, n_heads, hd, row_stride, pos,
+                            inv_freq, r->stream));
+    else
+        RT_K_TRY(k_rope(xh, M, n_heads, hd, row_stride, pos, inv_freq, r->stream));
     return RT_ERR_NONE;
 }
 
@@ -519,6 +627,7 @@ static enum rt_err cuda_kv_store(void *ctx, int rank, void *k_cache, void *v_cac
                                  int n_kv_heads, int hd, int T_cap)
 {
     struct cuda_rank *r = R(ctx, rank);
+    SETTLE(r);
     if (r->capturing) {
         RT_K_TRY(k_kv_store_at(static_cast<uint16_t *>(k_cache), static_cast<uint16_t *>(v_cache),
                                static_cast<const uint16_t *>(k), static_cast<const uint16_t *>(v),
@@ -531,12 +640,51 @@ static enum rt_err cuda_kv_store(void *ctx, int rank, void *k_cache, void *v_cac
     return RT_ERR_NONE;
 }
 
+/* rope + kv_store in one kernel (k_rope_kv_store), from the deferred qkv sums when pending */
+static enum rt_err cuda_rope_kv_store(void *ctx, int rank, void *x, int M, int n_q, int n_kv,
+                                      int hd, size_t row_stride, int start_pos,
+                                      const float *inv_freq, void *k_cache, void *v_cache,
+                                      int T_cap)
+{
+    static int fused = -1; /* QSHARD_ROPE_KV=0: two kernels (rope, kv_store), for A/B runs */
+    if (fused < 0) {
+        const char *env = getenv("QSHARD_ROPE_KV");
+        fused = !(env && strcmp(env, "0") == 0);
+    }
+    if (!fused) {
+        uint16_t *q = static_cast<uint16_t *>(x);
+        enum rt_err e = cuda_rope(ctx, rank, x, M, n_q + n_kv, hd, row_stride, start_pos, inv_freq);
+        if (!e)
+            e = cuda_kv_store(ctx, rank, k_cache, v_cache, q + (size_t)n_q * hd,
+                              q + (size_t)(n_q + n_kv) * hd, row_stride, M, start_pos, n_kv, hd,
+                              T_cap);
+        return e;
+    }
+    struct cuda_rank *r = R(ctx, rank);
+    if (!r->capturing && (start_pos < 0 || (long long)start_pos + M > T_cap)) {
+        qs_log_error(__func__, "positions %d..%lld past the KV cache of %d rows", start_pos,
+                     (long long)start_pos + M - 1, T_cap);
+        return RT_ERR_SHAPE;
+    }
+    const bool from_acc = take_pending(r, x, M, row_stride);
+    if (!from_acc) SETTLE(r);
+    const int32_t *pos = NULL;
+    enum rt_err e = positions(r, start_pos, M, &pos);
+    if (e) return e;
+    RT_K_TRY(k_rope_kv_store(static_cast<uint16_t *>(x),
+                             from_acc ? static_cast<float *>(r->ws.p) : NULL, M, n_q, n_kv, hd,
+                             row_stride, pos, inv_freq, static_cast<uint16_t *>(k_cache),
+                             static_cast<uint16_t *>(v_cache), T_cap, r->stream));
+    return RT_ERR_NONE;
+}
+
 static enum rt_err cuda_attention(void *ctx, int rank, void *out, size_t out_stride, const void *q,
                                   size_t q_stride, const void *k_cache, const void *v_cache, int M,
                                   int start_pos, int n_heads, int n_kv_heads, int hd, int T_cap,
                                   int sliding_window)
 {
     struct cuda_rank *r = R(ctx, rank);
+    SETTLE(r);
     /* split-KV decode: one workspace for every row count and position (k_attention_workspace_
      * bytes with the kernels' largest M), grown by the first call (a prompt, op by op), so a
      * decode graph never needs it grown while it records; zero-filled, left ready by each call */
@@ -570,6 +718,12 @@ static enum rt_err cuda_attention(void *ctx, int rank, void *out, size_t out_str
 static enum rt_err cuda_silu_mul(void *ctx, int rank, void *out, const void *gate_up, int M, int I)
 {
     struct cuda_rank *r = R(ctx, rank);
+    if (take_pending(r, gate_up, M, 2 * (size_t)I)) {
+        RT_K_TRY(k_silu_mul_acc(static_cast<uint16_t *>(out), static_cast<float *>(r->ws.p), M,
+                                I, r->stream));
+        return RT_ERR_NONE;
+    }
+    SETTLE(r);
     RT_K_TRY(k_silu_mul(static_cast<uint16_t *>(out), static_cast<const uint16_t *>(gate_up), M,
                         I, r->stream));
     return RT_ERR_NONE;
@@ -579,6 +733,7 @@ static enum rt_err cuda_gather_rows(void *ctx, int rank, void *dst, const void *
                                     const int32_t *rows, int n, int width)
 {
     struct cuda_rank *r = R(ctx, rank);
+    SETTLE(r);
     if (n < 1) return RT_ERR_NONE;
     void *drows = NULL;
     enum rt_err e = upload_small(r, rows, (size_t)n * sizeof(int32_t), 0, &drows);
@@ -594,6 +749,7 @@ static enum rt_err cuda_scatter_add_rows(void *ctx, int rank, void *y, const voi
                                          int width)
 {
     struct cuda_rank *r = R(ctx, rank);
+    SETTLE(r);
     if (n < 1) return RT_ERR_NONE;
     const size_t rb = ((size_t)n * sizeof(int32_t) + 255) / 256 * 256;
     void *drows = NULL, *dw = NULL;
@@ -629,6 +785,7 @@ static enum rt_err cuda_all_reduce(void *vctx, void *const *bufs, int world, siz
                                    enum rt_buf_type type)
 {
     struct cuda_ctx *c = static_cast<struct cuda_ctx *>(vctx);
+    for (int i = 0; i < world; ++i) SETTLE(R(vctx, i));
     if (world <= 1) return RT_ERR_NONE;
     const int f16 = type != RT_BUF_F32;
     bool p2p = c->ar != NULL;
@@ -685,6 +842,7 @@ static enum rt_err cuda_graph_begin(void *ctx, int rank)
             ri->graph = NULL;
         }
     struct cuda_rank *r = R(ctx, rank);
+    SETTLE(r); /* before the recording: nothing pending crosses its edges */
     RT_CUDA_TRY(cudaStreamBeginCapture(r->stream, cudaStreamCaptureModeThreadLocal));
     r->capturing = true;
     r->gexec_gen = r->buf_gen;
@@ -696,6 +854,11 @@ static enum rt_err cuda_graph_end(void *ctx, int rank, bool ok)
     struct cuda_ctx *c = static_cast<struct cuda_ctx *>(ctx);
     struct cuda_rank *r = R(ctx, rank);
     cudaGraph_t g = NULL;
+    /* a pending linear's finish belongs in the recording; after a failed one nothing ran (ws
+     * is still zero), so the pending state is simply dropped */
+    const enum rt_err es = ok ? settle(r) : RT_ERR_NONE;
+    if (es) ok = false;
+    r->pend_y = NULL;
     r->capturing = false;
     const cudaError_t ce = cudaStreamEndCapture(r->stream, &g); /* always: leave capture mode */
     enum rt_err ret = RT_ERR_NONE;
@@ -748,6 +911,10 @@ static enum rt_err cuda_graph_replay(void *ctx, int rank, int32_t token, int pos
                                 r->stream));
     RT_CUDA_TRY(cudaGraphLaunch(r->gexec, r->stream));
     *done = true;
+    if (r->replan) { /* recorded while learning plain_w (settle): the next step records again */
+        r->replan = false;
+        ++r->buf_gen;
+    }
     return RT_ERR_NONE;
 }
 
@@ -757,6 +924,7 @@ static enum rt_err cuda_sample(void *ctx, int rank, const float *logits, int voc
                                const struct rt_pick *pick, int32_t *id)
 {
     struct cuda_rank *r = R(ctx, rank);
+    SETTLE(r);
     const size_t seen_bytes = ((size_t)vocab_size + 7) / 8, need = 16 + seen_bytes;
     if (r->pick_bytes < need) {
         RT_CUDA_TRY(cudaStreamSynchronize(r->stream));
@@ -805,6 +973,8 @@ static enum rt_err cuda_copy_ranks(void *vctx, int dst_rank, void *dst, int src_
                      src_rank, dst_rank);
         return RT_ERR_DEVICE;
     }
+    SETTLE(R(vctx, dst_rank));
+    SETTLE(R(vctx, src_rank));
     if (bytes == 0) return RT_ERR_NONE;
     struct cuda_rank *s = R(vctx, src_rank);
     if (src_rank == dst_rank) {
@@ -826,7 +996,7 @@ static const struct rt_backend_ops cuda_ops = {
     cuda_linear_f16, cuda_lm_head, cuda_router, cuda_rope, cuda_kv_store, cuda_attention,
     cuda_silu_mul, cuda_gather_rows, cuda_scatter_add_rows, cuda_all_reduce,
     cuda_graph_begin, cuda_graph_end, cuda_graph_ready, cuda_graph_replay, cuda_sample,
-    cuda_copy_ranks, 2048,
+    cuda_copy_ranks, 2048, cuda_rope_kv_store,
 };
 
 bool rt_cuda_available(void)

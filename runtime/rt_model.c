@@ -782,10 +782,15 @@ static enum rt_err attn_block(struct rt_model *m, int r, int l, int M, int p0)
     void *v = act_at(m, R->qkv, (size_t)(nq + nkv) * hd);
 
     TRY(linear(m, r, &ly->qkv, R->x, M, R->qkv));
-    /* the k heads follow the q heads in each row: one call rotates both */
-    TRY(OPS->rope(BCTX, r, q, M, nq + nkv, hd, stride, p0, R->inv_freq));
-    TRY(OPS->kv_store(BCTX, r, R->k_cache[l], R->v_cache[l], k, v, stride, M, p0, nkv, hd,
-                      m->n_ctx));
+    if (OPS->rope_kv_store) { /* one op (CUDA: one kernel instead of two per layer) */
+        TRY(OPS->rope_kv_store(BCTX, r, q, M, nq, nkv, hd, stride, p0, R->inv_freq,
+                               R->k_cache[l], R->v_cache[l], m->n_ctx));
+    } else {
+        /* the k heads follow the q heads in each row: one call rotates both */
+        TRY(OPS->rope(BCTX, r, q, M, nq + nkv, hd, stride, p0, R->inv_freq));
+        TRY(OPS->kv_store(BCTX, r, R->k_cache[l], R->v_cache[l], k, v, stride, M, p0, nkv, hd,
+                          m->n_ctx));
+    }
     TRY(OPS->attention(BCTX, r, R->att, (size_t)nq * hd, q, stride, R->k_cache[l],
                        R->v_cache[l], M, p0, nq, nkv, hd, m->n_ctx, c->sliding_window));
     return linear(m, r, &ly->o, R->att, M, R->o);

@@ -392,6 +392,196 @@ static void test_w4a16_pdl_chain(void)
     }
 }
 
+/* Count of nonzero floats in a device buffer (the deferred consumers must leave acc zeroed). */
+static size_t dev_nonzero(const float *d, size_t n)
+{
+    const std::vector<float> h = dev_download(d, n);
+    size_t nz = 0;
+    for (float v : h) nz += v != 0.0f;
+    return nz;
+}
+
+/*
+ * Deferred split-K (k_w4a16_linear_acc) on one shape: acc starts as fresh random partial sums P
+ * and must end as P + x.W + bias (ref_w4a16_linear, fp32); then from zero, finished into fp16 by
+ * k_w4a16_acc_finish (y poisoned first), which must leave acc all zero.
+ */
+static void test_w4a16_acc_shape(const char *label, int M, int N, int K, int G, bool canonical,
+                                 bool bias_on)
+{
+    w4_case c;
+    make_w4(c, N, K, G, canonical);
+    std::vector<uint16_t> xh;
+    std::vector<float> xf, bias, yref((size_t)M * N), P((size_t)M * N);
+    rand_f16(xh, xf, (size_t)M * K, -1.0f, 1.0f);
+    for (auto &v : P) v = rng_uniform(-1.0f, 1.0f);
+    if (bias_on) {
+        bias.resize(N);
+        for (auto &b : bias) b = rng_uniform(-0.5f, 0.5f);
+    }
+    CHECK_EQ_INT(ref_w4a16_linear(xf.data(), c.qweight.data(), c.qzeros.data(), c.scales.data(),
+                                  bias_on ? bias.data() : nullptr, M, K, N, G, yref.data(), g_pool),
+                 REF_ERR_NONE);
+    uint16_t *dx = dev_upload(xh), *ds = dev_upload(c.scales);
+    uint8_t *dq = dev_upload(c.qweight), *dz = dev_upload(c.qzeros);
+    float *db = bias_on ? dev_upload(bias) : nullptr, *dacc = dev_upload(P);
+    uint16_t *dy = dev_poisoned<uint16_t>((size_t)M * N);
+    char what[200];
+    CHECK_EQ_INT(k_w4a16_linear_acc(dx, dq, dz, ds, db, dacc, M, N, K, G, nullptr), K_ERR_NONE);
+    std::vector<float> got = dev_download(dacc, (size_t)M * N), want(P);
+    for (size_t i = 0; i < want.size(); ++i) want[i] += yref[i];
+    snprintf(what, sizeof what, "w4a16 deferred %s M=%d N=%d K=%d G=%d%s: acc = P + xW", label, M,
+             N, K, G, bias_on ? " bias" : "");
+    compare(what, got.data(), want.data(), got.size(), 4e-3, 4e-3, 2e-3);
+    TCUDA(cudaMemset(dacc, 0, (size_t)M * N * sizeof(float)));
+    CHECK_EQ_INT(k_w4a16_linear_acc(dx, dq, dz, ds, db, dacc, M, N, K, G, nullptr), K_ERR_NONE);
+    CHECK_EQ_INT(k_w4a16_acc_finish(dy, dacc, M, N, nullptr), K_ERR_NONE);
+    const std::vector<float> y = f16_to_f32(dev_download(dy, (size_t)M * N));
+    snprintf(what, sizeof what, "w4a16 deferred %s M=%d N=%d K=%d G=%d%s: finished y", label, M,
+             N, K, G, bias_on ? " bias" : "");
+    compare(what, y.data(), yref.data(), y.size(), 4e-3, 4e-3, 2e-3);
+    const size_t nz = dev_nonzero(dacc, (size_t)M * N);
+    CHECK_MSG(nz == 0, "%s: %zu acc values not zeroed by acc_finish", what, nz);
+    TCUDA(cudaFree(dx)); TCUDA(cudaFree(ds)); TCUDA(cudaFree(dq)); TCUDA(cudaFree(dz));
+    if (db) TCUDA(cudaFree(db));
+    TCUDA(cudaFree(dacc)); TCUDA(cudaFree(dy));
+}
+
+/*
+ * Deferred linears and their consumers as the runtime chains them, on one stream under PDL with
+ * one acc buffer and no host synchronisation: odd layers finish with k_w4a16_acc_finish, even
+ * ones with k_rmsnorm_acc into an fp32 residual. Each consumer must have zeroed acc before the
+ * next linear adds into it. Reference: ref_w4a16_linear, ref_rmsnorm in sequence on what the GPU
+ * produced.
+ */
+static void test_w4a16_acc_chain(void)
+{
+    const int N = 2048, K = 2048, G = 128, L = 4;
+    for (int M : {1, 5, 16}) {
+        w4_case c[L];
+        for (auto &cc : c) make_w4(cc, N, K, G, true);
+        std::vector<uint16_t> xh;
+        std::vector<float> xf, res((size_t)M * N), w(N);
+        rand_f16(xh, xf, (size_t)M * K, -1.0f, 1.0f);
+        for (auto &v : res) v = rng_uniform(-2.0f, 2.0f);
+        for (auto &v : w) v = rng_uniform(0.5f, 1.5f);
+        cudaStream_t st;
+        TCUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+        float *acc = nullptr, *dres = dev_upload(res), *dw = dev_upload(w);
+        TCUDA(cudaMalloc(&acc, k_w4a16_workspace_bytes(M, N)));
+        TCUDA(cudaMemset(acc, 0, k_w4a16_workspace_bytes(M, N)));
+        uint16_t *act[L + 1];
+        act[0] = dev_upload(xh);
+        for (int l = 1; l <= L; ++l) act[l] = dev_poisoned<uint16_t>((size_t)M * N);
+        uint8_t *dq[L], *dz[L];
+        uint16_t *ds[L];
+        for (int l = 0; l < L; ++l) {
+            dq[l] = dev_upload(c[l].qweight);
+            dz[l] = dev_upload(c[l].qzeros);
+            ds[l] = dev_upload(c[l].scales);
+        }
+        TCUDA(cudaDeviceSynchronize());
+        for (int l = 0; l < L; ++l) {
+            CHECK_EQ_INT(k_w4a16_linear_acc(act[l], dq[l], dz[l], ds[l], nullptr, acc, M, N, K, G,
+                                            st), K_ERR_NONE);
+            if (l % 2 == 0)
+                CHECK_EQ_INT(k_w4a16_acc_finish(act[l + 1], acc, M, N, st), K_ERR_NONE);
+            else
+                CHECK_EQ_INT(k_rmsnorm_acc(act[l + 1], dres, acc, dw, M, N, 1e-5f, st), K_ERR_NONE);
+        }
+        TCUDA(cudaStreamSynchronize(st));
+        std::vector<float> in = xf, yref((size_t)M * N), out((size_t)M * N);
+        for (int l = 0; l < L; ++l) {
+            CHECK_EQ_INT(ref_w4a16_linear(in.data(), c[l].qweight.data(), c[l].qzeros.data(),
+                                          c[l].scales.data(), nullptr, M, K, N, G, yref.data(),
+                                          g_pool), REF_ERR_NONE);
+            const std::vector<float> y = f16_to_f32(dev_download(act[l + 1], (size_t)M * N));
+            const float *want = yref.data();
+            if (l % 2) {
+                ref_rmsnorm(out.data(), res.data(), yref.data(), w.data(), M, N, 1e-5f);
+                want = out.data();
+            }
+            char what[96];
+            snprintf(what, sizeof what, "w4a16 deferred PDL chain M=%d layer %d of %d (%s)", M,
+                     l + 1, L, l % 2 ? "rmsnorm_acc" : "acc_finish");
+            compare(what, y.data(), want, y.size(), 4e-3, 4e-3, 2e-3);
+            in = y;
+        }
+        const std::vector<float> r2 = dev_download(dres, (size_t)M * N);
+        compare("w4a16 deferred PDL chain residual", r2.data(), res.data(), r2.size(), 1e-3, 1e-3,
+                1e-3);
+        const size_t nz = dev_nonzero(acc, (size_t)M * N);
+        CHECK_MSG(nz == 0, "deferred PDL chain M=%d: %zu acc values left non-zero", M, nz);
+        for (int l = 0; l < L; ++l) {
+            TCUDA(cudaFree(dq[l])); TCUDA(cudaFree(dz[l])); TCUDA(cudaFree(ds[l]));
+        }
+        for (auto p : act) TCUDA(cudaFree(p));
+        TCUDA(cudaFree(acc)); TCUDA(cudaFree(dres)); TCUDA(cudaFree(dw));
+        TCUDA(cudaStreamDestroy(st));
+    }
+}
+
+/* Deferred split-K: the shapes of test_w4a16's sweep at M <= 64, G that v5 cannot take
+ * (K_ERR_UNSUPPORTED, nothing launched), refusals, the PDL chain, real shapes at M = 1 and 16. */
+static void test_w4a16_acc(bool quick)
+{
+    struct { int N, K, G; } small[] = {{64, 16, 16}, {128, 128, 128}, {192, 256, 64},
+                                      {320, 384, 32}, {576, 1024, 128}, {256, 4096, 128},
+                                      {128, 1536, 256}, {64, 2048, 512}};
+    for (auto &s : small)
+        for (int M : {1, 2, 3, 7, 9, 16, 17, 33, 64}) {
+            if (quick && (M > 16 || s.K > 384)) continue;
+            test_w4a16_acc_shape("sweep", M, s.N, s.K, s.G, true, M % 2 == 1);
+        }
+    test_w4a16_acc_chain();
+    /* G = 48: v5 cannot take it; nothing launched, acc untouched, not reported */
+    {
+        const int M = 3, N = 128, K = 96, G = 48;
+        w4_case c;
+        make_w4(c, N, K, G, true);
+        std::vector<uint16_t> xh;
+        std::vector<float> xf, P((size_t)M * N);
+        rand_f16(xh, xf, (size_t)M * K, -1.0f, 1.0f);
+        for (auto &v : P) v = rng_uniform(-1.0f, 1.0f);
+        uint16_t *dx = dev_upload(xh), *ds = dev_upload(c.scales);
+        uint8_t *dq = dev_upload(c.qweight), *dz = dev_upload(c.qzeros);
+        float *dacc = dev_upload(P);
+        CHECK_EQ_INT(k_w4a16_linear_acc(dx, dq, dz, ds, nullptr, dacc, M, N, K, G, nullptr),
+                     K_ERR_UNSUPPORTED);
+        const std::vector<float> after = dev_download(dacc, P.size());
+        CHECK(memcmp(after.data(), P.data(), P.size() * sizeof(float)) == 0);
+        TCUDA(cudaFree(dx)); TCUDA(cudaFree(ds)); TCUDA(cudaFree(dq)); TCUDA(cudaFree(dz));
+        TCUDA(cudaFree(dacc));
+    }
+    {
+        qs_log_set_quiet(true);
+        uint16_t *d16 = dev_poisoned<uint16_t>(1 << 16);
+        uint8_t *d8 = reinterpret_cast<uint8_t *>(d16);
+        float *f = reinterpret_cast<float *>(d16);
+        CHECK_EQ_INT(k_w4a16_linear_acc(d16, d8, d8, d16, nullptr, f, 65, 64, 64, 64, nullptr), K_ERR_SHAPE);
+        CHECK_EQ_INT(k_w4a16_linear_acc(d16, d8, d8, d16, nullptr, f, 1, 96, 64, 64, nullptr), K_ERR_SHAPE);
+        CHECK_EQ_INT(k_w4a16_linear_acc(d16, d8, d8, d16, nullptr, f + 1, 1, 64, 64, 64, nullptr), K_ERR_ARG);
+        CHECK_EQ_INT(k_w4a16_linear_acc(d16, d8, d8, d16, nullptr, nullptr, 1, 64, 64, 64, nullptr), K_ERR_ARG);
+        CHECK_EQ_INT(k_w4a16_acc_finish(d16, f, 1, 66, nullptr), K_ERR_SHAPE);
+        CHECK_EQ_INT(k_w4a16_acc_finish(d16, f + 2, 1, 64, nullptr), K_ERR_ARG);
+        qs_log_set_quiet(false);
+        TCUDA(cudaDeviceSynchronize());
+        TCUDA(cudaFree(d16));
+    }
+    if (quick) return;
+    for (const auto &md : MODELS)
+        for (int tp : {1, 8}) {
+            layer_shape ls[4];
+            if (!tp_shapes(md, tp, 128, ls)) continue;
+            for (auto &l : ls) {
+                char label[64];
+                snprintf(label, sizeof label, "%s tp%d %s", md.name, tp, l.name);
+                test_w4a16_acc_shape(label, 1, l.N, l.K, 128, false, false);
+                test_w4a16_acc_shape(label, 16, l.N, l.K, 128, false, true);
+            }
+        }
+}
+
 static void test_w4a16(bool quick)
 {
     test_w4a16_rejects();
@@ -506,7 +696,30 @@ static void test_rmsnorm(void)
             TCUDA(cudaFree(dx)); TCUDA(cudaFree(dout)); TCUDA(cudaFree(dres)); TCUDA(cudaFree(dw));
         }
     }
+    /* k_rmsnorm_acc: x as fp32 sums (deferred split-K), read and zeroed */
+    for (auto &s : shapes) {
+        const int M = s[0], H = s[1];
+        std::vector<float> xa((size_t)M * H), res((size_t)M * H), w(H), out((size_t)M * H);
+        for (auto &v : xa) v = rng_uniform(-4.0f, 4.0f);
+        for (auto &r : res) r = rng_uniform(-300.0f, 300.0f);
+        for (auto &v : w) v = rng_uniform(0.5f, 1.5f);
+        uint16_t *dout = dev_poisoned<uint16_t>((size_t)M * H);
+        float *dxa = dev_upload(xa), *dres = dev_upload(res), *dw = dev_upload(w);
+        CHECK_EQ_INT(k_rmsnorm_acc(dout, dres, dxa, dw, M, H, 1e-5f, nullptr), K_ERR_NONE);
+        ref_rmsnorm(out.data(), res.data(), xa.data(), w.data(), M, H, 1e-5f);
+        const std::vector<float> got = f16_to_f32(dev_download(dout, (size_t)M * H));
+        const std::vector<float> r2 = dev_download(dres, (size_t)M * H);
+        char what[96];
+        snprintf(what, sizeof what, "rmsnorm_acc M=%d H=%d", M, H);
+        compare(what, got.data(), out.data(), got.size(), 1e-3, 2e-3, 2e-3);
+        snprintf(what, sizeof what, "rmsnorm_acc residual M=%d H=%d", M, H);
+        compare(what, r2.data(), res.data(), r2.size(), 1e-6, 1e-6, 1e-6);
+        const size_t nz = dev_nonzero(dxa, (size_t)M * H);
+        CHECK_MSG(nz == 0, "rmsnorm_acc M=%d H=%d: %zu x_acc values not zeroed", M, H, nz);
+        TCUDA(cudaFree(dout)); TCUDA(cudaFree(dxa)); TCUDA(cudaFree(dres)); TCUDA(cudaFree(dw));
+    }
     qs_log_set_quiet(true);
+    CHECK_EQ_INT(k_rmsnorm_acc(nullptr, nullptr, nullptr, nullptr, 1, 64, 1e-5f, nullptr), K_ERR_ARG);
     CHECK_EQ_INT(k_rmsnorm(nullptr, nullptr, nullptr, nullptr, 1, 64, 1e-5f, nullptr), K_ERR_ARG);
     CHECK_EQ_INT(k_rmsnorm(nullptr, nullptr, nullptr, nullptr, 0, 64, 1e-5f, nullptr), K_ERR_SHAPE);
     qs_log_set_quiet(false);
@@ -527,6 +740,19 @@ static void test_silu_mul(void)
         snprintf(what, sizeof what, "silu_mul M=%d I=%d", M, I);
         compare(what, got.data(), out.data(), got.size(), 1e-3, 1e-3, 1e-3);
         TCUDA(cudaFree(dg)); TCUDA(cudaFree(dout));
+        /* k_silu_mul_acc: gate_up as fp32 sums, read and zeroed */
+        std::vector<float> ga((size_t)M * 2 * I);
+        for (auto &v : ga) v = rng_uniform(-8.0f, 8.0f);
+        float *dga = dev_upload(ga);
+        dout = dev_poisoned<uint16_t>((size_t)M * I);
+        CHECK_EQ_INT(k_silu_mul_acc(dout, dga, M, I, nullptr), K_ERR_NONE);
+        ref_silu_mul(out.data(), ga.data(), M, I);
+        const std::vector<float> got2 = f16_to_f32(dev_download(dout, (size_t)M * I));
+        snprintf(what, sizeof what, "silu_mul_acc M=%d I=%d", M, I);
+        compare(what, got2.data(), out.data(), got2.size(), 1e-3, 1e-3, 1e-3);
+        const size_t nz = dev_nonzero(dga, ga.size());
+        CHECK_MSG(nz == 0, "%s: %zu gate_up values not zeroed", what, nz);
+        TCUDA(cudaFree(dga)); TCUDA(cudaFree(dout));
     }
 }
 
@@ -553,8 +779,100 @@ static void test_rope(void)
         char what[64];
         snprintf(what, sizeof what, "rope M=%d heads=%d hd=%d", c.M, c.nh, c.hd);
         compare(what, got.data(), xf.data(), got.size(), 2e-3, 2e-3, 2e-3);
-        TCUDA(cudaFree(dx)); TCUDA(cudaFree(dp)); TCUDA(cudaFree(dinv));
+        /* k_rope_acc: the row as fp32 sums (deferred qkv); rotated heads and the rest of the
+         * row (v) into x, acc zeroed */
+        std::vector<float> xa((size_t)c.M * stride);
+        for (auto &v : xa) v = rng_uniform(-2.0f, 2.0f);
+        float *dxa = dev_upload(xa);
+        TCUDA(cudaMemset(dx, 0xFF, (size_t)c.M * stride * 2));
+        CHECK_EQ_INT(k_rope_acc(dx, dxa, c.M, c.nh, c.hd, stride, dp, dinv, nullptr), K_ERR_NONE);
+        ref_rope(xa.data(), c.M, c.nh, c.hd, stride, pos.data(), inv.data());
+        const std::vector<float> got2 = f16_to_f32(dev_download(dx, (size_t)c.M * stride));
+        snprintf(what, sizeof what, "rope_acc M=%d heads=%d hd=%d", c.M, c.nh, c.hd);
+        compare(what, got2.data(), xa.data(), got2.size(), 2e-3, 2e-3, 2e-3);
+        const size_t nz = dev_nonzero(dxa, xa.size());
+        CHECK_MSG(nz == 0, "%s: %zu acc values not zeroed", what, nz);
+        TCUDA(cudaFree(dx)); TCUDA(cudaFree(dp)); TCUDA(cudaFree(dinv)); TCUDA(cudaFree(dxa));
     }
+}
+
+/*
+ * k_rope_kv_store vs ref_rope + the cache rows it must write: fused qkv rows (q | k | v | 64 extra
+ * columns), from fp16 x and from fp32 sums (acc, zeroed after); caches start random and only
+ * rows pos[m] in [0, T_cap) may change (one row's position is past the cache, one negative).
+ */
+static void test_rope_kv_store(void)
+{
+    struct { int M, nq, nkv, hd, T_cap; } cases[] = {{1, 32, 8, 128, 64}, {5, 6, 2, 64, 40},
+                                                     {7, 4, 4, 128, 300}};
+    std::vector<float> inv;
+    for (auto &c : cases)
+        for (int from_acc = 0; from_acc < 2; ++from_acc) {
+            const size_t stride = (size_t)(c.nq + 2 * c.nkv) * c.hd + 64;
+            const size_t cache_n = (size_t)c.nkv * c.T_cap * c.hd;
+            inv.resize(c.hd / 2);
+            ref_rope_inv_freq(inv.data(), c.hd, 500000.0, nullptr);
+            std::vector<uint16_t> xh, kh, vh;
+            std::vector<float> xf, kf, vf, xa((size_t)c.M * stride);
+            rand_f16(xh, xf, (size_t)c.M * stride, -2.0f, 2.0f);
+            for (auto &v : xa) v = rng_uniform(-2.0f, 2.0f);
+            rand_f16(kh, kf, cache_n, -1.0f, 1.0f);
+            rand_f16(vh, vf, cache_n, -1.0f, 1.0f);
+            /* distinct positions (one call never stores a position twice): a random
+             * permutation's first M */
+            std::vector<int32_t> perm(c.T_cap), pos(c.M);
+            for (int t = 0; t < c.T_cap; ++t) perm[t] = t;
+            for (int t = c.T_cap - 1; t > 0; --t) std::swap(perm[t], perm[rng_u64() % (t + 1)]);
+            for (int m = 0; m < c.M; ++m) pos[m] = perm[m];
+            if (c.M > 2) pos[1] = c.T_cap + 3, pos[2] = -1; /* not stored */
+            uint16_t *dx = dev_upload(xh), *dk = dev_upload(kh), *dv = dev_upload(vh);
+            int32_t *dp = dev_upload(pos);
+            float *dinv = dev_upload(inv), *dxa = from_acc ? dev_upload(xa) : nullptr;
+            CHECK_EQ_INT(k_rope_kv_store(dx, dxa, c.M, c.nq, c.nkv, c.hd, stride, dp, dinv, dk, dv,
+                                         c.T_cap, nullptr), K_ERR_NONE);
+            /* expected x: the input (fp16 x, or the sums) with q and k heads rotated */
+            std::vector<float> want = from_acc ? xa : xf;
+            ref_rope(want.data(), c.M, c.nq + c.nkv, c.hd, stride, pos.data(), inv.data());
+            std::vector<float> wk = kf, wv = vf;
+            for (int m = 0; m < c.M; ++m) {
+                if (pos[m] < 0 || pos[m] >= c.T_cap) continue;
+                for (int h = 0; h < c.nkv; ++h)
+                    for (int d = 0; d < c.hd; ++d) {
+                        const size_t dst = ((size_t)h * c.T_cap + pos[m]) * c.hd + d;
+                        const size_t src = (size_t)m * stride + (size_t)(c.nq + h) * c.hd + d;
+                        wk[dst] = ref_f16_to_f32(ref_f32_to_f16(want[src]));
+                        wv[dst] = ref_f16_to_f32(ref_f32_to_f16(want[src + (size_t)c.nkv * c.hd]));
+                    }
+            }
+            const std::vector<float> gx = f16_to_f32(dev_download(dx, (size_t)c.M * stride));
+            const std::vector<float> gk = f16_to_f32(dev_download(dk, cache_n));
+            const std::vector<float> gv = f16_to_f32(dev_download(dv, cache_n));
+            char what[96];
+            snprintf(what, sizeof what, "rope_kv_store%s M=%d nq=%d nkv=%d hd=%d x",
+                     from_acc ? " (acc)" : "", c.M, c.nq, c.nkv, c.hd);
+            compare(what, gx.data(), want.data(), gx.size(), 2e-3, 2e-3, 2e-3);
+            snprintf(what, sizeof what, "rope_kv_store%s M=%d nq=%d nkv=%d hd=%d k_cache",
+                     from_acc ? " (acc)" : "", c.M, c.nq, c.nkv, c.hd);
+            compare(what, gk.data(), wk.data(), gk.size(), 2e-3, 2e-3, 2e-3);
+            snprintf(what, sizeof what, "rope_kv_store%s M=%d nq=%d nkv=%d hd=%d v_cache",
+                     from_acc ? " (acc)" : "", c.M, c.nq, c.nkv, c.hd);
+            compare(what, gv.data(), wv.data(), gv.size(), 0, 0, 0);
+            if (dxa) {
+                const size_t nz = dev_nonzero(dxa, xa.size());
+                CHECK_MSG(nz == 0, "%s: %zu acc values not zeroed", what, nz);
+                TCUDA(cudaFree(dxa));
+            }
+            TCUDA(cudaFree(dx)); TCUDA(cudaFree(dk)); TCUDA(cudaFree(dv)); TCUDA(cudaFree(dp));
+            TCUDA(cudaFree(dinv));
+        }
+    qs_log_set_quiet(true);
+    CHECK_EQ_INT(k_rope_kv_store(nullptr, nullptr, 1, 1, 1, 64, 192, nullptr, nullptr, nullptr,
+                                 nullptr, 1, nullptr), K_ERR_ARG);
+    uint16_t *d = dev_poisoned<uint16_t>(1024);
+    CHECK_EQ_INT(k_rope_kv_store(d, nullptr, 1, 1, 1, 64, 128, (const int32_t *)d, (const float *)d,
+                                 d, d, 1, nullptr), K_ERR_SHAPE); /* row too short for q|k|v */
+    qs_log_set_quiet(false);
+    TCUDA(cudaFree(d));
 }
 
 static void test_embed(void)
@@ -1302,9 +1620,11 @@ int main(int argc, char **argv)
     if (cublasCreate(&g_cublas) != CUBLAS_STATUS_SUCCESS) return 2;
     int tp = 0, tf = 0;
     run_area("w4a16", test_w4a16, quick, &tp, &tf);
+    run_area("w4a16_acc", test_w4a16_acc, quick, &tp, &tf);
     run_area("rmsnorm", [](bool) { test_rmsnorm(); }, quick, &tp, &tf);
     run_area("silu_mul", [](bool) { test_silu_mul(); }, quick, &tp, &tf);
     run_area("rope", [](bool) { test_rope(); }, quick, &tp, &tf);
+    run_area("rope_kv_store", [](bool) { test_rope_kv_store(); }, quick, &tp, &tf);
     run_area("embed", [](bool) { test_embed(); }, quick, &tp, &tf);
     run_area("argmax", [](bool) { test_argmax(); }, quick, &tp, &tf);
     run_area("sample", test_sample, quick, &tp, &tf);
