@@ -574,8 +574,7 @@ int bench_sample(const std::vector<int> &vocabs)
 }
 
 constexpr int B_NO_PDL = 100; /* --variants 100 + v */
-constexpr int B_DEFER = 200;     /* k_w4a16_linear_acc alone (the consumer finishes) */
-constexpr int B_DEFER_FIN = 201; /* k_w4a16_linear_acc + k_w4a16_acc_finish */
+constexpr int B_DEFER = 200; /* k_w4a16_linear_acc alone (the consumer finishes) */
 
 void usage(FILE *f)
 {
@@ -593,10 +592,11 @@ void usage(FILE *f)
             "  --tp N           tensor-parallel size of the layer shapes (default 1)\n"
             "  --variants LIST  W4A16 variants to time: 0 auto, 1 naive, 2 decode, 3 GEMM, 4 stream-K,\n"
             "                   5 lean decode, 6 lean decode (smem ring), 7 wgmma GEMM (sm_90a),\n"
-            "                   8 lean decode with the block pre-sum (M <= 16);\n"
+            "                   8 lean decode with the block pre-sum (M <= 16), 9 deferred split-K +\n"
+            "                   finish kernel;\n"
             "                   100 + v: v without Programmatic Dependent Launch;\n"
-            "                   200: deferred split-K (k_w4a16_linear_acc: no split-K tail, the\n"
-            "                   consumer finishes the sums), 201: 200 + k_w4a16_acc_finish (M <= 64)\n"
+            "                   200: k_w4a16_linear_acc alone (deferred split-K; its finish is left\n"
+            "                   to the consumer, as in the runtime's decode; M <= 64)\n"
             "                   (default 0)\n"
             "  --group N        group size G (default 128)\n"
             "  --ms T           target milliseconds per timed loop (default 20)\n"
@@ -666,7 +666,7 @@ int bench_kernel_main(int argc, char **argv)
         return QS_EXIT_USAGE;
     }
     for (int vv : variants)
-        if (vv != B_DEFER && vv != B_DEFER_FIN &&
+        if (vv != B_DEFER &&
             k_w4a16_variant_max_m(vv >= B_NO_PDL ? vv - B_NO_PDL : vv) < 1) {
             fprintf(stderr, "qshard bench kernel: unknown --variants value %d\n", vv);
             return QS_EXIT_USAGE;
@@ -784,10 +784,9 @@ int bench_kernel_main(int argc, char **argv)
 
             double t_best = 0;
             for (int vv : variants) {
-                if (vv == B_DEFER || vv == B_DEFER_FIN) { /* deferred split-K */
+                if (vv == B_DEFER) { /* deferred split-K alone */
                     if (M > K_W4A16_V5_MAX_M) continue;
-                    const bool fin = vv == B_DEFER_FIN;
-                    const char *vname = fin ? "defer+fin" : "defer";
+                    const char *vname = "defer";
                     float *acc = static_cast<float *>(ws);
                     K_CUDA_CHECK(cudaMemset(y, 0xFF, (size_t)M * N * 2));
                     int rc = k_w4a16_linear_acc(reinterpret_cast<uint16_t *>(x[0]), qw[0], qz[0], sc[0],
@@ -803,14 +802,12 @@ int bench_kernel_main(int argc, char **argv)
                     const double t = time_us([&](int i) {
                         k_w4a16_linear_acc(reinterpret_cast<uint16_t *>(x[i % 2]), qw[i % R], qz[i % R], sc[i % R],
                                            nullptr, acc, M, N, K, G, g_bs);
-                        if (fin) k_w4a16_acc_finish(reinterpret_cast<uint16_t *>(y), acc, M, N, g_bs);
                     }, target_ms);
                     K_CUDA_CHECK(cudaMemset(ws, 0, wsb)); /* "defer" alone left its sums there */
                     const double gbs = q_bytes / (t * 1e3);
                     printf("%-34s %-9s | %9.2f | %7.0f | %5.1f%% | %7.1f | %7.2fx\n", shape, vname, t, gbs,
                            100.0 * gbs / copy_bw, flops / (t * 1e6), t_cub / t);
-                    if (fin && (t_best == 0 || t < t_best)) t_best = t; /* only y-producing paths */
-                    continue;
+                    continue; /* not a candidate for the per-layer best: it writes no y */
                 }
                 /* B_NO_PDL + v: variant v launched without Programmatic Dependent Launch */
                 const bool no_pdl = vv >= B_NO_PDL;

@@ -1330,6 +1330,10 @@ static int check_workspace(const char *who, const char *what, int M, int N, void
                      workspace_bytes, workspace, k_w4a16_workspace_bytes(M, N));
         return K_ERR_WORKSPACE;
     }
+    if ((uintptr_t)workspace % 16) { /* 16-byte vector reductions and reads */
+        qs_log_error(who, "W4A16 %s: workspace at %p is not 16-byte aligned", what, workspace);
+        return K_ERR_ARG;
+    }
     return K_ERR_NONE;
 }
 
@@ -1643,7 +1647,8 @@ int k_w4a16_variant_max_m(int variant)
     case K_W4A16_V2_DECODE:
     case K_W4A16_V4_STREAMK: return K_W4A16_DECODE_MAX_M;
     case K_W4A16_V5_DECODE:
-    case K_W4A16_V8_DECODE_PRESUM: return K_W4A16_V5_MAX_M;
+    case K_W4A16_V8_DECODE_PRESUM:
+    case K_W4A16_V9_DEFER_FINISH: return K_W4A16_V5_MAX_M;
     case K_W4A16_V6_DECODE_RING: return K_W4A16_V6_MAX_M;
     default: return 0;
     }
@@ -1662,7 +1667,8 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
                  (const void *)scales, (const void *)y);
     int presum = 0; /* v5's block pre-sum: 0 never (variant 5), 1 by the S rule (auto), 2 where it fits */
     if (variant == K_W4A16_AUTO) { /* measured on H200: docs/BENCHMARKS.md */
-        variant = M <= K_W4A16_V5_MAX_M ? K_W4A16_V5_DECODE
+        variant = M <= K_W4A16_V9_MAX_AUTO_M ? K_W4A16_V9_DEFER_FINISH
+                  : M <= K_W4A16_V5_MAX_M ? K_W4A16_V5_DECODE
                   : k_w4a16_wgmma_available() ? K_W4A16_V7_WGMMA : K_W4A16_V3_GEMM;
         presum = 1;
     } else if (variant == K_W4A16_V8_DECODE_PRESUM) {
@@ -1691,6 +1697,21 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
                      "bytes of shared memory a block may have (variants 4, 5 and auto take it)",
                      G, v2_smem_max());
         return K_ERR_NONE;
+    case K_W4A16_V9_DEFER_FINISH:
+        if (M > max_m) K_REFUSE(K_ERR_SHAPE, "W4A16 deferred decode variant: M=%d > %d", M, max_m);
+        rc = check_workspace(__func__, "decode", M, N, workspace, workspace_bytes);
+        if (rc) return rc;
+        /* the sums into the workspace, then y from them (the workspace zeroed again); where v5
+         * cannot take G, variant 5's own fallbacks */
+        if (launch_v5_m<false>(xh, reinterpret_cast<const uint4 *>(qweight),
+                               reinterpret_cast<const uint4 *>(qzeros),
+                               reinterpret_cast<const uint4 *>(scales), bias, nullptr, M, N, K, G,
+                               workspace, 1, true, stream))
+            return k_w4a16_acc_finish(y, static_cast<float *>(workspace), M, N, stream);
+        return launch_v5<false>(xh, reinterpret_cast<const uint4 *>(qweight),
+                                reinterpret_cast<const uint4 *>(qzeros),
+                                reinterpret_cast<const uint4 *>(scales), bias, yh, M, N, K, G,
+                                workspace, 1, stream);
     case K_W4A16_V5_DECODE:
     case K_W4A16_V6_DECODE_RING:
         if (M > max_m) K_REFUSE(K_ERR_SHAPE, "W4A16 lean decode variant: M=%d > %d", M, max_m);
@@ -1725,7 +1746,7 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
                          reinterpret_cast<const uint4 *>(scales), bias, yh, M, N, K, G,
                          workspace, workspace_bytes, stream);
     default:
-        K_REFUSE(K_ERR_ARG, "unknown W4A16 variant %d (known: 0 auto, 1 naive, 2 decode, 3 GEMM, 4 stream-K, 5 lean decode, 6 lean decode with a shared-memory ring, 7 wgmma GEMM, 8 lean decode with the block pre-sum)",
+        K_REFUSE(K_ERR_ARG, "unknown W4A16 variant %d (known: 0 auto, 1 naive, 2 decode, 3 GEMM, 4 stream-K, 5 lean decode, 6 lean decode with a shared-memory ring, 7 wgmma GEMM, 8 lean decode with the block pre-sum, 9 deferred split-K + finish)",
                  variant);
     }
 }

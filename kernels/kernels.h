@@ -66,7 +66,7 @@ int k_get_pdl(void);
 
 /*
  * Variants of the W4A16 linear, selected with k_w4a16_linear_variant():
- *   0  auto: v5 for M <= K_W4A16_V5_MAX_M (as v8 at 9 <= M <= 16), else v7 where
+ *   0  auto: v9 for M <= K_W4A16_V9_MAX_AUTO_M, v5 up to K_W4A16_V5_MAX_M, else v7 where
  *      k_w4a16_wgmma_available(), else v3 (the fastest of each range on the H200,
  *      docs/BENCHMARKS.md)
  *   1  naive: one thread per output, fp32, straight from ref_w4a16_linear (the device oracle)
@@ -95,6 +95,11 @@ int k_get_pdl(void);
  *      them in shared memory before the workspace: one set of reductions and one counter
  *      arrival per block instead of per warp (where the block's 4 activation slices fit; else
  *      exactly 5). K_W4A16_V5_MAX_M rows.
+ *   9  deferred split-K + finish: k_w4a16_linear_acc into the workspace (v5 as auto, with the
+ *      pre-sum at 9 <= M <= 16, but no counter and no last-slice tail), then
+ *      k_w4a16_acc_finish writes y and zeroes the workspace: two kernels, and still faster than
+ *      v5's in-kernel tail at M <= 16 on the H200 (docs/BENCHMARKS.md). Where v5 cannot take
+ *      G, as 5. K_W4A16_V5_MAX_M rows.
  */
 enum k_w4a16_variant {
     K_W4A16_AUTO = 0,
@@ -106,13 +111,15 @@ enum k_w4a16_variant {
     K_W4A16_V6_DECODE_RING = 6,
     K_W4A16_V7_WGMMA = 7,
     K_W4A16_V8_DECODE_PRESUM = 8,
+    K_W4A16_V9_DEFER_FINISH = 9,
 };
+#define K_W4A16_V9_MAX_AUTO_M 16 /* auto runs v9 up to here (measured at M = 1 and 16 only) */
 #define K_W4A16_V5_MAX_M 64
 #define K_W4A16_V6_MAX_M 16
 #define K_W4A16_DECODE_MAX_M 64
 
 /* Largest M that k_w4a16_linear_variant(variant, ...) accepts (it refuses M above it with
- * K_ERR_SHAPE): K_W4A16_V5_MAX_M / K_W4A16_V6_MAX_M for variants 5 / 6, K_W4A16_DECODE_MAX_M for 2 and 4,
+ * K_ERR_SHAPE): K_W4A16_V5_MAX_M / K_W4A16_V6_MAX_M for variants 5, 8, 9 / 6, K_W4A16_DECODE_MAX_M for 2 and 4,
  * 65535 * 128 for 3, 7 and auto (grid rows of 128), INT_MAX for 1; 0 for an unknown variant. */
 int k_w4a16_variant_max_m(int variant);
 
@@ -137,12 +144,13 @@ size_t k_w4a16_workspace_bytes(int M, int N);
  * Reference: ref_w4a16_linear (kernels/ref.h). The dequantised weight is rounded to fp16 once
  * ((q - z) exact, times s), products and sums in fp32 (tensor cores, fp16 inputs).
  * workspace: k_w4a16_workspace_bytes(M, N) bytes, zeroed (see above); variants 1 and 3 ignore it
- * (may be NULL) and it is needed only by variants 2, 4, 5, 6 and auto with M <= K_W4A16_V5_MAX_M;
+ * (may be NULL) and it is needed only by variants 2, 4, 5, 6, 8, 9 and auto with M <= K_W4A16_V5_MAX_M;
  * variant 7 (and auto above K_W4A16_V5_MAX_M) uses it when given, for split-K at M <= 256;
  * auto above K_W4A16_V5_MAX_M calls k_w4a16_wgmma_available().
  * Errors: K_ERR_SHAPE (M < 1, K % 16, N % 64, K % G, G % 16, G < 16, K or N < 1,
- * M > k_w4a16_variant_max_m(variant)), K_ERR_ARG (NULL tensor, unknown variant), K_ERR_WORKSPACE,
- * K_ERR_UNSUPPORTED (variant 7 where k_w4a16_wgmma_available() is 0).
+ * M > k_w4a16_variant_max_m(variant)), K_ERR_ARG (NULL tensor, unknown variant, workspace not
+ * 16-byte aligned), K_ERR_WORKSPACE, K_ERR_UNSUPPORTED (variant 7 where
+ * k_w4a16_wgmma_available() is 0).
  */
 int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweight,
                            const uint8_t *qzeros, const uint16_t *scales, const float *bias,

@@ -212,6 +212,7 @@ static void test_w4a16_shape(const char *label, int M, int N, int K, int G, bool
          * zeroed */
         const int reps = (v == K_W4A16_V2_DECODE || v == K_W4A16_V4_STREAMK || v == K_W4A16_V5_DECODE ||
                           v == K_W4A16_V6_DECODE_RING || v == K_W4A16_V7_WGMMA || v == K_W4A16_V8_DECODE_PRESUM ||
+                          v == K_W4A16_V9_DEFER_FINISH ||
                           v == 0) ? 2 : 1;
         for (int r = 0; r < reps; ++r) {
             TCUDA(cudaMemset(dy, 0xFF, (size_t)M * N * 2));
@@ -278,7 +279,8 @@ static void test_w4a16_rejects(void)
         {0, 1, 0, 64, 64, K_ERR_SHAPE, "N = 0"},
         {2, 65, 64, 64, 64, K_ERR_SHAPE, "decode M > 64"},
         {2, 41, 64, 11008, 11008, K_ERR_SHAPE, "v2 with a slice of one group (G = K) past shared memory"},
-        {9, 1, 64, 64, 64, K_ERR_ARG, "unknown variant"},
+        {10, 1, 64, 64, 64, K_ERR_ARG, "unknown variant"},
+        {9, 65, 64, 64, 64, K_ERR_SHAPE, "deferred M > 64"},
     };
     for (auto &c : cases) {
         const int rc = k_w4a16_linear_variant(c.v, d16, d8, d8, d16, nullptr, d16, c.M, c.N, c.K,
@@ -292,6 +294,11 @@ static void test_w4a16_rejects(void)
                  K_ERR_WORKSPACE);
     CHECK_EQ_INT(k_w4a16_linear(d16, d8, d8, d16, nullptr, d16, 16, 128, 64, 64, nullptr, wsb, nullptr),
                  K_ERR_WORKSPACE);
+    /* a workspace off 16-byte alignment (vector reductions): refused, not a fault */
+    for (int v : {K_W4A16_AUTO, K_W4A16_V5_DECODE, K_W4A16_V9_DEFER_FINISH})
+        CHECK_EQ_INT(k_w4a16_linear_variant(v, d16, d8, d8, d16, nullptr, d16, 1, 64, 64, 64,
+                                            static_cast<char *>(ws) + 4, wsb - 4, nullptr),
+                     K_ERR_ARG);
     CHECK_EQ_INT(k_w4a16_dequant(d8, d8, d16, d16, 96, 64, 64, nullptr), K_ERR_SHAPE);
     CHECK_EQ_INT(k_w4a16_linear_dq_gemm(g_cublas, d16, d8, d8, d16, nullptr, d16, 4, 128, 64, 64,
                                         ws, 100, nullptr), K_ERR_WORKSPACE);
@@ -340,7 +347,7 @@ static int tp_shapes(const model_dims &md, int tp, int G, layer_shape out[4])
  */
 static void test_w4a16_pdl_chain(void)
 {
-    const int N = 2048, K = 2048, G = 128, L = 3;
+    const int N = 2048, K = 2048, G = 128, L = 4;
     for (int M : {1, 5, 16, 33, 64}) {
         w4_case c[L];
         for (auto &cc : c) make_w4(cc, N, K, G, true);
@@ -365,8 +372,9 @@ static void test_w4a16_pdl_chain(void)
         }
         TCUDA(cudaDeviceSynchronize());
         for (int l = 0; l < L; ++l)
-            /* v5 and v8 (block pre-sum) alternate on the one workspace */
-            CHECK_EQ_INT(k_w4a16_linear_variant(l % 2 ? K_W4A16_V8_DECODE_PRESUM : K_W4A16_V5_DECODE,
+            /* v5, v8 (block pre-sum) and v9 (deferred + finish) take turns on the one workspace */
+            CHECK_EQ_INT(k_w4a16_linear_variant(l % 3 == 1 ? K_W4A16_V8_DECODE_PRESUM
+                                                : l % 3 == 2 ? K_W4A16_V9_DEFER_FINISH : K_W4A16_V5_DECODE,
                                                 act[l], dq[l], dz[l], ds[l],
                                                 nullptr, act[l + 1], M, N, K, G, ws, wsb, st),
                          K_ERR_NONE);
@@ -379,7 +387,7 @@ static void test_w4a16_pdl_chain(void)
             const std::vector<uint16_t> yh = dev_download(act[l + 1], (size_t)M * N);
             const std::vector<float> y = f16_to_f32(yh);
             char what[96];
-            snprintf(what, sizeof what, "w4a16 v5/v8 PDL chain M=%d layer %d of %d", M, l + 1, L);
+            snprintf(what, sizeof what, "w4a16 v5/v8/v9 PDL chain M=%d layer %d of %d", M, l + 1, L);
             compare(what, y.data(), yref.data(), y.size(), 4e-3, 4e-3, 2e-3);
             in = y; /* the next layer reads what the GPU produced, as the chain did */
         }
@@ -587,7 +595,8 @@ static void test_w4a16(bool quick)
     test_w4a16_rejects();
     const std::vector<int> all = {K_W4A16_V1_NAIVE, K_W4A16_V2_DECODE, K_W4A16_V3_GEMM,
                                   K_W4A16_V4_STREAMK, K_W4A16_V5_DECODE, K_W4A16_V6_DECODE_RING, K_W4A16_AUTO,
-                                  K_W4A16_DQ_GEMM, K_W4A16_V7_WGMMA, K_W4A16_V8_DECODE_PRESUM};
+                                  K_W4A16_DQ_GEMM, K_W4A16_V7_WGMMA, K_W4A16_V8_DECODE_PRESUM,
+                                  K_W4A16_V9_DEFER_FINISH};
     test_w4a16_pdl_chain();
     /* odd M and small shapes: canonical packing, every variant; group sizes 16..512 (v5 unrolls
      * by 8 k-tiles: G/16 = 1, 2, 4 divide it, 8, 16, 32 are multiples, 3 (G = 48) falls back) */
@@ -608,7 +617,7 @@ static void test_w4a16(bool quick)
             if (quick && (K > 4096 || M > 24)) continue;
             test_w4a16_shape("per-channel", M, 128, K, K, true, (M % 2) == 1,
                              {K_W4A16_AUTO, K_W4A16_V5_DECODE, K_W4A16_V6_DECODE_RING, K_W4A16_V4_STREAMK,
-                              K_W4A16_V8_DECODE_PRESUM});
+                              K_W4A16_V8_DECODE_PRESUM, K_W4A16_V9_DEFER_FINISH});
         }
     /* a K that gives an odd number of k-tiles and a group larger than one pipeline stage */
     test_w4a16_shape("odd-kt", 129, 128, 48, 48, true, true, all);
@@ -627,9 +636,9 @@ static void test_w4a16(bool quick)
                 char label[64];
                 snprintf(label, sizeof label, "%s tp%d %s", md.name, tp, l.name);
                 test_w4a16_shape(label, 1, l.N, l.K, 128, false, false,
-                                 {K_W4A16_AUTO, K_W4A16_V5_DECODE, K_W4A16_V6_DECODE_RING, K_W4A16_V8_DECODE_PRESUM});
+                                 {K_W4A16_AUTO, K_W4A16_V5_DECODE, K_W4A16_V6_DECODE_RING, K_W4A16_V8_DECODE_PRESUM, K_W4A16_V9_DEFER_FINISH});
                 test_w4a16_shape(label, 3, l.N, l.K, 128, false, true,
-                                 {K_W4A16_AUTO, K_W4A16_V5_DECODE, K_W4A16_V6_DECODE_RING, K_W4A16_V8_DECODE_PRESUM});
+                                 {K_W4A16_AUTO, K_W4A16_V5_DECODE, K_W4A16_V6_DECODE_RING, K_W4A16_V8_DECODE_PRESUM, K_W4A16_V9_DEFER_FINISH});
                 if (tp >= 4)
                     test_w4a16_shape(label, 16, l.N, l.K, 128, false, false, {K_W4A16_AUTO, K_W4A16_V8_DECODE_PRESUM});
                 if (tp == 2) /* v5 with 32 and 64 token rows (M > 16), on every real shape */
