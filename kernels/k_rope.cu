@@ -48,63 +48,12 @@ int k_rope(uint16_t *x, int M, int n_heads, int hd, size_t row_stride, const int
     return K_ERR_NONE;
 }
 
-/* k_rope_acc: row m of x (row_stride fp16) from row m of acc (row_stride fp32, zeroed after):
- * the first n_heads*hd columns rotated as rope_kernel, the rest (v heads) rounded as they are.
- * Threads [0, M*n_heads*hd/2) take one pair each, the rest one copied column each. */
-static __global__ void rope_acc_kernel(__half *__restrict__ x, float *__restrict__ acc, int M,
-                                       int n_heads, int hd, int row_stride,
-                                       const int32_t *__restrict__ pos,
-                                       const float *__restrict__ inv_freq)
-{
-    k_pdl_launch_dependents(); /* the KV-cache store may launch (k_common.cuh) */
-    k_pdl_wait();              /* launched early (PDL): the qkv sums are complete */
-    const int half_hd = hd / 2, rest = row_stride - n_heads * hd;
-    const long long n_rot = (long long)M * n_heads * half_hd;
-    long long id = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (id < n_rot) {
-        const int i = (int)(id % half_hd);
-        const long long mh = id / half_hd;
-        const int h = (int)(mh % n_heads), m = (int)(mh / n_heads);
-        const size_t o = (size_t)m * row_stride + (size_t)h * hd;
-        const float a = (float)pos[m] * inv_freq[i];
-        float s, c;
-        sincosf(a, &s, &c);
-        const float x0 = acc[o + i], x1 = acc[o + i + half_hd];
-        acc[o + i] = 0.0f;
-        acc[o + i + half_hd] = 0.0f;
-        x[o + i] = __float2half_rn(x0 * c - x1 * s);
-        x[o + i + half_hd] = __float2half_rn(x1 * c + x0 * s);
-        return;
-    }
-    id -= n_rot;
-    if (id >= (long long)M * rest) return;
-    const size_t o = (size_t)(id / rest) * row_stride + (size_t)n_heads * hd + (size_t)(id % rest);
-    x[o] = __float2half_rn(acc[o]);
-    acc[o] = 0.0f;
-}
-
-int k_rope_acc(uint16_t *x, float *acc, int M, int n_heads, int hd, size_t row_stride,
-               const int32_t *pos, const float *inv_freq, struct CUstream_st *stream)
-{
-    if (M < 1 || n_heads < 1 || hd < 2 || hd % 2 || row_stride < (size_t)n_heads * hd ||
-        row_stride > (size_t)INT_MAX)
-        K_REFUSE(K_ERR_SHAPE, "rope_acc M=%d n_heads=%d hd=%d row_stride=%zu: need hd even, "
-                 "n_heads*hd <= row_stride <= INT_MAX", M, n_heads, hd, row_stride);
-    if (!x || !acc || !pos || !inv_freq) K_REFUSE(K_ERR_ARG, "rope_acc: NULL x, acc, pos or inv_freq");
-    const long long n = (long long)M * n_heads * (hd / 2) +
-                        (long long)M * ((long long)row_stride - (long long)n_heads * hd);
-    const int threads = 256;
-    k_launch_ex(rope_acc_kernel, dim3((unsigned)((n + threads - 1) / threads)), dim3(threads), 0,
-                stream, k_pdl_usable(), reinterpret_cast<__half *>(x), acc, M, n_heads, hd,
-                (int)row_stride, pos, inv_freq);
-    K_LAUNCH_CHECK();
-    return K_ERR_NONE;
-}
-
-/* k_rope_kv_store: as rope_acc_kernel (acc != NULL) or rope_kernel on x (acc == NULL) over the
- * q and k heads, plus the KV-cache store of the rotated k heads and of the v heads. Threads
- * [0, M*(nq+nkv)*hd/2) take one rotated pair each, the rest one column of [(nq+nkv)*hd,
- * row_stride) each. Rows whose pos is outside [0, T_cap) are not stored. */
+/* k_rope_kv_store and k_rope_acc: rope_kernel's rotation over the nq + nkv q and k heads, from
+ * x (acc == NULL) or from the fp32 sums in acc (zeroed; the whole row is then written to x),
+ * plus the KV-cache store of the rotated k heads and of the nkv v heads after them (nkv = 0:
+ * no cache, which may then be NULL). Threads [0, M*(nq+nkv)*hd/2) take one rotated pair each,
+ * the rest one column of [(nq+nkv)*hd, row_stride) each. Rows whose pos is outside [0, T_cap)
+ * are not stored. */
 static __global__ void rope_kv_store_kernel(__half *__restrict__ x, float *__restrict__ acc,
                                             int M, int nq, int nkv, int hd, int row_stride,
                                             const int32_t *__restrict__ pos,
@@ -163,6 +112,23 @@ static __global__ void rope_kv_store_kernel(__half *__restrict__ x, float *__res
         v_cache[((size_t)(j / hd) * T_cap + p) * hd + j % hd] = v;
 }
 
+/* rope_kv_store_kernel over M rows (arguments checked by the callers) */
+static int launch_rope_kv_store(uint16_t *x, float *acc, int M, int nq, int nkv, int hd,
+                                size_t row_stride, const int32_t *pos, const float *inv_freq,
+                                uint16_t *k_cache, uint16_t *v_cache, int T_cap,
+                                struct CUstream_st *stream)
+{
+    const long long n = (long long)M * (nq + nkv) * (hd / 2) +
+                        (long long)M * ((long long)row_stride - (long long)(nq + nkv) * hd);
+    const int threads = 256;
+    k_launch_ex(rope_kv_store_kernel, dim3((unsigned)((n + threads - 1) / threads)), dim3(threads),
+                0, stream, k_pdl_usable(), reinterpret_cast<__half *>(x), acc, M, nq, nkv, hd,
+                (int)row_stride, pos, inv_freq, reinterpret_cast<__half *>(k_cache),
+                reinterpret_cast<__half *>(v_cache), T_cap);
+    K_LAUNCH_CHECK();
+    return K_ERR_NONE;
+}
+
 int k_rope_kv_store(uint16_t *x, float *acc, int M, int nq, int nkv, int hd, size_t row_stride,
                     const int32_t *pos, const float *inv_freq, uint16_t *k_cache,
                     uint16_t *v_cache, int T_cap, struct CUstream_st *stream)
@@ -174,13 +140,19 @@ int k_rope_kv_store(uint16_t *x, float *acc, int M, int nq, int nkv, int hd, siz
                  row_stride, T_cap);
     if (!x || !pos || !inv_freq || !k_cache || !v_cache)
         K_REFUSE(K_ERR_ARG, "rope_kv_store: NULL x, pos, inv_freq or cache");
-    const long long n = (long long)M * (nq + nkv) * (hd / 2) +
-                        (long long)M * ((long long)row_stride - (long long)(nq + nkv) * hd);
-    const int threads = 256;
-    k_launch_ex(rope_kv_store_kernel, dim3((unsigned)((n + threads - 1) / threads)), dim3(threads),
-                0, stream, k_pdl_usable(), reinterpret_cast<__half *>(x), acc, M, nq, nkv, hd,
-                (int)row_stride, pos, inv_freq, reinterpret_cast<__half *>(k_cache),
-                reinterpret_cast<__half *>(v_cache), T_cap);
-    K_LAUNCH_CHECK();
-    return K_ERR_NONE;
+    return launch_rope_kv_store(x, acc, M, nq, nkv, hd, row_stride, pos, inv_freq, k_cache,
+                                v_cache, T_cap, stream);
+}
+
+/* k_rope_acc = the kernel of k_rope_kv_store with every head rotated (nkv = 0: no cache) */
+int k_rope_acc(uint16_t *x, float *acc, int M, int n_heads, int hd, size_t row_stride,
+               const int32_t *pos, const float *inv_freq, struct CUstream_st *stream)
+{
+    if (M < 1 || n_heads < 1 || hd < 2 || hd % 2 || row_stride < (size_t)n_heads * hd ||
+        row_stride > (size_t)INT_MAX)
+        K_REFUSE(K_ERR_SHAPE, "rope_acc M=%d n_heads=%d hd=%d row_stride=%zu: need hd even, "
+                 "n_heads*hd <= row_stride <= INT_MAX", M, n_heads, hd, row_stride);
+    if (!x || !acc || !pos || !inv_freq) K_REFUSE(K_ERR_ARG, "rope_acc: NULL x, acc, pos or inv_freq");
+    return launch_rope_kv_store(x, acc, M, n_heads, 0, hd, row_stride, pos, inv_freq, nullptr,
+                                nullptr, 0, stream);
 }

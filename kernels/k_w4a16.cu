@@ -189,17 +189,12 @@ static __device__ __forceinline__ void splitk_finish4(float *__restrict__ ws, __
  */
 static __device__ __forceinline__ int stage_at(int r, int c) { return r * 64 + (c ^ 4 * (r & 7)); }
 
-/* v + bias[0..3] (deferred split-K: the slice that holds k = 0 adds the bias once) */
-static __device__ __forceinline__ float4 add_bias4(float4 v, const float *__restrict__ b)
-{
-    return make_float4(v.x + b[0], v.y + b[1], v.z + b[2], v.w + b[3]);
-}
-
+/* The warp's mma accumulator fragments (rows 2t, 2t + 1 of each 8-row block, columns g, g + 8
+ * of each 16-column block; PTX ISA "mma.m16n8k16" fragment C of y^T) into its stage, row-major
+ * at stage_at(). */
 template <int MB8>
-static __device__ __forceinline__ void w4a16_splitk_flush_staged(
-    const float (&acc)[MB8][4][4], float *stage, const float *__restrict__ bias,
-    __half *__restrict__ y, float *__restrict__ ws, unsigned *__restrict__ counters, int M, int N,
-    int nt, int S, bool first, int lane)
+static __device__ __forceinline__ void stage_fragments(const float (&acc)[MB8][4][4], float *stage,
+                                                       int lane)
 {
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
@@ -214,6 +209,21 @@ static __device__ __forceinline__ void w4a16_splitk_flush_staged(
             stage[stage_at(m1, c1)] = acc[tb][w][3];
         }
     }
+}
+
+/* v + bias[0..3] (deferred split-K: the slice that holds k = 0 adds the bias once) */
+static __device__ __forceinline__ float4 add_bias4(float4 v, const float *__restrict__ b)
+{
+    return make_float4(v.x + b[0], v.y + b[1], v.z + b[2], v.w + b[3]);
+}
+
+template <int MB8>
+static __device__ __forceinline__ void w4a16_splitk_flush_staged(
+    const float (&acc)[MB8][4][4], float *stage, const float *__restrict__ bias,
+    __half *__restrict__ y, float *__restrict__ ws, unsigned *__restrict__ counters, int M, int N,
+    int nt, int S, bool first, int lane)
+{
+    stage_fragments<MB8>(acc, stage, lane);
     __syncwarp();
     const bool add_bias = !counters && first && bias; /* deferred: slice 0 adds the bias */
     for (int e = lane; e < M * 16; e += K_WARP) {
@@ -257,19 +267,7 @@ static __device__ __forceinline__ void w4a16_splitk_flush_presum(
     constexpr int ROWS = 8 * MB8, WARPS = 4, T = WARPS * K_WARP;
     __shared__ unsigned last_block;
     float *stage = stage0 + warp * ROWS * 64;
-    const int g = lane / 4, t = lane % 4;
-#pragma unroll
-    for (int tb = 0; tb < MB8; ++tb) {
-        const int m0 = tb * 8 + 2 * t, m1 = m0 + 1;
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-            const int c0 = 2 * w * 8 + g, c1 = c0 + 8;
-            stage[stage_at(m0, c0)] = acc[tb][w][0];
-            stage[stage_at(m1, c0)] = acc[tb][w][1];
-            stage[stage_at(m0, c1)] = acc[tb][w][2];
-            stage[stage_at(m1, c1)] = acc[tb][w][3];
-        }
-    }
+    stage_fragments<MB8>(acc, stage, lane);
     __syncthreads();
     for (int e = tid; e < M * 16; e += T) {
         const int r = e / 16, c = (e % 16) * 4;

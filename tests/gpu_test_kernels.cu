@@ -181,22 +181,35 @@ static void make_w4(w4_case &c, int N, int K, int G, bool canonical)
     }
 }
 
+/* One random linear problem: packed weights (make_w4), x [M, K] in [-1, 1), bias [N] or none,
+ * and yref = ref_w4a16_linear of them. */
+struct w4_problem {
+    w4_case c;
+    std::vector<uint16_t> xh;
+    std::vector<float> xf, bias, yref;
+    w4_problem(int M, int N, int K, int G, bool canonical, bool bias_on) : yref((size_t)M * N)
+    {
+        make_w4(c, N, K, G, canonical);
+        rand_f16(xh, xf, (size_t)M * K, -1.0f, 1.0f);
+        if (bias_on) {
+            bias.resize(N);
+            for (auto &b : bias) b = rng_uniform(-0.5f, 0.5f);
+        }
+        CHECK_EQ_INT(ref_w4a16_linear(xf.data(), c.qweight.data(), c.qzeros.data(),
+                                      c.scales.data(), bias_on ? bias.data() : nullptr, M, K, N,
+                                      G, yref.data(), g_pool),
+                     REF_ERR_NONE);
+    }
+};
+
 /* Run the listed variants (0 = auto) on one shape vs ref_w4a16_linear. */
 static void test_w4a16_shape(const char *label, int M, int N, int K, int G, bool canonical,
                              bool bias_on, const std::vector<int> &variants)
 {
-    w4_case c;
-    make_w4(c, N, K, G, canonical);
-    std::vector<uint16_t> xh;
-    std::vector<float> xf, bias, yref((size_t)M * N);
-    rand_f16(xh, xf, (size_t)M * K, -1.0f, 1.0f);
-    if (bias_on) {
-        bias.resize(N);
-        for (auto &b : bias) b = rng_uniform(-0.5f, 0.5f);
-    }
-    CHECK_EQ_INT(ref_w4a16_linear(xf.data(), c.qweight.data(), c.qzeros.data(), c.scales.data(),
-                                  bias_on ? bias.data() : nullptr, M, K, N, G, yref.data(), g_pool),
-                 REF_ERR_NONE);
+    w4_problem pb(M, N, K, G, canonical, bias_on);
+    const w4_case &c = pb.c;
+    const std::vector<uint16_t> &xh = pb.xh;
+    const std::vector<float> &bias = pb.bias, &yref = pb.yref;
     uint16_t *dx = dev_upload(xh), *ds = dev_upload(c.scales);
     uint8_t *dq = dev_upload(c.qweight), *dz = dev_upload(c.qzeros);
     float *db = bias_on ? dev_upload(bias) : nullptr;
@@ -338,6 +351,28 @@ static int tp_shapes(const model_dims &md, int tp, int G, layer_shape out[4])
     return 4;
 }
 
+/* The packed tensors of L linears on the device, freed with it (the PDL chains). */
+struct dev_linears {
+    std::vector<uint8_t *> dq, dz;
+    std::vector<uint16_t *> ds;
+    dev_linears(const w4_case *c, int L)
+    {
+        for (int l = 0; l < L; ++l) {
+            dq.push_back(dev_upload(c[l].qweight));
+            dz.push_back(dev_upload(c[l].qzeros));
+            ds.push_back(dev_upload(c[l].scales));
+        }
+    }
+    ~dev_linears()
+    {
+        for (size_t l = 0; l < dq.size(); ++l) {
+            TCUDA(cudaFree(dq[l])); TCUDA(cudaFree(dz[l])); TCUDA(cudaFree(ds[l]));
+        }
+    }
+    dev_linears(const dev_linears &) = delete;
+    dev_linears &operator=(const dev_linears &) = delete;
+};
+
 /*
  * Programmatic Dependent Launch: v5 starts loading weights before the previous kernel in the
  * stream has finished, and must wait for it before reading its output. A chain of three
@@ -363,19 +398,13 @@ static void test_w4a16_pdl_chain(void)
         uint16_t *act[L + 1];
         act[0] = dev_upload(xh);
         for (int l = 1; l <= L; ++l) act[l] = dev_poisoned<uint16_t>((size_t)M * N);
-        uint8_t *dq[L], *dz[L];
-        uint16_t *ds[L];
-        for (int l = 0; l < L; ++l) {
-            dq[l] = dev_upload(c[l].qweight);
-            dz[l] = dev_upload(c[l].qzeros);
-            ds[l] = dev_upload(c[l].scales);
-        }
+        const dev_linears lin(c, L);
         TCUDA(cudaDeviceSynchronize());
         for (int l = 0; l < L; ++l)
             /* v5, v8 (block pre-sum) and v9 (deferred + finish) take turns on the one workspace */
             CHECK_EQ_INT(k_w4a16_linear_variant(l % 3 == 1 ? K_W4A16_V8_DECODE_PRESUM
                                                 : l % 3 == 2 ? K_W4A16_V9_DEFER_FINISH : K_W4A16_V5_DECODE,
-                                                act[l], dq[l], dz[l], ds[l],
+                                                act[l], lin.dq[l], lin.dz[l], lin.ds[l],
                                                 nullptr, act[l + 1], M, N, K, G, ws, wsb, st),
                          K_ERR_NONE);
         TCUDA(cudaStreamSynchronize(st));
@@ -390,9 +419,6 @@ static void test_w4a16_pdl_chain(void)
             snprintf(what, sizeof what, "w4a16 v5/v8/v9 PDL chain M=%d layer %d of %d", M, l + 1, L);
             compare(what, y.data(), yref.data(), y.size(), 4e-3, 4e-3, 2e-3);
             in = y; /* the next layer reads what the GPU produced, as the chain did */
-        }
-        for (int l = 0; l < L; ++l) {
-            TCUDA(cudaFree(dq[l])); TCUDA(cudaFree(dz[l])); TCUDA(cudaFree(ds[l]));
         }
         for (auto p : act) TCUDA(cudaFree(p));
         TCUDA(cudaFree(ws));
@@ -417,19 +443,12 @@ static size_t dev_nonzero(const float *d, size_t n)
 static void test_w4a16_acc_shape(const char *label, int M, int N, int K, int G, bool canonical,
                                  bool bias_on)
 {
-    w4_case c;
-    make_w4(c, N, K, G, canonical);
-    std::vector<uint16_t> xh;
-    std::vector<float> xf, bias, yref((size_t)M * N), P((size_t)M * N);
-    rand_f16(xh, xf, (size_t)M * K, -1.0f, 1.0f);
+    w4_problem pb(M, N, K, G, canonical, bias_on);
+    const w4_case &c = pb.c;
+    const std::vector<uint16_t> &xh = pb.xh;
+    const std::vector<float> &bias = pb.bias, &yref = pb.yref;
+    std::vector<float> P((size_t)M * N);
     for (auto &v : P) v = rng_uniform(-1.0f, 1.0f);
-    if (bias_on) {
-        bias.resize(N);
-        for (auto &b : bias) b = rng_uniform(-0.5f, 0.5f);
-    }
-    CHECK_EQ_INT(ref_w4a16_linear(xf.data(), c.qweight.data(), c.qzeros.data(), c.scales.data(),
-                                  bias_on ? bias.data() : nullptr, M, K, N, G, yref.data(), g_pool),
-                 REF_ERR_NONE);
     uint16_t *dx = dev_upload(xh), *ds = dev_upload(c.scales);
     uint8_t *dq = dev_upload(c.qweight), *dz = dev_upload(c.qzeros);
     float *db = bias_on ? dev_upload(bias) : nullptr, *dacc = dev_upload(P);
@@ -481,17 +500,11 @@ static void test_w4a16_acc_chain(void)
         uint16_t *act[L + 1];
         act[0] = dev_upload(xh);
         for (int l = 1; l <= L; ++l) act[l] = dev_poisoned<uint16_t>((size_t)M * N);
-        uint8_t *dq[L], *dz[L];
-        uint16_t *ds[L];
-        for (int l = 0; l < L; ++l) {
-            dq[l] = dev_upload(c[l].qweight);
-            dz[l] = dev_upload(c[l].qzeros);
-            ds[l] = dev_upload(c[l].scales);
-        }
+        const dev_linears lin(c, L);
         TCUDA(cudaDeviceSynchronize());
         for (int l = 0; l < L; ++l) {
-            CHECK_EQ_INT(k_w4a16_linear_acc(act[l], dq[l], dz[l], ds[l], nullptr, acc, M, N, K, G,
-                                            st), K_ERR_NONE);
+            CHECK_EQ_INT(k_w4a16_linear_acc(act[l], lin.dq[l], lin.dz[l], lin.ds[l], nullptr, acc, M,
+                                            N, K, G, st), K_ERR_NONE);
             if (l % 2 == 0)
                 CHECK_EQ_INT(k_w4a16_acc_finish(act[l + 1], acc, M, N, st), K_ERR_NONE);
             else
@@ -520,9 +533,6 @@ static void test_w4a16_acc_chain(void)
                 1e-3);
         const size_t nz = dev_nonzero(acc, (size_t)M * N);
         CHECK_MSG(nz == 0, "deferred PDL chain M=%d: %zu acc values left non-zero", M, nz);
-        for (int l = 0; l < L; ++l) {
-            TCUDA(cudaFree(dq[l])); TCUDA(cudaFree(dz[l])); TCUDA(cudaFree(ds[l]));
-        }
         for (auto p : act) TCUDA(cudaFree(p));
         TCUDA(cudaFree(acc)); TCUDA(cudaFree(dres)); TCUDA(cudaFree(dw));
         TCUDA(cudaStreamDestroy(st));
