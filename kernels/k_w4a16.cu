@@ -7,18 +7,22 @@
  * Variants (kernels.h, enum k_w4a16_variant; auto picks by M from the H200 measurements in
  * docs/BENCHMARKS.md):
  *   v1 naive   one thread per output, scalar fp32 dequant via the layout formula: the oracle.
- *   v2 decode  M <= 64 (auto: 17..32). Split-K slices x 4 n-tiles per block, sized to fill the
+ *   v2 decode  M <= 64 (auto: only where v5 cannot take G). Split-K slices x 4 n-tiles per block, sized to fill the
  *              resident block slots in whole waves. The block stages its activation slice in
  *              shared memory once; each lane cp.async-copies exactly the 16 bytes of a packed tile
  *              that are its own fragments (8 tiles in flight per warp), dequantises in registers
  *              (lop3 + 0x6400 trick) and runs the product transposed (weights as the mma A
  *              operand, tokens as n8) so M <= 8 costs 4 mma per tile. Slices meet through fp32
  *              atomics in the workspace; the last slice of a 64-column tile writes y.
- *   v5 / v6    M <= 16 (auto: v5). v2's decomposition with a leaner tile loop: weights straight
+ *   v5 / v6    M <= 64 / 16. v2's decomposition with a leaner tile loop: weights straight
  *              into registers 8 tiles ahead (v5) or through an unrolled cp.async ring (v6), the
  *              loop unrolled by 8 (compile-time slots and group boundaries); the weight loads
  *              start before the previous kernel ends (Programmatic Dependent Launch, sm_90).
- *   v4 stream  M <= 64 (auto: 33..64). Stream-K: the tile stream (n-tile-major, DESIGN 4.1) cut
+ *   v8         v5 with the block pre-sum of 4 slices at M <= 16.
+ *   v9         M <= 64 (auto). v5 with the deferred split-K (k_w4a16_linear_acc: the slices'
+ *              sums stay in the workspace, no counter, no last-slice tail) + k_w4a16_acc_finish.
+ *              The CUDA runtime's decode defers the finish into the consuming kernel instead.
+ *   v4 stream  M <= 64 (auto: only where neither v5 nor v2 fits). Stream-K: the tile stream (n-tile-major, DESIGN 4.1) cut
  *              into equal contiguous chunks, one per warp; activations read per tile from L1/L2.
  *   v3 GEMM    any M (auto: M > 64 where v7 is not available). 128 x 128 block tile, 4 warps of
  *              64 x 64, 2 k-tiles per stage, 4-stage cp.async pipeline for activations
@@ -1665,8 +1669,7 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
                  (const void *)scales, (const void *)y);
     int presum = 0; /* v5's block pre-sum: 0 never (variant 5), 1 by the S rule (auto), 2 where it fits */
     if (variant == K_W4A16_AUTO) { /* measured on H200: docs/BENCHMARKS.md */
-        variant = M <= K_W4A16_V9_MAX_AUTO_M ? K_W4A16_V9_DEFER_FINISH
-                  : M <= K_W4A16_V5_MAX_M ? K_W4A16_V5_DECODE
+        variant = M <= K_W4A16_V5_MAX_M ? K_W4A16_V9_DEFER_FINISH
                   : k_w4a16_wgmma_available() ? K_W4A16_V7_WGMMA : K_W4A16_V3_GEMM;
         presum = 1;
     } else if (variant == K_W4A16_V8_DECODE_PRESUM) {

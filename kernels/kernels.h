@@ -66,7 +66,7 @@ int k_get_pdl(void);
 
 /*
  * Variants of the W4A16 linear, selected with k_w4a16_linear_variant():
- *   0  auto: v9 for M <= K_W4A16_V9_MAX_AUTO_M, v5 up to K_W4A16_V5_MAX_M, else v7 where
+ *   0  auto: v9 for M <= K_W4A16_V5_MAX_M, else v7 where
  *      k_w4a16_wgmma_available(), else v3 (the fastest of each range on the H200,
  *      docs/BENCHMARKS.md)
  *   1  naive: one thread per output, fp32, straight from ref_w4a16_linear (the device oracle)
@@ -98,7 +98,7 @@ int k_get_pdl(void);
  *   9  deferred split-K + finish: k_w4a16_linear_acc into the workspace (v5 as auto, with the
  *      pre-sum at 9 <= M <= 16, but no counter and no last-slice tail), then
  *      k_w4a16_acc_finish writes y and zeroes the workspace: two kernels, and still faster than
- *      v5's in-kernel tail at M <= 16 on the H200 (docs/BENCHMARKS.md). Where v5 cannot take
+ *      v5's in-kernel tail on every layer shape at M = 1..64 on the H200 (docs/BENCHMARKS.md). Where v5 cannot take
  *      G, as 5. K_W4A16_V5_MAX_M rows.
  */
 enum k_w4a16_variant {
@@ -113,7 +113,6 @@ enum k_w4a16_variant {
     K_W4A16_V8_DECODE_PRESUM = 8,
     K_W4A16_V9_DEFER_FINISH = 9,
 };
-#define K_W4A16_V9_MAX_AUTO_M 16 /* auto runs v9 up to here (measured at M = 1 and 16 only) */
 #define K_W4A16_V5_MAX_M 64
 #define K_W4A16_V6_MAX_M 16
 #define K_W4A16_DECODE_MAX_M 64

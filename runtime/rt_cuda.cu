@@ -203,7 +203,7 @@ static enum rt_err upload_small(struct cuda_rank *r, const void *host, size_t by
 }
 
 /*
- * Deferred split-K. At M <= RT_CUDA_DEFER_MAX_M a W4A16 linear runs k_w4a16_linear_acc: its
+ * Deferred split-K. At M <= RT_CUDA_DEFER_MAX_M (64: decode, batched decode, short prompt chunks) a W4A16 linear runs k_w4a16_linear_acc: its
  * slices add their partial sums into ws and nothing waits for the last slice (no counter, no
  * read-back, no fp16 y: 1.2-2.5 us per call on the H200, `qshard bench kernel floor`). The op
  * that reads y next takes the sums from ws and zeroes them: rmsnorm (the o and down projections
@@ -212,7 +212,7 @@ static enum rt_err upload_small(struct cuda_rank *r, const void *host, size_t by
  * linear is then remembered in plain_w and no longer deferred (MoE expert outputs, which
  * scatter_add_rows reads). World size 1 only for now. QSHARD_DEFER=0 turns it off (A/B runs).
  */
-#define RT_CUDA_DEFER_MAX_M 16
+#define RT_CUDA_DEFER_MAX_M K_W4A16_V5_MAX_M
 
 static enum rt_err settle(struct cuda_rank *r)
 {
