@@ -98,8 +98,9 @@ int k_get_pdl(void);
  *   9  deferred split-K + finish: k_w4a16_linear_acc into the workspace (v5 as auto, with the
  *      pre-sum at 9 <= M <= 16, but no counter and no last-slice tail), then
  *      k_w4a16_acc_finish writes y and zeroes the workspace: two kernels, and still faster than
- *      v5's in-kernel tail on every layer shape at M = 1..64 on the H200 (docs/BENCHMARKS.md). Where v5 cannot take
- *      G, as 5. K_W4A16_V5_MAX_M rows.
+ *      v5's in-kernel tail on the H200 on all the layer shapes measured at M = 1..64 but one
+ *      (even there, within 0.5 %; docs/BENCHMARKS.md). Where v5 cannot take G, as 5.
+ *      K_W4A16_V5_MAX_M rows.
  */
 enum k_w4a16_variant {
     K_W4A16_AUTO = 0,
