@@ -1702,6 +1702,8 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
         if (M > max_m) K_REFUSE(K_ERR_SHAPE, "W4A16 deferred decode variant: M=%d > %d", M, max_m);
         rc = check_workspace(__func__, "decode", M, N, workspace, workspace_bytes);
         if (rc) return rc;
+        /* before anything runs: the finish (and v5's) writes y 4 values at a time */
+        if ((uintptr_t)y % 8) K_REFUSE(K_ERR_ARG, "W4A16 decode: y at %p is not 8-byte aligned", (void *)y);
         /* the sums into the workspace, then y from them (the workspace zeroed again); where v5
          * cannot take G, variant 5's own fallbacks */
         if (launch_v5_m<false>(xh, reinterpret_cast<const uint4 *>(qweight),
@@ -1718,6 +1720,7 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
         if (M > max_m) K_REFUSE(K_ERR_SHAPE, "W4A16 lean decode variant: M=%d > %d", M, max_m);
         rc = check_workspace(__func__, "decode", M, N, workspace, workspace_bytes);
         if (rc) return rc;
+        if ((uintptr_t)y % 8) K_REFUSE(K_ERR_ARG, "W4A16 decode: y at %p is not 8-byte aligned", (void *)y);
         return (variant == K_W4A16_V5_DECODE ? launch_v5<false> : launch_v5<true>)(
             xh, reinterpret_cast<const uint4 *>(qweight), reinterpret_cast<const uint4 *>(qzeros),
             reinterpret_cast<const uint4 *>(scales), bias, yh, M, N, K, G, workspace, presum, stream);

@@ -149,7 +149,7 @@ size_t k_w4a16_workspace_bytes(int M, int N);
  * auto above K_W4A16_V5_MAX_M calls k_w4a16_wgmma_available().
  * Errors: K_ERR_SHAPE (M < 1, K % 16, N % 64, K % G, G % 16, G < 16, K or N < 1,
  * M > k_w4a16_variant_max_m(variant)), K_ERR_ARG (NULL tensor, unknown variant, workspace not
- * 16-byte aligned), K_ERR_WORKSPACE, K_ERR_UNSUPPORTED (variant 7 where
+ * 16-byte aligned, y not 8-byte aligned for variants 5, 6, 8, 9), K_ERR_WORKSPACE, K_ERR_UNSUPPORTED (variant 7 where
  * k_w4a16_wgmma_available() is 0).
  */
 int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweight,
@@ -167,8 +167,9 @@ int k_w4a16_linear(const uint16_t *x, const uint8_t *qweight, const uint8_t *qze
  * decomposition of variant 5 (as auto: the block pre-sum at 9 <= M <= 16) but without its
  * split-K tail: the slices add their partial sums straight into acc (vector reductions; the
  * slice holding k = 0 adds the bias) and nothing waits for the last one, so no counter, no
- * read-back and no fp16 y. Whoever reads acc next (a later kernel in the stream: k_w4a16_acc_finish,
- * k_rmsnorm_acc, k_silu_mul_acc, k_rope_acc) turns the sums into fp16 and zeroes acc again.
+ * read-back and no fp16 y. Whoever reads acc next (a later kernel in the stream:
+ * k_w4a16_acc_finish, k_rmsnorm_acc, k_silu_mul_acc, k_rope_acc, k_rope_kv_store) turns the sums
+ * into fp16 and zeroes acc again.
  * Same inputs and math as k_w4a16_linear (reference ref_w4a16_linear, the sums unrounded);
  * acc: [M, N] fp32 row-major, zero on entry (or partial sums to add to), 16-byte aligned; it may
  * be the start of a k_w4a16_workspace_bytes(M, N) workspace that is not in use.

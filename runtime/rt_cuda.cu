@@ -90,8 +90,8 @@ struct grow_buf {
     size_t bytes;
 };
 
-/* linears remembered as "not deferred" per rank (two per layer of an 80-layer model at tp > 1,
- * plus MoE expert down projections; past this they are deferred and finished separately) */
+/* linears remembered as "not deferred" per rank (MoE expert down projections; past this they
+ * are deferred and finished separately) */
 #define RT_CUDA_PLAIN_MAX 1024
 
 struct cuda_rank {
@@ -203,16 +203,29 @@ static enum rt_err upload_small(struct cuda_rank *r, const void *host, size_t by
 }
 
 /*
- * Deferred split-K. At M <= RT_CUDA_DEFER_MAX_M (64: decode, batched decode, short prompt chunks) a W4A16 linear runs k_w4a16_linear_acc: its
- * slices add their partial sums into ws and nothing waits for the last slice (no counter, no
- * read-back, no fp16 y: 1.2-2.5 us per call on the H200, `qshard bench kernel floor`). The op
- * that reads y next takes the sums from ws and zeroes them: rmsnorm (the o and down projections
- * at world 1), rope (qkv; it also rounds the v heads), silu_mul (gate_up) have fused versions;
- * any other op on the rank first calls settle(), which writes y (k_w4a16_acc_finish), and that
- * linear is then remembered in plain_w and no longer deferred (MoE expert outputs, which
- * scatter_add_rows reads). World size 1 only for now. QSHARD_DEFER=0 turns it off (A/B runs).
+ * Deferred split-K. At M <= RT_CUDA_DEFER_MAX_M (decode, small batches) a W4A16 linear runs
+ * k_w4a16_linear_acc: its slices add their partial sums into ws and nothing waits for the last
+ * slice (no counter, no read-back, no fp16 y: 1.2-2.5 us per call on the H200, `qshard bench
+ * kernel floor`). The op that reads y next takes the sums from ws and zeroes them: rmsnorm (the o and down projections), rope / rope_kv_store (qkv; they also round
+ * the v heads), silu_mul (gate_up) have fused versions; any other op on the rank first calls
+ * settle(), which writes y (k_w4a16_acc_finish), and that linear is then remembered in plain_w
+ * and no longer deferred (MoE expert outputs, which scatter_add_rows reads). If a consumer fails
+ * after taking the sums, release_sums() zeroes them, so the next deferred linear starts from
+ * zero. World size 1 only for now. QSHARD_DEFER=0 turns it off (A/B runs).
  */
-#define RT_CUDA_DEFER_MAX_M K_W4A16_V5_MAX_M
+/* 16: decode and small batches. At 64 rows (a prompt chunk) the fused consumers lost 1.7 % of
+ * pp64 against v9's own finish (13521 vs 13751 tok/s, synthetic 7B, H200), at 1 row they gain
+ * 7 % of decode speed (docs/BENCHMARKS.md). */
+#define RT_CUDA_DEFER_MAX_M 16
+
+/* After a consumer took the pending [M, N] sums: K_ERR_NONE -> RT_ERR_NONE; on a refusal (the
+ * kernel reported it) the sums are zeroed, so no later deferred linear adds onto them. */
+static enum rt_err release_sums(struct cuda_rank *r, int rc, int M, size_t N)
+{
+    if (rc == K_ERR_NONE) return RT_ERR_NONE;
+    RT_CUDA_TRY(cudaMemsetAsync(r->ws.p, 0, (size_t)M * N * sizeof(float), r->stream));
+    return rc == K_ERR_SHAPE ? RT_ERR_SHAPE : RT_ERR_ARG;
+}
 
 static enum rt_err settle(struct cuda_rank *r)
 {
@@ -223,9 +236,10 @@ static enum rt_err settle(struct cuda_rank *r)
         r->plain_w[r->n_plain++] = r->pend_w;
         if (r->capturing) r->replan = true; /* the recording holds this finish: record again */
     }
-    RT_K_TRY(k_w4a16_acc_finish(static_cast<uint16_t *>(y), static_cast<float *>(r->ws.p),
-                                r->pend_M, r->pend_N, r->stream));
-    return RT_ERR_NONE;
+    return release_sums(r, k_w4a16_acc_finish(static_cast<uint16_t *>(y),
+                                              static_cast<float *>(r->ws.p), r->pend_M,
+                                              r->pend_N, r->stream),
+                        r->pend_M, (size_t)r->pend_N);
 }
 
 #define SETTLE(r)                            \
@@ -478,11 +492,11 @@ static enum rt_err cuda_rmsnorm(void *ctx, int rank, void *out, float *residual,
                                 const float *w, int M, int H, float eps)
 {
     struct cuda_rank *r = R(ctx, rank);
-    if (residual && take_pending(r, x, M, (size_t)H)) {
-        RT_K_TRY(k_rmsnorm_acc(static_cast<uint16_t *>(out), residual,
-                               static_cast<float *>(r->ws.p), w, M, H, eps, r->stream));
-        return RT_ERR_NONE;
-    }
+    if (residual && take_pending(r, x, M, (size_t)H))
+        return release_sums(r, k_rmsnorm_acc(static_cast<uint16_t *>(out), residual,
+                                             static_cast<float *>(r->ws.p), w, M, H, eps,
+                                             r->stream),
+                            M, (size_t)H);
     SETTLE(r);
     RT_K_TRY(k_rmsnorm(static_cast<uint16_t *>(out), residual, static_cast<const uint16_t *>(x),
                        w, M, H, eps, r->stream));
@@ -504,7 +518,8 @@ static enum rt_err cuda_linear_w4(void *ctx, int rank, const void *x, const uint
     }
     /* world 1 only: at world > 1 the o and down outputs feed the all-reduce (they would be
      * learned as plain after one step), and that path has not run on 2 GPUs yet */
-    bool plain = !defer || M > RT_CUDA_DEFER_MAX_M || static_cast<cuda_ctx *>(ctx)->world > 1;
+    bool plain = !defer || M > RT_CUDA_DEFER_MAX_M || static_cast<cuda_ctx *>(ctx)->world > 1 ||
+                 (uintptr_t)y % 8; /* the finish writes 4 values at a time */
     for (int i = 0; i < r->n_plain && !plain; ++i) plain = r->plain_w[i] == qweight;
     if (!plain) {
         enum rt_err e = grow(r, &r->ws, k_w4a16_workspace_bytes(M, N), "the W4A16 workspace", true);
@@ -608,17 +623,16 @@ static enum rt_err cuda_rope(void *ctx, int rank, void *x, int M, int n_heads, i
                              size_t row_stride, int start_pos, const float *inv_freq)
 {
     struct cuda_rank *r = R(ctx, rank);
-    const bool from_acc = take_pending(r, x, M, row_stride); /* the qkv sums, deferred */
-    if (!from_acc) SETTLE(r);
-    uint16_t *xh = static_cast<uint16_t *>(x);
-    const int32_t *pos = NULL;
+    const int32_t *pos = NULL; /* first: nothing has been taken if it fails */
     enum rt_err e = positions(r, start_pos, M, &pos);
     if (e) return e;
-    if (from_acc)
-        RT_K_TRY(k_rope_acc(xh, static_cast<float *>(r->ws.p), M, n_heads, hd, row_stride, pos,
-                            inv_freq, r->stream));
-    else
-        RT_K_TRY(k_rope(xh, M, n_heads, hd, row_stride, pos, inv_freq, r->stream));
+    uint16_t *xh = static_cast<uint16_t *>(x);
+    if (take_pending(r, x, M, row_stride)) /* the qkv sums, deferred */
+        return release_sums(r, k_rope_acc(xh, static_cast<float *>(r->ws.p), M, n_heads, hd,
+                                          row_stride, pos, inv_freq, r->stream),
+                            M, row_stride);
+    SETTLE(r);
+    RT_K_TRY(k_rope(xh, M, n_heads, hd, row_stride, pos, inv_freq, r->stream));
     return RT_ERR_NONE;
 }
 
@@ -662,19 +676,22 @@ static enum rt_err cuda_rope_kv_store(void *ctx, int rank, void *x, int M, int n
     }
     struct cuda_rank *r = R(ctx, rank);
     if (!r->capturing && (start_pos < 0 || (long long)start_pos + M > T_cap)) {
-        qs_log_error(__func__, "positions %d..%lld past the KV cache of %d rows", start_pos,
+        qs_log_error(__func__, "positions %d..%lld outside the KV cache of %d rows", start_pos,
                      (long long)start_pos + M - 1, T_cap);
         return RT_ERR_SHAPE;
     }
-    const bool from_acc = take_pending(r, x, M, row_stride);
-    if (!from_acc) SETTLE(r);
-    const int32_t *pos = NULL;
+    const int32_t *pos = NULL; /* first: nothing has been taken if it fails */
     enum rt_err e = positions(r, start_pos, M, &pos);
     if (e) return e;
-    RT_K_TRY(k_rope_kv_store(static_cast<uint16_t *>(x),
-                             from_acc ? static_cast<float *>(r->ws.p) : NULL, M, n_q, n_kv, hd,
-                             row_stride, pos, inv_freq, static_cast<uint16_t *>(k_cache),
-                             static_cast<uint16_t *>(v_cache), T_cap, r->stream));
+    const bool from_acc = take_pending(r, x, M, row_stride);
+    if (!from_acc) SETTLE(r);
+    const int rc = k_rope_kv_store(static_cast<uint16_t *>(x),
+                                   from_acc ? static_cast<float *>(r->ws.p) : NULL, M, n_q, n_kv,
+                                   hd, row_stride, pos, inv_freq,
+                                   static_cast<uint16_t *>(k_cache),
+                                   static_cast<uint16_t *>(v_cache), T_cap, r->stream);
+    if (from_acc) return release_sums(r, rc, M, row_stride);
+    RT_K_TRY(rc);
     return RT_ERR_NONE;
 }
 
@@ -718,11 +735,10 @@ static enum rt_err cuda_attention(void *ctx, int rank, void *out, size_t out_str
 static enum rt_err cuda_silu_mul(void *ctx, int rank, void *out, const void *gate_up, int M, int I)
 {
     struct cuda_rank *r = R(ctx, rank);
-    if (take_pending(r, gate_up, M, 2 * (size_t)I)) {
-        RT_K_TRY(k_silu_mul_acc(static_cast<uint16_t *>(out), static_cast<float *>(r->ws.p), M,
-                                I, r->stream));
-        return RT_ERR_NONE;
-    }
+    if (take_pending(r, gate_up, M, 2 * (size_t)I))
+        return release_sums(r, k_silu_mul_acc(static_cast<uint16_t *>(out),
+                                              static_cast<float *>(r->ws.p), M, I, r->stream),
+                            M, 2 * (size_t)I);
     SETTLE(r);
     RT_K_TRY(k_silu_mul(static_cast<uint16_t *>(out), static_cast<const uint16_t *>(gate_up), M,
                         I, r->stream));
@@ -785,8 +801,8 @@ static enum rt_err cuda_all_reduce(void *vctx, void *const *bufs, int world, siz
                                    enum rt_buf_type type)
 {
     struct cuda_ctx *c = static_cast<struct cuda_ctx *>(vctx);
+    if (world <= 1) return RT_ERR_NONE; /* nothing to read: a pending o / down stays pending */
     for (int i = 0; i < world; ++i) SETTLE(R(vctx, i));
-    if (world <= 1) return RT_ERR_NONE;
     const int f16 = type != RT_BUF_F32;
     bool p2p = c->ar != NULL;
     for (int i = 0; i < world && p2p; ++i) p2p = k_allreduce_fits(c->ar, bufs[i], n, f16);
@@ -859,6 +875,7 @@ static enum rt_err cuda_graph_end(void *ctx, int rank, bool ok)
     const enum rt_err es = ok ? settle(r) : RT_ERR_NONE;
     if (es) ok = false;
     r->pend_y = NULL;
+    if (!ok) r->replan = false; /* the recording is discarded */
     r->capturing = false;
     const cudaError_t ce = cudaStreamEndCapture(r->stream, &g); /* always: leave capture mode */
     enum rt_err ret = RT_ERR_NONE;
@@ -868,6 +885,7 @@ static enum rt_err cuda_graph_end(void *ctx, int rank, bool ok)
         if (ce != cudaSuccess)
             qs_log_debug("GPU %d: decode graph capture failed: %s", r->device, cudaGetErrorString(ce));
         if (ok) ret = RT_ERR_DEVICE;
+        if (es) ret = es;
     } else {
         r->graph = g;
     }
@@ -903,6 +921,7 @@ static enum rt_err cuda_graph_replay(void *ctx, int rank, int32_t token, int pos
 {
     struct cuda_rank *r = R(ctx, rank);
     *done = false;
+    SETTLE(r); /* the recording's first linear adds into ws */
     if (!cuda_graph_ready(ctx, rank)) return RT_ERR_NONE;
     /* the previous replay's copy has run: the caller downloaded its logits (a stream sync) */
     r->h_step[0] = token;

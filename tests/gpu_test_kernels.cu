@@ -107,6 +107,15 @@ static std::vector<float> f16_to_f32(const std::vector<uint16_t> &h)
     return f;
 }
 
+/* Count of nonzero floats in a device buffer (the deferred consumers must leave acc zeroed). */
+static size_t dev_nonzero(const float *d, size_t n)
+{
+    const std::vector<float> h = dev_download(d, n);
+    size_t nz = 0;
+    for (float v : h) nz += v != 0.0f;
+    return nz;
+}
+
 // --- comparison ----------------------------------------------------------------------------------
 
 /* Element-wise |got - ref| <= atol_rms*rms(ref) + rtol*|ref|, rel L2 <= l2tol, norm(got) > 0;
@@ -312,6 +321,14 @@ static void test_w4a16_rejects(void)
         CHECK_EQ_INT(k_w4a16_linear_variant(v, d16, d8, d8, d16, nullptr, d16, 1, 64, 64, 64,
                                             static_cast<char *>(ws) + 4, wsb - 4, nullptr),
                      K_ERR_ARG);
+    /* y off 8-byte alignment: refused before anything runs (the workspace stays zero) */
+    TCUDA(cudaMemset(ws, 0, wsb));
+    for (int v : {K_W4A16_AUTO, K_W4A16_V5_DECODE, K_W4A16_V9_DEFER_FINISH})
+        CHECK_EQ_INT(k_w4a16_linear_variant(v, d16, d8, d8, d16, nullptr, d16 + 1, 1, 64, 64, 64,
+                                            ws, wsb, nullptr),
+                     K_ERR_ARG);
+    TCUDA(cudaDeviceSynchronize());
+    CHECK(dev_nonzero(static_cast<const float *>(ws), 64) == 0);
     CHECK_EQ_INT(k_w4a16_dequant(d8, d8, d16, d16, 96, 64, 64, nullptr), K_ERR_SHAPE);
     CHECK_EQ_INT(k_w4a16_linear_dq_gemm(g_cublas, d16, d8, d8, d16, nullptr, d16, 4, 128, 64, 64,
                                         ws, 100, nullptr), K_ERR_WORKSPACE);
@@ -426,14 +443,6 @@ static void test_w4a16_pdl_chain(void)
     }
 }
 
-/* Count of nonzero floats in a device buffer (the deferred consumers must leave acc zeroed). */
-static size_t dev_nonzero(const float *d, size_t n)
-{
-    const std::vector<float> h = dev_download(d, n);
-    size_t nz = 0;
-    for (float v : h) nz += v != 0.0f;
-    return nz;
-}
 
 /*
  * Deferred split-K (k_w4a16_linear_acc) on one shape: acc starts as fresh random partial sums P
