@@ -166,6 +166,13 @@ static __device__ __forceinline__ unsigned k_atom_add_acq_rel(unsigned *p, unsig
 #endif
 }
 
+/* v + bias[0..3]: the bias of 4 columns (the last slice's finish; in the deferred split-K the
+ * slice that holds k = 0 adds it once) */
+static __device__ __forceinline__ float4 add_bias4(float4 v, const float *__restrict__ b)
+{
+    return make_float4(v.x + b[0], v.y + b[1], v.z + b[2], v.w + b[3]);
+}
+
 /* Finish 4 columns c .. c+3 of row r after the last split-K slice (v5, v7): y = fp16(ws + bias),
  * then the workspace entries back to zero. ws, y: [M, N] row-major; c % 4 == 0. */
 static __device__ __forceinline__ void splitk_finish4(float *__restrict__ ws, __half *__restrict__ y,
@@ -174,9 +181,7 @@ static __device__ __forceinline__ void splitk_finish4(float *__restrict__ ws, __
 {
     float4 *p = reinterpret_cast<float4 *>(ws + (size_t)r * N + c);
     float4 v = __ldcg(p);
-    if (bias) {
-        v.x += bias[c]; v.y += bias[c + 1]; v.z += bias[c + 2]; v.w += bias[c + 3];
-    }
+    if (bias) v = add_bias4(v, bias + c);
     const __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
     *reinterpret_cast<uint2 *>(y + (size_t)r * N + c) = make_uint2(k_half2_as_u32(a), k_half2_as_u32(b));
     __stcg(p, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
@@ -213,12 +218,6 @@ static __device__ __forceinline__ void stage_fragments(const float (&acc)[MB8][4
             stage[stage_at(m1, c1)] = acc[tb][w][3];
         }
     }
-}
-
-/* v + bias[0..3] (deferred split-K: the slice that holds k = 0 adds the bias once) */
-static __device__ __forceinline__ float4 add_bias4(float4 v, const float *__restrict__ b)
-{
-    return make_float4(v.x + b[0], v.y + b[1], v.z + b[2], v.w + b[3]);
 }
 
 template <int MB8>
@@ -1675,6 +1674,8 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
     } else if (variant == K_W4A16_V8_DECODE_PRESUM) {
         variant = K_W4A16_V5_DECODE;
         presum = 2;
+    } else if (variant == K_W4A16_V9_DEFER_FINISH) {
+        presum = 1; /* as auto */
     }
     const int max_m = k_w4a16_variant_max_m(variant);
     const __half *xh = reinterpret_cast<const __half *>(x);
@@ -1699,31 +1700,26 @@ int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweigh
                      G, v2_smem_max());
         return K_ERR_NONE;
     case K_W4A16_V9_DEFER_FINISH:
-        if (M > max_m) K_REFUSE(K_ERR_SHAPE, "W4A16 deferred decode variant: M=%d > %d", M, max_m);
-        rc = check_workspace(__func__, "decode", M, N, workspace, workspace_bytes);
-        if (rc) return rc;
-        /* before anything runs: the finish (and v5's) writes y 4 values at a time */
-        if ((uintptr_t)y % 8) K_REFUSE(K_ERR_ARG, "W4A16 decode: y at %p is not 8-byte aligned", (void *)y);
-        /* the sums into the workspace, then y from them (the workspace zeroed again); where v5
-         * cannot take G, variant 5's own fallbacks */
-        if (launch_v5_m<false>(xh, reinterpret_cast<const uint4 *>(qweight),
-                               reinterpret_cast<const uint4 *>(qzeros),
-                               reinterpret_cast<const uint4 *>(scales), bias, nullptr, M, N, K, G,
-                               workspace, 1, true, stream))
-            return k_w4a16_acc_finish(y, static_cast<float *>(workspace), M, N, stream);
-        return launch_v5<false>(xh, reinterpret_cast<const uint4 *>(qweight),
-                                reinterpret_cast<const uint4 *>(qzeros),
-                                reinterpret_cast<const uint4 *>(scales), bias, yh, M, N, K, G,
-                                workspace, 1, stream);
     case K_W4A16_V5_DECODE:
-    case K_W4A16_V6_DECODE_RING:
-        if (M > max_m) K_REFUSE(K_ERR_SHAPE, "W4A16 lean decode variant: M=%d > %d", M, max_m);
+    case K_W4A16_V6_DECODE_RING: {
+        if (M > max_m) K_REFUSE(K_ERR_SHAPE, "W4A16 lean decode variant %d: M=%d > %d", variant, M, max_m);
         rc = check_workspace(__func__, "decode", M, N, workspace, workspace_bytes);
         if (rc) return rc;
+        /* before anything runs: the last slice (v5, v6) or the finish (v9) writes y 4 values at
+         * a time */
         if ((uintptr_t)y % 8) K_REFUSE(K_ERR_ARG, "W4A16 decode: y at %p is not 8-byte aligned", (void *)y);
-        return (variant == K_W4A16_V5_DECODE ? launch_v5<false> : launch_v5<true>)(
-            xh, reinterpret_cast<const uint4 *>(qweight), reinterpret_cast<const uint4 *>(qzeros),
-            reinterpret_cast<const uint4 *>(scales), bias, yh, M, N, K, G, workspace, presum, stream);
+        const uint4 *qw = reinterpret_cast<const uint4 *>(qweight);
+        const uint4 *qz = reinterpret_cast<const uint4 *>(qzeros);
+        const uint4 *sc = reinterpret_cast<const uint4 *>(scales);
+        /* v9: the sums into the workspace, then y from them (the workspace zeroed again); where
+         * v5 cannot take G, as variant 5 (with its own fallbacks) */
+        if (variant == K_W4A16_V9_DEFER_FINISH &&
+            launch_v5_m<false>(xh, qw, qz, sc, bias, nullptr, M, N, K, G, workspace, presum, true,
+                               stream))
+            return k_w4a16_acc_finish(y, static_cast<float *>(workspace), M, N, stream);
+        return (variant == K_W4A16_V6_DECODE_RING ? launch_v5<true> : launch_v5<false>)(
+            xh, qw, qz, sc, bias, yh, M, N, K, G, workspace, presum, stream);
+    }
     case K_W4A16_V4_STREAMK:
         if (M > max_m) K_REFUSE(K_ERR_SHAPE, "W4A16 stream-K variant: M=%d > %d", M, max_m);
         rc = check_workspace(__func__, "stream-K", M, N, workspace, workspace_bytes);

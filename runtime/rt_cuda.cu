@@ -139,6 +139,14 @@ struct cuda_ctx {
     struct k_allreduce *ar;             /* world > 1 with peer access: small all-reduces */
 };
 
+/* Whether the environment variable `name` is exactly "0": the QSHARD_* switches that turn a
+ * path off for A/B measurements. */
+static bool env_zero(const char *name)
+{
+    const char *e = getenv(name);
+    return e && strcmp(e, "0") == 0;
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -511,11 +519,7 @@ static enum rt_err cuda_linear_w4(void *ctx, int rank, const void *x, const uint
     const uint16_t *xh = static_cast<const uint16_t *>(x);
     uint16_t *yh = static_cast<uint16_t *>(y);
     SETTLE(r);
-    static int defer = -1; /* QSHARD_DEFER=0: never deferred */
-    if (defer < 0) {
-        const char *env = getenv("QSHARD_DEFER");
-        defer = !(env && strcmp(env, "0") == 0);
-    }
+    static const bool defer = !env_zero("QSHARD_DEFER"); /* QSHARD_DEFER=0: never deferred */
     /* world 1 only: at world > 1 the o and down outputs feed the all-reduce (they would be
      * learned as plain after one step), and that path has not run on 2 GPUs yet */
     bool plain = !defer || M > RT_CUDA_DEFER_MAX_M || static_cast<cuda_ctx *>(ctx)->world > 1 ||
@@ -660,11 +664,7 @@ static enum rt_err cuda_rope_kv_store(void *ctx, int rank, void *x, int M, int n
                                       const float *inv_freq, void *k_cache, void *v_cache,
                                       int T_cap)
 {
-    static int fused = -1; /* QSHARD_ROPE_KV=0: two kernels (rope, kv_store), for A/B runs */
-    if (fused < 0) {
-        const char *env = getenv("QSHARD_ROPE_KV");
-        fused = !(env && strcmp(env, "0") == 0);
-    }
+    static const bool fused = !env_zero("QSHARD_ROPE_KV"); /* "0": rope, kv_store apart (A/B) */
     if (!fused) {
         uint16_t *q = static_cast<uint16_t *>(x);
         enum rt_err e = cuda_rope(ctx, rank, x, M, n_q + n_kv, hd, row_stride, start_pos, inv_freq);
@@ -1079,8 +1079,8 @@ enum rt_err rt_cuda_backend_create(const struct rt_opts *opts, int world_size,
         if (e == cudaSuccess) be = cublasCreate(&r->cublas);
         if (e == cudaSuccess && be == CUBLAS_STATUS_SUCCESS) be = cublasSetStream(r->cublas, r->stream);
         if (e == cudaSuccess && be == CUBLAS_STATUS_SUCCESS) { /* probe now, never inside a capture */
-            const char *env = getenv("QSHARD_WGMMA"); /* "0": dequant + cuBLAS above M = 64 (A/B) */
-            r->wgmma = k_w4a16_wgmma_available() != 0 && !(env && strcmp(env, "0") == 0);
+            /* QSHARD_WGMMA=0: dequant + cuBLAS above M = 64 (A/B) */
+            r->wgmma = k_w4a16_wgmma_available() != 0 && !env_zero("QSHARD_WGMMA");
         }
         if (e != cudaSuccess || be != CUBLAS_STATUS_SUCCESS) {
             qs_log_error(__func__, "GPU %d: cannot create its stream, event or cuBLAS handle (%s, cuBLAS %d)",
@@ -1104,8 +1104,7 @@ enum rt_err rt_cuda_backend_create(const struct rt_opts *opts, int world_size,
         }
         /* small all-reduces over peer memory (rt_opts.p2p_allreduce; QSHARD_P2P_ALLREDUCE=0:
          * NCCL only, for A/B runs) */
-        const char *pe = getenv("QSHARD_P2P_ALLREDUCE");
-        const bool want = (opts ? opts->p2p_allreduce : 1) && !(pe && strcmp(pe, "0") == 0);
+        const bool want = (opts ? opts->p2p_allreduce : 1) && !env_zero("QSHARD_P2P_ALLREDUCE");
         if (want && k_allreduce_supported(world_size, devs) &&
             k_allreduce_create(world_size, devs, &c->ar) != K_ERR_NONE)
             c->ar = NULL; /* reported there; NCCL serves every all-reduce */
