@@ -372,32 +372,17 @@ __global__ void __launch_bounds__(128) floor_kernel(const uint4 *__restrict__ sr
             for (int w = 1; w < 4; ++w) {
                 t.x += part[w][lane].x; t.y += part[w][lane].y; t.z += part[w][lane].z; t.w += part[w][lane].w;
             }
-            float *p = ws + nt * 64 + lane * 4;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(t.x), "f"(t.y), "f"(t.z), "f"(t.w) : "memory");
-#else
-            atomicAdd(p, t.x); atomicAdd(p + 1, t.y); atomicAdd(p + 2, t.z); atomicAdd(p + 3, t.w);
-#endif
+            k_red_add_v4(ws + nt * 64 + lane * 4, t);
         }
     } else if (lane < 16) {
-        float *p = ws + nt * 64 + lane * 4;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(f), "f"(f), "f"(f), "f"(f) : "memory");
-#else
-        for (int e = 0; e < 4; ++e) atomicAdd(p + e, f);
-#endif
+        k_red_add_v4(ws + nt * 64 + lane * 4, make_float4(f, f, f, f));
     }
     if (MODE == 3) return;
     const bool ar = MODE == 4 || MODE == 5;
     if (!ar) __threadfence();
     __syncwarp();
     unsigned old = 0;
-    if (lane == 0) {
-        if (ar)
-            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(old) : "l"(&counters[nt]) : "memory");
-        else
-            old = atomicAdd(&counters[nt], 1u);
-    }
+    if (lane == 0) old = ar ? k_atom_add_acq_rel(&counters[nt], 1u) : atomicAdd(&counters[nt], 1u);
     old = __shfl_sync(0xffffffffu, old, 0);
     if (old != (unsigned)(MODE == 5 ? S / 4 : S) - 1) return;
     if (!ar) __threadfence();

@@ -183,6 +183,40 @@ __device__ __forceinline__ void k_stmatrix_x4(void *smem, const uint32_t (&r)[4]
 }
 #endif
 
+/* --- split-K reductions in global memory ------------------------------------------------ */
+
+/* p[0..3] += v through one vector reduction (sm_90: red.global.add.v4.f32, PTX ISA
+ * "red"); four scalar atomics below sm_90. p: 16-byte aligned. */
+static __device__ __forceinline__ void k_red_add_v4(float *p, float4 v)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(v.x), "f"(v.y),
+                 "f"(v.z), "f"(v.w)
+                 : "memory");
+#else
+    atomicAdd(p, v.x);
+    atomicAdd(p + 1, v.y);
+    atomicAdd(p + 2, v.z);
+    atomicAdd(p + 3, v.w);
+#endif
+}
+
+/* *p += v as one atomic with acquire-release semantics at GPU scope (sm_70+: atom.acq_rel.gpu,
+ * PTX ISA "atom"); returns the old value. */
+static __device__ __forceinline__ unsigned k_atom_add_acq_rel(unsigned *p, unsigned v)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    unsigned old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+#else
+    __threadfence();
+    const unsigned old = atomicAdd(p, v);
+    __threadfence();
+    return old;
+#endif
+}
+
 /* --- Programmatic Dependent Launch (sm_90+) ---------------------------------------------------
  * A kernel launched with cudaLaunchAttributeProgrammaticStreamSerialization may start while the
  * previous kernel in the stream is still running; k_pdl_wait() blocks until that kernel has

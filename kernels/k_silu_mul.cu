@@ -6,6 +6,12 @@
  */
 #include "k_common.cuh"
 
+/* silu(g) * u in fp32 */
+static __device__ __forceinline__ float silu_times(float g, float u)
+{
+    return g / (1.0f + expf(-g)) * u;
+}
+
 static __global__ void silu_mul_kernel(__half *__restrict__ out, const __half *__restrict__ gu,
                                        int M, int I)
 {
@@ -16,7 +22,7 @@ static __global__ void silu_mul_kernel(__half *__restrict__ out, const __half *_
     const int m = (int)(id / I), i = (int)(id % I);
     const float g = __half2float(gu[(size_t)m * 2 * I + i]);
     const float u = __half2float(gu[(size_t)m * 2 * I + I + i]);
-    out[(size_t)m * I + i] = __float2half_rn(g / (1.0f + expf(-g)) * u);
+    out[(size_t)m * I + i] = __float2half_rn(silu_times(g, u));
 }
 
 /* as silu_mul_kernel from fp32 sums (k_w4a16_linear_acc), which it zeroes */
@@ -32,7 +38,7 @@ static __global__ void silu_mul_acc_kernel(__half *__restrict__ out, float *__re
     const float g = *pg, u = *pu;
     *pg = 0.0f;
     *pu = 0.0f;
-    out[(size_t)m * I + i] = __float2half_rn(g / (1.0f + expf(-g)) * u);
+    out[(size_t)m * I + i] = __float2half_rn(silu_times(g, u));
 }
 
 int k_silu_mul_acc(uint16_t *out, float *gate_up_acc, int M, int I, struct CUstream_st *stream)

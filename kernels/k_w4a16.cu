@@ -134,38 +134,6 @@ static __device__ __forceinline__ void w4a16_splitk_flush(const float (&acc)[MB8
     if (lane == 0) atomicExch(counters + nt, 0u);
 }
 
-/* ws[r][c .. c+3] += v through one vector reduction (sm_90: red.global.add.v4.f32, PTX ISA
- * "red"); four scalar atomics below sm_90. p: 16-byte aligned. */
-static __device__ __forceinline__ void k_red_add_v4(float *p, float4 v)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(v.x), "f"(v.y),
-                 "f"(v.z), "f"(v.w)
-                 : "memory");
-#else
-    atomicAdd(p, v.x);
-    atomicAdd(p + 1, v.y);
-    atomicAdd(p + 2, v.z);
-    atomicAdd(p + 3, v.w);
-#endif
-}
-
-/* *p += v as one atomic with acquire-release semantics at GPU scope (sm_70+: atom.acq_rel.gpu,
- * PTX ISA "atom"); returns the old value. */
-static __device__ __forceinline__ unsigned k_atom_add_acq_rel(unsigned *p, unsigned v)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-    unsigned old;
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
-    return old;
-#else
-    __threadfence();
-    const unsigned old = atomicAdd(p, v);
-    __threadfence();
-    return old;
-#endif
-}
-
 /* v + bias[0..3]: the bias of 4 columns (the last slice's finish; in the deferred split-K the
  * slice that holds k = 0 adds it once) */
 static __device__ __forceinline__ float4 add_bias4(float4 v, const float *__restrict__ b)
@@ -1426,16 +1394,16 @@ static bool launch_v2(const __half *x, const uint4 *qw, const uint4 *qz, const u
     return launch_v2_tb<8, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, stream);
 }
 
-/* false (nothing launched) when even one unit of k-tiles needs more shared memory than a block
- * may have (large G: whole groups per slice; per-channel G = K) */
-/* When v5 sums the 4 warps of a block in shared memory first (PS, M <= 16 only): presum 0 never
+/* v5 for one instantiation; false (nothing launched) when even one unit of k-tiles needs more
+ * shared memory than a block may have (large G: whole groups per slice; per-channel G = K).
+ * defer: no counters, the sums stay in ws (k_w4a16_linear_acc).
+ * When v5 sums the 4 warps of a block in shared memory first (PS, M <= 16 only): presum 0 never
  * (variant 5), 1 auto: at 9 <= M <= 16 wherever it fits, 2 wherever it fits (variant 8). Each
  * slice of an n-tile sends M x 16 vector reductions and one counter arrival, which serialise in
  * L2 when S is large; PS cuts both by 4 but stages 4 activation slices per block. H200, same
  * run (docs/BENCHMARKS.md): M = 16 4096 x 4096 10.41 -> 8.39 us, Llama-3-8B qkv 10.53 -> 8.82,
  * 70B tp 8 qkv 10.00 -> 6.59, o 8.85 -> 6.08, the rest within 0.5 %; at M = 1 it lost on 7 of
  * the 10 shapes it applies to (7B qkv 8.85 -> 14.29 us) and won 0.27 us on 4096 x 4096 only. */
-
 template <int MB8, bool SCALE_AFTER, int GTC, bool RING>
 static bool launch_v5_tb(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
                          const float *bias, __half *y, int M, int N, int K, int G, void *ws,
@@ -1548,9 +1516,7 @@ static int launch_v4(const __half *x, const uint4 *qw, const uint32_t *qz, const
  * in one wave with 2-6 split-K slices. On the H200, per Llama-2-7B layer: M = 17 85.9 -> 76.8
  * us and M = 64 178.4 -> 144.6 us against 4 warps per block with 64 / 96 KB slices; v2 / v4 /
  * dequant + cuBLAS took 2-3x longer (docs/BENCHMARKS.md).
- * Where v5 cannot take G (G/16 neither divides nor is a multiple of 8, or a slice of whole
- * groups does not fit), v2, else v4 (stream-K: a fixed 36 KB of shared memory, any G). */
-/* v5 by M (the instantiation for its row count); false when nothing was launched */
+ * false when nothing was launched (v5 cannot take G). */
 template <bool RING>
 static bool launch_v5_m(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
                         const float *bias, __half *y, int M, int N, int K, int G, void *ws,
@@ -1562,6 +1528,8 @@ static bool launch_v5_m(const __half *x, const uint4 *qw, const uint4 *qz, const
     return launch_v5_g<8, false, false>(x, qw, qz, sc, bias, y, M, N, K, G, ws, presum, defer, stream);
 }
 
+/* v5 by M; where it cannot take G (G/16 neither divides nor is a multiple of 8, or a slice of
+ * whole groups does not fit), v2, else v4 (stream-K: a fixed 36 KB of shared memory, any G). */
 template <bool RING>
 static int launch_v5(const __half *x, const uint4 *qw, const uint4 *qz, const uint4 *sc,
                      const float *bias, __half *y, int M, int N, int K, int G, void *ws,

@@ -539,8 +539,9 @@ static enum rt_err cuda_linear_w4(void *ctx, int rank, const void *x, const uint
         }
         RT_K_TRY(rc == K_ERR_UNSUPPORTED ? K_ERR_NONE : rc); /* G v5 cannot take: run it plain */
     }
-    /* M <= 64: v5; 65..K_W4A16_DQ_GEMM_MIN_M - 1: v7 (wgmma) on Hopper; above, or on other
-     * GPUs above 64: dequant + cuBLAS (the fastest of each range on the H200, BENCHMARKS.md) */
+    /* M <= 64: v9 (auto); 65..K_W4A16_DQ_GEMM_MIN_M - 1: v7 (wgmma) on Hopper; above, or on
+     * other GPUs above 64: dequant + cuBLAS (the fastest of each range on the H200,
+     * BENCHMARKS.md) */
     if (M >= K_W4A16_DQ_GEMM_MIN_M || (M > K_W4A16_V5_MAX_M && !r->wgmma)) {
         enum rt_err e = grow(r, &r->scratch, (size_t)K * N * 2, "the dequantised weight of a prefill linear", false);
         if (e) return e;
