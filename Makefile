@@ -124,7 +124,7 @@ LINK_LIBS  = $(DEP_LIBS) $(if $(filter 1,$(HAVE_CUDA)),$(CUDA_LIBS))
 vpath %.c format convert runtime kernels tools tests
 vpath %.cu kernels runtime tests
 
-.PHONY: carry all help test check fuzz fuzz-run bench test-gpu bench-gpu demo sass clean info tests
+.PHONY: carry all help test check lint fuzz fuzz-run bench test-gpu bench-gpu demo sass clean info tests
 .DEFAULT_GOAL := all
 .SECONDARY:
 
@@ -174,6 +174,9 @@ test: info tests ## build and run every CPU test (what CI runs)
 check: ## run the CPU tests under AddressSanitizer + UndefinedBehaviorSanitizer
 	$(Q)$(MAKE) --no-print-directory BUILD=build-san NO_CUDA=1 OPT="-O1 -fno-omit-frame-pointer" \
 	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined" test
+
+lint: ## size rules of docs/DESIGN.md section 1: files <= 1200 lines, host functions <= 150
+	$(Q)python3 tools/lint_size.py
 
 # --- fuzzing (clang + libFuzzer) -------------------------------------------------------------
 FUZZ_BUILD := build-fuzz
