@@ -1,50 +1,32 @@
 /*
- * rt.h - the qshard runtime: model config, the transformer forward pass, and the backend
- * interface that the CPU (runtime/rt_cpu.c) and CUDA (runtime/rt_cuda.cu) backends implement.
+ * rt.h - the qshard runtime's public API: model config and architecture descriptors, options,
+ * the batch of tokens one forward step runs, the rank-local model and its KV cache, and the
+ * executor that runs every rank of this process.
  *
- * STATUS FOR OTHER ENGINEERS (kept current by the runtime-model owner):
- *   READY and stable (CLI, tests): struct rt_config + rt_config_parse(), struct rt_opts +
- *   rt_opts_default(), rt_model_open / rt_model_forward / rt_model_forward_pick (device
- *   sampling) / rt_model_reset / rt_model_free, the
- *   accessors (rt_model_config, rt_model_n_ctx, rt_model_n_past, rt_model_world_size,
- *   rt_model_device, rt_model_shard), enum rt_err, rt_err_str(), rt_err_exit_code(),
- *   rt_model_open_backend() (a caller-made backend, for tests).
- *   The CPU backend is complete and matches the transformers goldens of every fixture
- *   (tests/test_model.c). CUDA backend: runtime/rt_cuda.cu implements struct rt_backend_ops
- *   below (activations fp16 via act_size = 2, kv_size = 2; residual h, router and lm_head
- *   logits fp32); the ops mirror kernels.h (k_rmsnorm's three modes, k_rope over nq + nkv
- *   heads of a qkv row, k_kv_store, k_attention, k_embed into the fp32 residual). Until it
- *   exists, rt_cuda_nocuda.c makes --device cuda fail with RT_ERR_NO_DEVICE and AUTO use the CPU.
- *   tests/test_model.c holds an fp16-activation backend emulated on the CPU (emu_ops, opened
- *   through rt_model_open_backend): the semantics rt_cuda.cu must match op by op, and the fp16
- *   error budget (about 6e-4 relative L2 vs the goldens on every fixture).
- *   Signature changes will be announced here first.
+ * Layers (docs/DESIGN.md section 7):
+ *   rt_exec   all tensor-parallel ranks this process drives (today: every rank of the
+ *             conversion, one thread per rank after the first; a later MPI launch gives each
+ *             process one rank). Rank 0's thread is the caller's: it broadcasts every step's
+ *             batch to the other ranks, runs its own rank, and returns the logits (or the next
+ *             token chosen on the device). Who calls it: the session (rt_session.h), tests.
+ *   rt_model  ONE rank: its rank file's weights bound by the architecture descriptor, its
+ *             activations, its backend (rt_backend.h: CPU references or CUDA kernels) and the
+ *             communicator (rt_backend.h struct rt_comm) through which its collectives go
+ *             (all-reduce of the row-parallel partial sums, gather of the vocab-parallel logits).
+ *   rt_kv     the KV cache of one rank: an object the model is given with each forward, holding
+ *             `n_seqs` sequence slots of `n_ctx` positions each (contiguous per slot today).
  *
- * Who calls it: runtime/rt_main.c (`qshard run|logits|perplexity`), tests/test_model.c, and the
- * backends. Tokenizer and sampling live in rt_tok.h and rt_sample.h; this header knows nothing
- * about text.
+ * Math (transformers modeling_llama.py, modeling_qwen2.py, modeling_mixtral.py; the per-layer
+ * choices come from the architecture descriptor, struct rt_arch): h = embed(tokens); per layer
+ *   h += o_proj(attn(rope(q), rope(k), v))        with x = norm(h) feeding qkv
+ *   h += down(act(gate(x)) * up(x))               with x = norm(h), or the Mixtral MoE
+ * logits = lm_head(norm(h)). fp32 residual stream; activations fp32 on the CPU, fp16 on CUDA.
  *
- * What a model is: the rank files of one conversion (`qshard convert` output directory with a
- * manifest.json, or a single TP-1 rank file). rt_model_open maps ALL ranks into this process
- * and runs them together: every op is issued once per rank, and the row-parallel partial sums
- * (o_proj, down_proj, embedding rows) are combined by the backend's all_reduce (a plain sum on
- * the CPU, NCCL on GPUs). So a TP-4 set runs on one CPU and must give the same logits as TP-1.
- *
- * Ownership: struct rt_model owns the fmt shards (their read-only mappings), the backend, the
- * activations and the KV cache. Weights are views: on the CPU, pointers straight into the
- * mmapped rank files (no copy); on CUDA, views into one device allocation per rank.
- *
- * Errors: enum rt_err (X-macro list below). The check that fails reports once through
- * qs_log_error (file, tensor, expected and actual values); callers forward the code.
- *
- * Math (docs/DESIGN.md, ../shared/AWQ-FORMATS.md section 8; transformers modeling_llama.py,
- * modeling_qwen2.py, modeling_mixtral.py): h = embed(tokens); per layer
- *   h += o_proj(attn(rope(q), rope(k), v))          with x = rmsnorm(h) feeding qkv
- *   h += down(silu(gate(x)) * up(x))                 with x = rmsnorm(h), or the Mixtral MoE
- * logits = lm_head(rmsnorm(h)). fp32 activations on the CPU.
+ * Errors: enum rt_err (X-macro list below, stable values). The check that fails reports once
+ * through qs_log_error (file, tensor, expected and actual values); callers forward the code.
  *
  * Tests: ./build/test_model (converts the fixtures with the real converter, compares with the
- * transformers goldens and TP-N with TP-1).
+ * transformers goldens, TP-N with TP-1, batched with one sequence at a time).
  */
 #ifndef QS_RT_H
 #define QS_RT_H
@@ -53,8 +35,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "fmt.h" /* struct fmt_shard, struct fmt_tensor */
-#include "ref.h" /* struct ref_rope_scaling */
+#include "fmt.h"       /* struct fmt_shard */
+#include "ref.h"       /* struct ref_rope_scaling */
 #include "rt_sample.h" /* struct rt_sample_params (struct rt_pick) */
 
 #ifdef __cplusplus
@@ -81,7 +63,8 @@ extern "C" {
     X(RT_ERR_DEVICE, 13, 3, "GPU runtime failure")                                         \
     X(RT_ERR_UNSUPPORTED, 14, 2, "model feature not supported")                            \
     X(RT_ERR_THREAD, 15, 3, "could not start worker threads")                              \
-    X(RT_ERR_NUMERIC, 16, 3, "the model computed no finite logit")
+    X(RT_ERR_NUMERIC, 16, 3, "the model computed no finite logit")                         \
+    X(RT_ERR_PEER, 17, 3, "another rank failed")
 
 enum rt_err {
 #define RT_X_ENUM(name, val, code, msg) name = val,
@@ -95,15 +78,48 @@ const char *rt_err_str(enum rt_err e);
  * 3 runtime, 4 I/O). */
 int rt_err_exit_code(enum rt_err e);
 
-/* --- model config (DESIGN section 6; runtime/rt_config.c) ------------------------------------ */
+/* --- architectures (runtime/rt_arch*.c) -------------------------------------------------------- */
 
-enum rt_arch { RT_ARCH_LLAMA = 1, RT_ARCH_MISTRAL = 2, RT_ARCH_QWEN2 = 3, RT_ARCH_MIXTRAL = 4 };
+/* Normalisation before attention, MLP and the lm_head. */
+enum rt_norm { RT_NORM_RMS = 1 /* transformers LlamaRMSNorm: x * rsqrt(mean(x^2) + eps) * w */ };
+/* Activation of the gated MLP: out = act(gate) * up. */
+enum rt_act { RT_ACT_SILU = 1 /* x * sigmoid(x) */ };
+
+struct rt_config;
+
+/*
+ * What the forward pass of one architecture family does, as data (docs/DESIGN.md section 7):
+ * the model code (rt_model.c) reads these fields and issues the backend ops they name; it has no
+ * `if (architecture == ...)`. Adding a family is one new rt_arch_<family>.c holding its
+ * descriptors and config checks, one line in the registry (rt_arch.c), and tests; the
+ * converter's descriptor (convert/arch/) writes the config section this one reads.
+ */
+struct rt_arch {
+    const char *name;        /* config "architecture" value: "llama", "mistral", ... */
+    enum rt_norm norm;       /* every norm of the model */
+    enum rt_act act;         /* gated MLP activation */
+    float rotary_fraction;   /* share of head_dim rotated by RoPE (1: all) */
+    bool parallel_residual;  /* attention and MLP both read norm(h) of the layer input */
+    bool qk_norm;            /* per-head norm of q and k before RoPE */
+    bool moe;                /* sparse MoE MLP (router + experts) instead of the dense MLP */
+    /* Architecture-specific checks of a parsed config `c` read from `where` (after the generic
+     * ones of rt_config_parse); NULL: none. Reports the key, returns RT_ERR_CONFIG or
+     * RT_ERR_UNSUPPORTED. */
+    enum rt_err (*check)(const struct rt_config *c, const char *where);
+};
+
+/* The descriptor of config architecture `name`, or NULL (the registry, rt_arch.c). */
+const struct rt_arch *rt_arch_find(const char *name);
+/* Comma-separated names of every registered architecture, for messages. */
+const char *rt_arch_names(void);
+
+/* --- model config (DESIGN section 6; runtime/rt_config.c) ------------------------------------ */
 
 #define RT_MAX_EOS 16
 
 /* The config section of one rank file, validated once (rt_config_parse), then read-only. */
 struct rt_config {
-    enum rt_arch arch;
+    const struct rt_arch *arch;     /* the architecture descriptor (never NULL once parsed) */
     char architecture[16];          /* "llama", ... as written */
     int hidden_size;                /* H */
     int intermediate_size;          /* I, as in the checkpoint */
@@ -120,7 +136,7 @@ struct rt_config {
     int max_position_embeddings;
     bool tie_word_embeddings;       /* lm_head absent: the embedding is the output matrix */
     int sliding_window;             /* 0 = none; else keys with p - k < sliding_window */
-    bool attention_bias;            /* qkv biases (Qwen2) */
+    bool attention_bias;            /* qkv biases (config key, or the architecture's rule) */
     int n_experts;                  /* num_local_experts; 0 = dense MLP */
     int n_experts_per_tok;          /* top-k of the Mixtral router */
     int w_bit;                      /* 4 */
@@ -142,270 +158,234 @@ struct rt_config {
  * Parse and validate a model config JSON (`json`, `len` bytes, need not be NUL-terminated).
  * `where` names the source in messages (a file path). Checks types, ranges and every derived
  * relation of DESIGN 5/6 (TP rules, vocab and intermediate padding, w_bit 4, group_size % 16,
- * rope_scaling type linear|llama3, MoE counts).
+ * rope_scaling type linear|llama3), then the architecture's own check (MoE counts).
  * Errors: RT_ERR_CONFIG (names the key, expected and actual), RT_ERR_UNSUPPORTED (an
  * architecture, rope_scaling type or w_bit we do not run), RT_ERR_NOMEM.
  */
 enum rt_err rt_config_parse(const char *json, size_t len, const char *where,
                             struct rt_config *out);
 
+/* Whether two ranks' configs describe the same model and TP set (every field but `rank`).
+ * Reports the first field that differs, naming both sources. */
+bool rt_config_same(const struct rt_config *a, const char *where_a, const struct rt_config *b,
+                    const char *where_b);
+
 /* --- options -------------------------------------------------------------------------------- */
 
 enum rt_device { RT_DEVICE_AUTO = 0, RT_DEVICE_CPU = 1, RT_DEVICE_CUDA = 2 };
 
+/* How to open and run a model. The bool switches turn one optimisation off for A/B
+ * measurements and debugging (the --debug-* options of the CLI; docs/DESIGN.md section 8). */
 struct rt_opts {
     enum rt_device device;  /* AUTO: CUDA when rt_cuda_available(), else CPU */
-    int n_threads;          /* CPU worker threads; <= 0: one per online core */
-    int n_ctx;              /* KV cache length in tokens; <= 0: min(max_position_embeddings,
-                               4096). Must be <= max_position_embeddings. */
+    int n_threads;          /* CPU worker threads of all ranks together; <= 0: one per core */
+    int n_ctx;              /* positions per sequence slot of the KV cache; <= 0:
+                               min(max_position_embeddings, 4096). Must be <= max_position_embeddings. */
+    int n_seqs;             /* sequence slots of the KV cache; <= 0: 1 */
     int max_batch;          /* most tokens per internal forward step (activation buffers);
                                <= 0: the backend's default_batch (CUDA 2048, CPU 512), at
-                               most n_ctx. Longer calls are run in chunks. */
+                               most n_ctx. Longer batches are run in chunks. */
     int cuda_device;        /* first GPU for rank 0 (rank r uses cuda_device + r) */
     int p2p_allreduce;      /* CUDA, world_size > 1: 1 = all-reduces of up to 256 KB through
                                our peer-to-peer kernel when every pair of GPUs has peer access
-                               (and decode graphs at world_size > 1), 0 = NCCL only.
-                               QSHARD_P2P_ALLREDUCE=0 also turns it off (needed under
+                               (and decode graphs at world_size > 1), 0 = NCCL only (needed under
                                compute-sanitizer or CUDA_LAUNCH_BLOCKING=1, which serialise the
-                               ranks' kernels that wait for each other). */
+                               ranks' kernels that wait for each other) */
+    bool no_graph;          /* decode steps op by op, never as a CUDA graph */
+    bool no_pdl;            /* CUDA: plain launches, no Programmatic Dependent Launch */
+    bool no_defer;          /* no deferred split-K epilogue: every W4A16 linear writes fp16 */
+    bool no_rope_kv;        /* CUDA: RoPE and the KV-cache store as two kernels */
+    bool no_wgmma;          /* CUDA: dequant + cuBLAS instead of the wgmma kernel at 65-128 rows */
+    bool host_sample;       /* choose the next token on the host (rt_sampler) even where the
+                               backend can on the device */
 };
 
-/* Defaults: AUTO device, all cores, default context and batch, GPU 0, peer-to-peer all-reduce. */
+/* Defaults: AUTO device, all cores, default context and batch, one sequence slot, GPU 0,
+ * peer-to-peer all-reduce, every optimisation on. */
 struct rt_opts rt_opts_default(void);
 
-/* --- model ---------------------------------------------------------------------------------- */
-
-struct rt_model;
-struct rt_backend; /* the backend interface, below */
+/* --- the batch of one forward ---------------------------------------------------------------- */
 
 /*
- * Open a model: a directory written by `qshard convert` (manifest.json + rank-K-of-N.qshard,
- * opened and cross-checked with fmt_model_open: same model_id, world_size, digests) or a
- * single rank file of a TP-1 conversion. Parses and cross-checks every rank's config (all ranks
- * equal apart from tp.rank; tp.rank and world_size match the file header), binds every tensor
- * the config implies with dtype, layout and shape checks, creates the backend, and allocates
- * activations and a KV cache of opts->n_ctx tokens (opts may be NULL: rt_opts_default()).
- * Errors: RT_ERR_IO, RT_ERR_FORMAT, RT_ERR_RANK_MISMATCH (a single rank file of a TP-N set, or
- * configs that disagree), RT_ERR_CONFIG, RT_ERR_UNSUPPORTED, RT_ERR_MISSING_TENSOR (names the
- * tensor and file), RT_ERR_LAYOUT, RT_ERR_SHAPE, RT_ERR_CONTEXT (n_ctx too large), RT_ERR_NOMEM,
- * RT_ERR_NO_DEVICE, RT_ERR_DEVICE. On failure *out is NULL and nothing leaks.
+ * The tokens one forward runs (host arrays, borrowed for the call). Token i belongs to sequence
+ * slot seq[i] (rt_kv) at position pos[i] of that sequence. The tokens of a sequence are
+ * consecutive in the batch, at increasing positions without gaps, and each sequence appears
+ * once; its first position p0 must be <= the positions already cached for it (p0 smaller
+ * rewinds the slot: later entries are overwritten); p0 + count <= n_ctx.
+ * Logits (or picks) are produced for the rows out[0..n_out-1] (strictly increasing row indices),
+ * typically the last token of each sequence; every row for logits/perplexity.
  */
-enum rt_err rt_model_open(const char *path_or_dir, const struct rt_opts *opts,
-                          struct rt_model **out);
+struct rt_batch {
+    int n_tokens;             /* >= 1 */
+    const int32_t *tokens;    /* [n_tokens] ids in [0, vocab_size) */
+    const int32_t *pos;       /* [n_tokens] */
+    const int32_t *seq;       /* [n_tokens] slots in [0, n_seqs); NULL: every token in slot 0 */
+    int n_out;                /* >= 0 */
+    const int32_t *out;       /* [n_out] rows in [0, n_tokens), strictly increasing */
+};
 
-/*
- * rt_model_open with a backend the caller made (tests that wrap or emulate a backend,
- * experiments): opts->device only labels it (CUDA or CPU). The model takes ownership of the
- * backend at once: rt_model_free destroys it, and so does a failed open.
- * Errors: those of rt_model_open, RT_ERR_ARG (be or be->ops NULL).
- */
-enum rt_err rt_model_open_backend(const char *path_or_dir, const struct rt_opts *opts,
-                                  const struct rt_backend *be, struct rt_model **out);
-
-/*
- * Run n_tokens tokens at positions start_pos .. start_pos + n_tokens - 1 (prefill when
- * n_tokens > 1, decode when 1), appending their keys/values to the KV cache. Positions
- * [0, start_pos) must already be cached by earlier calls (start_pos <= rt_model_n_past);
- * a smaller start_pos rewinds: later cache entries are overwritten.
- * logits: fp32, row width vocab_size (padding rows of the vocab-parallel split are dropped, so
- * ids >= vocab_size never appear): [n_tokens][vocab_size] when all_logits, else the last
- * position only, [vocab_size]. logits may be NULL (prefill whose logits are not needed).
- * Errors (nothing is run): RT_ERR_TOKEN (id < 0 or >= vocab_size; names index and id),
- * RT_ERR_CONTEXT (start_pos + n_tokens > n_ctx), RT_ERR_ARG (n_tokens < 1,
- * start_pos > n_past); then backend errors (RT_ERR_NOMEM, RT_ERR_DEVICE).
- */
-enum rt_err rt_model_forward(struct rt_model *m, const int32_t *tokens, int n_tokens,
-                             int start_pos, float *logits, bool all_logits);
-
-/*
- * One next-token choice made on the device (rt_sample.h steps 1-7). The caller's rt_sampler
- * stays the owner of the parameters (checked there), the PRNG and the history: it fills one
- * rt_pick per token, drawing u from its own stream (rt_sampler_uniform; one draw per sampled
- * token, none when greedy), so the ids are those rt_sampler_next would pick from the same
- * logits (up to rounding at a cumulative boundary, rt_sample.h).
- */
+/* One next-token choice made on the device (rt_sample.h steps 1-7). The caller's rt_sampler
+ * stays the owner of the parameters, the PRNG and the history: it fills one rt_pick per token,
+ * drawing u from its own stream (rt_sampler_uniform; one draw per sampled token, none when
+ * greedy), so the ids are those rt_sampler_next would pick from the same logits (up to rounding
+ * at a cumulative boundary, rt_sample.h). */
 struct rt_pick {
     struct rt_sample_params p; /* the sampler's parameters (the seed is not used here) */
     double u;                  /* this token's draw in [0, 1); unused when greedy */
     const uint8_t *seen;       /* host [ceil(vocab_size/8)]: history bitmap (rt_sampler.seen) */
+    int32_t n_vocab;           /* candidates are ids [0, n_vocab) (the tokenizer's vocabulary
+                                  when smaller than the model's); 0: vocab_size */
 };
 
-/* Whether rt_model_forward_pick can run: the backend has a device sampler (CUDA); with several
- * ranks it can also copy between them (the vocab-parallel logits are gathered on rank 0's
- * device first, rt_backend_ops.copy_ranks); and the environment does not say
- * QSHARD_DEVICE_SAMPLE=0 (A/B runs against the host sampler). */
+/* --- the executor: every rank of this process ------------------------------------------------- */
+
+struct rt_exec;
+struct rt_backend; /* rt_backend.h */
+struct rt_comm;    /* rt_backend.h */
+
+/*
+ * Open a model for this process: a directory written by `qshard convert` (manifest.json +
+ * rank-K-of-N.qshard) or a single rank file of a TP-1 conversion. Every rank r of the
+ * conversion is opened by its own thread (rank 0 by the caller's): rt_model_open of rank r's
+ * file only (checked against the manifest), its backend created there (CUDA: GPU cuda_device +
+ * r), its weights loaded; the ranks' configs are compared (rt_config_same); each rank's KV cache
+ * gets opts->n_seqs slots of opts->n_ctx positions. opts may be NULL (rt_opts_default()).
+ * Errors: those of rt_model_open from any rank (the first reported), RT_ERR_THREAD,
+ * RT_ERR_RANK_MISMATCH (configs differ; a single rank file of a TP-N set). On failure *out is
+ * NULL and nothing leaks.
+ */
+enum rt_err rt_exec_open(const char *path_or_dir, const struct rt_opts *opts,
+                         struct rt_exec **out);
+
+/* Makes rank `rank`'s backend (tests that wrap or emulate a backend); on success *out owns
+ * its ctx. opts->device of the open only labels the result (CUDA or CPU). */
+typedef enum rt_err (*rt_backend_factory)(void *user, int rank, int world_size,
+                                          struct rt_comm *comm, struct rt_backend *out);
+
+/* rt_exec_open with every rank's backend made by `factory` (called on that rank's thread). */
+enum rt_err rt_exec_open_with(const char *path_or_dir, const struct rt_opts *opts,
+                              rt_backend_factory factory, void *user, struct rt_exec **out);
+
+/*
+ * Run one batch on every rank. logits: host fp32 [n_out][vocab_size] (padded vocabulary
+ * columns dropped, so ids >= vocab_size never appear), or NULL (prefill whose logits are not
+ * needed; n_out is then ignored). Checked before anything runs: RT_ERR_ARG (shape of the batch:
+ * empty, sequence slots, positions, out rows; names the index), RT_ERR_TOKEN (an id outside
+ * the vocabulary; names index and id), RT_ERR_CONTEXT (a sequence past n_ctx). Then backend
+ * errors (RT_ERR_NOMEM, RT_ERR_DEVICE) or RT_ERR_PEER (another rank failed and reported it);
+ * after a backend error or RT_ERR_PEER the executor is unusable (free it).
+ */
+enum rt_err rt_exec_forward(struct rt_exec *e, const struct rt_batch *b, float *logits);
+
+/* Whether rt_exec_forward_pick can run: the backend samples on the device and
+ * opts->host_sample is off. */
+bool rt_exec_can_pick(const struct rt_exec *e);
+
+/*
+ * rt_exec_forward, then the next token of each out row chosen on the device from its logits
+ * (picks[i] for row out[i]); only the ids [0, n_vocab) come back, not the rows. Errors: those of
+ * rt_exec_forward; RT_ERR_UNSUPPORTED when !rt_exec_can_pick; RT_ERR_ARG (picks or ids NULL,
+ * n_out < 1, parameters rt_sample_params_check refuses, u outside [0, 1) when sampling, seen
+ * NULL with a repetition penalty, n_vocab outside [0, vocab_size]: checked before anything
+ * runs); RT_ERR_NUMERIC when a row has no finite logit.
+ */
+enum rt_err rt_exec_forward_pick(struct rt_exec *e, const struct rt_batch *b,
+                                 const struct rt_pick *picks, int32_t *ids);
+
+/* One sequence: tokens [n] of slot `seq` at positions start_pos.., logits of the last row
+ * ([vocab_size]) or of every row ([n][vocab_size]) when all_logits; the batch is built here. */
+enum rt_err rt_exec_forward_seq(struct rt_exec *e, int seq, const int32_t *tokens, int n,
+                                int start_pos, float *logits, bool all_logits);
+/* One sequence, the next token after its last row chosen on the device. */
+enum rt_err rt_exec_forward_seq_pick(struct rt_exec *e, int seq, const int32_t *tokens, int n,
+                                     int start_pos, const struct rt_pick *pick, int32_t *id);
+
+/* Positions cached for slot `seq` (0 after open or clear). */
+int rt_exec_seq_len(const struct rt_exec *e, int seq);
+/* Forget slot `seq`'s cached positions (every rank). */
+void rt_exec_seq_clear(struct rt_exec *e, int seq);
+
+/* Stop the other ranks' threads and free everything; NULL is fine. */
+void rt_exec_free(struct rt_exec *e);
+
+const struct rt_config *rt_exec_config(const struct rt_exec *e); /* rank 0's config */
+int rt_exec_world_size(const struct rt_exec *e);
+int rt_exec_n_ctx(const struct rt_exec *e);       /* positions per sequence slot */
+int rt_exec_n_seqs(const struct rt_exec *e);
+enum rt_device rt_exec_device(const struct rt_exec *e); /* CPU or CUDA after AUTO resolved */
+/* Rank 0's open shard (borrowed): tokenizer files, generation config. */
+const struct fmt_shard *rt_exec_shard(const struct rt_exec *e);
+
+/* --- one rank: model and KV cache (rt_model.c, rt_kv.c) ----------------------------------------- */
+
+struct rt_model;
+struct rt_kv;
+
+/*
+ * Open rank `rank` of a model: from a directory, rank-<rank>-of-N.qshard checked against
+ * manifest.json (fmt_manifest_open_rank); a single rank file must be TP-1 (rank 0). Parses the
+ * config, checks it names this rank and `comm`'s world size, creates the backend (`be`: a
+ * backend the caller made, owned by the model from here on - also on failure; NULL: from
+ * opts->device), loads the weights, binds every tensor the architecture implies (dtype, layout,
+ * shape checks; a tensor left over is an error) and allocates the activations.
+ * Call it on the thread that will run the rank. Errors: RT_ERR_IO, RT_ERR_FORMAT,
+ * RT_ERR_RANK_MISMATCH, RT_ERR_CONFIG, RT_ERR_UNSUPPORTED, RT_ERR_MISSING_TENSOR (names the
+ * tensor and file), RT_ERR_LAYOUT, RT_ERR_SHAPE, RT_ERR_CONTEXT (n_ctx too large),
+ * RT_ERR_NOMEM, RT_ERR_NO_DEVICE, RT_ERR_DEVICE. On failure *out is NULL and nothing leaks.
+ */
+enum rt_err rt_model_open(const char *path_or_dir, int rank, const struct rt_opts *opts,
+                          struct rt_comm *comm, const struct rt_backend *be,
+                          struct rt_model **out);
+void rt_model_free(struct rt_model *m); /* NULL is fine */
+
+const struct rt_config *rt_model_config(const struct rt_model *m);
+const struct fmt_shard *rt_model_shard(const struct rt_model *m);
+enum rt_device rt_model_device(const struct rt_model *m);
+int rt_model_n_ctx(const struct rt_model *m);  /* the n_ctx the model was opened for */
+/* Whether this rank's backend can choose tokens on the device (rank 0 of rt_exec_can_pick). */
 bool rt_model_can_pick(const struct rt_model *m);
 
 /*
- * rt_model_forward of tokens (logits of the last position only), then the next token chosen
- * on the device from those logits; only the id [0, vocab_size) comes back to the host, not the
- * [vocab_size] row. Errors: those of rt_model_forward; RT_ERR_UNSUPPORTED when
- * !rt_model_can_pick; RT_ERR_ARG (pick or id NULL, parameters rt_sample_params_check refuses,
- * u outside [0, 1) when sampling, seen NULL with a repetition penalty: checked before anything
- * runs);
- * RT_ERR_NUMERIC when no logit is finite (every one NaN or -inf: the model computed garbage).
+ * The KV cache of this rank: n_seqs slots of n_ctx positions (1 <= n_ctx <= the model's
+ * n_ctx), [n_kv_heads_per_rank][n_ctx][head_dim] per layer and slot, in backend memory.
+ * Errors: RT_ERR_ARG, RT_ERR_NOMEM (says how much).
  */
-enum rt_err rt_model_forward_pick(struct rt_model *m, const int32_t *tokens, int n_tokens,
-                                  int start_pos, const struct rt_pick *pick, int32_t *id);
-
-/* Forget the KV cache (n_past = 0). */
-void rt_model_reset(struct rt_model *m);
-/* Free everything (activations, KV cache, backend, mappings); NULL is fine. */
-void rt_model_free(struct rt_model *m);
-
-const struct rt_config *rt_model_config(const struct rt_model *m); /* rank 0's config */
-int rt_model_n_ctx(const struct rt_model *m);      /* KV cache capacity in tokens */
-int rt_model_n_past(const struct rt_model *m);     /* positions currently cached */
-int rt_model_world_size(const struct rt_model *m);
-enum rt_device rt_model_device(const struct rt_model *m); /* CPU or CUDA after AUTO resolved */
-/* Rank r's open shard (borrowed): tokenizer files, generation config. NULL if r is out of range. */
-const struct fmt_shard *rt_model_shard(const struct rt_model *m, int rank);
-
-/* --- backend interface ----------------------------------------------------------------------- */
+enum rt_err rt_kv_create(struct rt_model *m, int n_seqs, int n_ctx, struct rt_kv **out);
+void rt_kv_free(struct rt_kv *kv); /* NULL is fine; before its model is freed */
+int rt_kv_n_seqs(const struct rt_kv *kv);
+int rt_kv_n_ctx(const struct rt_kv *kv);
+int rt_kv_len(const struct rt_kv *kv, int seq); /* positions cached for slot seq */
+void rt_kv_clear(struct rt_kv *kv, int seq);
 
 /*
- * The model code (rt_model.c) issues every op through this table, once per rank, and never
- * dereferences activation or weight pointers itself: they are "backend addresses" (host memory
- * on the CPU, device memory on CUDA). Only download brings data back to the host (router
- * logits for MoE routing, final logits). Host-side arguments are marked "host".
- * Every op works on rank `rank`'s memory; on CUDA, ops are asynchronous on that rank's stream
- * and download synchronises. Each op returns RT_ERR_NONE or an error it has reported.
- * Shapes use the names of kernels/ref.h; the CPU backend calls the matching ref_* function, and
- * the semantics (including argument order) are exactly those of that function.
- *
- * Element types of the buffers the model allocates (through alloc):
- *   act   activations x, o, qkv, att, gate_up, act, expert rows: act_size bytes per element,
- *         fp32 on the CPU (4), fp16 on CUDA (2). Passed as void *; the model offsets them only
- *         by whole rows/heads, in elements, scaled by act_size.
- *   f32   residual stream h [M][H], router logits [M][E], lm_head logits [M][V_r], inv_freq:
- *         always fp32 (float *).
- *   kv    KV cache [n_kv_heads][T_cap][hd] per layer: kv_size bytes per element.
- * Row strides are in elements.
+ * Check a batch against the model and cache (the checks of rt_exec_forward: the same on every
+ * rank, so ranks run it before any collective and agree). Reports the first problem.
  */
-enum rt_buf_type { RT_BUF_F32 = 0, RT_BUF_ACT = 1 };
+enum rt_err rt_model_check_batch(const struct rt_model *m, const struct rt_kv *kv,
+                                 const struct rt_batch *b);
 
-struct rt_backend_ops {
-    const char *name; /* "cpu", "cuda" */
-    size_t act_size;  /* bytes per activation element */
-    size_t kv_size;   /* bytes per KV cache element */
-    void (*destroy)(void *ctx);
-
-    /* weights: make shard `s` usable by rank `rank` (CPU: nothing; CUDA: one device allocation
-     * filled from the mapping), then translate tensors to backend addresses. */
-    enum rt_err (*load_weights)(void *ctx, int rank, const struct fmt_shard *s);
-    const void *(*tensor_ptr)(void *ctx, int rank, const struct fmt_tensor *t);
-
-    /* memory: zero-filled allocation of `bytes` on rank's device; free accepts NULL */
-    enum rt_err (*alloc)(void *ctx, int rank, size_t bytes, void **out);
-    void (*free)(void *ctx, int rank, void *p);
-    enum rt_err (*upload)(void *ctx, int rank, void *dst, const void *src_host, size_t bytes);
-    enum rt_err (*download)(void *ctx, int rank, void *dst_host, const void *src, size_t bytes);
-    enum rt_err (*zero)(void *ctx, int rank, void *dst, size_t bytes);
-
-    /* f32 out[M][H] = embedding rows tokens[m] - row_begin of table fp16 [V_r][H], zero rows for
-     * ids another rank holds (ref_embed). tokens: host [M]. */
-    enum rt_err (*embed)(void *ctx, int rank, float *out, const uint16_t *table,
-                         const int32_t *tokens, int M, int64_t row_begin, int V_r, int H);
-    /* ref_rmsnorm, act out and x, f32 residual: residual and x: residual += x, out =
-     * norm(residual) * w; residual and no x: out = norm(residual) * w; no residual: out =
-     * norm(x) * w. */
-    enum rt_err (*rmsnorm)(void *ctx, int rank, void *out, float *residual, const void *x,
-                           const float *w, int M, int H, float eps);
-    /* ref_w4a16_linear: act y[M][N] = act x[M][K] . W + bias (packed DESIGN 4 tensors, bias f32
-     * or NULL). */
-    enum rt_err (*linear_w4)(void *ctx, int rank, const void *x, const uint8_t *qweight,
-                             const uint8_t *qzeros, const uint16_t *scales, const float *bias,
-                             int M, int K, int N, int G, void *y);
-    /* ref_linear_f16: act y[M][N] = act x[M][K] . W^T + bias, W fp16 [N][K] (unquantised
-     * linears of modules_to_not_convert). */
-    enum rt_err (*linear_f16)(void *ctx, int rank, const void *x, const uint16_t *W,
-                              const float *bias, int M, int K, int N, void *y);
-    /* lm_head: f32 logits[M][N] = act x[M][K] . W^T, W fp16 [N][K] (N = V_r). */
-    enum rt_err (*lm_head)(void *ctx, int rank, const void *x, const uint16_t *W, int M, int K,
-                           int N, float *logits);
-    /* router: f32 y[M][N] = act x[M][K] . W^T, W fp32 [N][K] (ref_linear_f32, N = E). */
-    enum rt_err (*router)(void *ctx, int rank, const void *x, const float *W, int M, int K,
-                          int N, float *y);
-    /* ref_rope on act x, M rows at positions start_pos + m; inv_freq: f32 [hd/2]. */
-    enum rt_err (*rope)(void *ctx, int rank, void *x, int M, int n_heads, int hd,
-                        size_t row_stride, int start_pos, const float *inv_freq);
-    /* Append keys and values of positions start_pos .. start_pos+M-1 to the kv caches:
-     * k_cache[h][start_pos + m][:] = k[m*row_stride + h*hd ...] (act k, v), same for v. */
-    enum rt_err (*kv_store)(void *ctx, int rank, void *k_cache, void *v_cache, const void *k,
-                            const void *v, size_t row_stride, int M, int start_pos,
-                            int n_kv_heads, int hd, int T_cap);
-    /* ref_attention (causal, GQA, sliding window <= 0 = none): act out, act q, kv caches. */
-    enum rt_err (*attention)(void *ctx, int rank, void *out, size_t out_stride, const void *q,
-                             size_t q_stride, const void *k_cache, const void *v_cache, int M,
-                             int start_pos, int n_heads, int n_kv_heads, int hd, int T_cap,
-                             int sliding_window);
-    /* ref_silu_mul: act out[M][I] = silu(gate) * up, act gate_up [M][2I]. */
-    enum rt_err (*silu_mul)(void *ctx, int rank, void *out, const void *gate_up, int M, int I);
-    /* MoE helpers on act rows of `width` elements: dst[i] = src[rows[i]], and
-     * y[rows[i]] += weights[i] * src[i]. rows, weights: host [n]. */
-    enum rt_err (*gather_rows)(void *ctx, int rank, void *dst, const void *src,
-                               const int32_t *rows, int n, int width);
-    enum rt_err (*scatter_add_rows)(void *ctx, int rank, void *y, const void *src,
-                                    const int32_t *rows, const float *weights, int n, int width);
-    /* Sum bufs[0..world_size-1] (one per rank, n elements of type `type` each) and leave the sum
-     * in every one. */
-    enum rt_err (*all_reduce)(void *ctx, void *const *bufs, int world_size, size_t n,
-                              enum rt_buf_type type);
-
-    /* Optional (NULL in backends without it; all four or none): the decode step (M = 1) of
-     * each rank as one replayable graph, so its ~10 ops per layer cost one launch. Between
-     * graph_begin and graph_end the ops of one step are recorded, not run, on `rank` (the CUDA
-     * backend's stream capture; with several ranks every rank records at once, all-reduces
-     * included: graph_begin for every rank, the step's ops, then graph_end for every rank; a
-     * backend may finish the recordings only at the last graph_end); in that mode embed reads
-     * the token and rope/kv_store/rope_kv_store/attention read the position from backend memory that
-     * graph_replay fills, so the recording does not depend on them. graph_end(ok = false) discards the recording. graph_ready: whether `rank` has a
-     * valid recording (one was made and no buffer it uses has been reallocated since).
-     * graph_replay runs the recording for `token` at position `pos`; *done = false (nothing
-     * run) when graph_ready is false: record again first. */
-    enum rt_err (*graph_begin)(void *ctx, int rank);
-    enum rt_err (*graph_end)(void *ctx, int rank, bool ok);
-    bool (*graph_ready)(void *ctx, int rank);
-    enum rt_err (*graph_replay)(void *ctx, int rank, int32_t token, int pos, bool *done);
-
-    /* Optional: *id = the next token chosen on the device from f32 logits [vocab_size] of
-     * `rank` (an lm_head output) following rt_sample.h with `pick` (host), or -1 when no logit
-     * is finite (kernels.h k_sample). Synchronises (the id is on the host on return). */
-    enum rt_err (*sample)(void *ctx, int rank, const float *logits, int vocab_size,
-                          const struct rt_pick *pick, int32_t *id);
-    /* Optional (device sampling at world_size > 1): copy `bytes` from src on src_rank to dst on
-     * dst_rank, after the work already queued on src_rank and before the work queued on
-     * dst_rank after it; later work on src_rank does not overwrite src before the copy has
-     * read it. */
-    enum rt_err (*copy_ranks)(void *ctx, int dst_rank, void *dst, int src_rank,
-                              const void *src, size_t bytes);
-    /* Rows per forward (prefill chunk) when rt_opts.max_batch <= 0; 0: 512. CUDA: 2048, where
-     * the W4A16 prefill path (dequant + cuBLAS) costs 0.5-0.65x of cuBLAS fp16 per 256-512
-     * rows but 0.9x at 2048 and more (docs/BENCHMARKS.md, "Prompt chunk size"). */
-    int default_batch;
-    /* Optional (NULL: rope, then kv_store): both in one op on the fused qkv rows x of M tokens
-     * at positions start_pos + m: rope on the n_q + n_kv q and k heads, then k and v (the n_kv
-     * heads after them) appended to the caches, with the arguments of rope and kv_store. */
-    enum rt_err (*rope_kv_store)(void *ctx, int rank, void *x, int M, int n_q, int n_kv, int hd,
-                                 size_t row_stride, int start_pos, const float *inv_freq,
-                                 void *k_cache, void *v_cache, int T_cap);
-};
-
-struct rt_backend {
-    const struct rt_backend_ops *ops;
-    void *ctx;
+/* What a forward returns (every rank of a TP set must be given the same). */
+enum rt_out {
+    RT_OUT_NONE = 0,   /* nothing: a prefill whose logits are not needed */
+    RT_OUT_LOGITS = 1, /* the out rows' logits, on rank 0's host */
+    RT_OUT_PICK = 2,   /* the out rows' next tokens chosen on rank 0's device */
 };
 
 /*
- * Backend constructors: world_size ranks in this process. On failure out->ops is NULL.
- * rt_cpu_backend_create: RT_ERR_NOMEM, RT_ERR_THREAD.
- * rt_cuda_backend_create: RT_ERR_NO_DEVICE (built without CUDA, no GPU, fewer GPUs than ranks,
- * compute capability < 8.0: the message names the GPU), RT_ERR_DEVICE, RT_ERR_NOMEM.
+ * This rank's part of one forward (the batch already checked): runs every op on its weights,
+ * the collectives through its communicator (every rank must call it with the same batch and
+ * `out`), and appends the keys/values to kv. Rank 0 (the gather root) receives the result:
+ * RT_OUT_LOGITS: host fp32 logits [n_out][vocab_size]; RT_OUT_PICK: ids[n_out] chosen on its
+ * device with picks[n_out] (rt_model_can_pick). Other ranks pass NULL for logits, picks, ids.
+ * Errors: backend errors, RT_ERR_PEER (a collective failed because another rank did),
+ * RT_ERR_NUMERIC (a pick with no finite logit).
  */
-enum rt_err rt_cpu_backend_create(const struct rt_opts *opts, int world_size,
-                                  struct rt_backend *out);
-enum rt_err rt_cuda_backend_create(const struct rt_opts *opts, int world_size,
-                                   struct rt_backend *out);
+enum rt_err rt_model_forward(struct rt_model *m, struct rt_kv *kv, const struct rt_batch *b,
+                             enum rt_out out, float *logits, const struct rt_pick *picks,
+                             int32_t *ids);
+
+/* --- backends ------------------------------------------------------------------------------- */
+
 /* True when this build has CUDA and at least one usable GPU (no error is logged). */
 bool rt_cuda_available(void);
 

@@ -3,7 +3,7 @@
  * section 6) into struct rt_config. The JSON comes from a file we treat as hostile: every key
  * is type- and range-checked and every derived relation (TP split, padding) is recomputed and
  * compared, so the model code can trust the struct.
- * Entry point: rt_config_parse (rt.h). Test: ./build/test_model (config cases).
+ * Entry points: rt_config_parse, rt_config_same (rt.h). Test: ./build/test_model (config cases).
  */
 #include <float.h>
 #include <math.h>
@@ -267,17 +267,10 @@ enum rt_err rt_config_parse(const char *json, size_t len, const char *where,
     const cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "architecture");
     if (!cJSON_IsString(arch))
         BAD("%s: config: missing string \"architecture\"", where);
-    static const struct {
-        const char *name;
-        enum rt_arch arch;
-    } arches[] = {{"llama", RT_ARCH_LLAMA}, {"mistral", RT_ARCH_MISTRAL},
-                  {"qwen2", RT_ARCH_QWEN2}, {"mixtral", RT_ARCH_MIXTRAL}};
-    for (size_t i = 0; i < sizeof(arches) / sizeof(arches[0]); i++)
-        if (strcmp(arch->valuestring, arches[i].name) == 0)
-            c.arch = arches[i].arch;
+    c.arch = rt_arch_find(arch->valuestring);
     if (!c.arch) {
-        qs_log_error(__func__, "%s: config: architecture \"%.32s\" is not supported (llama, "
-                     "mistral, qwen2, mixtral)", where, arch->valuestring);
+        qs_log_error(__func__, "%s: config: architecture \"%.32s\" is not supported (%s)", where,
+                     arch->valuestring, rt_arch_names());
         err = RT_ERR_UNSUPPORTED;
         goto out;
     }
@@ -317,19 +310,41 @@ enum rt_err rt_config_parse(const char *json, size_t len, const char *where,
     TRY(get_int(root, "num_local_experts", where, false, 0, 1 << 16, 0, &c.n_experts));
     TRY(get_int(root, "num_experts_per_tok", where, false, 0, 1 << 16, 0,
                 &c.n_experts_per_tok));
-    if (c.arch == RT_ARCH_MIXTRAL) {
-        if (c.n_experts < 1 || c.n_experts_per_tok < 1 || c.n_experts_per_tok > c.n_experts)
-            BAD("%s: config: mixtral needs num_local_experts >= 1 and 1 <= num_experts_per_tok "
-                "<= num_local_experts (got %d, %d)", where, c.n_experts, c.n_experts_per_tok);
-    } else if (c.n_experts != 0) {
-        BAD("%s: config: num_local_experts %d for non-MoE architecture %s", where, c.n_experts,
-            c.architecture);
-    }
     TRY(parse_quant(root, where, &c));
     TRY(parse_tokens(root, where, &c));
     TRY(parse_tp(root, where, &c));
+    if (c.arch->check)
+        TRY(c.arch->check(&c, where));
     *out = c;
 out:
     cJSON_Delete(root);
     return err;
+}
+
+bool rt_config_same(const struct rt_config *a, const char *where_a, const struct rt_config *b,
+                    const char *where_b)
+{
+#define SAME(f)                                                                               \
+    if (a->f != b->f) {                                                                       \
+        qs_log_error(__func__, "rank files %s and %s disagree on config field %s", where_a,   \
+                     where_b, #f);                                                            \
+        return false;                                                                         \
+    }
+    SAME(arch) SAME(hidden_size) SAME(intermediate_size) SAME(intermediate_size_padded)
+    SAME(n_layers) SAME(n_heads) SAME(n_kv_heads) SAME(head_dim) SAME(vocab_size)
+    SAME(vocab_size_per_rank) SAME(rms_norm_eps) SAME(rope_theta) SAME(rope_scaling.type)
+    SAME(rope_scaling.factor) SAME(rope_scaling.low_freq_factor)
+    SAME(rope_scaling.high_freq_factor) SAME(rope_scaling.original_max_position_embeddings)
+    SAME(max_position_embeddings) SAME(tie_word_embeddings) SAME(sliding_window)
+    SAME(attention_bias) SAME(n_experts) SAME(n_experts_per_tok) SAME(group_size)
+    SAME(zero_point) SAME(world_size) SAME(heads_per_rank) SAME(kv_heads_per_rank)
+    SAME(kv_head_replicas) SAME(intermediate_per_rank) SAME(bos_token_id) SAME(n_eos)
+#undef SAME
+    for (int i = 0; i < a->n_eos; i++)
+        if (a->eos_token_ids[i] != b->eos_token_ids[i]) {
+            qs_log_error(__func__, "rank files %s and %s disagree on eos_token_id", where_a,
+                         where_b);
+            return false;
+        }
+    return true;
 }

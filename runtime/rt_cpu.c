@@ -1,20 +1,27 @@
 /*
- * rt_cpu.c - the CPU backend of the runtime: struct rt_backend_ops over host memory, every op
- * a direct call of its plain-C reference in kernels/ref_*.c (so the CPU runtime is the oracle
- * the CUDA backend is tested against). Weights are used in place in the mmapped rank files:
- * tensor_ptr returns the mapping's address, nothing is copied. All ranks share one thread pool;
- * all_reduce is a sum in rank order.
- * Entry point: rt_cpu_backend_create (rt.h). Test: ./build/test_model
+ * rt_cpu.c - the CPU backend of one rank (rt_backend.h): struct rt_backend_ops over host
+ * memory, every op a direct call of its plain-C reference in kernels/ref_*.c (so the CPU runtime
+ * is the oracle the CUDA backend is tested against). Weights are used in place in the mmapped
+ * rank file: tensor_ptr returns the mapping's address, nothing is copied. Each rank has its own
+ * thread pool; the collectives go through the rank's communicator (a sum in rank order).
+ * Deferred split-K (acc) is exact here: activations are fp32, so a linear's sums added into a
+ * zero accumulator are the bits it would have written to y.
+ * Entry point: rt_cpu_backend_create (rt_backend.h). Test: ./build/test_model
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "qs_log.h" /* qs_log_error */
 #include "ref.h"    /* ref_* ops, struct ref_pool */
-#include "rt.h"
+#include "rt_backend.h"
+
+#define CPU_DEFER_MAX_M 16 /* as the CUDA backend, so CI runs the deferred epilogues */
 
 struct cpu_ctx {
     struct ref_pool *pool; /* owned */
+    struct rt_comm *comm;  /* borrowed; NULL at world size 1 */
+    float *tmp;            /* [tmp_n] fp32 scratch of the deferred linear */
+    size_t tmp_n;
 };
 
 static enum rt_err from_ref(enum ref_err e)
@@ -37,29 +44,30 @@ static void cpu_destroy(void *vctx)
     if (!c)
         return;
     ref_pool_free(c->pool);
+    free(c->tmp);
     free(c);
 }
 
-static enum rt_err cpu_load_weights(void *ctx, int rank, const struct fmt_shard *s)
+static enum rt_err cpu_load_weights(void *ctx, const struct fmt_shard *s)
 {
-    (void)ctx, (void)rank, (void)s;
+    (void)ctx, (void)s;
     return RT_ERR_NONE; /* the mapping is the weight memory */
 }
 
-static const void *cpu_tensor_ptr(void *ctx, int rank, const struct fmt_tensor *t)
+static const void *cpu_tensor_ptr(void *ctx, const struct fmt_tensor *t)
 {
-    (void)ctx, (void)rank;
+    (void)ctx;
     return t->data;
 }
 
-static enum rt_err cpu_alloc(void *ctx, int rank, size_t bytes, void **out)
+static enum rt_err cpu_alloc(void *ctx, size_t bytes, void **out)
 {
     (void)ctx;
     /* 64-byte aligned, rounded up so aligned_alloc's size rule holds */
     size_t sz = (bytes + 63) / 64 * 64;
     *out = sz ? aligned_alloc(64, sz) : NULL;
     if (sz && !*out) {
-        qs_log_error(__func__, "rank %d: cannot allocate %zu bytes of host memory", rank, bytes);
+        qs_log_error(__func__, "cannot allocate %zu bytes of host memory", bytes);
         return RT_ERR_NOMEM;
     }
     if (*out)
@@ -67,134 +75,179 @@ static enum rt_err cpu_alloc(void *ctx, int rank, size_t bytes, void **out)
     return RT_ERR_NONE;
 }
 
-static void cpu_free(void *ctx, int rank, void *p)
+static void cpu_free(void *ctx, void *p)
 {
-    (void)ctx, (void)rank;
+    (void)ctx;
     free(p);
 }
 
-static enum rt_err cpu_copy(void *ctx, int rank, void *dst, const void *src, size_t bytes)
+static enum rt_err cpu_copy(void *ctx, void *dst, const void *src, size_t bytes)
 {
-    (void)ctx, (void)rank;
+    (void)ctx;
     if (bytes)
         memmove(dst, src, bytes);
     return RT_ERR_NONE;
 }
 
-static enum rt_err cpu_zero(void *ctx, int rank, void *dst, size_t bytes)
+static enum rt_err cpu_zero(void *ctx, void *dst, size_t bytes)
 {
-    (void)ctx, (void)rank;
+    (void)ctx;
     if (bytes)
         memset(dst, 0, bytes);
     return RT_ERR_NONE;
 }
 
-static enum rt_err cpu_embed(void *ctx, int rank, float *out, const uint16_t *table,
+static enum rt_err cpu_embed(void *ctx, float *out, const uint16_t *table,
                              const int32_t *tokens, int M, int64_t row_begin, int V_r, int H)
 {
-    (void)ctx, (void)rank;
+    (void)ctx;
     ref_embed(out, table, tokens, M, row_begin, V_r, H);
     return RT_ERR_NONE;
 }
 
-static enum rt_err cpu_rmsnorm(void *ctx, int rank, void *out, float *residual, const void *x,
-                               const float *w, int M, int H, float eps)
+static enum rt_err unsupported(const char *what, int kind)
 {
-    (void)ctx, (void)rank;
+    qs_log_error("rt_cpu", "the CPU backend has no %s of kind %d", what, kind);
+    return RT_ERR_UNSUPPORTED;
+}
+
+/* residual += x_acc; x_acc = 0 (the deferred sums of the linear before a norm) */
+static void take_sums(float *residual, float *x_acc, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        residual[i] += x_acc[i];
+    memset(x_acc, 0, n * sizeof(float));
+}
+
+static enum rt_err cpu_norm(void *ctx, enum rt_norm kind, void *out, float *residual,
+                            const void *x, float *x_acc, const float *w, int M, int H, float eps)
+{
+    (void)ctx;
+    if (kind != RT_NORM_RMS)
+        return unsupported("norm", (int)kind);
+    if (x_acc && residual) {
+        take_sums(residual, x_acc, (size_t)M * (size_t)H);
+        x = NULL;
+    }
     ref_rmsnorm(out, residual, x, w, M, H, eps);
     return RT_ERR_NONE;
 }
 
-static enum rt_err cpu_linear_w4(void *vctx, int rank, const void *x, const uint8_t *qweight,
+static enum rt_err cpu_linear_w4(void *vctx, const void *x, const uint8_t *qweight,
                                  const uint8_t *qzeros, const uint16_t *scales, const float *bias,
-                                 int M, int K, int N, int G, void *y)
+                                 int M, int K, int N, int G, void *y, float *acc)
 {
     struct cpu_ctx *c = vctx;
-    (void)rank;
-    return from_ref(ref_w4a16_linear(x, qweight, qzeros, scales, bias, M, K, N, G, y, c->pool));
+    if (!acc)
+        return from_ref(ref_w4a16_linear(x, qweight, qzeros, scales, bias, M, K, N, G, y,
+                                         c->pool));
+    const size_t n = (size_t)M * (size_t)N;
+    if (c->tmp_n < n) {
+        float *p = realloc(c->tmp, n * sizeof(float));
+        if (!p) {
+            qs_log_error(__func__, "out of memory for %zu fp32 sums", n);
+            return RT_ERR_NOMEM;
+        }
+        c->tmp = p;
+        c->tmp_n = n;
+    }
+    enum rt_err e = from_ref(ref_w4a16_linear(x, qweight, qzeros, scales, bias, M, K, N, G,
+                                              c->tmp, c->pool));
+    for (size_t i = 0; !e && i < n; i++)
+        acc[i] += c->tmp[i];
+    return e;
 }
 
-static enum rt_err cpu_linear_f16(void *vctx, int rank, const void *x, const uint16_t *W,
+static bool cpu_linear_acc_ok(void *ctx, int K, int N, int G)
+{
+    (void)ctx, (void)K, (void)N, (void)G;
+    return true;
+}
+
+static enum rt_err cpu_linear_f16(void *vctx, const void *x, const uint16_t *W,
                                   const float *bias, int M, int K, int N, void *y)
 {
     struct cpu_ctx *c = vctx;
-    (void)rank;
     ref_linear_f16(x, W, bias, M, K, N, y, c->pool);
     return RT_ERR_NONE;
 }
 
-static enum rt_err cpu_lm_head(void *vctx, int rank, const void *x, const uint16_t *W, int M,
-                               int K, int N, float *logits)
+static enum rt_err cpu_lm_head(void *vctx, const void *x, const uint16_t *W, int M, int K, int N,
+                               float *logits)
 {
     struct cpu_ctx *c = vctx;
-    (void)rank;
     ref_linear_f16(x, W, NULL, M, K, N, logits, c->pool);
     return RT_ERR_NONE;
 }
 
-static enum rt_err cpu_router(void *ctx, int rank, const void *x, const float *W, int M, int K,
-                              int N, float *y)
+static enum rt_err cpu_router(void *ctx, const void *x, const float *W, int M, int K, int N,
+                              float *y)
 {
-    (void)ctx, (void)rank;
+    (void)ctx;
     ref_linear_f32(x, W, NULL, M, K, N, y);
     return RT_ERR_NONE;
 }
 
-static enum rt_err cpu_rope(void *ctx, int rank, void *vx, int M, int n_heads, int hd,
-                            size_t row_stride, int start_pos, const float *inv_freq)
+static enum rt_err cpu_rope_kv_store(void *ctx, void *vx, float *x_acc, int M, int n_q, int n_kv,
+                                     int hd, size_t row_stride, const int32_t *pos,
+                                     const float *inv_freq, void *vk_cache, void *vv_cache,
+                                     int T_cap)
 {
-    (void)ctx, (void)rank;
-    float *x = vx;
-    int32_t pos[64];
-    for (int m0 = 0; m0 < M; m0 += 64) { /* positions in blocks: no allocation */
-        int n = M - m0 < 64 ? M - m0 : 64;
-        for (int i = 0; i < n; i++)
-            pos[i] = start_pos + m0 + i;
-        ref_rope(x + (size_t)m0 * row_stride, n, n_heads, hd, row_stride, pos, inv_freq);
+    (void)ctx;
+    float *x = vx, *k_cache = vk_cache, *v_cache = vv_cache;
+    if (x_acc) { /* the qkv sums become the rows, and the accumulator is zero again */
+        memcpy(x, x_acc, (size_t)M * row_stride * sizeof(float));
+        memset(x_acc, 0, (size_t)M * row_stride * sizeof(float));
+    }
+    /* the k heads follow the q heads in each row: one call rotates both */
+    ref_rope(x, M, n_q + n_kv, hd, row_stride, pos, inv_freq);
+    for (int m = 0; m < M; m++) {
+        if (pos[m] < 0 || pos[m] >= T_cap) {
+            qs_log_error(__func__, "position %d outside the KV cache of %d rows", (int)pos[m],
+                         T_cap);
+            return RT_ERR_SHAPE;
+        }
+        const float *k = x + (size_t)m * row_stride + (size_t)n_q * hd;
+        const float *v = k + (size_t)n_kv * hd;
+        for (int h = 0; h < n_kv; h++) {
+            size_t dst = ((size_t)h * (size_t)T_cap + (size_t)pos[m]) * (size_t)hd;
+            memcpy(k_cache + dst, k + (size_t)h * hd, (size_t)hd * sizeof(float));
+            memcpy(v_cache + dst, v + (size_t)h * hd, (size_t)hd * sizeof(float));
+        }
     }
     return RT_ERR_NONE;
 }
 
-static enum rt_err cpu_kv_store(void *ctx, int rank, void *vk_cache, void *vv_cache,
-                                const void *vk, const void *vv, size_t row_stride, int M,
-                                int start_pos, int n_kv_heads, int hd, int T_cap)
-{
-    (void)ctx, (void)rank;
-    float *k_cache = vk_cache, *v_cache = vv_cache;
-    const float *k = vk, *v = vv;
-    for (int m = 0; m < M; m++)
-        for (int h = 0; h < n_kv_heads; h++) {
-            size_t dst = ((size_t)h * (size_t)T_cap + (size_t)(start_pos + m)) * (size_t)hd;
-            size_t src = (size_t)m * row_stride + (size_t)h * (size_t)hd;
-            memcpy(k_cache + dst, k + src, (size_t)hd * sizeof(float));
-            memcpy(v_cache + dst, v + src, (size_t)hd * sizeof(float));
-        }
-    return RT_ERR_NONE;
-}
-
-static enum rt_err cpu_attention(void *vctx, int rank, void *out, size_t out_stride,
-                                 const void *q, size_t q_stride, const void *k_cache,
-                                 const void *v_cache, int M, int start_pos, int n_heads,
+static enum rt_err cpu_attention(void *vctx, void *out, size_t out_stride, const void *q,
+                                 size_t q_stride, const void *k_cache, const void *v_cache, int M,
+                                 int start_pos, const int32_t *start_pos_dev, int n_heads,
                                  int n_kv_heads, int hd, int T_cap, int sliding_window)
 {
     struct cpu_ctx *c = vctx;
-    (void)rank;
+    (void)start_pos_dev;
     return from_ref(ref_attention(out, out_stride, q, q_stride, k_cache, v_cache, M, start_pos,
                                   n_heads, n_kv_heads, hd, T_cap, sliding_window, c->pool));
 }
 
-static enum rt_err cpu_silu_mul(void *ctx, int rank, void *out, const void *gate_up, int M,
-                                int I)
+static enum rt_err cpu_act_mul(void *ctx, enum rt_act kind, void *out, const void *gate_up,
+                               float *gate_up_acc, int M, int I)
 {
-    (void)ctx, (void)rank;
-    ref_silu_mul(out, gate_up, M, I);
+    (void)ctx;
+    if (kind != RT_ACT_SILU)
+        return unsupported("activation", (int)kind);
+    if (gate_up_acc) {
+        ref_silu_mul(out, gate_up_acc, M, I);
+        memset(gate_up_acc, 0, (size_t)M * 2 * (size_t)I * sizeof(float));
+    } else {
+        ref_silu_mul(out, gate_up, M, I);
+    }
     return RT_ERR_NONE;
 }
 
-static enum rt_err cpu_gather_rows(void *ctx, int rank, void *vdst, const void *vsrc,
-                                   const int32_t *rows, int n, int width)
+static enum rt_err cpu_gather_rows(void *ctx, void *vdst, const void *vsrc, const int32_t *rows,
+                                   int n, int width)
 {
-    (void)ctx, (void)rank;
+    (void)ctx;
     float *dst = vdst;
     const float *src = vsrc;
     for (int i = 0; i < n; i++)
@@ -203,11 +256,11 @@ static enum rt_err cpu_gather_rows(void *ctx, int rank, void *vdst, const void *
     return RT_ERR_NONE;
 }
 
-static enum rt_err cpu_scatter_add_rows(void *ctx, int rank, void *vy, const void *vsrc,
+static enum rt_err cpu_scatter_add_rows(void *ctx, void *vy, const void *vsrc,
                                         const int32_t *rows, const float *weights, int n,
                                         int width)
 {
-    (void)ctx, (void)rank;
+    (void)ctx;
     float *y = vy;
     const float *src = vsrc;
     for (int i = 0; i < n; i++) {
@@ -219,28 +272,32 @@ static enum rt_err cpu_scatter_add_rows(void *ctx, int rank, void *vy, const voi
     return RT_ERR_NONE;
 }
 
-/* Both buffer types are fp32 on the CPU. Summed in rank order, so the result is deterministic. */
-static enum rt_err cpu_all_reduce(void *ctx, void *const *bufs, int world_size, size_t n,
-                                  enum rt_buf_type type)
+/* Both buffer types are fp32 on the CPU: the communicator sums them in rank order. */
+static enum rt_err cpu_all_reduce(void *vctx, void *buf, size_t n, enum rt_buf_type type)
 {
-    (void)ctx, (void)type;
-    if (world_size <= 1)
+    struct cpu_ctx *c = vctx;
+    (void)type;
+    if (!c->comm || c->comm->world <= 1)
         return RT_ERR_NONE;
-    float *sum = bufs[0];
-    for (int r = 1; r < world_size; r++) {
-        const float *b = bufs[r];
-        for (size_t i = 0; i < n; i++)
-            sum[i] += b[i];
+    return c->comm->ops->all_reduce(c->comm, buf, n, RT_DTYPE_F32, NULL);
+}
+
+static enum rt_err cpu_gather(void *vctx, const void *send, size_t bytes, void *recv)
+{
+    struct cpu_ctx *c = vctx;
+    if (!c->comm || c->comm->world <= 1) {
+        memmove(recv, send, bytes);
+        return RT_ERR_NONE;
     }
-    for (int r = 1; r < world_size; r++)
-        memcpy(bufs[r], sum, n * sizeof(float));
-    return RT_ERR_NONE;
+    return c->comm->ops->gather(c->comm, send, bytes, recv, NULL);
 }
 
 static const struct rt_backend_ops cpu_ops = {
     .name = "cpu",
     .act_size = sizeof(float),
     .kv_size = sizeof(float),
+    .default_batch = 512,
+    .defer_max_m = CPU_DEFER_MAX_M,
     .destroy = cpu_destroy,
     .load_weights = cpu_load_weights,
     .tensor_ptr = cpu_tensor_ptr,
@@ -250,24 +307,24 @@ static const struct rt_backend_ops cpu_ops = {
     .download = cpu_copy,
     .zero = cpu_zero,
     .embed = cpu_embed,
-    .rmsnorm = cpu_rmsnorm,
+    .norm = cpu_norm,
     .linear_w4 = cpu_linear_w4,
+    .linear_acc_ok = cpu_linear_acc_ok,
     .linear_f16 = cpu_linear_f16,
     .lm_head = cpu_lm_head,
     .router = cpu_router,
-    .rope = cpu_rope,
-    .kv_store = cpu_kv_store,
+    .rope_kv_store = cpu_rope_kv_store,
     .attention = cpu_attention,
-    .silu_mul = cpu_silu_mul,
+    .act_mul = cpu_act_mul,
     .gather_rows = cpu_gather_rows,
     .scatter_add_rows = cpu_scatter_add_rows,
     .all_reduce = cpu_all_reduce,
+    .gather = cpu_gather,
 };
 
-enum rt_err rt_cpu_backend_create(const struct rt_opts *opts, int world_size,
+enum rt_err rt_cpu_backend_create(const struct rt_opts *opts, struct rt_comm *comm,
                                   struct rt_backend *out)
 {
-    (void)world_size;
     out->ops = NULL;
     out->ctx = NULL;
     struct cpu_ctx *c = calloc(1, sizeof(*c));
@@ -282,6 +339,7 @@ enum rt_err rt_cpu_backend_create(const struct rt_opts *opts, int world_size,
         free(c);
         return from_ref(e);
     }
+    c->comm = comm;
     out->ops = &cpu_ops;
     out->ctx = c;
     return RT_ERR_NONE;

@@ -1,56 +1,56 @@
 /*
- * rt_cuda.cu - the CUDA backend of the runtime: struct rt_backend_ops (runtime/rt.h) on GPUs,
- * every op one of our kernels (kernels/kernels.h) or a cuBLAS GEMM, on one stream per rank.
+ * rt_cuda.cu - the CUDA backend of one rank (rt_backend.h): struct rt_backend_ops on one GPU,
+ * every op one of our kernels (kernels/kernels.h) or a cuBLAS GEMM, on the rank's stream.
  *
  *   - Activations and the KV cache are fp16 (act_size = kv_size = 2); the residual stream,
- *     logits and router logits fp32 (rt.h).
- *   - Weights: each rank's tensors are copied once into ONE device allocation (the rank file's
+ *     logits, router logits and deferred split-K sums fp32 (rt_backend.h).
+ *   - Weights: the rank's tensors are copied once into ONE device allocation (the rank file's
  *     data region, byte for byte, so a tensor's device address is base + its file offset minus
  *     the region start). The copy goes page cache -> pinned staging buffers -> device by
  *     RT_CUDA_UPLOAD_THREADS threads, each with its own stream and two pinned buffers, so
  *     reads from the mapping and PCIe copies overlap; never cudaMemcpy from pageable memory
- *     (7x slower on the test machine, /work/shared/PERF-NOTES.md). -v prints bytes, seconds and
+ *     (7x slower on the H200 machine, docs/BENCHMARKS.md "Load"). -v prints bytes, seconds and
  *     GB/s of each phase.
- *   - W4A16 linears: k_w4a16_linear (v5 at M <= 64; v7, wgmma, up to K_W4A16_DQ_GEMM_MIN_M - 1
- *     on sm_90a) or dequant + cuBLAS (k_w4a16_linear_dq_gemm) for M >= K_W4A16_DQ_GEMM_MIN_M
- *     (above 64 on GPUs without v7).
- *   - Multi-rank (world_size GPUs driven by one process): all_reduce is, up to 256 KB per rank
- *     and when every pair of GPUs has peer access, our peer-to-peer kernel (k_allreduce_sum),
- *     else one NCCL ncclAllReduce (sum) per rank inside ncclGroupStart/End; both enqueued on
- *     the ranks' streams: no host synchronisation (communicators from ncclCommInitAll at
- *     creation). NVLink SHARP/multicast (NVLS) is off unless NCCL_NVLS_ENABLE is set: our
- *     all-reduces are a few KB to MB of activations, latency-bound, and multicast on shared
- *     machines is a hazard (device KINDS).
- *   - Decode steps (M = 1, no MoE) are recorded once into a CUDA graph per rank (stream capture
- *     of every op of the step + lm_head, every rank's stream at once; at world_size > 1 only
- *     with the peer-to-peer all-reduce: NCCL is never recorded) and replayed with the token and
- *     position copied into d_step first (embed, rope, kv_store and attention read them there
- *     while recording); a workspace that grows makes the recording stale and the model records
- *     again.
+ *   - W4A16 linears: at M <= 64 v5's split-K decomposition (k_w4a16_linear_acc), its sums left
+ *     in the model's accumulator when the model asks for the deferred epilogue (the consumer
+ *     kernels k_rmsnorm_acc, k_silu_mul_acc, k_rope_kv_store read and zero them), else finished
+ *     to fp16 (v9, k_w4a16_linear auto); 65..K_W4A16_DQ_GEMM_MIN_M - 1 rows v7 (wgmma) on
+ *     sm_90a; above, or on other GPUs above 64 rows, dequant + cuBLAS.
+ *   - Collectives: through the rank's communicator (runtime/rt_comm.c, rt_comm_cuda.cu) on
+ *     this rank's stream.
+ *   - Decode steps are recorded once into a CUDA graph (stream capture of every op of the step
+ *     + lm_head; at world_size > 1 only when the all-reduces can be recorded: our peer-to-peer
+ *     kernel, never NCCL) and replayed; the kernels read the token and position from buffers
+ *     the model uploads before each step; a workspace that grows makes the recording stale and
+ *     the model records again.
  *   - GPUs older than sm_80 are refused at creation with the GPU's name and compute capability;
  *     out-of-memory says what did not fit and how much was free.
  *
- * Entry points: rt_cuda_backend_create, rt_cuda_available (rt.h). Test: `make test-gpu`
- * (tests/run_gpu_tests.sh runs the end-to-end CUDA-vs-CPU logits check when fixtures exist).
+ * Entry points: rt_cuda_backend_create (rt_backend.h), rt_cuda_available (rt.h).
+ * Test: `make test-gpu` (tests/gpu_test_e2e.py: CUDA vs CPU vs transformers goldens).
  */
 #include <cublas_v2.h>    /* cublasGemmEx */
 #include <cuda_runtime.h> /* cudaMalloc, streams, events */
-#include <nccl.h>         /* ncclCommInitAll, ncclAllReduce */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "fmt.h"     /* struct fmt_shard, fmt_shard_tensor */
 #include "kernels.h" /* k_* launchers */
 #include "qs_log.h"  /* qs_log_error, qs_log_debug */
-#include "rt.h"
+#include "qs_util.h" /* qs_now_s */
+#include "rt_backend.h"
 
-#define RT_CUDA_MAX_RANKS 16
 #define RT_CUDA_UPLOAD_THREADS 4            /* readers: one page-cache stream each */
 #define RT_CUDA_STAGE_BYTES (16u << 20)     /* pinned staging buffer: >= 16 MiB runs at ~55 GB/s */
 #define RT_CUDA_MIN_CC 80                   /* mma.sync m16n8k16, cp.async, ldmatrix */
+#define RT_CUDA_SMALL_SLOTS 8               /* pinned staging of small uploads (token ids, ...): */
+#define RT_CUDA_SLOT_BYTES (128u << 10)     /* a ring of slots, each reused after its copy ran */
+/* Deferred split-K up to 16 rows: decode and small batches. At 64 rows (a prompt chunk) the
+ * fused consumers lost 1.7 % of pp64 against v9's own finish (13521 vs 13751 tok/s, synthetic
+ * 7B, H200), at 1 row they gain 7 % of decode speed (docs/BENCHMARKS.md). */
+#define RT_CUDA_DEFER_MAX_M 16
 
 /* Report a failed CUDA call once (expression, file:line, device) and return RT_ERR_DEVICE. */
 #define RT_CUDA_TRY(expr)                                                                   \
@@ -84,22 +84,20 @@
         if (k_ != K_ERR_NONE) return k_ == K_ERR_SHAPE ? RT_ERR_SHAPE : RT_ERR_ARG;          \
     } while (0)
 
-/* A device buffer that only grows (workspaces, small uploads). */
+/* A device buffer that only grows (workspaces). */
 struct grow_buf {
     void *p;
     size_t bytes;
 };
 
-/* linears remembered as "not deferred" per rank (MoE expert down projections; past this they
- * are deferred and finished separately) */
-#define RT_CUDA_PLAIN_MAX 1024
-
+/* The one rank of this backend. */
 struct cuda_rank {
-    int device;
+    int rank, device;
+    struct rt_comm *comm;   /* borrowed; NULL at world size 1 */
+    bool no_rope_kv;        /* rt_opts: rope and kv_store as two kernels */
+    bool wgmma;             /* k_w4a16_wgmma_available() and not switched off */
     cudaStream_t stream;
-    cudaEvent_t ev;         /* copy_ranks: orders a copy between this rank's stream and another's */
     cublasHandle_t cublas;
-    bool wgmma;             /* k_w4a16_wgmma_available() on this GPU (probed at creation) */
     unsigned char *weights; /* owned: the rank file's data region */
     size_t weights_bytes;
     uint64_t region_off;    /* file offset of weights[0] */
@@ -108,51 +106,20 @@ struct cuda_rank {
     size_t att_ws_need;     /* its size for the (n_heads, hd, T_cap) in att_ws_key */
     int att_ws_key[3];
     struct grow_buf scratch;/* dequantised fp16 weight for the dq + cuBLAS path */
-    struct grow_buf pos;    /* int32 0, 1, 2, ...: positions for k_rope */
-    struct grow_buf small;  /* token ids, MoE rows and weights */
+    struct grow_buf rows;   /* MoE rows and weights */
+    unsigned char *h_small; /* pinned [RT_CUDA_SMALL_SLOTS][RT_CUDA_SLOT_BYTES] */
+    cudaEvent_t small_done[RT_CUDA_SMALL_SLOTS]; /* the last copy out of each slot has run */
+    int small_next;         /* the slot the next small upload takes */
     unsigned buf_gen;       /* bumped whenever a grow_buf moves (a recorded graph is then stale) */
     /* decode-step graph (graph_begin/end/replay) */
-    bool capturing;         /* ops are being recorded: take token/position from d_step */
-    int32_t *d_step;        /* device [2]: token, position of the step being replayed */
-    int32_t *h_step;        /* pinned host [2]: copied to d_step before each replay */
-    cudaGraph_t graph;      /* captured, waiting for every rank's capture to end, or NULL */
+    bool capturing;         /* ops are being recorded */
     cudaGraphExec_t gexec;  /* the recording, or NULL */
     unsigned gexec_gen;     /* buf_gen when it was recorded */
-    /* device sampling (rt.h sample): [0, 16) the id, [16, ...) the history bitmap */
-    unsigned char *d_pick;  /* device */
+    /* device sampling (rt_backend.h sample): [0, 16) the id, [16, ...) the history bitmap */
+    unsigned char *d_pick;
     unsigned char *h_pick;  /* pinned host staging */
     size_t pick_bytes;
-    /* deferred split-K (see settle): pend_y's [pend_M, pend_N] values are still fp32 sums at
-     * the start of ws, made by k_w4a16_linear_acc with weight pend_w */
-    void *pend_y;
-    int pend_M, pend_N;
-    const void *pend_w;
-    const void *plain_w[RT_CUDA_PLAIN_MAX]; /* linears whose output a non-fusing op read */
-    int n_plain;
-    bool replan;            /* plain_w grew while recording: record again after one replay */
 };
-
-struct cuda_ctx {
-    int world;
-    struct cuda_rank r[RT_CUDA_MAX_RANKS];
-    ncclComm_t comm[RT_CUDA_MAX_RANKS]; /* world > 1: one communicator per rank */
-    struct k_allreduce *ar;             /* world > 1 with peer access: small all-reduces */
-};
-
-/* Whether the environment variable `name` is exactly "0": the QSHARD_* switches that turn a
- * path off for A/B measurements. */
-static bool env_zero(const char *name)
-{
-    const char *e = getenv(name);
-    return e && strcmp(e, "0") == 0;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* cudaMalloc with an out-of-memory message naming what and how much was free. */
 static enum rt_err dev_alloc(const char *what, int device, size_t bytes, void **out)
@@ -199,70 +166,24 @@ static enum rt_err grow(struct cuda_rank *r, struct grow_buf *b, size_t bytes, c
     return RT_ERR_NONE;
 }
 
-/* Host data (pageable, small) into a rank's growable buffer; returns the device copy. */
-static enum rt_err upload_small(struct cuda_rank *r, const void *host, size_t bytes, size_t off,
-                                void **dev)
+/* Host data into device memory on the rank's stream. Small ones go through a ring of pinned
+ * staging slots without synchronising (a slot is reused once its previous copy has run, which
+ * in a decode loop is long done); large ones are copied and waited for (src is the caller's). */
+static enum rt_err upload_staged(struct cuda_rank *r, void *dst, const void *src, size_t bytes)
 {
-    enum rt_err e = grow(r, &r->small, off + bytes, "small upload buffer", false);
-    if (e) return e;
-    *dev = static_cast<unsigned char *>(r->small.p) + off;
-    RT_CUDA_TRY(cudaMemcpyAsync(*dev, host, bytes, cudaMemcpyHostToDevice, r->stream));
-    return RT_ERR_NONE;
-}
-
-/*
- * Deferred split-K. At M <= RT_CUDA_DEFER_MAX_M (decode, small batches) a W4A16 linear runs
- * k_w4a16_linear_acc: its slices add their partial sums into ws and nothing waits for the last
- * slice (no counter, no read-back, no fp16 y: 1.2-2.5 us per call on the H200, `qshard bench
- * kernel floor`). The op that reads y next takes the sums from ws and zeroes them: rmsnorm (the o and down projections), rope / rope_kv_store (qkv; they also round
- * the v heads), silu_mul (gate_up) have fused versions; any other op on the rank first calls
- * settle(), which writes y (k_w4a16_acc_finish), and that linear is then remembered in plain_w
- * and no longer deferred (MoE expert outputs, which scatter_add_rows reads). If a consumer fails
- * after taking the sums, release_sums() zeroes them, so the next deferred linear starts from
- * zero. World size 1 only for now. QSHARD_DEFER=0 turns it off (A/B runs).
- */
-/* 16: decode and small batches. At 64 rows (a prompt chunk) the fused consumers lost 1.7 % of
- * pp64 against v9's own finish (13521 vs 13751 tok/s, synthetic 7B, H200), at 1 row they gain
- * 7 % of decode speed (docs/BENCHMARKS.md). */
-#define RT_CUDA_DEFER_MAX_M 16
-
-/* After a consumer took the pending [M, N] sums: K_ERR_NONE -> RT_ERR_NONE; on a refusal (the
- * kernel reported it) the sums are zeroed, so no later deferred linear adds onto them. */
-static enum rt_err release_sums(struct cuda_rank *r, int rc, int M, size_t N)
-{
-    if (rc == K_ERR_NONE) return RT_ERR_NONE;
-    RT_CUDA_TRY(cudaMemsetAsync(r->ws.p, 0, (size_t)M * N * sizeof(float), r->stream));
-    return rc == K_ERR_SHAPE ? RT_ERR_SHAPE : RT_ERR_ARG;
-}
-
-static enum rt_err settle(struct cuda_rank *r)
-{
-    if (!r->pend_y) return RT_ERR_NONE;
-    void *y = r->pend_y;
-    r->pend_y = NULL;
-    if (r->n_plain < RT_CUDA_PLAIN_MAX) {
-        r->plain_w[r->n_plain++] = r->pend_w;
-        if (r->capturing) r->replan = true; /* the recording holds this finish: record again */
+    if (bytes > RT_CUDA_SLOT_BYTES) {
+        RT_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, r->stream));
+        RT_CUDA_TRY(cudaStreamSynchronize(r->stream));
+        return RT_ERR_NONE;
     }
-    return release_sums(r, k_w4a16_acc_finish(static_cast<uint16_t *>(y),
-                                              static_cast<float *>(r->ws.p), r->pend_M,
-                                              r->pend_N, r->stream),
-                        r->pend_M, (size_t)r->pend_N);
-}
-
-#define SETTLE(r)                            \
-    do {                                     \
-        enum rt_err se_ = settle(r);         \
-        if (se_ != RT_ERR_NONE) return se_;  \
-    } while (0)
-
-/* Whether y (M rows of N) is the pending output of a deferred linear: the caller consumes its
- * sums from ws and the pending state ends. */
-static bool take_pending(struct cuda_rank *r, const void *y, int M, size_t N)
-{
-    if (!r->pend_y || r->pend_y != y || r->pend_M != M || (size_t)r->pend_N != N) return false;
-    r->pend_y = NULL;
-    return true;
+    const int s = r->small_next;
+    r->small_next = (s + 1) % RT_CUDA_SMALL_SLOTS;
+    unsigned char *stage = r->h_small + (size_t)s * RT_CUDA_SLOT_BYTES;
+    RT_CUDA_TRY(cudaEventSynchronize(r->small_done[s]));
+    memcpy(stage, src, bytes);
+    RT_CUDA_TRY(cudaMemcpyAsync(dst, stage, bytes, cudaMemcpyHostToDevice, r->stream));
+    RT_CUDA_TRY(cudaEventRecord(r->small_done[s], r->stream));
+    return RT_ERR_NONE;
 }
 
 static void rank_free(struct cuda_rank *r)
@@ -271,46 +192,36 @@ static void rank_free(struct cuda_rank *r)
     cudaSetDevice(r->device);
     if (r->stream) cudaStreamSynchronize(r->stream);
     cudaFree(r->weights);
-    struct grow_buf *bufs[] = {&r->ws, &r->att_ws, &r->scratch, &r->pos, &r->small};
+    struct grow_buf *bufs[] = {&r->ws, &r->att_ws, &r->scratch, &r->rows};
     for (struct grow_buf *b : bufs) {
         cudaFree(b->p);
         b->p = NULL;
         b->bytes = 0;
     }
     if (r->gexec) cudaGraphExecDestroy(r->gexec);
-    if (r->graph) cudaGraphDestroy(r->graph);
-    cudaFree(r->d_step);
-    cudaFreeHost(r->h_step);
     cudaFree(r->d_pick);
     cudaFreeHost(r->h_pick);
-    r->d_pick = r->h_pick = NULL;
-    r->pick_bytes = 0;
-    r->gexec = NULL;
-    r->graph = NULL;
-    r->d_step = r->h_step = NULL;
+    cudaFreeHost(r->h_small);
+    for (int i = 0; i < RT_CUDA_SMALL_SLOTS; ++i)
+        if (r->small_done[i]) cudaEventDestroy(r->small_done[i]);
     if (r->cublas) cublasDestroy(r->cublas);
-    if (r->ev) cudaEventDestroy(r->ev);
     if (r->stream) cudaStreamDestroy(r->stream);
-    r->ev = NULL;
-    r->weights = NULL;
-    r->cublas = NULL;
-    r->stream = NULL;
+    memset(r, 0, sizeof(*r));
+    r->device = -1;
 }
 
 static void cuda_destroy(void *vctx)
 {
-    struct cuda_ctx *c = static_cast<struct cuda_ctx *>(vctx);
-    if (!c) return;
-    for (int i = 0; i < c->world; ++i) rank_free(&c->r[i]);
-    k_allreduce_destroy(c->ar);
-    for (int i = 0; i < c->world; ++i)
-        if (c->comm[i]) ncclCommDestroy(c->comm[i]);
-    free(c);
+    struct cuda_rank *r = static_cast<struct cuda_rank *>(vctx);
+    if (!r) return;
+    rank_free(r);
+    free(r);
 }
 
-static struct cuda_rank *R(void *ctx, int rank)
+/* The rank, with its GPU current on this thread. */
+static struct cuda_rank *R(void *ctx)
 {
-    struct cuda_rank *r = &static_cast<struct cuda_ctx *>(ctx)->r[rank];
+    struct cuda_rank *r = static_cast<struct cuda_rank *>(ctx);
     cudaSetDevice(r->device);
     return r;
 }
@@ -347,9 +258,9 @@ static void *upload_worker(void *arg)
         const size_t len = j->bytes - off < RT_CUDA_STAGE_BYTES ? j->bytes - off : RT_CUDA_STAGE_BYTES;
         e = cudaEventSynchronize(done[k]); /* buffer k's previous copy has finished */
         if (e != cudaSuccess) break;
-        const double t0 = now_s();
+        const double t0 = qs_now_s();
         memcpy(pin[k], j->src + off, len);
-        j->copy_s += now_s() - t0;
+        j->copy_s += qs_now_s() - t0;
         e = cudaMemcpyAsync(j->dst + off, pin[k], len, cudaMemcpyHostToDevice, st);
         if (e == cudaSuccess) e = cudaEventRecord(done[k], st);
     }
@@ -365,9 +276,10 @@ static void *upload_worker(void *arg)
     return NULL;
 }
 
-static enum rt_err cuda_load_weights(void *ctx, int rank, const struct fmt_shard *s)
+static enum rt_err cuda_load_weights(void *ctx, const struct fmt_shard *s)
 {
-    struct cuda_rank *r = R(ctx, rank);
+    struct cuda_rank *r = R(ctx);
+    const int rank = r->rank;
     const uint32_t n = fmt_shard_n_tensors(s);
     if (n == 0) return RT_ERR_NONE;
     /* the data region: from the lowest tensor offset to the highest end (tensors are laid out
@@ -381,7 +293,7 @@ static enum rt_err cuda_load_weights(void *ctx, int rank, const struct fmt_shard
     }
     const size_t bytes = (size_t)(end - lo->offset);
     const unsigned char *src = static_cast<const unsigned char *>(lo->data);
-    const double t0 = now_s();
+    const double t0 = qs_now_s();
     char what[96];
     snprintf(what, sizeof what, "the weights of rank %d", rank);
     void *dst = NULL;
@@ -390,7 +302,7 @@ static enum rt_err cuda_load_weights(void *ctx, int rank, const struct fmt_shard
     r->weights = static_cast<unsigned char *>(dst);
     r->weights_bytes = bytes;
     r->region_off = lo->offset;
-    const double t1 = now_s();
+    const double t1 = qs_now_s();
 
     struct upload_job jobs[RT_CUDA_UPLOAD_THREADS];
     pthread_t th[RT_CUDA_UPLOAD_THREADS];
@@ -412,7 +324,7 @@ static enum rt_err cuda_load_weights(void *ctx, int rank, const struct fmt_shard
         qs_log_error(__func__, "rank %d: %s", rank, err);
         return RT_ERR_DEVICE;
     }
-    const double t2 = now_s();
+    const double t2 = qs_now_s();
     qs_log_debug("rank %d on GPU %d: weights %.3f GB: device alloc %.3f s; read + upload %.3f s "
                  "(%.1f GB/s, %d threads, %u MiB pinned buffers; memcpy from the mapping %.3f "
                  "thread-s = %.1f GB/s per thread)",
@@ -422,9 +334,10 @@ static enum rt_err cuda_load_weights(void *ctx, int rank, const struct fmt_shard
     return RT_ERR_NONE;
 }
 
-static const void *cuda_tensor_ptr(void *ctx, int rank, const struct fmt_tensor *t)
+
+static const void *cuda_tensor_ptr(void *ctx, const struct fmt_tensor *t)
 {
-    struct cuda_rank *r = &static_cast<struct cuda_ctx *>(ctx)->r[rank];
+    struct cuda_rank *r = static_cast<struct cuda_rank *>(ctx);
     if (!r->weights || t->offset < r->region_off ||
         t->offset + t->size > r->region_off + r->weights_bytes)
         return NULL;
@@ -433,111 +346,95 @@ static const void *cuda_tensor_ptr(void *ctx, int rank, const struct fmt_tensor 
 
 // --- memory ------------------------------------------------------------------------------------
 
-static enum rt_err cuda_alloc(void *ctx, int rank, size_t bytes, void **out)
+static enum rt_err cuda_alloc(void *ctx, size_t bytes, void **out)
 {
-    struct cuda_rank *r = R(ctx, rank);
+    struct cuda_rank *r = R(ctx);
     enum rt_err e = dev_alloc("an activation or KV cache buffer", r->device, bytes, out);
     if (e) return e;
     if (bytes) RT_CUDA_TRY(cudaMemsetAsync(*out, 0, bytes, r->stream));
     return RT_ERR_NONE;
 }
 
-static void cuda_free(void *ctx, int rank, void *p)
+static void cuda_free(void *ctx, void *p)
 {
-    struct cuda_rank *r = R(ctx, rank);
+    struct cuda_rank *r = R(ctx);
     if (!p) return;
-    (void)settle(r); /* a pending linear's output may live in p; a failure is reported there */
     cudaStreamSynchronize(r->stream);
     cudaFree(p);
 }
 
-static enum rt_err cuda_upload(void *ctx, int rank, void *dst, const void *src, size_t bytes)
+static enum rt_err cuda_upload(void *ctx, void *dst, const void *src, size_t bytes)
 {
-    struct cuda_rank *r = R(ctx, rank);
-    SETTLE(r);
-    RT_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, r->stream));
-    RT_CUDA_TRY(cudaStreamSynchronize(r->stream)); /* the host buffer may be reused at once */
-    return RT_ERR_NONE;
+    return upload_staged(R(ctx), dst, src, bytes);
 }
 
-static enum rt_err cuda_download(void *ctx, int rank, void *dst, const void *src, size_t bytes)
+static enum rt_err cuda_download(void *ctx, void *dst, const void *src, size_t bytes)
 {
-    struct cuda_rank *r = R(ctx, rank);
-    SETTLE(r);
+    struct cuda_rank *r = R(ctx);
     RT_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, r->stream));
     RT_CUDA_TRY(cudaStreamSynchronize(r->stream));
     return RT_ERR_NONE;
 }
 
-static enum rt_err cuda_zero(void *ctx, int rank, void *dst, size_t bytes)
+static enum rt_err cuda_zero(void *ctx, void *dst, size_t bytes)
 {
-    struct cuda_rank *r = R(ctx, rank);
-    SETTLE(r);
+    struct cuda_rank *r = R(ctx);
     RT_CUDA_TRY(cudaMemsetAsync(dst, 0, bytes, r->stream));
     return RT_ERR_NONE;
 }
 
 // --- ops -----------------------------------------------------------------------------------------
 
-static enum rt_err cuda_embed(void *ctx, int rank, float *out, const uint16_t *table,
-                              const int32_t *tokens, int M, int64_t row_begin, int V_r, int H)
+static enum rt_err cuda_embed(void *ctx, float *out, const uint16_t *table, const int32_t *tokens,
+                              int M, int64_t row_begin, int V_r, int H)
 {
-    struct cuda_rank *r = R(ctx, rank);
-    SETTLE(r);
-    if (r->capturing) { /* graph: the token is in d_step[0] at replay */
-        RT_K_TRY(k_embed(out, table, r->d_step, M, row_begin, V_r, H, r->stream));
-        return RT_ERR_NONE;
-    }
-    void *dt = NULL;
-    enum rt_err e = upload_small(r, tokens, (size_t)M * sizeof(int32_t), 0, &dt);
-    if (e) return e;
-    RT_K_TRY(k_embed(out, table, static_cast<int32_t *>(dt), M, row_begin, V_r, H, r->stream));
-    RT_CUDA_TRY(cudaStreamSynchronize(r->stream)); /* `small` is reused by the next upload */
+    struct cuda_rank *r = R(ctx);
+    RT_K_TRY(k_embed(out, table, tokens, M, row_begin, V_r, H, r->stream));
     return RT_ERR_NONE;
 }
 
-static enum rt_err cuda_rmsnorm(void *ctx, int rank, void *out, float *residual, const void *x,
-                                const float *w, int M, int H, float eps)
+static enum rt_err cuda_norm(void *ctx, enum rt_norm kind, void *out, float *residual,
+                             const void *x, float *x_acc, const float *w, int M, int H, float eps)
 {
-    struct cuda_rank *r = R(ctx, rank);
-    if (residual && take_pending(r, x, M, (size_t)H))
-        return release_sums(r, k_rmsnorm_acc(static_cast<uint16_t *>(out), residual,
-                                             static_cast<float *>(r->ws.p), w, M, H, eps,
-                                             r->stream),
-                            M, (size_t)H);
-    SETTLE(r);
+    struct cuda_rank *r = R(ctx);
+    if (kind != RT_NORM_RMS) {
+        qs_log_error(__func__, "the CUDA backend has no norm of kind %d", (int)kind);
+        return RT_ERR_UNSUPPORTED;
+    }
+    if (x_acc && residual) {
+        RT_K_TRY(k_rmsnorm_acc(static_cast<uint16_t *>(out), residual, x_acc, w, M, H, eps,
+                               r->stream));
+        return RT_ERR_NONE;
+    }
     RT_K_TRY(k_rmsnorm(static_cast<uint16_t *>(out), residual, static_cast<const uint16_t *>(x),
                        w, M, H, eps, r->stream));
     return RT_ERR_NONE;
 }
 
-static enum rt_err cuda_linear_w4(void *ctx, int rank, const void *x, const uint8_t *qweight,
-                                  const uint8_t *qzeros, const uint16_t *scales, const float *bias,
-                                  int M, int K, int N, int G, void *y)
+/* Whether v5 takes this group size with its sums left in an accumulator at up to 16 rows:
+ * G/16 in {1, 2, 4, 8} always fits its slices (larger G may not: k_w4a16_linear's
+ * fallbacks serve them). */
+static bool cuda_linear_acc_ok(void *ctx, int K, int N, int G)
 {
-    struct cuda_rank *r = R(ctx, rank);
+    (void)ctx, (void)K, (void)N;
+    return G == 16 || G == 32 || G == 64 || G == 128;
+}
+
+static enum rt_err cuda_linear_w4(void *ctx, const void *x, const uint8_t *qweight,
+                                  const uint8_t *qzeros, const uint16_t *scales, const float *bias,
+                                  int M, int K, int N, int G, void *y, float *acc)
+{
+    struct cuda_rank *r = R(ctx);
     const uint16_t *xh = static_cast<const uint16_t *>(x);
     uint16_t *yh = static_cast<uint16_t *>(y);
-    SETTLE(r);
-    static const bool defer = !env_zero("QSHARD_DEFER"); /* QSHARD_DEFER=0: never deferred */
-    /* world 1 only: at world > 1 the o and down outputs feed the all-reduce (they would be
-     * learned as plain after one step), and that path has not run on 2 GPUs yet */
-    bool plain = !defer || M > RT_CUDA_DEFER_MAX_M || static_cast<cuda_ctx *>(ctx)->world > 1 ||
-                 (uintptr_t)y % 8; /* the finish writes 4 values at a time */
-    for (int i = 0; i < r->n_plain && !plain; ++i) plain = r->plain_w[i] == qweight;
-    if (!plain) {
-        enum rt_err e = grow(r, &r->ws, k_w4a16_workspace_bytes(M, N), "the W4A16 workspace", true);
-        if (e) return e;
-        const int rc = k_w4a16_linear_acc(xh, qweight, qzeros, scales, bias,
-                                          static_cast<float *>(r->ws.p), M, N, K, G, r->stream);
-        if (rc == K_ERR_NONE) {
-            r->pend_y = y;
-            r->pend_M = M;
-            r->pend_N = N;
-            r->pend_w = qweight;
-            return RT_ERR_NONE;
-        }
-        RT_K_TRY(rc == K_ERR_UNSUPPORTED ? K_ERR_NONE : rc); /* G v5 cannot take: run it plain */
+    if (acc) { /* the deferred epilogue the model asked for: the consumer takes the sums */
+        const int rc = k_w4a16_linear_acc(xh, qweight, qzeros, scales, bias, acc, M, N, K, G,
+                                          r->stream);
+        if (rc == K_ERR_UNSUPPORTED)
+            qs_log_error(__func__, "deferred W4A16 linear [K=%d, N=%d, G=%d]: not supported by "
+                         "the decode kernel (linear_acc_ok said it was)", K, N, G);
+        RT_K_TRY(rc == K_ERR_UNSUPPORTED ? K_ERR_ARG : rc);
+        return RT_ERR_NONE;
     }
     /* M <= 64: v9 (auto); 65..K_W4A16_DQ_GEMM_MIN_M - 1: v7 (wgmma) on Hopper; above, or on
      * other GPUs above 64: dequant + cuBLAS (the fastest of each range on the H200,
@@ -559,11 +456,10 @@ static enum rt_err cuda_linear_w4(void *ctx, int rank, const void *x, const uint
     return RT_ERR_NONE;
 }
 
-static enum rt_err cuda_linear_f16(void *ctx, int rank, const void *x, const uint16_t *W,
-                                   const float *bias, int M, int K, int N, void *y)
+static enum rt_err cuda_linear_f16(void *ctx, const void *x, const uint16_t *W, const float *bias,
+                                   int M, int K, int N, void *y)
 {
-    struct cuda_rank *r = R(ctx, rank);
-    SETTLE(r);
+    struct cuda_rank *r = R(ctx);
     const float alpha = 1.0f, beta = 0.0f;
     /* row-major y[M,N] = x[M,K] . W^T with W [N,K]: column-major y^T = op_T(W) . x^T */
     RT_CUBLAS_TRY(cublasGemmEx(r->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, W,
@@ -573,11 +469,10 @@ static enum rt_err cuda_linear_f16(void *ctx, int rank, const void *x, const uin
     return RT_ERR_NONE;
 }
 
-static enum rt_err cuda_lm_head(void *ctx, int rank, const void *x, const uint16_t *W, int M,
-                                int K, int N, float *logits)
+static enum rt_err cuda_lm_head(void *ctx, const void *x, const uint16_t *W, int M, int K, int N,
+                                float *logits)
 {
-    struct cuda_rank *r = R(ctx, rank);
-    SETTLE(r);
+    struct cuda_rank *r = R(ctx);
     const float alpha = 1.0f, beta = 0.0f;
     RT_CUBLAS_TRY(cublasGemmEx(r->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, W,
                                CUDA_R_16F, K, x, CUDA_R_16F, K, &beta, logits, CUDA_R_32F, N,
@@ -585,124 +480,46 @@ static enum rt_err cuda_lm_head(void *ctx, int rank, const void *x, const uint16
     return RT_ERR_NONE;
 }
 
-static enum rt_err cuda_router(void *ctx, int rank, const void *x, const float *W, int M, int K,
-                               int N, float *y)
+static enum rt_err cuda_router(void *ctx, const void *x, const float *W, int M, int K, int N,
+                               float *y)
 {
-    struct cuda_rank *r = R(ctx, rank);
-    SETTLE(r);
+    struct cuda_rank *r = R(ctx);
     RT_K_TRY(k_router(y, static_cast<const uint16_t *>(x), W, M, K, N, r->stream));
     return RT_ERR_NONE;
 }
 
-/* Device positions start_pos .. start_pos + M - 1 for k_rope and friends: d_step + 1 while a
- * decode graph records (M = 1, filled at replay), else a slice of the 0, 1, 2, ... table, grown
- * as the context grows. */
-static enum rt_err positions(struct cuda_rank *r, int start_pos, int M, const int32_t **out)
-{
-    if (r->capturing) {
-        *out = r->d_step + 1;
-        return RT_ERR_NONE;
-    }
-    const size_t need = (size_t)(start_pos + M) * sizeof(int32_t);
-    if (r->pos.bytes < need) {
-        enum rt_err e = grow(r, &r->pos, need, "the position table", false);
-        if (e) return e;
-        const size_t n = r->pos.bytes / sizeof(int32_t);
-        int32_t *h = static_cast<int32_t *>(malloc(n * sizeof(int32_t)));
-        if (!h) {
-            qs_log_error(__func__, "out of host memory for %zu positions", n);
-            return RT_ERR_NOMEM;
-        }
-        for (size_t i = 0; i < n; ++i) h[i] = (int32_t)i;
-        cudaError_t ce = cudaMemcpyAsync(r->pos.p, h, n * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                         r->stream);
-        if (ce == cudaSuccess) ce = cudaStreamSynchronize(r->stream); /* before h is freed */
-        free(h);
-        RT_CUDA_TRY(ce);
-    }
-    *out = static_cast<const int32_t *>(r->pos.p) + start_pos;
-    return RT_ERR_NONE;
-}
-
-static enum rt_err cuda_rope(void *ctx, int rank, void *x, int M, int n_heads, int hd,
-                             size_t row_stride, int start_pos, const float *inv_freq)
-{
-    struct cuda_rank *r = R(ctx, rank);
-    const int32_t *pos = NULL; /* first: nothing has been taken if it fails */
-    enum rt_err e = positions(r, start_pos, M, &pos);
-    if (e) return e;
-    uint16_t *xh = static_cast<uint16_t *>(x);
-    if (take_pending(r, x, M, row_stride)) /* the qkv sums, deferred */
-        return release_sums(r, k_rope_acc(xh, static_cast<float *>(r->ws.p), M, n_heads, hd,
-                                          row_stride, pos, inv_freq, r->stream),
-                            M, row_stride);
-    SETTLE(r);
-    RT_K_TRY(k_rope(xh, M, n_heads, hd, row_stride, pos, inv_freq, r->stream));
-    return RT_ERR_NONE;
-}
-
-static enum rt_err cuda_kv_store(void *ctx, int rank, void *k_cache, void *v_cache, const void *k,
-                                 const void *v, size_t row_stride, int M, int start_pos,
-                                 int n_kv_heads, int hd, int T_cap)
-{
-    struct cuda_rank *r = R(ctx, rank);
-    SETTLE(r);
-    if (r->capturing) {
-        RT_K_TRY(k_kv_store_at(static_cast<uint16_t *>(k_cache), static_cast<uint16_t *>(v_cache),
-                               static_cast<const uint16_t *>(k), static_cast<const uint16_t *>(v),
-                               row_stride, M, r->d_step + 1, n_kv_heads, hd, T_cap, r->stream));
-        return RT_ERR_NONE;
-    }
-    RT_K_TRY(k_kv_store(static_cast<uint16_t *>(k_cache), static_cast<uint16_t *>(v_cache),
-                        static_cast<const uint16_t *>(k), static_cast<const uint16_t *>(v),
-                        row_stride, M, start_pos, n_kv_heads, hd, T_cap, r->stream));
-    return RT_ERR_NONE;
-}
-
-/* rope + kv_store in one kernel (k_rope_kv_store), from the deferred qkv sums when pending */
-static enum rt_err cuda_rope_kv_store(void *ctx, int rank, void *x, int M, int n_q, int n_kv,
-                                      int hd, size_t row_stride, int start_pos,
+/* rope + kv_store of a fused qkv row: one kernel (k_rope_kv_store, from the deferred sums when
+ * given), or with no_rope_kv (A/B runs) k_rope / k_rope_acc then k_kv_store_at. pos: device
+ * [M], consecutive positions (one sequence's run), so pos[0] is the run's start. */
+static enum rt_err cuda_rope_kv_store(void *ctx, void *x, float *x_acc, int M, int n_q, int n_kv,
+                                      int hd, size_t row_stride, const int32_t *pos,
                                       const float *inv_freq, void *k_cache, void *v_cache,
                                       int T_cap)
 {
-    static const bool fused = !env_zero("QSHARD_ROPE_KV"); /* "0": rope, kv_store apart (A/B) */
-    if (!fused) {
-        uint16_t *q = static_cast<uint16_t *>(x);
-        enum rt_err e = cuda_rope(ctx, rank, x, M, n_q + n_kv, hd, row_stride, start_pos, inv_freq);
-        if (!e)
-            e = cuda_kv_store(ctx, rank, k_cache, v_cache, q + (size_t)n_q * hd,
-                              q + (size_t)(n_q + n_kv) * hd, row_stride, M, start_pos, n_kv, hd,
-                              T_cap);
-        return e;
+    struct cuda_rank *r = R(ctx);
+    uint16_t *xh = static_cast<uint16_t *>(x);
+    if (!r->no_rope_kv) {
+        RT_K_TRY(k_rope_kv_store(xh, x_acc, M, n_q, n_kv, hd, row_stride, pos, inv_freq,
+                                 static_cast<uint16_t *>(k_cache), static_cast<uint16_t *>(v_cache),
+                                 T_cap, r->stream));
+        return RT_ERR_NONE;
     }
-    struct cuda_rank *r = R(ctx, rank);
-    if (!r->capturing && (start_pos < 0 || (long long)start_pos + M > T_cap)) {
-        qs_log_error(__func__, "positions %d..%lld outside the KV cache of %d rows", start_pos,
-                     (long long)start_pos + M - 1, T_cap);
-        return RT_ERR_SHAPE;
-    }
-    const int32_t *pos = NULL; /* first: nothing has been taken if it fails */
-    enum rt_err e = positions(r, start_pos, M, &pos);
-    if (e) return e;
-    const bool from_acc = take_pending(r, x, M, row_stride);
-    if (!from_acc) SETTLE(r);
-    const int rc = k_rope_kv_store(static_cast<uint16_t *>(x),
-                                   from_acc ? static_cast<float *>(r->ws.p) : NULL, M, n_q, n_kv,
-                                   hd, row_stride, pos, inv_freq,
-                                   static_cast<uint16_t *>(k_cache),
-                                   static_cast<uint16_t *>(v_cache), T_cap, r->stream);
-    if (from_acc) return release_sums(r, rc, M, row_stride);
-    RT_K_TRY(rc);
+    if (x_acc)
+        RT_K_TRY(k_rope_acc(xh, x_acc, M, n_q + n_kv, hd, row_stride, pos, inv_freq, r->stream));
+    else
+        RT_K_TRY(k_rope(xh, M, n_q + n_kv, hd, row_stride, pos, inv_freq, r->stream));
+    RT_K_TRY(k_kv_store_at(static_cast<uint16_t *>(k_cache), static_cast<uint16_t *>(v_cache),
+                           xh + (size_t)n_q * hd, xh + (size_t)(n_q + n_kv) * hd, row_stride, M,
+                           pos, n_kv, hd, T_cap, r->stream));
     return RT_ERR_NONE;
 }
 
-static enum rt_err cuda_attention(void *ctx, int rank, void *out, size_t out_stride, const void *q,
+static enum rt_err cuda_attention(void *ctx, void *out, size_t out_stride, const void *q,
                                   size_t q_stride, const void *k_cache, const void *v_cache, int M,
-                                  int start_pos, int n_heads, int n_kv_heads, int hd, int T_cap,
-                                  int sliding_window)
+                                  int start_pos, const int32_t *start_pos_dev, int n_heads,
+                                  int n_kv_heads, int hd, int T_cap, int sliding_window)
 {
-    struct cuda_rank *r = R(ctx, rank);
-    SETTLE(r);
+    struct cuda_rank *r = R(ctx);
     /* split-KV decode: one workspace for every row count and position (k_attention_workspace_
      * bytes with the kernels' largest M), grown by the first call (a prompt, op by op), so a
      * decode graph never needs it grown while it records; zero-filled, left ready by each call */
@@ -716,236 +533,179 @@ static enum rt_err cuda_attention(void *ctx, int rank, void *out, size_t out_str
         if (e) return e;
     }
     void *ws = ws_bytes ? r->att_ws.p : NULL;
-    if (r->capturing) {
-        RT_K_TRY(k_attention_at(static_cast<uint16_t *>(out), out_stride,
-                                static_cast<const uint16_t *>(q), q_stride,
-                                static_cast<const uint16_t *>(k_cache),
-                                static_cast<const uint16_t *>(v_cache), M, r->d_step + 1, n_heads,
+    uint16_t *o = static_cast<uint16_t *>(out);
+    const uint16_t *qh = static_cast<const uint16_t *>(q);
+    const uint16_t *kc = static_cast<const uint16_t *>(k_cache);
+    const uint16_t *vc = static_cast<const uint16_t *>(v_cache);
+    if (r->capturing) { /* graph: the position is read at replay */
+        RT_K_TRY(k_attention_at(o, out_stride, qh, q_stride, kc, vc, M, start_pos_dev, n_heads,
                                 n_kv_heads, hd, T_cap, sliding_window, ws, r->att_ws.bytes,
                                 r->stream));
         return RT_ERR_NONE;
     }
-    RT_K_TRY(k_attention(static_cast<uint16_t *>(out), out_stride,
-                         static_cast<const uint16_t *>(q), q_stride,
-                         static_cast<const uint16_t *>(k_cache),
-                         static_cast<const uint16_t *>(v_cache), M, start_pos, n_heads,
-                         n_kv_heads, hd, T_cap, sliding_window, ws, r->att_ws.bytes, r->stream));
+    RT_K_TRY(k_attention(o, out_stride, qh, q_stride, kc, vc, M, start_pos, n_heads, n_kv_heads,
+                         hd, T_cap, sliding_window, ws, r->att_ws.bytes, r->stream));
     return RT_ERR_NONE;
 }
 
-static enum rt_err cuda_silu_mul(void *ctx, int rank, void *out, const void *gate_up, int M, int I)
+static enum rt_err cuda_act_mul(void *ctx, enum rt_act kind, void *out, const void *gate_up,
+                                float *gate_up_acc, int M, int I)
 {
-    struct cuda_rank *r = R(ctx, rank);
-    if (take_pending(r, gate_up, M, 2 * (size_t)I))
-        return release_sums(r, k_silu_mul_acc(static_cast<uint16_t *>(out),
-                                              static_cast<float *>(r->ws.p), M, I, r->stream),
-                            M, 2 * (size_t)I);
-    SETTLE(r);
-    RT_K_TRY(k_silu_mul(static_cast<uint16_t *>(out), static_cast<const uint16_t *>(gate_up), M,
-                        I, r->stream));
+    struct cuda_rank *r = R(ctx);
+    if (kind != RT_ACT_SILU) {
+        qs_log_error(__func__, "the CUDA backend has no activation of kind %d", (int)kind);
+        return RT_ERR_UNSUPPORTED;
+    }
+    if (gate_up_acc)
+        RT_K_TRY(k_silu_mul_acc(static_cast<uint16_t *>(out), gate_up_acc, M, I, r->stream));
+    else
+        RT_K_TRY(k_silu_mul(static_cast<uint16_t *>(out), static_cast<const uint16_t *>(gate_up),
+                            M, I, r->stream));
     return RT_ERR_NONE;
 }
 
-static enum rt_err cuda_gather_rows(void *ctx, int rank, void *dst, const void *src,
-                                    const int32_t *rows, int n, int width)
+/* rows[n] (and weights[n]) of a MoE step into the rows buffer: the int32 rows at 0, the fp32
+ * weights 256-byte aligned after them. */
+static enum rt_err upload_rows(struct cuda_rank *r, const int32_t *rows, const float *weights,
+                               int n, int32_t **drows, float **dw)
 {
-    struct cuda_rank *r = R(ctx, rank);
-    SETTLE(r);
+    const size_t rb = ((size_t)n * sizeof(int32_t) + 255) / 256 * 256;
+    enum rt_err e = grow(r, &r->rows, rb + (size_t)n * sizeof(float), "MoE rows", false);
+    if (e) return e;
+    *drows = static_cast<int32_t *>(r->rows.p);
+    RT_CUDA_TRY(cudaMemcpyAsync(*drows, rows, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                r->stream));
+    if (weights) {
+        *dw = reinterpret_cast<float *>(static_cast<unsigned char *>(r->rows.p) + rb);
+        RT_CUDA_TRY(cudaMemcpyAsync(*dw, weights, (size_t)n * sizeof(float),
+                                    cudaMemcpyHostToDevice, r->stream));
+    }
+    return RT_ERR_NONE;
+}
+
+static enum rt_err cuda_gather_rows(void *ctx, void *dst, const void *src, const int32_t *rows,
+                                    int n, int width)
+{
+    struct cuda_rank *r = R(ctx);
     if (n < 1) return RT_ERR_NONE;
-    void *drows = NULL;
-    enum rt_err e = upload_small(r, rows, (size_t)n * sizeof(int32_t), 0, &drows);
+    int32_t *drows = NULL;
+    float *dw = NULL;
+    enum rt_err e = upload_rows(r, rows, NULL, n, &drows, &dw);
     if (e) return e;
     RT_K_TRY(k_gather_rows(static_cast<uint16_t *>(dst), static_cast<const uint16_t *>(src),
-                           static_cast<int32_t *>(drows), n, width, r->stream));
-    RT_CUDA_TRY(cudaStreamSynchronize(r->stream));
+                           drows, n, width, r->stream));
+    RT_CUDA_TRY(cudaStreamSynchronize(r->stream)); /* the pageable rows are the caller's */
     return RT_ERR_NONE;
 }
 
-static enum rt_err cuda_scatter_add_rows(void *ctx, int rank, void *y, const void *src,
-                                         const int32_t *rows, const float *weights, int n,
-                                         int width)
+static enum rt_err cuda_scatter_add_rows(void *ctx, void *y, const void *src, const int32_t *rows,
+                                         const float *weights, int n, int width)
 {
-    struct cuda_rank *r = R(ctx, rank);
-    SETTLE(r);
+    struct cuda_rank *r = R(ctx);
     if (n < 1) return RT_ERR_NONE;
-    const size_t rb = ((size_t)n * sizeof(int32_t) + 255) / 256 * 256;
-    void *drows = NULL, *dw = NULL;
-    enum rt_err e = grow(r, &r->small, rb + (size_t)n * sizeof(float), "small upload buffer", false);
-    if (e) return e;
-    e = upload_small(r, rows, (size_t)n * sizeof(int32_t), 0, &drows);
-    if (!e) e = upload_small(r, weights, (size_t)n * sizeof(float), rb, &dw);
+    int32_t *drows = NULL;
+    float *dw = NULL;
+    enum rt_err e = upload_rows(r, rows, weights, n, &drows, &dw);
     if (e) return e;
     RT_K_TRY(k_scatter_add_rows(static_cast<uint16_t *>(y), static_cast<const uint16_t *>(src),
-                                static_cast<int32_t *>(drows), static_cast<float *>(dw), n, width,
-                                r->stream));
+                                drows, dw, n, width, r->stream));
     RT_CUDA_TRY(cudaStreamSynchronize(r->stream));
     return RT_ERR_NONE;
 }
 
-/* Whether a graph is being recorded on any rank's stream (graph_begin .. graph_end). */
-static bool any_capturing(const struct cuda_ctx *c)
-{
-    for (int i = 0; i < c->world; ++i)
-        if (c->r[i].capturing) return true;
-    return false;
-}
+// --- collectives (rt_backend.h all_reduce / gather) --------------------------------------------
 
-/* Sum the ranks' buffers in place, enqueued on each rank's stream (no host wait); every rank
- * receives the same bits. Up to K_ALLREDUCE_MAX_BYTES per rank (decode rows, short prompts)
- * with k_allreduce_sum over peer memory when every pair of GPUs has peer access: fp32 sums in
- * rank order, rounded once, as the CPU backend does; a decode step that contains only these can
- * be recorded into graphs. Otherwise NCCL (ring/tree order, fp16 rounded between steps), which
- * is never called while a graph is being recorded: NCCL capture from one thread driving several
- * GPUs fails and leaves the communicators unusable (the same failure as pie-project/pie
- * issue 499 on 2 H200s), so the recording is refused instead. */
-static enum rt_err cuda_all_reduce(void *vctx, void *const *bufs, int world, size_t n,
-                                   enum rt_buf_type type)
+static enum rt_err cuda_all_reduce(void *ctx, void *buf, size_t n, enum rt_buf_type type)
 {
-    struct cuda_ctx *c = static_cast<struct cuda_ctx *>(vctx);
-    if (world <= 1) return RT_ERR_NONE; /* nothing to read: a pending o / down stays pending */
-    for (int i = 0; i < world; ++i) SETTLE(R(vctx, i));
-    const int f16 = type != RT_BUF_F32;
-    bool p2p = c->ar != NULL;
-    for (int i = 0; i < world && p2p; ++i) p2p = k_allreduce_fits(c->ar, bufs[i], n, f16);
-    if (p2p) {
-        for (int i = 0; i < world; ++i) {
-            struct cuda_rank *r = R(vctx, i);
-            RT_K_TRY(k_allreduce_sum(c->ar, i, bufs[i], n, f16, r->stream));
-        }
-        return RT_ERR_NONE;
-    }
-    if (any_capturing(c)) {
+    struct cuda_rank *r = R(ctx);
+    if (!r->comm || r->comm->world <= 1) return RT_ERR_NONE;
+    const enum rt_dtype t = type == RT_BUF_F32 ? RT_DTYPE_F32 : RT_DTYPE_F16;
+    if (r->capturing && !r->comm->ops->can_capture(r->comm, buf, n, t)) {
         qs_log_debug("all-reduce of %zu values: NCCL cannot be recorded into a graph here", n);
         return RT_ERR_DEVICE;
     }
-    ncclResult_t nr = ncclGroupStart();
-    for (int i = 0; i < world && nr == ncclSuccess; ++i)
-        nr = ncclAllReduce(bufs[i], bufs[i], n, type == RT_BUF_F32 ? ncclFloat32 : ncclFloat16,
-                           ncclSum, c->comm[i], c->r[i].stream);
-    const ncclResult_t ne = ncclGroupEnd();
-    if (nr == ncclSuccess) nr = ne;
-    if (nr != ncclSuccess) {
-        qs_log_error(__func__, "NCCL all-reduce of %zu %s values over %d GPUs: %s (%s)", n,
-                     type == RT_BUF_F32 ? "fp32" : "fp16", world, ncclGetErrorString(nr),
-                     ncclGetLastError(NULL));
-        return RT_ERR_DEVICE;
-    }
-    return RT_ERR_NONE;
+    return r->comm->ops->all_reduce(r->comm, buf, n, t, r->stream);
 }
 
-
-// --- decode-step graph (rt.h graph_begin / graph_end / graph_replay) ------------------------------
-
-static enum rt_err cuda_graph_begin(void *ctx, int rank)
+static enum rt_err cuda_gather(void *ctx, const void *send, size_t bytes, void *recv)
 {
-    const struct cuda_ctx *c = static_cast<struct cuda_ctx *>(ctx);
-    if (c->world > 1 && !c->ar) { /* the all-reduces would be NCCL calls: see cuda_all_reduce */
-        qs_log_debug("decode graphs: off at world size %d without the peer-to-peer all-reduce",
-                     c->world);
+    struct cuda_rank *r = R(ctx);
+    if (r->capturing) {
+        qs_log_debug("a gather between ranks cannot be recorded in a graph");
         return RT_ERR_DEVICE;
     }
-    /* While any stream of this thread is being captured, allocations, frees and graph
-     * instantiation are not permitted and would end the capture (thread-local mode): so the
-     * first begin of a round, before any capture, prepares every rank, and the last end
-     * instantiates every rank's graph (cuda_graph_end). */
-    if (!any_capturing(c))
-        for (int i = 0; i < c->world; ++i) {
-            struct cuda_rank *ri = R(ctx, i);
-            if (!ri->d_step) RT_CUDA_TRY(cudaMalloc(&ri->d_step, 2 * sizeof(int32_t)));
-            if (!ri->h_step) RT_CUDA_TRY(cudaMallocHost(&ri->h_step, 2 * sizeof(int32_t)));
-            if (ri->gexec) RT_CUDA_TRY(cudaGraphExecDestroy(ri->gexec));
-            if (ri->graph) RT_CUDA_TRY(cudaGraphDestroy(ri->graph));
-            ri->gexec = NULL;
-            ri->graph = NULL;
-        }
-    struct cuda_rank *r = R(ctx, rank);
-    SETTLE(r); /* before the recording: nothing pending crosses its edges */
+    if (!r->comm || r->comm->world <= 1) {
+        if (bytes && recv != send)
+            RT_CUDA_TRY(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, r->stream));
+        return RT_ERR_NONE;
+    }
+    return r->comm->ops->gather(r->comm, send, bytes, recv, r->stream);
+}
+
+// --- decode-step graph (rt_backend.h graph_begin / graph_end / graph_replay) --------------------
+
+static enum rt_err cuda_graph_begin(void *ctx)
+{
+    struct cuda_rank *r = R(ctx);
+    if (r->gexec) RT_CUDA_TRY(cudaGraphExecDestroy(r->gexec));
+    r->gexec = NULL;
     RT_CUDA_TRY(cudaStreamBeginCapture(r->stream, cudaStreamCaptureModeThreadLocal));
     r->capturing = true;
     r->gexec_gen = r->buf_gen;
     return RT_ERR_NONE;
 }
 
-static enum rt_err cuda_graph_end(void *ctx, int rank, bool ok)
+static enum rt_err cuda_graph_end(void *ctx, bool ok)
 {
-    struct cuda_ctx *c = static_cast<struct cuda_ctx *>(ctx);
-    struct cuda_rank *r = R(ctx, rank);
+    struct cuda_rank *r = R(ctx);
     cudaGraph_t g = NULL;
-    /* a pending linear's finish belongs in the recording; after a failed one nothing ran (ws
-     * is still zero), so the pending state is simply dropped */
-    const enum rt_err es = ok ? settle(r) : RT_ERR_NONE;
-    if (es) ok = false;
-    r->pend_y = NULL;
-    if (!ok) r->replan = false; /* the recording is discarded */
     r->capturing = false;
     const cudaError_t ce = cudaStreamEndCapture(r->stream, &g); /* always: leave capture mode */
-    enum rt_err ret = RT_ERR_NONE;
     if (ce != cudaSuccess || !ok || !g) {
         if (g) cudaGraphDestroy(g);
         cudaGetLastError();
         if (ce != cudaSuccess)
             qs_log_debug("GPU %d: decode graph capture failed: %s", r->device, cudaGetErrorString(ce));
-        if (ok) ret = RT_ERR_DEVICE;
-        if (es) ret = es;
-    } else {
-        r->graph = g;
+        return ok ? RT_ERR_DEVICE : RT_ERR_NONE;
     }
-    if (any_capturing(c)) return ret;
-    for (int i = 0; i < c->world; ++i) { /* the last capture has ended: instantiate them all */
-        struct cuda_rank *ri = R(ctx, i);
-        if (!ri->graph) continue;
-        size_t n_nodes = 0;
-        cudaGraphGetNodes(ri->graph, NULL, &n_nodes);
-        const cudaError_t ie = cudaGraphInstantiate(&ri->gexec, ri->graph, 0);
-        cudaGraphDestroy(ri->graph);
-        ri->graph = NULL;
-        if (ie != cudaSuccess) {
-            ri->gexec = NULL;
-            cudaGetLastError();
-            qs_log_debug("GPU %d: decode graph instantiation failed: %s", ri->device,
-                         cudaGetErrorString(ie));
-            ret = RT_ERR_DEVICE;
-            continue;
-        }
-        qs_log_debug("GPU %d: decode step recorded as a CUDA graph (%zu nodes)", ri->device, n_nodes);
+    size_t n_nodes = 0;
+    cudaGraphGetNodes(g, NULL, &n_nodes);
+    const cudaError_t ie = cudaGraphInstantiate(&r->gexec, g, 0);
+    cudaGraphDestroy(g);
+    if (ie != cudaSuccess) {
+        r->gexec = NULL;
+        cudaGetLastError();
+        qs_log_debug("GPU %d: decode graph instantiation failed: %s", r->device,
+                     cudaGetErrorString(ie));
+        return RT_ERR_DEVICE;
     }
-    return ret;
-}
-
-static bool cuda_graph_ready(void *ctx, int rank)
-{
-    const struct cuda_rank *r = R(ctx, rank);
-    return r->gexec && r->gexec_gen == r->buf_gen;
-}
-
-static enum rt_err cuda_graph_replay(void *ctx, int rank, int32_t token, int pos, bool *done)
-{
-    struct cuda_rank *r = R(ctx, rank);
-    *done = false;
-    SETTLE(r); /* the recording's first linear adds into ws */
-    if (!cuda_graph_ready(ctx, rank)) return RT_ERR_NONE;
-    /* the previous replay's copy has run: the caller downloaded its logits (a stream sync) */
-    r->h_step[0] = token;
-    r->h_step[1] = pos;
-    RT_CUDA_TRY(cudaMemcpyAsync(r->d_step, r->h_step, 2 * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                r->stream));
-    RT_CUDA_TRY(cudaGraphLaunch(r->gexec, r->stream));
-    *done = true;
-    if (r->replan) { /* recorded while learning plain_w (settle): the next step records again */
-        r->replan = false;
-        ++r->buf_gen;
-    }
+    qs_log_debug("GPU %d: decode step recorded as a CUDA graph (%zu nodes)", r->device, n_nodes);
     return RT_ERR_NONE;
 }
 
-// --- device sampling (rt.h sample) -------------------------------------------------------------
+static bool cuda_graph_ready(void *ctx)
+{
+    const struct cuda_rank *r = static_cast<struct cuda_rank *>(ctx);
+    return r->gexec && r->gexec_gen == r->buf_gen;
+}
 
-static enum rt_err cuda_sample(void *ctx, int rank, const float *logits, int vocab_size,
+static enum rt_err cuda_graph_replay(void *ctx, bool *done)
+{
+    struct cuda_rank *r = R(ctx);
+    *done = false;
+    if (!cuda_graph_ready(ctx)) return RT_ERR_NONE;
+    RT_CUDA_TRY(cudaGraphLaunch(r->gexec, r->stream));
+    *done = true;
+    return RT_ERR_NONE;
+}
+
+// --- device sampling (rt_backend.h sample) -------------------------------------------------------
+
+static enum rt_err cuda_sample(void *ctx, const float *logits, int n_vocab,
                                const struct rt_pick *pick, int32_t *id)
 {
-    struct cuda_rank *r = R(ctx, rank);
-    SETTLE(r);
-    const size_t seen_bytes = ((size_t)vocab_size + 7) / 8, need = 16 + seen_bytes;
+    struct cuda_rank *r = R(ctx);
+    const size_t seen_bytes = ((size_t)n_vocab + 7) / 8, need = 16 + seen_bytes;
     if (r->pick_bytes < need) {
         RT_CUDA_TRY(cudaStreamSynchronize(r->stream));
         cudaFree(r->d_pick);
@@ -969,7 +729,7 @@ static enum rt_err cuda_sample(void *ctx, int rank, const float *logits, int voc
     }
     const struct k_sample_params kp = {p->temperature, p->top_k, p->top_p, p->min_p,
                                        p->repeat_penalty};
-    RT_K_TRY(k_sample(reinterpret_cast<int32_t *>(r->d_pick), NULL, logits, vocab_size, seen, &kp,
+    RT_K_TRY(k_sample(reinterpret_cast<int32_t *>(r->d_pick), NULL, logits, n_vocab, seen, &kp,
                       p->temperature > 0.0f ? pick->u : 0.0, r->stream));
     RT_CUDA_TRY(cudaMemcpyAsync(r->h_pick, r->d_pick, sizeof(int32_t), cudaMemcpyDeviceToHost,
                                 r->stream));
@@ -978,46 +738,46 @@ static enum rt_err cuda_sample(void *ctx, int rank, const float *logits, int voc
     return RT_ERR_NONE;
 }
 
-// --- copies between ranks (rt.h copy_ranks) ----------------------------------------------------
-
-/* src (src_rank's device) -> dst (dst_rank's device) on dst_rank's stream after the work queued
- * on src_rank's stream (an event), and src_rank's later work after the copy (another event):
- * over NVLink when the all-reduce kernel enabled peer access, else staged by the driver. Not
- * while a graph is being recorded (events across the ranks' captures would join them). */
-static enum rt_err cuda_copy_ranks(void *vctx, int dst_rank, void *dst, int src_rank,
-                                   const void *src, size_t bytes)
+static struct rt_backend_ops make_ops(void)
 {
-    const struct cuda_ctx *c = static_cast<const struct cuda_ctx *>(vctx);
-    if (any_capturing(c)) {
-        qs_log_error(__func__, "a copy between ranks %d and %d cannot be recorded in a graph",
-                     src_rank, dst_rank);
-        return RT_ERR_DEVICE;
-    }
-    SETTLE(R(vctx, dst_rank));
-    SETTLE(R(vctx, src_rank));
-    if (bytes == 0) return RT_ERR_NONE;
-    struct cuda_rank *s = R(vctx, src_rank);
-    if (src_rank == dst_rank) {
-        RT_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s->stream));
-        return RT_ERR_NONE;
-    }
-    RT_CUDA_TRY(cudaEventRecord(s->ev, s->stream));
-    struct cuda_rank *d = R(vctx, dst_rank);
-    RT_CUDA_TRY(cudaStreamWaitEvent(d->stream, s->ev, 0));
-    RT_CUDA_TRY(cudaMemcpyPeerAsync(dst, d->device, src, s->device, bytes, d->stream));
-    RT_CUDA_TRY(cudaEventRecord(d->ev, d->stream));
-    RT_CUDA_TRY(cudaStreamWaitEvent(s->stream, d->ev, 0));
-    return RT_ERR_NONE;
+    struct rt_backend_ops o;
+    memset(&o, 0, sizeof(o));
+    o.name = "cuda";
+    o.act_size = 2;
+    o.kv_size = 2;
+    o.default_batch = 2048;
+    o.defer_max_m = RT_CUDA_DEFER_MAX_M;
+    o.destroy = cuda_destroy;
+    o.load_weights = cuda_load_weights;
+    o.tensor_ptr = cuda_tensor_ptr;
+    o.alloc = cuda_alloc;
+    o.free = cuda_free;
+    o.upload = cuda_upload;
+    o.download = cuda_download;
+    o.zero = cuda_zero;
+    o.embed = cuda_embed;
+    o.norm = cuda_norm;
+    o.linear_w4 = cuda_linear_w4;
+    o.linear_acc_ok = cuda_linear_acc_ok;
+    o.linear_f16 = cuda_linear_f16;
+    o.lm_head = cuda_lm_head;
+    o.router = cuda_router;
+    o.rope_kv_store = cuda_rope_kv_store;
+    o.attention = cuda_attention;
+    o.act_mul = cuda_act_mul;
+    o.gather_rows = cuda_gather_rows;
+    o.scatter_add_rows = cuda_scatter_add_rows;
+    o.all_reduce = cuda_all_reduce;
+    o.gather = cuda_gather;
+    o.graph_begin = cuda_graph_begin;
+    o.graph_end = cuda_graph_end;
+    o.graph_ready = cuda_graph_ready;
+    o.graph_replay = cuda_graph_replay;
+    o.sample = cuda_sample;
+    return o;
 }
 
-static const struct rt_backend_ops cuda_ops = {
-    "cuda", 2, 2, cuda_destroy, cuda_load_weights, cuda_tensor_ptr, cuda_alloc, cuda_free,
-    cuda_upload, cuda_download, cuda_zero, cuda_embed, cuda_rmsnorm, cuda_linear_w4,
-    cuda_linear_f16, cuda_lm_head, cuda_router, cuda_rope, cuda_kv_store, cuda_attention,
-    cuda_silu_mul, cuda_gather_rows, cuda_scatter_add_rows, cuda_all_reduce,
-    cuda_graph_begin, cuda_graph_end, cuda_graph_ready, cuda_graph_replay, cuda_sample,
-    cuda_copy_ranks, 2048, cuda_rope_kv_store,
-};
+static const struct rt_backend_ops cuda_ops = make_ops();
 
 bool rt_cuda_available(void)
 {
@@ -1031,12 +791,9 @@ bool rt_cuda_available(void)
     return p.major * 10 + p.minor >= RT_CUDA_MIN_CC;
 }
 
-enum rt_err rt_cuda_backend_create(const struct rt_opts *opts, int world_size,
-                                   struct rt_backend *out)
+/* The GPU of the rank: visible, sm_80 or newer (reported otherwise). */
+static enum rt_err check_gpu(int device)
 {
-    out->ops = NULL;
-    out->ctx = NULL;
-    const int first = opts ? opts->cuda_device : 0;
     int n_dev = 0;
     cudaError_t ce = cudaGetDeviceCount(&n_dev);
     if (ce != cudaSuccess || n_dev < 1) {
@@ -1045,75 +802,62 @@ enum rt_err rt_cuda_backend_create(const struct rt_opts *opts, int world_size,
         cudaGetLastError();
         return RT_ERR_NO_DEVICE;
     }
-    if (world_size < 1 || world_size > RT_CUDA_MAX_RANKS || first < 0 || first + world_size > n_dev) {
-        qs_log_error(__func__, "%d rank(s) starting at GPU %d need GPUs %d..%d, but %d GPU(s) "
-                     "are visible", world_size, first, first, first + world_size - 1, n_dev);
+    if (device < 0 || device >= n_dev) {
+        qs_log_error(__func__, "GPU %d is needed (rank's device), but %d GPU(s) are visible",
+                     device, n_dev);
         return RT_ERR_NO_DEVICE;
     }
-    for (int i = 0; i < world_size; ++i) {
-        cudaDeviceProp p;
-        if (cudaGetDeviceProperties(&p, first + i) != cudaSuccess) {
-            qs_log_error(__func__, "cannot query GPU %d", first + i);
-            return RT_ERR_NO_DEVICE;
-        }
-        if (p.major * 10 + p.minor < RT_CUDA_MIN_CC) {
-            qs_log_error(__func__, "GPU %d (%s) has compute capability %d.%d; qshard's kernels need "
-                         "8.0 or newer (Ampere, Ada, Hopper); run with --device cpu",
-                         first + i, p.name, p.major, p.minor);
-            return RT_ERR_NO_DEVICE;
-        }
+    cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, device) != cudaSuccess) {
+        qs_log_error(__func__, "cannot query GPU %d", device);
+        return RT_ERR_NO_DEVICE;
     }
-    struct cuda_ctx *c = static_cast<struct cuda_ctx *>(calloc(1, sizeof(*c)));
-    if (!c) {
+    if (p.major * 10 + p.minor < RT_CUDA_MIN_CC) {
+        qs_log_error(__func__, "GPU %d (%s) has compute capability %d.%d; qshard's kernels need "
+                     "8.0 or newer (Ampere, Ada, Hopper); run with --device cpu", device, p.name,
+                     p.major, p.minor);
+        return RT_ERR_NO_DEVICE;
+    }
+    return RT_ERR_NONE;
+}
+
+enum rt_err rt_cuda_backend_create(const struct rt_opts *opts, struct rt_comm *comm,
+                                   struct rt_backend *out)
+{
+    out->ops = NULL;
+    out->ctx = NULL;
+    const int rank = comm ? comm->rank : 0;
+    const int device = (opts ? opts->cuda_device : 0) + rank;
+    enum rt_err err = check_gpu(device);
+    if (err) return err;
+    struct cuda_rank *r = static_cast<struct cuda_rank *>(calloc(1, sizeof(*r)));
+    if (!r) {
         qs_log_error(__func__, "out of host memory");
         return RT_ERR_NOMEM;
     }
-    c->world = world_size;
-    for (int i = 0; i < world_size; ++i) c->r[i].device = -1;
-    for (int i = 0; i < world_size; ++i) {
-        struct cuda_rank *r = &c->r[i];
-        r->device = first + i;
-        cudaError_t e = cudaSetDevice(r->device);
-        if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking);
-        if (e == cudaSuccess) e = cudaEventCreateWithFlags(&r->ev, cudaEventDisableTiming);
-        cublasStatus_t be = CUBLAS_STATUS_SUCCESS;
-        if (e == cudaSuccess) be = cublasCreate(&r->cublas);
-        if (e == cudaSuccess && be == CUBLAS_STATUS_SUCCESS) be = cublasSetStream(r->cublas, r->stream);
-        if (e == cudaSuccess && be == CUBLAS_STATUS_SUCCESS) { /* probe now, never inside a capture */
-            /* QSHARD_WGMMA=0: dequant + cuBLAS above M = 64 (A/B) */
-            r->wgmma = k_w4a16_wgmma_available() != 0 && !env_zero("QSHARD_WGMMA");
-        }
-        if (e != cudaSuccess || be != CUBLAS_STATUS_SUCCESS) {
-            qs_log_error(__func__, "GPU %d: cannot create its stream, event or cuBLAS handle (%s, cuBLAS %d)",
-                         r->device, cudaGetErrorString(e), (int)be);
-            cuda_destroy(c);
-            return RT_ERR_DEVICE;
-        }
+    r->rank = rank;
+    r->device = device;
+    r->comm = comm;
+    r->no_rope_kv = opts && opts->no_rope_kv;
+    k_set_pdl(!(opts && opts->no_pdl));
+    cudaError_t e = cudaSetDevice(device);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking);
+    for (int i = 0; i < RT_CUDA_SMALL_SLOTS && e == cudaSuccess; ++i)
+        e = cudaEventCreateWithFlags(&r->small_done[i], cudaEventDisableTiming);
+    if (e == cudaSuccess)
+        e = cudaMallocHost(&r->h_small, (size_t)RT_CUDA_SMALL_SLOTS * RT_CUDA_SLOT_BYTES);
+    cublasStatus_t be = CUBLAS_STATUS_SUCCESS;
+    if (e == cudaSuccess) be = cublasCreate(&r->cublas);
+    if (e == cudaSuccess && be == CUBLAS_STATUS_SUCCESS) be = cublasSetStream(r->cublas, r->stream);
+    if (e != cudaSuccess || be != CUBLAS_STATUS_SUCCESS) {
+        qs_log_error(__func__, "GPU %d: cannot create its stream, event, staging buffer or cuBLAS "
+                     "handle (%s, cuBLAS %d)", device, cudaGetErrorString(e), (int)be);
+        cuda_destroy(r);
+        return RT_ERR_DEVICE;
     }
-    if (world_size > 1) {
-        setenv("NCCL_NVLS_ENABLE", "0", 0); /* see the header comment; a user's setting wins */
-        int devs[RT_CUDA_MAX_RANKS];
-        for (int i = 0; i < world_size; ++i) devs[i] = first + i;
-        const ncclResult_t nr = ncclCommInitAll(c->comm, world_size, devs);
-        if (nr != ncclSuccess) {
-            qs_log_error(__func__, "NCCL: cannot create communicators for GPUs %d..%d: %s (%s)",
-                         first, first + world_size - 1, ncclGetErrorString(nr),
-                         ncclGetLastError(NULL));
-            for (int i = 0; i < world_size; ++i) c->comm[i] = NULL;
-            cuda_destroy(c);
-            return RT_ERR_DEVICE;
-        }
-        /* small all-reduces over peer memory (rt_opts.p2p_allreduce; QSHARD_P2P_ALLREDUCE=0:
-         * NCCL only, for A/B runs) */
-        const bool want = (opts ? opts->p2p_allreduce : 1) && !env_zero("QSHARD_P2P_ALLREDUCE");
-        if (want && k_allreduce_supported(world_size, devs) &&
-            k_allreduce_create(world_size, devs, &c->ar) != K_ERR_NONE)
-            c->ar = NULL; /* reported there; NCCL serves every all-reduce */
-        qs_log_debug("all-reduce: %s", c->ar ? "peer-to-peer kernel up to 256 KB per rank, NCCL above"
-                                              : "NCCL (no peer access, more than 8 ranks, or "
-                                                "QSHARD_P2P_ALLREDUCE=0)");
-    }
+    /* probed now, never inside a capture; --debug-no-wgmma: dequant + cuBLAS above M = 64 */
+    r->wgmma = k_w4a16_wgmma_available() != 0 && !(opts && opts->no_wgmma);
     out->ops = &cuda_ops;
-    out->ctx = c;
+    out->ctx = r;
     return RT_ERR_NONE;
 }

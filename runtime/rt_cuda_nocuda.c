@@ -4,17 +4,17 @@
  * `--device auto` then falls back to the CPU (rt_cuda_available() is false).
  */
 #include "qs_log.h" /* qs_log_error */
-#include "rt.h"
+#include "rt_backend.h"
 
 bool rt_cuda_available(void)
 {
     return false;
 }
 
-enum rt_err rt_cuda_backend_create(const struct rt_opts *opts, int world_size,
+enum rt_err rt_cuda_backend_create(const struct rt_opts *opts, struct rt_comm *comm,
                                    struct rt_backend *out)
 {
-    (void)opts, (void)world_size;
+    (void)opts, (void)comm;
     out->ops = NULL;
     out->ctx = NULL;
     qs_log_error(__func__, "this qshard was built without the CUDA backend (no nvcc found, or NO_CUDA=1), so no "

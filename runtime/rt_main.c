@@ -275,7 +275,7 @@ static int model_opt(int c, const char *arg, struct model_opts *mo, const char *
 
 /* An opened model plus what the commands need from its config. */
 struct session {
-    struct rt_model *model;
+    struct rt_exec *model;
     int32_t vocab_size;     /* real vocabulary: ids [0, vocab_size) */
     int64_t logits_stride;  /* floats per logits row written by rt_model_forward */
     int64_t ctx;            /* context limit in tokens */
@@ -422,7 +422,7 @@ static void add_generation_eos(struct session *s, const struct fmt_shard *sh)
 static void session_close(struct session *s)
 {
     rt_tok_free(s->tok);
-    rt_model_free(s->model);
+    rt_exec_free(s->model);
     memset(s, 0, sizeof(*s));
 }
 
@@ -449,18 +449,33 @@ static int session_open(struct session *s, const struct model_opts *mo, bool nee
         ro.n_ctx = (int)mo->ctx;
     if (mo->batch > 0)
         ro.max_batch = (int)mo->batch;
+    /* the A/B switches (until the --debug-* options replace them) */
+    static const char *const envs[] = {"QSHARD_GRAPH", "QSHARD_PDL", "QSHARD_DEFER",
+                                       "QSHARD_ROPE_KV", "QSHARD_WGMMA", "QSHARD_DEVICE_SAMPLE",
+                                       "QSHARD_P2P_ALLREDUCE"};
+    bool *flags[] = {&ro.no_graph, &ro.no_pdl, &ro.no_defer, &ro.no_rope_kv, &ro.no_wgmma,
+                     &ro.host_sample, NULL};
+    for (size_t i = 0; i < sizeof(envs) / sizeof(envs[0]); i++) {
+        const char *v = getenv(envs[i]);
+        if (!v || strcmp(v, "0") != 0)
+            continue;
+        if (flags[i])
+            *flags[i] = true;
+        else
+            ro.p2p_allreduce = 0;
+    }
     rc = refuse_hf_dir(mo->path);
     if (rc)
         return rc;
-    enum rt_err e = rt_model_open(mo->path, &ro, &s->model);
+    enum rt_err e = rt_exec_open(mo->path, &ro, &s->model);
     s->open_err = e;
     if (e != RT_ERR_NONE)
         return rt_err_exit_code(e);
-    const struct rt_config *cfg = rt_model_config(s->model);
-    const struct fmt_shard *sh = rt_model_shard(s->model, 0);
+    const struct rt_config *cfg = rt_exec_config(s->model);
+    const struct fmt_shard *sh = rt_exec_shard(s->model);
     s->vocab_size = cfg->vocab_size;
     s->logits_stride = cfg->vocab_size; /* rt_model_forward drops the padded columns */
-    s->ctx = rt_model_n_ctx(s->model);
+    s->ctx = rt_exec_n_ctx(s->model);
     s->bos = cfg->bos_token_id;
     for (int i = 0; i < cfg->n_eos; i++)
         add_eos(s, cfg->eos_token_ids[i]);
@@ -486,8 +501,8 @@ static int session_open(struct session *s, const struct model_opts *mo, bool nee
     qs_log_debug("model %s: %s, device %s, world_size %d, vocab %d, context %lld, %d eos id(s), "
                  "bos %d, tokenizer %s",
                  mo->path, cfg->architecture,
-                 rt_model_device(s->model) == RT_DEVICE_CUDA ? "cuda" : "cpu",
-                 rt_model_world_size(s->model), (int)s->vocab_size, (long long)s->ctx, s->n_eos,
+                 rt_exec_device(s->model) == RT_DEVICE_CUDA ? "cuda" : "cpu",
+                 rt_exec_world_size(s->model), (int)s->vocab_size, (long long)s->ctx, s->n_eos,
                  (int)s->bos, s->tok ? "yes" : "no");
     return QS_EXIT_OK;
 fail:
@@ -512,7 +527,7 @@ static int check_ids(const struct session *s, const int32_t *ids, size_t n)
 static int forward(struct session *s, const int32_t *ids, size_t n, int64_t pos, float *logits,
                    bool all_rows)
 {
-    enum rt_err e = rt_model_forward(s->model, ids, (int)n, (int)pos, logits, all_rows);
+    enum rt_err e = rt_exec_forward_seq(s->model, 0, ids, (int)n, (int)pos, logits, all_rows);
     return e == RT_ERR_NONE ? QS_EXIT_OK : rt_err_exit_code(e);
 }
 
@@ -526,7 +541,7 @@ static int forward_pick(struct session *s, const int32_t *ids, size_t n, int64_t
         .u = smp->p.temperature > 0.0f ? rt_sampler_uniform(smp) : 0.0,
         .seen = smp->seen,
     };
-    enum rt_err e = rt_model_forward_pick(s->model, ids, (int)n, (int)pos, &pk, next);
+    enum rt_err e = rt_exec_forward_seq_pick(s->model, 0, ids, (int)n, (int)pos, &pk, next);
     return e == RT_ERR_NONE ? QS_EXIT_OK : rt_err_exit_code(e);
 }
 
@@ -1027,7 +1042,7 @@ int cmd_run(int argc, char **argv)
     }
 
     /* CUDA: the next token is chosen on the (first) GPU and only its id comes back */
-    const bool dev_pick = n_predict != 0 && rt_model_can_pick(s.model); /* -n 0: no pick */
+    const bool dev_pick = n_predict != 0 && rt_exec_can_pick(s.model); /* -n 0: no pick */
     if (mo.verbose)
         qs_log_debug("sampling on the %s", dev_pick ? "GPU (k_sample)" : "host (rt_sampler)");
     int32_t next = -1;
@@ -1385,7 +1400,7 @@ int cmd_perplexity(int argc, char **argv)
         memcpy(chunk, ids + (size_t)k * (size_t)ctx, (size_t)ctx * sizeof(*chunk));
         if (s.bos >= 0 && text && ids[0] == s.bos)
             chunk[0] = s.bos; /* llama.cpp: add_bos -> first token of each chunk is BOS */
-        rt_model_reset(s.model);
+        rt_exec_seq_clear(s.model, 0);
         rc = forward(&s, chunk, (size_t)ctx, 0, logits, true);
         if (rc)
             goto out;
@@ -1661,7 +1676,7 @@ static int bench_test(struct session *s, bool dev_pick, struct rt_sampler *smp, 
                       const int32_t *ids, int depth, bool pp, int len, int reps, double *secs)
 {
     for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
-        rt_model_reset(s->model);
+        rt_exec_seq_clear(s->model, 0);
         rt_sampler_reset(smp);
         int32_t next = ids[depth];
         char seen[256];
@@ -1830,14 +1845,14 @@ int cmd_bench_model(int argc, char **argv)
         ids[i] = (int32_t)(rt_sampler_uniform(&smp) * (double)s.vocab_size);
     if (s.bos >= 0)
         ids[0] = s.bos;
-    const bool dev_pick = rt_model_can_pick(s.model);
-    const struct rt_config *cfg = rt_model_config(s.model);
-    const char *dev = rt_model_device(s.model) == RT_DEVICE_CUDA ? "cuda" : "cpu";
+    const bool dev_pick = rt_exec_can_pick(s.model);
+    const struct rt_config *cfg = rt_exec_config(s.model);
+    const char *dev = rt_exec_device(s.model) == RT_DEVICE_CUDA ? "cuda" : "cpu";
     fprintf(stderr, "qshard bench model: %s (%s, %d layers, hidden %d, vocab %d), %s, TP %d, "
                     "KV cache %lld tokens; %ld timed run%s per test after one warm-up; next "
                     "token greedy on the %s\n",
             mo.path, cfg->architecture, (int)cfg->n_layers, (int)cfg->hidden_size,
-            (int)s.vocab_size, dev, rt_model_world_size(s.model), (long long)s.ctx, reps,
+            (int)s.vocab_size, dev, rt_exec_world_size(s.model), (long long)s.ctx, reps,
             plural(reps), dev_pick ? "GPU" : "host");
     printf("| model | device | tp | test | t/s | ms per run |\n");
     printf("|---|---|--:|---|--:|--:|\n");
@@ -1861,7 +1876,7 @@ int cmd_bench_model(int argc, char **argv)
         if (depth > 0)
             snprintf(at, sizeof(at), " @ d%d", depth);
         printf("| %s | %s | %d | %s%d%s | %.2f ± %.2f | %.3f |\n", mo.path, dev,
-               rt_model_world_size(s.model), is_pp ? "pp" : "tg", len, at, mean, sd, ms);
+               rt_exec_world_size(s.model), is_pp ? "pp" : "tg", len, at, mean, sd, ms);
         if (fflush(stdout) != 0 || ferror(stdout)) {
             qs_log_error(__func__, "writing the output failed: %s", strerror(errno));
             rc = QS_EXIT_IO;

@@ -1,0 +1,32 @@
+/*
+ * rt_arch_llama.c - the LLaMA family's descriptors (rt.h struct rt_arch): LLaMA 1/2/3/3.1,
+ * Mistral, Qwen2. One decoder block: RMSNorm -> fused qkv (q/k/v biases when the config's
+ * attention_bias says so: Qwen2 always, written by the converter) -> RoPE on all of head_dim
+ * (rotate_half form; llama3 / linear scaling in inv_freq) -> causal GQA attention (Mistral's
+ * sliding window from the config) -> o_proj -> residual; RMSNorm -> gate_up -> SiLU(gate) * up
+ * -> down -> residual. Source of the math: transformers modeling_llama.py (LlamaDecoderLayer),
+ * modeling_mistral.py, modeling_qwen2.py.
+ */
+#include "qs_log.h"
+#include "rt.h"
+
+/* A dense model: no experts. */
+static enum rt_err check_dense(const struct rt_config *c, const char *where)
+{
+    if (c->n_experts != 0) {
+        qs_log_error("rt_config_parse", "%s: config: num_local_experts %d for non-MoE "
+                     "architecture %s", where, c->n_experts, c->architecture);
+        return RT_ERR_CONFIG;
+    }
+    return RT_ERR_NONE;
+}
+
+#define LLAMA_FAMILY(arch_name)                                                               \
+    {                                                                                         \
+        .name = arch_name, .norm = RT_NORM_RMS, .act = RT_ACT_SILU, .rotary_fraction = 1.0f,  \
+        .parallel_residual = false, .qk_norm = false, .moe = false, .check = check_dense,     \
+    }
+
+const struct rt_arch rt_arch_llama = LLAMA_FAMILY("llama");
+const struct rt_arch rt_arch_mistral = LLAMA_FAMILY("mistral");
+const struct rt_arch rt_arch_qwen2 = LLAMA_FAMILY("qwen2");

@@ -1,0 +1,234 @@
+/*
+ * rt_backend.h - the interfaces under the rank-local model (runtime/rt.h): the backend that runs
+ * one rank's ops (runtime/rt_cpu.c on host memory with the plain-C references, runtime/rt_cuda.cu
+ * on one GPU) and the communicator through which the ranks' collectives go (runtime/rt_comm.c:
+ * the ranks of one process; a later MPI/NCCL communicator slots in beside it).
+ *
+ * Who includes it: the model (rt_model.c), the executor (rt_exec.c), the backends, the
+ * communicators, and tests that wrap or emulate a backend. Not for other callers: they use rt.h.
+ */
+#ifndef QS_RT_BACKEND_H
+#define QS_RT_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fmt.h" /* struct fmt_shard, struct fmt_tensor */
+#include "rt.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* --- communicator ------------------------------------------------------------------------------ */
+
+/* Element type of a collective's buffer. */
+enum rt_dtype { RT_DTYPE_F32 = 0, RT_DTYPE_F16 = 1 };
+
+struct rt_comm;
+
+/*
+ * The collectives of one rank. Every rank of a group makes the same sequence of calls with the
+ * same sizes. Data buffers are "backend addresses" of this rank (host memory for a CPU backend,
+ * this rank's GPU memory for CUDA, which must be current) and the work is ordered on `stream`
+ * (the rank's cudaStream_t; NULL on the CPU). Every call returns RT_ERR_NONE or an error it has
+ * reported; RT_ERR_PEER means the group was aborted by another rank (which reported why).
+ */
+struct rt_comm_ops {
+    const char *name; /* "local-cpu", "local-cuda", ... */
+    /* buf[n] summed over the ranks in place, every rank receiving the same bits (rank order,
+     * fp32, rounded once to the type: ref_allreduce_sum; NCCL above the peer-to-peer size may
+     * round in its own order). */
+    enum rt_err (*all_reduce)(struct rt_comm *c, void *buf, size_t n, enum rt_dtype t,
+                              void *stream);
+    /* Whether all_reduce of (buf, n, t) may be recorded into a CUDA graph of this rank. */
+    bool (*can_capture)(struct rt_comm *c, const void *buf, size_t n, enum rt_dtype t);
+    /* Rank r's send[bytes] lands at recv + r * bytes on rank 0 (recv [world][bytes], used on
+     * rank 0 only), in rank 0's memory; complete on every rank when the call returns (a later
+     * write of send cannot race it). */
+    enum rt_err (*gather)(struct rt_comm *c, const void *send, size_t bytes, void *recv,
+                          void *stream);
+    /* Host memory: rank 0's buf[bytes] copied into every other rank's buf. */
+    enum rt_err (*broadcast)(struct rt_comm *c, void *buf, size_t bytes);
+    /* Give up: every rank waiting in, or later entering, a collective of this group returns
+     * RT_ERR_PEER. Safe from any rank at any time; idempotent. */
+    void (*abort)(struct rt_comm *c);
+    /* Free this rank's endpoint (the group goes with the last one). */
+    void (*destroy)(struct rt_comm *c);
+};
+
+struct rt_comm {
+    const struct rt_comm_ops *ops;
+    int rank, world;
+    void *impl;
+};
+
+/*
+ * The communicator of `world` ranks in this process, one endpoint per rank (eps[world]): host
+ * collectives through shared memory and a barrier; with device RT_DEVICE_CUDA the data
+ * collectives run on GPUs first_gpu .. first_gpu + world - 1 (our peer-to-peer kernel up to
+ * 256 KB per rank when every pair has peer access and `p2p`, else NCCL from communicators made
+ * with ncclCommInitAll; gather by peer copies). Errors: RT_ERR_NOMEM, RT_ERR_THREAD,
+ * RT_ERR_DEVICE (NCCL set-up), RT_ERR_NO_DEVICE (CUDA asked for in a build without it).
+ */
+enum rt_err rt_comm_local_create(int world, enum rt_device device, int first_gpu, bool p2p,
+                                 struct rt_comm **eps);
+
+/* --- backend -------------------------------------------------------------------------------- */
+
+/*
+ * One rank's ops. The model issues every op through this table and never dereferences
+ * activation or weight pointers itself: they are "backend addresses" (host memory on the CPU,
+ * device memory on CUDA). Only download brings data back to the host. On CUDA the ops are
+ * asynchronous on the rank's stream and download synchronises. Each op returns RT_ERR_NONE or
+ * an error it has reported. Shapes use the names of kernels/ref.h; the CPU backend calls the
+ * matching ref_* function, and the semantics (argument order included) are exactly those of
+ * that function.
+ *
+ * Element types of the buffers the model allocates (through alloc):
+ *   act   activations x, o, qkv, att, gate_up, act, expert rows: act_size bytes per element,
+ *         fp32 on the CPU (4), fp16 on CUDA (2). Passed as void *; the model offsets them only
+ *         by whole rows/heads, in elements, scaled by act_size.
+ *   f32   residual stream h [M][H], accumulators acc [M][N] (deferred split-K sums), router
+ *         logits [M][E], lm_head logits [M][V_r], inv_freq: always fp32 (float *).
+ *   i32   token ids and positions of the batch (uploaded by the model before the ops that read
+ *         them, so a recorded graph reads them at replay).
+ *   kv    KV cache [n_kv_heads][T_cap][hd] per layer and slot: kv_size bytes per element.
+ * Row strides are in elements.
+ *
+ * Deferred split-K ("acc" arguments): a W4A16 linear given acc (fp32 [M][N], zero on entry) adds
+ * its sums there instead of writing y; the op the model names as its consumer (norm's x_acc,
+ * act_mul's gate_up_acc, rope_kv_store's x_acc) reads them unrounded and zeroes acc again. The
+ * model asks for it only where linear_acc_ok and M <= defer_max_m; the result of the pair is
+ * that of the plain ops without the fp16 rounding of the linear's output.
+ */
+enum rt_buf_type { RT_BUF_F32 = 0, RT_BUF_ACT = 1 };
+
+struct rt_backend_ops {
+    const char *name;  /* "cpu", "cuda" */
+    size_t act_size;   /* bytes per activation element */
+    size_t kv_size;    /* bytes per KV cache element */
+    int default_batch; /* rows per forward when rt_opts.max_batch <= 0 (0: 512). CUDA: 2048,
+                          where the W4A16 prefill path (dequant + cuBLAS) costs 0.5-0.65x of
+                          cuBLAS fp16 per 256-512 rows but 0.9x at 2048 (docs/BENCHMARKS.md,
+                          "Prompt chunk size") */
+    int defer_max_m;   /* most rows a linear may leave as fp32 sums (0: never) */
+    void (*destroy)(void *ctx);
+
+    /* weights: make shard `s` usable (CPU: nothing; CUDA: one device allocation filled from the
+     * mapping), then translate tensors to backend addresses */
+    enum rt_err (*load_weights)(void *ctx, const struct fmt_shard *s);
+    const void *(*tensor_ptr)(void *ctx, const struct fmt_tensor *t);
+
+    /* memory: zero-filled allocation of `bytes`; free accepts NULL */
+    enum rt_err (*alloc)(void *ctx, size_t bytes, void **out);
+    void (*free)(void *ctx, void *p);
+    /* host -> backend; the host buffer may be reused when it returns */
+    enum rt_err (*upload)(void *ctx, void *dst, const void *src_host, size_t bytes);
+    /* backend -> host, after every op queued before it */
+    enum rt_err (*download)(void *ctx, void *dst_host, const void *src, size_t bytes);
+    enum rt_err (*zero)(void *ctx, void *dst, size_t bytes);
+
+    /* f32 out[M][H] = embedding rows tokens[m] - row_begin of table fp16 [V_r][H], zero rows for
+     * ids another rank holds (ref_embed). tokens: i32 [M] backend memory. */
+    enum rt_err (*embed)(void *ctx, float *out, const uint16_t *table, const int32_t *tokens,
+                         int M, int64_t row_begin, int V_r, int H);
+    /* Norm `kind` (ref_rmsnorm for RT_NORM_RMS), act out, f32 residual: residual and x (or
+     * x_acc): residual += x, out = norm(residual) * w (x_acc: the f32 sums, zeroed after);
+     * residual and neither: out = norm(residual) * w; no residual: out = norm(x) * w. */
+    enum rt_err (*norm)(void *ctx, enum rt_norm kind, void *out, float *residual, const void *x,
+                        float *x_acc, const float *w, int M, int H, float eps);
+    /* ref_w4a16_linear: act y[M][N] = act x[M][K] . W + bias (packed DESIGN 4 tensors, bias f32
+     * or NULL); with acc (y unused): acc[M][N] += x . W + bias (deferred split-K). */
+    enum rt_err (*linear_w4)(void *ctx, const void *x, const uint8_t *qweight,
+                             const uint8_t *qzeros, const uint16_t *scales, const float *bias,
+                             int M, int K, int N, int G, void *y, float *acc);
+    /* Whether linear_w4 of this (K, N, G) can take acc at up to defer_max_m rows (decided once
+     * per linear when the model binds it). */
+    bool (*linear_acc_ok)(void *ctx, int K, int N, int G);
+    /* ref_linear_f16: act y[M][N] = act x[M][K] . W^T + bias, W fp16 [N][K] (unquantised
+     * linears of modules_to_not_convert). */
+    enum rt_err (*linear_f16)(void *ctx, const void *x, const uint16_t *W, const float *bias,
+                              int M, int K, int N, void *y);
+    /* lm_head: f32 logits[M][N] = act x[M][K] . W^T, W fp16 [N][K] (N = V_r). */
+    enum rt_err (*lm_head)(void *ctx, const void *x, const uint16_t *W, int M, int K, int N,
+                           float *logits);
+    /* router: f32 y[M][N] = act x[M][K] . W^T, W fp32 [N][K] (ref_linear_f32, N = E). */
+    enum rt_err (*router)(void *ctx, const void *x, const float *W, int M, int K, int N,
+                          float *y);
+    /* On the fused qkv rows x of M tokens (act, rows of row_stride, [q (n_q heads) | k (n_kv) |
+     * v (n_kv)]): ref_rope of the n_q + n_kv q and k heads at positions pos[m] (i32 backend
+     * [M]), then row pos[m] of each kv head of k_cache / v_cache ([n_kv][T_cap][hd]) = the
+     * rotated k / the v of row m. With x_acc (f32 [M][row_stride], the qkv linear's deferred
+     * sums): the rows are read from x_acc, written to x rounded, and x_acc zeroed. */
+    enum rt_err (*rope_kv_store)(void *ctx, void *x, float *x_acc, int M, int n_q, int n_kv,
+                                 int hd, size_t row_stride, const int32_t *pos,
+                                 const float *inv_freq, void *k_cache, void *v_cache,
+                                 int T_cap);
+    /* ref_attention (causal, GQA, sliding window <= 0 = none): act out, act q, kv caches; the
+     * M query rows are at positions start_pos .. start_pos + M - 1 of one sequence. While a
+     * graph is being recorded the backend reads the start position at replay from
+     * start_pos_dev (i32 backend memory holding start_pos now). */
+    enum rt_err (*attention)(void *ctx, void *out, size_t out_stride, const void *q,
+                             size_t q_stride, const void *k_cache, const void *v_cache, int M,
+                             int start_pos, const int32_t *start_pos_dev, int n_heads,
+                             int n_kv_heads, int hd, int T_cap, int sliding_window);
+    /* Gated activation `kind` (ref_silu_mul for RT_ACT_SILU): act out[M][I] = act(gate) * up,
+     * act gate_up [M][2I] = [gate | up]; with gate_up_acc (f32 [M][2I], the gate_up linear's
+     * deferred sums) the input is read from it and it is zeroed. */
+    enum rt_err (*act_mul)(void *ctx, enum rt_act kind, void *out, const void *gate_up,
+                           float *gate_up_acc, int M, int I);
+    /* MoE helpers on act rows of `width` elements: dst[i] = src[rows[i]], and
+     * y[rows[i]] += weights[i] * src[i]. rows, weights: host [n]. */
+    enum rt_err (*gather_rows)(void *ctx, void *dst, const void *src, const int32_t *rows, int n,
+                               int width);
+    enum rt_err (*scatter_add_rows)(void *ctx, void *y, const void *src, const int32_t *rows,
+                                    const float *weights, int n, int width);
+    /* The collectives of this rank, through the communicator the backend was made with (the
+     * backend supplies its stream and element types): buf[n] of `type` summed over the ranks;
+     * send[bytes] gathered into rank 0's recv [world][bytes]. */
+    enum rt_err (*all_reduce)(void *ctx, void *buf, size_t n, enum rt_buf_type type);
+    enum rt_err (*gather)(void *ctx, const void *send, size_t bytes, void *recv);
+
+    /* Optional (NULL in backends without it; all four or none): one decode step recorded as a
+     * replayable graph. Between graph_begin and graph_end the ops are recorded, not run; they
+     * read the step's token and position from the i32 buffers the model uploads before each
+     * step (and attention's start_pos_dev), so the recording does not depend on them.
+     * graph_end(ok = false) discards the recording. graph_ready: a valid recording exists (one
+     * was made and no buffer it uses has been reallocated since). graph_replay runs it; *done =
+     * false (nothing run) when not ready. */
+    enum rt_err (*graph_begin)(void *ctx);
+    enum rt_err (*graph_end)(void *ctx, bool ok);
+    bool (*graph_ready)(void *ctx);
+    enum rt_err (*graph_replay)(void *ctx, bool *done);
+
+    /* Optional: *id = the next token chosen on the device from f32 logits [>= pick's n_vocab]
+     * following rt_sample.h with `pick` (host), or -1 when no logit is finite (kernels.h
+     * k_sample). Synchronises (the id is on the host on return). */
+    enum rt_err (*sample)(void *ctx, const float *logits, int n_vocab,
+                          const struct rt_pick *pick, int32_t *id);
+};
+
+struct rt_backend {
+    const struct rt_backend_ops *ops;
+    void *ctx;
+};
+
+/*
+ * Backend constructors for rank `rank` of `comm` (its collectives go through comm; NULL: a
+ * single rank). Call them on the thread that runs the rank. On failure out->ops is NULL.
+ * rt_cpu_backend_create: n_threads of opts for this rank (rt_exec divides the total);
+ * RT_ERR_NOMEM, RT_ERR_THREAD. rt_cuda_backend_create: GPU opts->cuda_device + rank;
+ * RT_ERR_NO_DEVICE (built without CUDA, no such GPU, compute capability < 8.0: the message
+ * names the GPU), RT_ERR_DEVICE, RT_ERR_NOMEM.
+ */
+enum rt_err rt_cpu_backend_create(const struct rt_opts *opts, struct rt_comm *comm,
+                                  struct rt_backend *out);
+enum rt_err rt_cuda_backend_create(const struct rt_opts *opts, struct rt_comm *comm,
+                                   struct rt_backend *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* QS_RT_BACKEND_H */

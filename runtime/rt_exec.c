@@ -1,0 +1,482 @@
+/*
+ * rt_exec.c - the executor (rt.h): every tensor-parallel rank of this process, rank 0 on the
+ * caller's thread and rank r > 0 on a thread of its own, each a rank-local rt_model with its KV
+ * cache, joined by one communicator (rt_backend.h, rt_comm_local_create).
+ *
+ * Rank 0 leads: it checks each batch, broadcasts it to the other ranks (a fixed header, then the
+ * token ids, positions, slots and out rows), and runs its own part; the followers loop on the
+ * broadcasts and run theirs. The ranks meet in the collectives of the forward pass, so the
+ * followers never run ahead by more than a step. A rank that fails aborts the communicator: the
+ * others return RT_ERR_PEER from their next collective and the executor is dead (every later
+ * call fails; rt_exec_free still releases everything). This is the structure one process per
+ * rank will have (a later MPI launch): rank 0's process leads, the others run the follower loop.
+ *
+ * Test: ./build/test_model (TP-N equal to TP-1, batches vs sequences one at a time).
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "qs_log.h"
+#include "rt_model_int.h"
+
+#define TRY(expr)                        \
+    do {                                 \
+        enum rt_err try_err_ = (expr);   \
+        if (try_err_ != RT_ERR_NONE)     \
+            return try_err_;             \
+    } while (0)
+
+enum cmd_kind { CMD_FORWARD = 1, CMD_CLEAR = 2, CMD_QUIT = 3 };
+
+/* What rank 0 broadcasts before each step (then, for CMD_FORWARD, the arrays). */
+struct cmd_hdr {
+    int32_t kind;
+    int32_t n_tokens, n_out, out_mode, has_seq;
+    int32_t seq; /* CMD_CLEAR: the slot */
+};
+
+struct rank_slot {
+    struct rt_exec *e;
+    int rank;
+    pthread_t th;
+    bool started;
+    struct rt_model *m;
+    struct rt_kv *kv;
+    enum rt_err open_err;
+    int32_t *buf; /* followers: the payload of the step */
+    size_t buf_cap;
+};
+
+struct rt_exec {
+    int world;
+    char *path;
+    struct rt_opts opts;          /* resolved defaults; n_threads per rank */
+    rt_backend_factory factory;   /* NULL: from opts */
+    void *user;
+    struct rt_comm *comm[FMT_MAX_WORLD_SIZE]; /* endpoints; NULL at world size 1 */
+    struct rank_slot *slots;      /* [world] */
+    bool dead;                    /* a step failed after it was broadcast */
+    int32_t *scratch;             /* rank 0: the payload of one step */
+    size_t scratch_cap;
+    int32_t *seqbuf;              /* rank 0: positions, slots, out rows of a one-sequence batch */
+    size_t seqbuf_cap;
+};
+
+/* Grow a host int32 buffer to n entries (no shrink). */
+static enum rt_err grow_i32(int32_t **buf, size_t *cap, size_t n)
+{
+    if (*cap >= n)
+        return RT_ERR_NONE;
+    size_t want = n < 256 ? 256 : n + n / 2;
+    int32_t *p = realloc(*buf, want * sizeof(int32_t));
+    if (!p) {
+        qs_log_error(__func__, "out of host memory for %zu values", n);
+        return RT_ERR_NOMEM;
+    }
+    *buf = p;
+    *cap = want;
+    return RT_ERR_NONE;
+}
+
+// --- one rank's life -------------------------------------------------------------------------------
+
+static enum rt_err open_rank(struct rank_slot *s)
+{
+    struct rt_exec *e = s->e;
+    struct rt_comm *comm = e->world > 1 ? e->comm[s->rank] : NULL;
+    struct rt_backend be = {NULL, NULL};
+    if (e->factory)
+        TRY(e->factory(e->user, s->rank, e->world, comm, &be));
+    TRY(rt_model_open(e->path, s->rank, &e->opts, comm, be.ops ? &be : NULL, &s->m));
+    const int n_seqs = e->opts.n_seqs > 0 ? e->opts.n_seqs : 1;
+    return rt_kv_create(s->m, n_seqs, rt_model_n_ctx(s->m), &s->kv);
+}
+
+/* Receive one step from rank 0 and run it; false when the loop ends (quit or failure). */
+static bool follow_step(struct rank_slot *s, struct rt_comm *comm)
+{
+    struct cmd_hdr h;
+    if (comm->ops->broadcast(comm, &h, sizeof(h)))
+        return false;
+    if (h.kind == CMD_QUIT)
+        return false;
+    if (h.kind == CMD_CLEAR) {
+        rt_kv_clear(s->kv, h.seq);
+        return true;
+    }
+    const size_t n = (size_t)h.n_tokens * (h.has_seq ? 3 : 2) + (size_t)h.n_out;
+    if (grow_i32(&s->buf, &s->buf_cap, n) ||
+        comm->ops->broadcast(comm, s->buf, n * sizeof(int32_t))) {
+        comm->ops->abort(comm);
+        return false;
+    }
+    const int32_t *p = s->buf;
+    const struct rt_batch b = {h.n_tokens, p, p + h.n_tokens, h.has_seq ? p + 2 * h.n_tokens : NULL,
+                               h.n_out, p + (size_t)h.n_tokens * (h.has_seq ? 3 : 2)};
+    if (rt_model_forward(s->m, s->kv, &b, (enum rt_out)h.out_mode, NULL, NULL, NULL)) {
+        comm->ops->abort(comm);
+        return false;
+    }
+    return true;
+}
+
+static void *follower_main(void *arg)
+{
+    struct rank_slot *s = arg;
+    struct rt_exec *e = s->e;
+    struct rt_comm *comm = e->comm[s->rank];
+    s->open_err = open_rank(s);
+    /* meet rank 0 once every rank has tried to open; then its verdict (CMD_QUIT when any rank
+     * failed) is the first step */
+    struct cmd_hdr sync;
+    if (!comm->ops->broadcast(comm, &sync, sizeof(sync)))
+        while (follow_step(s, comm))
+            ;
+    rt_kv_free(s->kv);
+    rt_model_free(s->m);
+    s->kv = NULL;
+    s->m = NULL;
+    free(s->buf);
+    return NULL;
+}
+
+// --- open / free -----------------------------------------------------------------------------------
+
+/* World size of the model at `path` (a directory's manifest, or 1 for a rank file: its own
+ * header is checked by rt_model_open). */
+static enum rt_err peek_world(const char *path, int *world)
+{
+    struct stat st;
+    *world = 1;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+        return RT_ERR_NONE; /* rt_model_open reports it */
+    struct fmt_manifest *mf = NULL;
+    enum fmt_err fe = fmt_manifest_load(path, &mf);
+    if (fe != FMT_ERR_NONE)
+        return fe == FMT_ERR_NOMEM ? RT_ERR_NOMEM : fe == FMT_ERR_IO ? RT_ERR_IO : RT_ERR_FORMAT;
+    *world = (int)mf->world_size;
+    fmt_manifest_free(mf);
+    if (*world < 1 || *world > FMT_MAX_WORLD_SIZE) {
+        qs_log_error(__func__, "%s: world size %d", path, *world);
+        return RT_ERR_FORMAT;
+    }
+    return RT_ERR_NONE;
+}
+
+static struct rt_opts resolve_opts(const struct rt_opts *opts, int world)
+{
+    struct rt_opts o = opts ? *opts : rt_opts_default();
+    if (world > 1) { /* the ranks share the cores */
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int total = o.n_threads > 0 ? o.n_threads : (int)(cores > 0 ? cores : 1);
+        o.n_threads = total / world > 0 ? total / world : 1;
+    }
+    if (o.n_seqs < 1)
+        o.n_seqs = 1;
+    return o;
+}
+
+/* Every rank's open result and config agreement, decided by rank 0 once all have tried. */
+static enum rt_err open_verdict(struct rt_exec *e)
+{
+    for (int r = 0; r < e->world; r++)
+        if (e->slots[r].open_err)
+            return e->slots[r].open_err;
+    const struct rt_model *m0 = e->slots[0].m;
+    for (int r = 1; r < e->world; r++) {
+        const struct rt_model *mr = e->slots[r].m;
+        if (!rt_config_same(&m0->cfg, fmt_shard_path(m0->shard), &mr->cfg,
+                            fmt_shard_path(mr->shard)))
+            return RT_ERR_RANK_MISMATCH;
+    }
+    return RT_ERR_NONE;
+}
+
+static enum rt_err start_followers(struct rt_exec *e)
+{
+    TRY(rt_comm_local_create(e->world, e->opts.device == RT_DEVICE_AUTO
+                                           ? (rt_cuda_available() ? RT_DEVICE_CUDA : RT_DEVICE_CPU)
+                                           : e->opts.device,
+                             e->opts.cuda_device, e->opts.p2p_allreduce != 0, e->comm));
+    for (int r = 1; r < e->world; r++) {
+        struct rank_slot *s = &e->slots[r];
+        if (pthread_create(&s->th, NULL, follower_main, s) != 0) {
+            qs_log_error(__func__, "cannot start the thread of rank %d", r);
+            return RT_ERR_THREAD;
+        }
+        s->started = true;
+    }
+    return RT_ERR_NONE;
+}
+
+static enum rt_err exec_open(struct rt_exec *e)
+{
+    if (e->world == 1)
+        return open_rank(&e->slots[0]);
+    enum rt_err err = start_followers(e);
+    if (err) { /* the threads started so far leave through the failed communicator */
+        e->dead = true;
+        if (e->comm[0])
+            e->comm[0]->ops->abort(e->comm[0]);
+        return err;
+    }
+    struct rt_comm *c = e->comm[0];
+    e->slots[0].open_err = open_rank(&e->slots[0]);
+    struct cmd_hdr h = {0, 0, 0, 0, 0, 0};
+    err = c->ops->broadcast(c, &h, sizeof(h)); /* every rank has tried to open */
+    if (!err)
+        err = open_verdict(e);
+    /* the verdict: quit, or a no-op step after which the followers wait for the first batch */
+    h = (struct cmd_hdr){err ? CMD_QUIT : CMD_CLEAR, 0, 0, 0, 0, -1};
+    if (c->ops->broadcast(c, &h, sizeof(h)) && !err)
+        err = RT_ERR_PEER;
+    if (err)
+        e->dead = true;
+    return err;
+}
+
+static enum rt_err open_exec(const char *path, const struct rt_opts *opts,
+                             rt_backend_factory factory, void *user, struct rt_exec **out)
+{
+    *out = NULL;
+    int world = 1;
+    TRY(peek_world(path, &world));
+    struct rt_exec *e = calloc(1, sizeof(*e));
+    if (!e || !(e->slots = calloc((size_t)world, sizeof(*e->slots))) || !(e->path = strdup(path))) {
+        qs_log_error(__func__, "out of memory");
+        rt_exec_free(e);
+        return RT_ERR_NOMEM;
+    }
+    e->world = world;
+    e->opts = resolve_opts(opts, world);
+    e->factory = factory;
+    e->user = user;
+    for (int r = 0; r < world; r++)
+        e->slots[r] = (struct rank_slot){.e = e, .rank = r};
+    enum rt_err err = exec_open(e);
+    if (err) {
+        rt_exec_free(e);
+        return err;
+    }
+    *out = e;
+    return RT_ERR_NONE;
+}
+
+enum rt_err rt_exec_open(const char *path_or_dir, const struct rt_opts *opts,
+                         struct rt_exec **out)
+{
+    return open_exec(path_or_dir, opts, NULL, NULL, out);
+}
+
+enum rt_err rt_exec_open_with(const char *path_or_dir, const struct rt_opts *opts,
+                              rt_backend_factory factory, void *user, struct rt_exec **out)
+{
+    if (!factory) {
+        *out = NULL;
+        qs_log_error(__func__, "no backend factory given");
+        return RT_ERR_ARG;
+    }
+    return open_exec(path_or_dir, opts, factory, user, out);
+}
+
+void rt_exec_free(struct rt_exec *e)
+{
+    if (!e)
+        return;
+    if (e->world > 1 && e->comm[0]) {
+        if (!e->dead) {
+            struct cmd_hdr h = {CMD_QUIT, 0, 0, 0, 0, 0};
+            if (e->comm[0]->ops->broadcast(e->comm[0], &h, sizeof(h)))
+                e->comm[0]->ops->abort(e->comm[0]);
+        } else {
+            e->comm[0]->ops->abort(e->comm[0]);
+        }
+    }
+    for (int r = 1; r < e->world && e->slots; r++)
+        if (e->slots[r].started)
+            pthread_join(e->slots[r].th, NULL);
+    if (e->slots) {
+        rt_kv_free(e->slots[0].kv);
+        rt_model_free(e->slots[0].m);
+    }
+    for (int r = 0; r < e->world; r++)
+        if (e->comm[r])
+            e->comm[r]->ops->destroy(e->comm[r]);
+    free(e->slots);
+    free(e->scratch);
+    free(e->seqbuf);
+    free(e->path);
+    free(e);
+}
+
+// --- steps ------------------------------------------------------------------------------------------
+
+/* Rank 0: broadcast the batch to the followers, then run rank 0's part. */
+static enum rt_err run_step(struct rt_exec *e, const struct rt_batch *b, enum rt_out out,
+                            float *logits, const struct rt_pick *picks, int32_t *ids)
+{
+    struct rank_slot *s0 = &e->slots[0];
+    if (e->dead) {
+        qs_log_error(__func__, "an earlier step failed: the model must be opened again");
+        return RT_ERR_PEER;
+    }
+    TRY(rt_model_check_batch(s0->m, s0->kv, b));
+    if (e->world > 1) {
+        struct rt_comm *c = e->comm[0];
+        const int n = b->n_tokens, has_seq = b->seq != NULL;
+        const size_t words = (size_t)n * (has_seq ? 3 : 2) + (size_t)b->n_out;
+        struct cmd_hdr h = {CMD_FORWARD, n, b->n_out, (int32_t)out, has_seq, 0};
+        TRY(grow_i32(&e->scratch, &e->scratch_cap, words));
+        memcpy(e->scratch, b->tokens, (size_t)n * sizeof(int32_t));
+        memcpy(e->scratch + n, b->pos, (size_t)n * sizeof(int32_t));
+        if (has_seq)
+            memcpy(e->scratch + 2 * n, b->seq, (size_t)n * sizeof(int32_t));
+        if (b->n_out)
+            memcpy(e->scratch + (size_t)n * (has_seq ? 3 : 2), b->out,
+                   (size_t)b->n_out * sizeof(int32_t));
+        enum rt_err err = c->ops->broadcast(c, &h, sizeof(h));
+        if (!err)
+            err = c->ops->broadcast(c, e->scratch, words * sizeof(int32_t));
+        if (err) {
+            e->dead = true;
+            return err;
+        }
+    }
+    enum rt_err err = rt_model_forward(s0->m, s0->kv, b, out, logits, picks, ids);
+    if (err && err != RT_ERR_NUMERIC) {
+        e->dead = true;
+        if (e->world > 1)
+            e->comm[0]->ops->abort(e->comm[0]);
+    }
+    return err;
+}
+
+enum rt_err rt_exec_forward(struct rt_exec *e, const struct rt_batch *b, float *logits)
+{
+    return run_step(e, b, logits ? RT_OUT_LOGITS : RT_OUT_NONE, logits, NULL, NULL);
+}
+
+bool rt_exec_can_pick(const struct rt_exec *e)
+{
+    return rt_model_can_pick(e->slots[0].m);
+}
+
+/* The checks of a pick, before anything runs (a refusal by the kernel would come after the
+ * forward pass had already written the KV cache). */
+static enum rt_err check_pick(const struct rt_exec *e, const struct rt_pick *p)
+{
+    if (rt_sample_params_check(&p->p) != RT_SAMPLE_ERR_NONE) /* reports the field */
+        return RT_ERR_ARG;
+    const int V = rt_exec_config(e)->vocab_size;
+    if ((p->p.temperature > 0.0f && !(p->u >= 0.0 && p->u < 1.0)) ||
+        (p->p.repeat_penalty != 1.0f && !p->seen) || p->n_vocab < 0 || p->n_vocab > V) {
+        qs_log_error(__func__, "bad sampling request: draw u %g (must be in [0, 1) when "
+                     "sampling), history %s with repetition penalty %g, n_vocab %d (must be in "
+                     "[0, %d])", p->u, p->seen ? "given" : "NULL", (double)p->p.repeat_penalty,
+                     (int)p->n_vocab, V);
+        return RT_ERR_ARG;
+    }
+    return RT_ERR_NONE;
+}
+
+enum rt_err rt_exec_forward_pick(struct rt_exec *e, const struct rt_batch *b,
+                                 const struct rt_pick *picks, int32_t *ids)
+{
+    if (!b || !picks || !ids || b->n_out < 1) {
+        qs_log_error(__func__, "picks and ids must not be NULL and n_out >= 1");
+        return RT_ERR_ARG;
+    }
+    for (int i = 0; i < b->n_out; i++)
+        TRY(check_pick(e, &picks[i]));
+    if (!rt_exec_can_pick(e)) {
+        qs_log_error(__func__, "the %s backend cannot sample on the device",
+                     e->slots[0].m->be.ops->name);
+        return RT_ERR_UNSUPPORTED;
+    }
+    return run_step(e, b, RT_OUT_PICK, NULL, picks, ids);
+}
+
+/* A one-sequence batch of tokens[n] at start_pos.. in slot seq, out rows all or the last. */
+static enum rt_err seq_batch(struct rt_exec *e, int seq, const int32_t *tokens, int n,
+                             int start_pos, bool all_rows, struct rt_batch *b)
+{
+    if (n < 1 || !tokens) {
+        qs_log_error(__func__, "no tokens to run (n_tokens = %d)", n);
+        return RT_ERR_ARG;
+    }
+    TRY(grow_i32(&e->seqbuf, &e->seqbuf_cap, 3 * (size_t)n));
+    int32_t *pos = e->seqbuf, *sq = pos + n, *out = sq + n;
+    for (int i = 0; i < n; i++) {
+        pos[i] = start_pos + i;
+        sq[i] = seq;
+        out[i] = i;
+    }
+    *b = (struct rt_batch){n, tokens, pos, sq, all_rows ? n : 1, all_rows ? out : out + n - 1};
+    return RT_ERR_NONE;
+}
+
+enum rt_err rt_exec_forward_seq(struct rt_exec *e, int seq, const int32_t *tokens, int n,
+                                int start_pos, float *logits, bool all_logits)
+{
+    struct rt_batch b;
+    TRY(seq_batch(e, seq, tokens, n, start_pos, all_logits, &b));
+    if (!logits)
+        b.n_out = 0;
+    return rt_exec_forward(e, &b, logits);
+}
+
+enum rt_err rt_exec_forward_seq_pick(struct rt_exec *e, int seq, const int32_t *tokens, int n,
+                                     int start_pos, const struct rt_pick *pick, int32_t *id)
+{
+    struct rt_batch b;
+    TRY(seq_batch(e, seq, tokens, n, start_pos, false, &b));
+    return rt_exec_forward_pick(e, &b, pick, id);
+}
+
+int rt_exec_seq_len(const struct rt_exec *e, int seq)
+{
+    return rt_kv_len(e->slots[0].kv, seq);
+}
+
+void rt_exec_seq_clear(struct rt_exec *e, int seq)
+{
+    rt_kv_clear(e->slots[0].kv, seq);
+    if (e->world > 1 && !e->dead) {
+        struct cmd_hdr h = {CMD_CLEAR, 0, 0, 0, 0, seq};
+        if (e->comm[0]->ops->broadcast(e->comm[0], &h, sizeof(h)))
+            e->dead = true;
+    }
+}
+
+const struct rt_config *rt_exec_config(const struct rt_exec *e)
+{
+    return rt_model_config(e->slots[0].m);
+}
+
+int rt_exec_world_size(const struct rt_exec *e)
+{
+    return e->world;
+}
+
+int rt_exec_n_ctx(const struct rt_exec *e)
+{
+    return rt_kv_n_ctx(e->slots[0].kv);
+}
+
+int rt_exec_n_seqs(const struct rt_exec *e)
+{
+    return rt_kv_n_seqs(e->slots[0].kv);
+}
+
+enum rt_device rt_exec_device(const struct rt_exec *e)
+{
+    return rt_model_device(e->slots[0].m);
+}
+
+const struct fmt_shard *rt_exec_shard(const struct rt_exec *e)
+{
+    return rt_model_shard(e->slots[0].m);
+}

@@ -1,0 +1,112 @@
+/*
+ * rt_model_int.h - the rank-local model's structs, shared by its files (private to runtime/):
+ * rt_model.c (open, bind, buffers), rt_kv.c (the KV cache), rt_forward.c (the forward pass).
+ */
+#ifndef QS_RT_MODEL_INT_H
+#define QS_RT_MODEL_INT_H
+
+#include "rt.h"
+#include "rt_backend.h"
+
+/* One linear of this rank: packed W4 (DESIGN 4) or unquantised fp16, plus an optional bias.
+ * All pointers are backend addresses borrowed from the weight memory. */
+struct rt_linear {
+    int K, N, G;                /* in_features, out_features, group size of this tensor on this
+                                 * rank: K / rows of its scales (G_r of DESIGN 4, may be below
+                                 * the config group_size) */
+    const uint8_t *qweight;     /* [K, N] packed 4.1, or NULL when weight_f16 is set */
+    const uint8_t *qzeros;      /* [K/G, N] packed 4.3 */
+    const uint16_t *scales;     /* [K/G, N] fp16 packed 4.2 */
+    const uint16_t *weight_f16; /* [N][K] fp16 row-major (modules_to_not_convert) */
+    const float *bias;          /* [N] or NULL */
+    bool acc_ok;                /* can leave fp32 sums for its consumer (packed, backend says) */
+};
+
+struct rt_layer {
+    const float *attn_norm;           /* [H] input_layernorm */
+    const float *mlp_norm;            /* [H] post_attention_layernorm */
+    struct rt_linear qkv;             /* [H] -> [(nq_r + 2 nkv_r) * hd], columns [q | k | v] */
+    struct rt_linear o;               /* [nq_r * hd] -> [H], row-parallel */
+    struct rt_linear gate_up;         /* dense MLP: [H] -> [2 I_r], columns [gate | up] */
+    struct rt_linear down;            /* dense MLP: [I_r] -> [H], row-parallel */
+    const float *router;              /* MoE: [E][H] fp32, replicated */
+    struct rt_linear *expert_gate_up; /* owned array [E] */
+    struct rt_linear *expert_down;    /* owned array [E] */
+};
+
+/* A run of consecutive batch rows of one sequence (rt_forward.c). */
+struct rt_run {
+    int row0, n; /* rows [row0, row0 + n) of the chunk */
+    int seq;     /* slot */
+    int p0;      /* position of row0 */
+};
+
+struct rt_model {
+    struct fmt_shard *shard;       /* owned: this rank's file */
+    char *path;                    /* owned copy of the path given */
+    struct rt_config cfg;
+    int rank, world;
+    struct rt_comm *comm;          /* borrowed; NULL at world size 1 */
+    struct rt_backend be;          /* owned (be.ops NULL until created) */
+    enum rt_device device;
+    struct rt_opts opts;           /* as given (defaults resolved) */
+    bool *used;                    /* owned [n_tensors]: bound by the model (unused = error) */
+    const uint16_t *embed;         /* [V_r][H] fp16 */
+    const uint16_t *lm_head;       /* [V_r][H] fp16 (= embed when tied) */
+    const float *final_norm;       /* [H] */
+    struct rt_layer *layers;       /* owned [n_layers] */
+    uint64_t weight_bytes;         /* bytes of all bound tensors */
+    int n_ctx;                     /* most positions per sequence slot a KV cache may have */
+    int max_batch;                 /* rows of the activation buffers */
+    int logit_rows;                /* LB: rows of lm_head output per pass */
+    int defer_m;                   /* rows up to which linears leave fp32 sums (0: never) */
+    size_t acc_cols;               /* widest linear that may defer: columns of acc */
+    /* backend memory, owned; B = max_batch rows; "act" = backend activation type */
+    float *h;        /* f32 [B][H] residual stream (replicated across ranks) */
+    void *x;         /* act [B][H] normalised input of the current block */
+    void *o;         /* act [B][H] block output (partial sum before all_reduce) */
+    void *qkv;       /* act [B][(nq_r + 2 nkv_r) hd] */
+    void *att;       /* act [B][nq_r hd] */
+    void *gu;        /* act [B][2 I_r] */
+    void *act;       /* act [B][I_r] */
+    void *xe, *ye;   /* act [B][H]: MoE expert input / output; xe also the out rows of x */
+    float *acc;      /* f32 [defer_m][acc_cols] deferred split-K sums, zero between uses */
+    float *router_logits; /* f32, MoE: [B][E] */
+    float *logits;   /* f32 [LB][V_r] this rank's lm_head output */
+    float *logits_all; /* rank 0, world > 1: f32 [world][LB][V_r] gathered */
+    float *inv_freq; /* f32 [hd/2] */
+    int32_t *tok;    /* i32 [B] token ids of the chunk */
+    int32_t *pos;    /* i32 [B] positions of the chunk */
+    /* decode-step graph (one per model: its kv and slot are part of the recording) */
+    bool graphs;               /* allowed: backend has them, dense model, not switched off */
+    int graph_failures;        /* recordings that failed; graphs off at 2 */
+    const struct rt_kv *graph_kv;
+    int graph_seq;
+    /* host scratch, owned */
+    float *h_logits;           /* [world][LB][V_r] */
+    float *h_router;           /* [B][E] */
+    int32_t *h_ids;            /* [B][top_k] */
+    float *h_w;                /* [B][top_k] */
+    int32_t *h_rows;           /* [B] MoE: rows routed to an expert */
+    int32_t *h_out;            /* [B] out rows of the chunk in progress */
+    float *h_roww;             /* [B] */
+    struct rt_run *runs;       /* [B] */
+};
+
+struct rt_kv {
+    struct rt_model *m;        /* borrowed */
+    int n_seqs, n_ctx;
+    int *len;                  /* owned [n_seqs]: positions cached per slot */
+    void **k, **v;             /* owned [n_layers] backend buffers [n_seqs][nkv][n_ctx][hd] */
+};
+
+/* Backend address of activation element `elems` of buffer p (whole rows or heads only). */
+static inline void *rt_act_at(const struct rt_model *m, void *p, size_t elems)
+{
+    return (char *)p + elems * m->be.ops->act_size;
+}
+
+/* Slot `seq`'s cache of layer l (k or v): [nkv][n_ctx][hd] elements of kv_size. */
+void *rt_kv_slot(const struct rt_kv *kv, int layer, int seq, bool value);
+
+#endif /* QS_RT_MODEL_INT_H */
