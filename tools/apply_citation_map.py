@@ -7,8 +7,9 @@ says where OLD stood when the map was written; the match is by text, because oth
 and split files before the map is applied. For each entry, in map order:
 
   * FILE holds OLD exactly once: replace it;
-  * FILE does not hold OLD (or FILE is gone): look for OLD in every file git tracks; exactly one
-    occurrence in the whole tree is replaced there and reported as moved;
+  * FILE does not hold OLD (or FILE is gone): look for OLD in every other file git tracks (but
+    the map and this script); exactly one occurrence in the whole tree is replaced there and
+    reported as moved;
   * OLD is absent everywhere but NEW is present in FILE: reported as already applied;
   * otherwise (absent, or more than one occurrence): reported and left alone.
 
@@ -69,9 +70,10 @@ def tracked_files(root):
 class Tree:
     """Text of the files touched so far, read lazily and written back once."""
 
-    def __init__(self, root):
+    def __init__(self, root, exclude):
         self.root = root
-        self.text = {}      # rel path -> current text (None: unreadable / not text)
+        self.exclude = exclude  # rel paths never searched (the map itself, this script)
+        self.text = {}          # rel path -> current text (None: unreadable / not text)
         self.changed = set()
         self._tracked = None
 
@@ -96,7 +98,7 @@ class Tree:
             self._tracked = tracked_files(self.root)
         hits = []
         for rel in self._tracked:
-            if rel == skip:
+            if rel == skip or rel in self.exclude:
                 continue
             t = self.get(rel)
             if t is not None and old in t:
@@ -166,7 +168,9 @@ def main(argv):
     except OSError as e:
         print(f'apply_citation_map: cannot read {map_path}: {e.strerror}', file=sys.stderr)
         return 4
-    tree = Tree(args.root)
+    def rel_to_root(p):
+        return os.path.relpath(os.path.abspath(p), os.path.abspath(args.root))
+    tree = Tree(args.root, {rel_to_root(map_path), rel_to_root(__file__)})
     tally = {'ok': 0, 'moved': 0, 'done': 0, 'fail': 0}
     for e in entries:
         status, msg = apply_entry(tree, e)
