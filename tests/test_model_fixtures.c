@@ -329,29 +329,30 @@ static float *pc_floats(const struct st_entry *e, int n, const char *name, size_
  * and TP-1 vs d_forward (fp64) over the dequantized per-channel weights, unpacked here from the
  * written GEMM tensors; greedy 16-token continuations compared too.
  */
-static void test_per_channel(const char *qshard)
+/* Dimensions of the per-channel checkpoint (from the source config). */
+struct pc_dims {
+    int H, I, V, L, nh, nkv, hd;
+    double theta;
+    bool tie;
+};
+
+/* llama-gqa-gemm's tensors with every scales / qzeros cut to group 0 ([1, N]) into *e[*n], and
+ * dir/model.safetensors + dir/config.json (group_size -1) written from them. */
+static bool pc_write_checkpoint(const char *base, const char *dir, struct st_entry **out, int *n_out,
+                                struct pc_dims *d)
 {
-    const char *base = "tests/data/models/llama-gqa-gemm";
-    char dir[512], path[700], out[600], cmd[2048];
+    char path[700];
     struct cvt_source *src = NULL;
-    struct stat st;
-    snprintf(path, sizeof(path), "%s/config.json", base);
-    if (stat(path, &st) != 0) {
-        printf("  per-channel: %s absent, skipped\n", base);
-        return;
-    }
-    snprintf(dir, sizeof(dir), "%s/perchan", tmp_root);
-    mkdir(dir, 0777);
     qs_log_set_level(QS_LOG_ERROR); /* the fixture has no tokenizer: expected, not news */
     CHECK(cvt_source_open(base, &src) == CVT_ERR_NONE);
     qs_log_set_level(QS_LOG_WARN);
     if (!src)
-        return;
+        return false;
     const struct cvt_hf_config *cfg = cvt_source_config(src);
-    int H = (int)cfg->hidden_size, I = (int)cfg->intermediate_size, V = (int)cfg->vocab_size;
-    int L = (int)cfg->num_hidden_layers, nh = (int)cfg->num_attention_heads;
-    int nkv = (int)cfg->num_key_value_heads, hd = (int)cfg->head_dim;
-    double theta = cfg->rope_theta;
+    *d = (struct pc_dims){(int)cfg->hidden_size, (int)cfg->intermediate_size,
+                          (int)cfg->vocab_size, (int)cfg->num_hidden_layers,
+                          (int)cfg->num_attention_heads, (int)cfg->num_key_value_heads,
+                          (int)cfg->head_dim, cfg->rope_theta, false};
     size_t n_src = cvt_source_n_tensors(src);
     int n = 0, n_q = 0;
     struct st_entry *e = xcalloc(n_src, sizeof(*e));
@@ -361,8 +362,8 @@ static void test_per_channel(const char *qshard)
         snprintf(x->name, sizeof(x->name), "%s", t->name);
         x->dtype = cvt_dtype_str(t->dtype);
         x->n_dims = t->n_dims;
-        for (int d = 0; d < t->n_dims && d < 2; d++)
-            x->shape[d] = t->shape[d];
+        for (int k = 0; k < t->n_dims && k < 2; k++)
+            x->shape[k] = t->shape[k];
         x->size = (size_t)t->nbytes;
         x->data = xcalloc(x->size, 1);
         CHECK(cvt_source_read(src, t, x->data, x->size) == CVT_ERR_NONE);
@@ -376,7 +377,8 @@ static void test_per_channel(const char *qshard)
         }
     }
     cvt_source_close(src);
-    CHECK_MSG(n_q == 2 * 7 * L, "per-channel: %d grouped scales/qzeros, want %d", n_q, 14 * L);
+    *out = e, *n_out = n;
+    CHECK_MSG(n_q == 2 * 7 * d->L, "per-channel: %d grouped scales/qzeros, want %d", n_q, 14 * d->L);
     snprintf(path, sizeof(path), "%s/model.safetensors", dir);
     CHECK(write_safetensors(path, e, n));
     snprintf(path, sizeof(path), "%s/config.json", base);
@@ -387,7 +389,7 @@ static void test_per_channel(const char *qshard)
     free(cbuf);
     cJSON *qc = cJSON_GetObjectItemCaseSensitive(cj, "quantization_config");
     CHECK(qc && cJSON_ReplaceItemInObject(qc, "group_size", cJSON_CreateNumber(-1)));
-    bool tie = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cj, "tie_word_embeddings"));
+    d->tie = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cj, "tie_word_embeddings"));
     char *cjs = cJSON_Print(cj);
     cJSON_Delete(cj);
     snprintf(path, sizeof(path), "%s/config.json", dir);
@@ -396,20 +398,24 @@ static void test_per_channel(const char *qshard)
     if (f)
         fclose(f);
     free(cjs);
+    return true;
+}
 
-    /* the reference model: G = K for every linear; d_forward takes one G, so all K must agree */
-    int qd = nh * hd, kvd = nkv * hd;
+/* The reference model of the written tensors: G = K for every linear (d_forward takes one G,
+ * so every K must agree). Frees e. false when the shapes do not allow it. */
+static bool pc_reference(struct st_entry *e, int n, const struct pc_dims *d, struct syn_model *m)
+{
+    const int H = d->H, I = d->I, V = d->V, L = d->L, qd = d->nh * d->hd, kvd = d->nkv * d->hd;
     CHECK_MSG(H == qd && H == I, "per-channel: H %d, heads x head_dim %d, I %d differ", H, qd, I);
-    struct syn_spec sp = {"llama", H, I, L, nh, nkv, hd, V, H, 0, 0, 0,
-                          tie, false, false, false, false, theta};
-    struct syn_model m;
-    memset(&m, 0, sizeof(m));
-    m.sp = sp;
-    m.layers = xcalloc((size_t)L, sizeof(*m.layers));
+    struct syn_spec sp = {"llama", H, I, L, d->nh, d->nkv, d->hd, V, H, 0, 0, 0,
+                          d->tie, false, false, false, false, d->theta};
+    memset(m, 0, sizeof(*m));
+    m->sp = sp;
+    m->layers = xcalloc((size_t)L, sizeof(*m->layers));
     bool ok = H == qd && H == I;
     char nm[200];
     for (int l = 0; ok && l < L; l++) {
-        struct syn_layer *y = &m.layers[l];
+        struct syn_layer *y = &m->layers[l];
         static const char *lin[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                      "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
                                      "mlp.down_proj"};
@@ -424,48 +430,42 @@ static void test_per_channel(const char *qshard)
         snprintf(nm, sizeof(nm), "model.layers.%d.post_attention_layernorm.weight", l);
         y->mlp_norm = pc_floats(e, n, nm, (size_t)H);
     }
-    m.final_norm = pc_floats(e, n, "model.norm.weight", (size_t)H);
+    m->final_norm = pc_floats(e, n, "model.norm.weight", (size_t)H);
     float *emb = pc_floats(e, n, "model.embed_tokens.weight", (size_t)V * H);
-    m.embed = xcalloc((size_t)V * H, 2);
+    m->embed = xcalloc((size_t)V * H, 2);
     for (size_t i = 0; i < (size_t)V * H; i++) /* the fp16 fixture: exact */
-        m.embed[i] = ref_f32_to_f16(emb[i]);
+        m->embed[i] = ref_f32_to_f16(emb[i]);
     free(emb);
-    if (!tie) {
+    if (!d->tie) {
         float *hd32 = pc_floats(e, n, "lm_head.weight", (size_t)V * H);
-        m.lm_head = xcalloc((size_t)V * H, 2);
+        m->lm_head = xcalloc((size_t)V * H, 2);
         for (size_t i = 0; i < (size_t)V * H; i++)
-            m.lm_head[i] = ref_f32_to_f16(hd32[i]);
+            m->lm_head[i] = ref_f32_to_f16(hd32[i]);
         free(hd32);
     }
     for (int i = 0; i < n; i++)
         free(e[i].data);
     free(e);
+    return ok;
+}
 
-    /* fp64 reference: prompt logits and a 16-token greedy continuation */
-    static const int32_t ids[] = {1, 17, 42, 99, 5, 63, 120, 8, 77, 31};
-    enum { T = sizeof(ids) / sizeof(ids[0]), NG = 16 };
-    int32_t seq[T + NG], ref_greedy[NG];
-    memcpy(seq, ids, sizeof(ids));
-    double *dref = xcalloc((size_t)(T + NG) * V, 8), *dlg = xcalloc((size_t)T * V, 8);
-    float *row = xcalloc((size_t)V, 4);
-    for (int i = 0; ok && i < NG; i++) {
-        d_forward(&m, seq, T + i, dref);
-        if (i == 0)
-            memcpy(dlg, dref, (size_t)T * V * 8);
-        for (int v = 0; v < V; v++)
-            row[v] = (float)dref[(size_t)(T + i - 1) * V + v];
-        ref_greedy[i] = seq[T + i] = ref_argmax(row, V, V);
-    }
-    free(row), free(dref);
+enum { PC_T = 10, PC_NG = 16 };
+static const int32_t pc_ids[PC_T] = {1, 17, 42, 99, 5, 63, 120, 8, 77, 31};
 
+/* Convert dir at TP 1..4 and compare each with the fp64 reference (dlg [PC_T][V], greedy). */
+static void pc_check_tps(const char *qshard, const char *dir, const struct pc_dims *d,
+                         const double *dlg, const int32_t *ref_greedy)
+{
+    const int V = d->V;
+    char out[600], cmd[2048], path[700];
     float *tp1 = NULL;
     int n_ok = 0;
-    for (int tp = 1; ok && tp <= 4; tp++) {
+    for (int tp = 1; tp <= 4; tp++) {
         snprintf(out, sizeof(out), "%s/perchan-tp%d", tmp_root, tp);
         snprintf(cmd, sizeof(cmd), "'%s' convert '%s' '%s' --tp %d -q 2>'%s.log'", qshard, dir,
                  out, tp, out);
         int rc = run_cmd(cmd);
-        if (!tp_possible(nh, nkv, hd, H, tp)) {
+        if (!tp_possible(d->nh, d->nkv, d->hd, d->H, tp)) {
             char *log = NULL;
             size_t ll = 0;
             snprintf(path, sizeof(path), "%s.log", out);
@@ -483,13 +483,13 @@ static void test_per_channel(const char *qshard)
         CHECK_MSG(rc == 0, "per-channel: convert --tp %d exited %d (log %s.log)", tp, rc, out);
         if (rc)
             continue;
-        int32_t greedy[NG];
-        float *lg = fixture_run(out, ids, T, V, greedy, NULL);
+        int32_t greedy[PC_NG];
+        float *lg = fixture_run(out, pc_ids, PC_T, V, greedy, NULL);
         if (!lg)
             continue;
         n_ok++;
         int same = memcmp(greedy, ref_greedy, sizeof(greedy)) == 0;
-        double er = rel_l2(lg, dlg, (size_t)T * V);
+        double er = rel_l2(lg, dlg, (size_t)PC_T * V);
         printf("  per-channel TP-%d vs fp64 of the dequantized source: rel L2 %.2e, greedy %s", tp,
                er, same ? "identical" : "DIFFERS");
         CHECK_MSG(er <= 1e-5, "per-channel TP-%d vs fp64 reference: rel L2 %g", tp, er);
@@ -498,17 +498,56 @@ static void test_per_channel(const char *qshard)
             tp1 = lg;
             lg = NULL;
         } else if (tp1) {
-            double d = rel_l2_f(lg, tp1, (size_t)T * V);
-            printf(", vs TP-1 %.2e", d);
-            CHECK_MSG(d <= 1e-5, "per-channel TP-%d vs TP-1: rel L2 %g", tp, d);
+            double dd = rel_l2_f(lg, tp1, (size_t)PC_T * V);
+            printf(", vs TP-1 %.2e", dd);
+            CHECK_MSG(dd <= 1e-5, "per-channel TP-%d vs TP-1: rel L2 %g", tp, dd);
         }
         printf("\n");
         free(lg);
         if (tp > 1)
             rm_rf(out);
     }
-    CHECK_MSG(!ok || n_ok == 3, "per-channel: %d of TP 1, 2, 4 ran", n_ok);
-    free(tp1), free(dlg);
+    CHECK_MSG(n_ok == 3, "per-channel: %d of TP 1, 2, 4 ran", n_ok);
+    free(tp1);
+}
+
+static void test_per_channel(const char *qshard)
+{
+    const char *base = "tests/data/models/llama-gqa-gemm";
+    char dir[512], path[700];
+    struct stat st;
+    snprintf(path, sizeof(path), "%s/config.json", base);
+    if (stat(path, &st) != 0) {
+        printf("  per-channel: %s absent, skipped\n", base);
+        return;
+    }
+    snprintf(dir, sizeof(dir), "%s/perchan", tmp_root);
+    mkdir(dir, 0777);
+    struct st_entry *e = NULL;
+    int n = 0;
+    struct pc_dims d;
+    if (!pc_write_checkpoint(base, dir, &e, &n, &d))
+        return;
+    struct syn_model m;
+    const bool ok = pc_reference(e, n, &d, &m);
+    /* fp64 reference: prompt logits and a 16-token greedy continuation */
+    const int V = d.V;
+    int32_t seq[PC_T + PC_NG], ref_greedy[PC_NG];
+    memcpy(seq, pc_ids, sizeof(pc_ids));
+    double *dref = xcalloc((size_t)(PC_T + PC_NG) * V, 8), *dlg = xcalloc((size_t)PC_T * V, 8);
+    float *row = xcalloc((size_t)V, 4);
+    for (int i = 0; ok && i < PC_NG; i++) {
+        d_forward(&m, seq, PC_T + i, dref);
+        if (i == 0)
+            memcpy(dlg, dref, (size_t)PC_T * V * 8);
+        for (int v = 0; v < V; v++)
+            row[v] = (float)dref[(size_t)(PC_T + i - 1) * V + v];
+        ref_greedy[i] = seq[PC_T + i] = ref_argmax(row, V, V);
+    }
+    free(row), free(dref);
+    if (ok)
+        pc_check_tps(qshard, dir, &d, dlg, ref_greedy);
+    free(dlg);
     syn_free(&m);
 }
 
