@@ -81,7 +81,9 @@ extern "C" {
     X(RT_ERR_DEVICE, 13, 3, "GPU runtime failure")                                         \
     X(RT_ERR_UNSUPPORTED, 14, 2, "model feature not supported")                            \
     X(RT_ERR_THREAD, 15, 3, "could not start worker threads")                              \
-    X(RT_ERR_NUMERIC, 16, 3, "the model computed no finite logit")
+    X(RT_ERR_NUMERIC, 16, 3, "the model computed no finite logit")                         \
+    X(RT_ERR_TOKENIZER, 17, 2, "tokenizer missing, malformed, or text it cannot encode")  \
+    X(RT_ERR_CANCELLED, 18, 3, "interrupted (a signal set the cancel flag)")
 
 enum rt_err {
 #define RT_X_ENUM(name, val, code, msg) name = val,
@@ -168,6 +170,15 @@ struct rt_opts {
                                QSHARD_P2P_ALLREDUCE=0 also turns it off (needed under
                                compute-sanitizer or CUDA_LAUNCH_BLOCKING=1, which serialise the
                                ranks' kernels that wait for each other). */
+    /* A/B and debugging switches (false = the normal path; the CLI's --debug-* options,
+     * README "Debug options"): */
+    bool no_graph;          /* CUDA: run decode op by op, no recorded CUDA graph */
+    bool no_pdl;            /* CUDA: no Programmatic Dependent Launch of the W4A16 kernels */
+    bool no_defer;          /* CUDA: no deferred split-K reduction of the decode linears */
+    bool no_rope_kv;        /* CUDA: RoPE and the KV-cache store as two ops, not fused */
+    bool no_wgmma;          /* CUDA: dequant + cuBLAS for prompt chunks above 64 rows, no wgmma */
+    bool host_sample;       /* choose the next token on the host from the downloaded logits
+                               row, not on the device (rt_model_can_pick false) */
 };
 
 /* Defaults: AUTO device, all cores, default context and batch, GPU 0, peer-to-peer all-reduce. */

@@ -49,7 +49,7 @@ int rt_err_exit_code(enum rt_err e)
 
 struct rt_opts rt_opts_default(void)
 {
-    struct rt_opts o = {RT_DEVICE_AUTO, 0, 0, 0, 0, 1};
+    struct rt_opts o = {.device = RT_DEVICE_AUTO, .p2p_allreduce = 1}; /* the rest 0 / false */
     return o;
 }
 
@@ -1028,7 +1028,9 @@ static enum rt_err pick_id(struct rt_model *m, const struct rt_pick *pick, int32
         }
         logits = all;
     }
-    TRY(OPS->sample(BCTX, 0, logits, c->vocab_size, pick, id));
+    const int limit = pick->p.vocab_limit; /* rt_sample.h step 0: ids [0, limit) only */
+    TRY(OPS->sample(BCTX, 0, logits, limit > 0 && limit < c->vocab_size ? limit : c->vocab_size,
+                    pick, id));
     if (*id < 0 || *id >= c->vocab_size) {
         qs_log_error(__func__, "no finite logit among the %d ids: the model computed NaN or "
                      "-inf everywhere", c->vocab_size);

@@ -8,14 +8,7 @@
 #ifndef QS_CMD_H
 #define QS_CMD_H
 
-enum qs_exit {
-    QS_EXIT_OK = 0,
-    QS_EXIT_USAGE = 1,
-    QS_EXIT_BAD_INPUT = 2,
-    QS_EXIT_RUNTIME = 3,
-    QS_EXIT_IO = 4,
-    QS_EXIT_VERIFY = 5,
-};
+#include "qs_log.h" /* enum qs_exit: QS_EXIT_* */
 
 int cmd_convert(int argc, char **argv);    /* convert/cvt_main.c */
 int cmd_run(int argc, char **argv);        /* runtime/rt_main.c */
