@@ -1094,7 +1094,7 @@ static void check_errors_without_fixtures(void)
         /* an unknown option: one message naming the command and a pointer to --help, not the
          * whole help text */
         char want[128], try[128];
-        snprintf(want, sizeof(want), "qshard %s: unrecognized option '--no-such-flag'", cmds[i]);
+        snprintf(want, sizeof(want), "qshard %s: unknown option '--no-such-flag'", cmds[i]);
         snprintf(try, sizeof(try), "try 'qshard %s --help'", cmds[i]);
         p = run(cmds[i], "--no-such-flag", NULL);
         CHECK_EXIT(p, 1, cmds[i]);
