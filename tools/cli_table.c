@@ -271,9 +271,10 @@ const struct cli_opt cli_table[] = {
      .sec = CLI_SEC_MODEL, .off = F(batch), .lo = 1, .hi = MAX_CTX,
      .help = "most prompt tokens per forward pass (default: 2048 on cuda, 512 on cpu; at most "
              "the context); longer prompts run in chunks"},
-    {.lng = "verbose", .shrt = 'v', .kind = CLI_FLAG, .cmds = CLI_MODEL_CMDS | CLI_TOKENIZE,
-     .sec = CLI_SEC_MODEL, .off = F(verbose),
-     .help = "print the resolved config, debug messages, and where an error was detected"},
+    {.lng = "verbose", .shrt = 'v', .kind = CLI_FLAG,
+     .cmds = CLI_MODEL_CMDS | CLI_TOKENIZE | CLI_CONVERT, .sec = CLI_SEC_MODEL, .off = F(verbose),
+     .help = "debug messages (the resolved config, where each value came from) and where an "
+             "error was detected"},
     {.lng = "help", .shrt = 'h', .kind = CLI_FLAG, .cmds = ALL_CMDS, .sec = CLI_SEC_MODEL,
      .off = F(verbose), .help = "this text"},
     /* debug switches of every model command (struct rt_opts fields) */

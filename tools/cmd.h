@@ -11,7 +11,7 @@
 
 #include "qs_log.h" /* enum qs_exit: QS_EXIT_* */
 
-int cmd_convert(int argc, char **argv);     /* convert/cvt_main.c */
+int cmd_convert(int argc, char **argv);     /* tools/cmd_convert.c */
 int cmd_run(int argc, char **argv);         /* tools/cmd_run.c */
 int cmd_logits(int argc, char **argv);      /* tools/cmd_logits.c */
 int cmd_perplexity(int argc, char **argv);  /* tools/cmd_perplexity.c */
