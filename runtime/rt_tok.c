@@ -726,10 +726,13 @@ fail:
 
 static const char REPLACEMENT[] = "\xEF\xBF\xBD"; /* U+FFFD */
 
-/* Copy s[0..n) to dst (capacity >= 3n + 3) replacing each maximal ill-formed subpart by U+FFFD.
- * A trailing incomplete sequence is left out and its length stored in *held when held is
- * non-NULL, else replaced. Returns the bytes written. */
-static size_t utf8_sanitize(const unsigned char *s, size_t n, char *dst, size_t *held)
+/* Copy s[0..n) to dst (capacity >= 3n + 3) replacing invalid UTF-8 by U+FFFD: one per maximal
+ * ill-formed subpart (Unicode 15 §3.9, Rust's from_utf8_lossy), or with per_byte one per byte
+ * that does not start a valid character (sentencepiece's byte pieces). A trailing incomplete
+ * sequence is left out and its length stored in *held when held is non-NULL, else replaced.
+ * Returns the bytes written. */
+static size_t utf8_sanitize(const unsigned char *s, size_t n, char *dst, size_t *held,
+                            bool per_byte)
 {
     size_t m = 0;
     if (held)
@@ -740,17 +743,13 @@ static size_t utf8_sanitize(const unsigned char *s, size_t n, char *dst, size_t 
         if (k > 0) {
             memcpy(dst + m, s + i, (size_t)k);
             m += (size_t)k, i += (size_t)k;
-        } else if (k < 0) {
-            memcpy(dst + m, REPLACEMENT, 3);
-            m += 3, i += (size_t)-k;
-        } else {
-            if (held) {
-                *held = n - i;
-            } else {
-                memcpy(dst + m, REPLACEMENT, 3);
-                m += 3;
-            }
+        } else if (k == 0 && held) {
+            *held = n - i;
             break;
+        } else {
+            memcpy(dst + m, REPLACEMENT, 3);
+            m += 3;
+            i += per_byte ? 1 : k < 0 ? (size_t)-k : n - i;
         }
     }
     dst[m] = '\0';
@@ -769,31 +768,11 @@ static bool is_byte_token(const struct rt_tok *tok, int32_t id)
            tok->ent[id].dec_len == 1;
 }
 
-/* A run of byte tokens s[0..n) that has ended, sentencepiece's rule: every complete valid
- * character copied, one U+FFFD for each byte that does not start one (an invalid byte, or a
- * byte of a sequence the run ends inside). dst capacity >= 3n. Returns the bytes written. */
-static size_t byte_run_spm(const unsigned char *s, size_t n, char *dst)
-{
-    size_t m = 0;
-    for (size_t i = 0; i < n;) {
-        uint32_t cp;
-        int k = rt_tok_utf8_seq(s + i, n - i, &cp);
-        if (k > 0) {
-            memcpy(dst + m, s + i, (size_t)k);
-            m += (size_t)k, i += (size_t)k;
-        } else {
-            memcpy(dst + m, REPLACEMENT, 3);
-            m += 3, i++;
-        }
-    }
-    return m;
-}
-
 /* A run of byte tokens that has ended, HF's ByteFallback rule: the bytes if the whole run is
  * valid UTF-8, else one U+FFFD per byte of the run. */
 static size_t byte_run_hf(const unsigned char *s, size_t n, char *dst)
 {
-    size_t held = 0, m = utf8_sanitize(s, n, dst, &held);
+    size_t held = 0, m = utf8_sanitize(s, n, dst, &held, false);
     if (held == 0 && m == n && memcmp(dst, s, n) == 0)
         return n;
     for (m = 0; m < 3 * n; m += 3)
@@ -827,7 +806,8 @@ static size_t decode_spm(const struct rt_tok *tok, const int32_t *ids, size_t n,
         if (skip && tok->byte_run_whole)
             continue;
         if (nr > 0)
-            m += tok->byte_run_whole ? byte_run_hf(run, nr, dst + m) : byte_run_spm(run, nr, dst + m);
+            m += tok->byte_run_whole ? byte_run_hf(run, nr, dst + m) /* sentencepiece: */
+                                     : utf8_sanitize(run, nr, dst + m, NULL, true);
         nr = 0;
         if (i < n && !skip) {
             const struct rt_tok_entry *e = &tok->ent[ids[i]];
@@ -893,7 +873,7 @@ enum rt_tok_err rt_tok_decode(const struct rt_tok *tok, const int32_t *ids, size
     const unsigned char *src = mid ? (const unsigned char *)mid : raw;
     size_t start = tok->strip_space && !(flags & RT_TOK_DECODE_KEEP_SPACE) && m > 0 &&
                    src[0] == ' ' && (piece_first || tok->byte_run_whole);
-    *len = utf8_sanitize(src + start, m - start, dst, NULL);
+    *len = utf8_sanitize(src + start, m - start, dst, NULL, false);
     *text = dst;
     free(mid);
     free(raw);
@@ -951,20 +931,8 @@ static size_t stream_decode(struct rt_tok_stream *s, int32_t id, bool skip,
     memcpy(comb, s->hold, s->n_hold);
     memcpy(comb + s->n_hold, bytes, blen);
     need = s->n_hold + blen;
-    if (tok->kind == RT_TOK_KIND_SPM) { /* one byte of a run: sentencepiece's rule, eagerly */
-        size_t i = 0;
-        for (uint32_t cp; i < need;) {
-            int k = rt_tok_utf8_seq(comb + i, need - i, &cp);
-            if (k == 0)
-                break;
-            size_t c = k > 0 ? (size_t)k : 1;
-            memcpy(dst + m, k > 0 ? (const char *)comb + i : REPLACEMENT, k > 0 ? c : 3);
-            m += k > 0 ? c : 3, i += c;
-        }
-        held = need - i;
-    } else {
-        m = utf8_sanitize(comb, need, dst, &held);
-    }
+    /* SentencePiece: one byte of a run, by sentencepiece's rule, eagerly */
+    m = utf8_sanitize(comb, need, dst, &held, tok->kind == RT_TOK_KIND_SPM);
     memcpy(s->hold, comb + need - held, held); /* held <= 3: an incomplete character */
     s->n_hold = held;
     return m;
@@ -1023,7 +991,7 @@ enum rt_tok_err rt_tok_stream_flush(struct rt_tok_stream *s, const char **text, 
     if (s->tok->kind == RT_TOK_KIND_SPM)
         *len = stream_end_run(s, s->out);
     else
-        *len = utf8_sanitize(s->hold, s->n_hold, s->out, NULL);
+        *len = utf8_sanitize(s->hold, s->n_hold, s->out, NULL, false);
     s->out[*len] = '\0';
     *text = s->out;
     s->n_hold = 0;

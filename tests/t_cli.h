@@ -61,6 +61,16 @@ static inline void proc_free(struct proc *p)
     memset(p, 0, sizeof(*p));
 }
 
+/* argv of g_bin for args (NULL-terminated, without argv[0]; at most MAX_ARGS). */
+static inline void cli_argv(const char *const *args, const char **argv)
+{
+    int n = 0;
+    argv[n++] = g_bin;
+    for (; args[n - 1] && n < MAX_ARGS; n++)
+        argv[n] = args[n - 1];
+    argv[n] = NULL;
+}
+
 /* Run g_bin with argv (NULL-terminated, without argv[0]); capture stdout/stderr. */
 static inline struct proc run_v(const char *const *args)
 {
@@ -69,11 +79,7 @@ static inline struct proc run_v(const char *const *args)
     snprintf(outp, sizeof(outp), "%s/stdout", g_tmp);
     snprintf(errp, sizeof(errp), "%s/stderr", g_tmp);
     const char *argv[MAX_ARGS + 2];
-    int n = 0;
-    argv[n++] = g_bin;
-    for (; args[n - 1] && n < MAX_ARGS; n++)
-        argv[n] = args[n - 1];
-    argv[n] = NULL;
+    cli_argv(args, argv);
     fflush(stdout);
     fflush(stderr);
     pid_t pid = fork();
@@ -103,18 +109,25 @@ static inline struct proc run_v(const char *const *args)
     return p;
 }
 
-/* run(a, b, ..., NULL) */
-static inline struct proc run(const char *a0, ...)
+/* run_v of a0 and the arguments after it in ap (up to a NULL) */
+static inline struct proc run_va(const char *a0, va_list ap)
 {
     const char *args[MAX_ARGS + 1];
     int n = 0;
-    va_list ap;
-    va_start(ap, a0);
     for (const char *a = a0; a && n < MAX_ARGS; a = va_arg(ap, const char *))
         args[n++] = a;
-    va_end(ap);
     args[n] = NULL;
     return run_v(args);
+}
+
+/* run(a, b, ..., NULL) */
+static inline struct proc run(const char *a0, ...)
+{
+    va_list ap;
+    va_start(ap, a0);
+    struct proc p = run_va(a0, ap);
+    va_end(ap);
+    return p;
 }
 
 /* Check the exit code; print the command's stderr when it differs. */
@@ -164,18 +177,24 @@ static inline char *ids_csv(const cJSON *arr)
     return s;
 }
 
-static inline cJSON *load_index(void)
+/* A JSON file under tests/data (path relative to it), parsed; NULL (quietly) when it cannot be
+ * read: the caller decides whether that fails a check. */
+static inline cJSON *cli_read_json(const char *rel)
 {
-    char *buf = NULL;
+    char path[512], *buf = NULL;
     size_t len = 0;
+    snprintf(path, sizeof(path), DATA "%s", rel);
     qs_log_set_quiet(true);
-    enum rt_io_err e = rt_file_read(DATA "models/INDEX.json", 1 << 24, &buf, &len);
+    enum rt_io_err e = rt_file_read(path, 1 << 26, &buf, &len);
     qs_log_set_quiet(false);
-    if (e)
-        return NULL;
-    cJSON *j = cJSON_ParseWithLength(buf, len);
+    cJSON *j = e ? NULL : cJSON_ParseWithLength(buf, len);
     free(buf);
     return j;
+}
+
+static inline cJSON *load_index(void)
+{
+    return cli_read_json("models/INDEX.json");
 }
 
 static inline const char *jstr(const cJSON *o, const char *k)
@@ -286,6 +305,29 @@ static inline bool has_llama2_tokenizer(const cJSON *m)
     free(a);
     free(b);
     return same;
+}
+
+/* log P(id) of a logits row [V] (log-softmax in double): the reference the checks compute. */
+static inline double cli_log_softmax(const float *row, int64_t V, int id)
+{
+    double mx = -INFINITY, s = 0;
+    for (int64_t v = 0; v < V; v++)
+        mx = row[v] > mx ? row[v] : mx;
+    for (int64_t v = 0; v < V; v++)
+        s += exp((double)row[v] - mx);
+    return (double)row[id] - mx - log(s);
+}
+
+/* Copy fixture m's directory to g_tmp/<tag>-src (dir, for edits) and name g_tmp/<tag> (out,
+ * the conversion to make of it); dir and out hold n bytes. */
+static inline void cli_fixture_copy(const cJSON *m, const char *tag, char *dir, char *out,
+                                    size_t n)
+{
+    char cmd[2048];
+    snprintf(dir, n, "%s/%s-src", g_tmp, tag);
+    snprintf(out, n, "%s/%s", g_tmp, tag);
+    snprintf(cmd, sizeof(cmd), "cp -r '" DATA "%s' '%s'", jstr(m, "path"), dir);
+    CHECK(system(cmd) == 0);
 }
 
 /* Set up g_bin, the devices and the temp directory; false if the directory cannot be made. */

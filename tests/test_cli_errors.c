@@ -15,6 +15,17 @@
  */
 #include "t_cli.h"
 
+/* Run the binary with the arguments (NULL-terminated) and check its exit code. */
+static void expect(int code, const char *what, const char *a0, ...)
+{
+    va_list ap;
+    va_start(ap, a0);
+    struct proc p = run_va(a0, ap);
+    va_end(ap);
+    CHECK_EXIT(p, code, what);
+    proc_free(&p);
+}
+
 /* `run`/`logits`/`perplexity`/`tokenize` on a HuggingFace checkpoint directory (not converted):
  * exit 2 and the convert command, for every command. */
 static void check_hf_dir(const char *src)
@@ -80,17 +91,13 @@ static void check_errors_without_fixtures(void)
     CHECK_MSG(strstr(p.out, "mistral") && strstr(p.out, "implies"),
               "run --help: --chat-template families or 'implies --chat' missing");
     proc_free(&p);
-    p = run("run", "/nonexistent/model", "-p", "hi", NULL);
-    CHECK_EXIT(p, 4, "missing model path");
-    proc_free(&p);
+    expect(4, "missing model path", "run", "/nonexistent/model", "-p", "hi", NULL);
     /* -n: [-1, 2^24], the message names the range */
     p = run("run", "/nonexistent/model", "-p", "hi", "-n", "16777217", NULL);
     CHECK_EXIT(p, 1, "-n 2^24 + 1");
     CHECK_MSG(strstr(p.err, "16777216") != NULL, "-n range not named: %.300s", p.err);
     proc_free(&p);
-    p = run("run", "/nonexistent/model", "-p", "hi", "-n", "16777216", NULL);
-    CHECK_EXIT(p, 4, "-n 2^24 accepted (then the missing model)");
-    proc_free(&p);
+    expect(4, "-n 2^24 accepted (then the missing model)", "run", "/nonexistent/model", "-p", "hi", "-n", "16777216", NULL);
     /* --ctx: at least 2 (one prompt token and one generated), refused as a usage error */
     struct proc pc[2] = {
         run("run", "/nonexistent/model", "--tokens", "1", "--ctx", "1", NULL),
@@ -103,27 +110,13 @@ static void check_errors_without_fixtures(void)
                   pc[i].err);
         proc_free(&pc[i]);
     }
-    p = run("run", "/nonexistent/model", "--tokens", "1", "--ctx", "2", NULL);
-    CHECK_EXIT(p, 4, "--ctx 2 accepted (then the missing model)");
-    proc_free(&p);
-    p = run("tokenize", "/nonexistent/model", "--text", "hi", NULL);
-    CHECK_EXIT(p, 4, "tokenize missing model path");
-    proc_free(&p);
-    p = run("run", "/nonexistent/model", "-p", "hi", "--temp", "-1", NULL);
-    CHECK_EXIT(p, 1, "negative temperature");
-    proc_free(&p);
-    p = run("run", "/nonexistent/model", "-p", "hi", "--top-p", "1.5", NULL);
-    CHECK_EXIT(p, 1, "top-p > 1");
-    proc_free(&p);
-    p = run("run", "/nonexistent/model", "-p", "hi", "--tokens", "1,2", NULL);
-    CHECK_EXIT(p, 1, "both -p and --tokens");
-    proc_free(&p);
-    p = run("run", "/nonexistent/model", "-p", "hi", "--device", "tpu", NULL);
-    CHECK_EXIT(p, 1, "unknown device");
-    proc_free(&p);
-    p = run("logits", "/nonexistent/model", "--tokens", "1,2", NULL);
-    CHECK_EXIT(p, 1, "logits without --out");
-    proc_free(&p);
+    expect(4, "--ctx 2 accepted (then the missing model)", "run", "/nonexistent/model", "--tokens", "1", "--ctx", "2", NULL);
+    expect(4, "tokenize missing model path", "tokenize", "/nonexistent/model", "--text", "hi", NULL);
+    expect(1, "negative temperature", "run", "/nonexistent/model", "-p", "hi", "--temp", "-1", NULL);
+    expect(1, "top-p > 1", "run", "/nonexistent/model", "-p", "hi", "--top-p", "1.5", NULL);
+    expect(1, "both -p and --tokens", "run", "/nonexistent/model", "-p", "hi", "--tokens", "1,2", NULL);
+    expect(1, "unknown device", "run", "/nonexistent/model", "-p", "hi", "--device", "tpu", NULL);
+    expect(1, "logits without --out", "logits", "/nonexistent/model", "--tokens", "1,2", NULL);
     /* a file that is not a rank file */
     char junk[300];
     snprintf(junk, sizeof(junk), "%s/junk.qshard", g_tmp);
@@ -133,12 +126,8 @@ static void check_errors_without_fixtures(void)
           "....................................................................................",
           f);
     fclose(f);
-    p = run("run", junk, "--tokens", "1,2", NULL);
-    CHECK_EXIT(p, 2, "junk rank file");
-    proc_free(&p);
-    p = run("tokenize", junk, "--text", "hi", NULL);
-    CHECK_EXIT(p, 2, "tokenize junk rank file");
-    proc_free(&p);
+    expect(2, "junk rank file", "run", junk, "--tokens", "1,2", NULL);
+    expect(2, "tokenize junk rank file", "tokenize", junk, "--text", "hi", NULL);
 }
 
 /* Short options: clusters that are not an option with a valid value are refused whole. */

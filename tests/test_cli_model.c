@@ -152,14 +152,8 @@ static void check_perplexity(const char *model, const char *name, const cJSON *p
     double nll = 0;
     int count = 0;
     for (int j = T / 2; j < T - 1; j++) {
-        const float *row = g + (size_t)j * (size_t)c;
-        double mx = -INFINITY, s = 0;
-        for (int64_t v = 0; v < c; v++)
-            mx = row[v] > mx ? row[v] : mx;
-        for (int64_t v = 0; v < c; v++)
-            s += exp(row[v] - mx);
-        int tgt = cJSON_GetArrayItem(pids, j + 1)->valueint;
-        nll -= row[tgt] - mx - log(s);
+        nll -= cli_log_softmax(g + (size_t)j * (size_t)c, c,
+                               cJSON_GetArrayItem(pids, j + 1)->valueint);
         count++;
     }
     free(g);
@@ -259,13 +253,8 @@ static void check_perplexity_chunks(const char *model, const char *text, const c
         int64_t r = 0, c = 0;
         if (p.code == 0 && !rt_npy_read_f32(out, &lg, &r, &c) && r == CTX) {
             for (int j = CTX / 2; j < CTX - 1; j++) {
-                const float *row = lg + (size_t)j * (size_t)c;
-                double mx = -INFINITY, sm = 0;
-                for (int64_t v = 0; v < c; v++)
-                    mx = row[v] > mx ? row[v] : mx;
-                for (int64_t v = 0; v < c; v++)
-                    sm += exp(row[v] - mx);
-                double lp = row[cJSON_GetArrayItem(chunk, j + 1)->valueint] - mx - log(sm);
+                double lp = cli_log_softmax(lg + (size_t)j * (size_t)c, c,
+                                            cJSON_GetArrayItem(chunk, j + 1)->valueint);
                 nll -= lp;
                 nll2 += lp * lp;
                 count++;
@@ -359,12 +348,8 @@ static bool check_eos_list(const cJSON *m, const cJSON *prompt)
     }
     if (k < 0 || unused < 0)
         return false; /* a degenerate greedy run (one id repeated): try another prompt */
-    char src[512], dir[512], out[512], cmd[2048], gc[600];
-    snprintf(src, sizeof(src), DATA "%s", jstr(m, "path"));
-    snprintf(dir, sizeof(dir), "%s/eoslist-src", g_tmp);
-    snprintf(out, sizeof(out), "%s/eoslist", g_tmp);
-    snprintf(cmd, sizeof(cmd), "cp -r '%s' '%s'", src, dir);
-    CHECK(system(cmd) == 0);
+    char dir[512], out[512], gc[600];
+    cli_fixture_copy(m, "eoslist", dir, out, sizeof(dir));
     snprintf(gc, sizeof(gc), "%s/generation_config.json", dir);
     FILE *f = fopen(gc, "wb");
     CHECK(f != NULL);
@@ -533,11 +518,8 @@ static void check_bench_json(const char *model)
 /* The longest Llama-2 vector text drives the multi-chunk perplexity check. */
 static void check_perplexity_vectors(const char *model)
 {
-    char *buf = NULL;
-    size_t len;
-    CHECK(rt_file_read(DATA "tokenizer-test-vectors.json", 1 << 26, &buf, &len) == 0);
-    cJSON *root = cJSON_ParseWithLength(buf, len);
-    free(buf);
+    cJSON *root = cli_read_json("tokenizer-test-vectors.json");
+    CHECK(root != NULL);
     const cJSON *c, *best = NULL;
     cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(
                               cJSON_GetObjectItemCaseSensitive(root, "llama2_spm"), "cases"))

@@ -342,11 +342,7 @@ static struct proc run_interrupted(const char *const *args, const char *needle)
     if (pipe(fo) != 0 || pipe(fe) != 0)
         return p;
     const char *argv[MAX_ARGS + 2];
-    int n = 0;
-    argv[n++] = g_bin;
-    for (; args[n - 1] && n < MAX_ARGS; n++)
-        argv[n] = args[n - 1];
-    argv[n] = NULL;
+    cli_argv(args, argv);
     fflush(stdout);
     pid_t pid = fork();
     if (pid == 0) {
@@ -454,12 +450,8 @@ static void check_vocab_limit(const cJSON *models)
     CHECK_MSG(fx != NULL, "fixture qwen2-bias-tied-v509 (vocab 509) missing");
     if (!fx)
         return;
-    char src[600], dir[600], out[600], cmd[2048], npy[600];
-    snprintf(src, sizeof(src), DATA "%s", jstr(fx, "path"));
-    snprintf(dir, sizeof(dir), "%s/smalltok-src", g_tmp);
-    snprintf(out, sizeof(out), "%s/smalltok", g_tmp);
-    snprintf(cmd, sizeof(cmd), "cp -r '%s' '%s'", src, dir);
-    CHECK(system(cmd) == 0);
+    char dir[600], out[600], npy[600];
+    cli_fixture_copy(fx, "smalltok", dir, out, sizeof(dir));
     write_small_tokenizer(dir, N_TOK);
     struct proc p = run("convert", dir, out, "--tp", "1", NULL);
     CHECK_EXIT(p, 0, "convert with a 300-id tokenizer");
@@ -504,12 +496,8 @@ static void check_gen_defaults(const cJSON *models)
             fx = m;
     if (!fx)
         return;
-    char src[600], dir[600], out[600], cmd[2048], gc[800];
-    snprintf(src, sizeof(src), DATA "%s", jstr(fx, "path"));
-    snprintf(dir, sizeof(dir), "%s/gendef-src", g_tmp);
-    snprintf(out, sizeof(out), "%s/gendef", g_tmp);
-    snprintf(cmd, sizeof(cmd), "cp -r '%s' '%s'", src, dir);
-    CHECK(system(cmd) == 0);
+    char dir[600], out[600], gc[800];
+    cli_fixture_copy(fx, "gendef", dir, out, sizeof(dir));
     snprintf(gc, sizeof(gc), "%s/generation_config.json", dir);
     FILE *f = fopen(gc, "wb");
     if (!f)
@@ -552,17 +540,6 @@ static void check_gen_defaults(const cJSON *models)
 
 // --- --json -----------------------------------------------------------------------------------
 
-/* log-softmax of row [V] at id */
-static double log_softmax(const float *row, int64_t V, int id)
-{
-    double mx = -INFINITY, s = 0;
-    for (int64_t v = 0; v < V; v++)
-        mx = row[v] > mx ? row[v] : mx;
-    for (int64_t v = 0; v < V; v++)
-        s += exp((double)row[v] - mx);
-    return (double)row[id] - mx - log(s);
-}
-
 static void check_json(const char *model, bool has_tok)
 {
     struct proc ids = run("run", model, "--tokens", "1,5,6", "-n", "6", "--temp", "0",
@@ -598,7 +575,7 @@ static void check_json(const char *model, bool has_tok)
         const double got = cJSON_GetObjectItemCaseSensitive(e, "logprob")->valuedouble;
         const cJSON *top = cJSON_GetObjectItemCaseSensitive(e, "top");
         if (lg && r == 9) {
-            double want = log_softmax(lg + (size_t)(2 + k) * (size_t)c, c, id);
+            double want = cli_log_softmax(lg + (size_t)(2 + k) * (size_t)c, c, id);
             CHECK_MSG(fabs(got - want) < 1e-3, "step %d: logprob %g, from logits %g", k, got, want);
         }
         CHECK(cJSON_GetArraySize(top) == 3 &&

@@ -115,11 +115,8 @@ static void check_tokenize_vectors(const char *model)
  * truncated, invalid, overlong, surrogate, runs broken by pieces and by special tokens). */
 static void check_decode_vectors(const char *model)
 {
-    char *buf = NULL;
-    size_t len;
-    CHECK(rt_file_read(DATA "tokenizers/decode-vectors.json", 1 << 24, &buf, &len) == 0);
-    cJSON *root = cJSON_ParseWithLength(buf, len);
-    free(buf);
+    cJSON *root = cli_read_json("tokenizers/decode-vectors.json");
+    CHECK(root != NULL);
     const cJSON *cases = cJSON_GetObjectItemCaseSensitive(
         cJSON_GetObjectItemCaseSensitive(root, "hf_llama2"), "cases");
     int n = 0;

@@ -95,6 +95,18 @@ static struct rt_tok *load(const char *json, const char *model, const char *conf
     return tok;
 }
 
+/* A JSON file under tests/data, parsed (the caller deletes it); NULL and a failed check when it
+ * cannot be read. */
+static cJSON *read_json(const char *path)
+{
+    size_t len;
+    char *text = read_all(path, &len);
+    cJSON *root = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    CHECK_MSG(root != NULL, "cannot read %s", path);
+    return root;
+}
+
 static bool valid_utf8(const char *s, size_t n)
 {
     /* independent of the library: Unicode Table 3-7 */
@@ -639,11 +651,7 @@ static void test_bad_utf8(const struct rt_tok *tok)
 static void test_decode_vectors(const struct rt_tok *l2j, const struct rt_tok *l2m,
                                 const struct rt_tok *mis)
 {
-    size_t len;
-    char *text = read_all(TOKDIR "decode-vectors.json", &len);
-    cJSON *root = text ? cJSON_Parse(text) : NULL;
-    free(text);
-    CHECK_MSG(root != NULL, "cannot read " TOKDIR "decode-vectors.json");
+    cJSON *root = read_json(TOKDIR "decode-vectors.json");
     const char *blocks[3] = {"hf_llama2", "hf_mistral", "spm_llama2"};
     const struct rt_tok *toks[3] = {l2j, mis, l2m};
     int n_checked = 0;
@@ -903,11 +911,7 @@ static void test_chat(const struct rt_tok *l2, const struct rt_tok *l3, const st
 static void test_chat_golden(const struct rt_tok *l2, const struct rt_tok *l3, const struct rt_tok *l31,
                              const struct rt_tok *chatml)
 {
-    size_t len;
-    char *g = read_all(TOKDIR "chat-golden.json", &len);
-    cJSON *root = g ? cJSON_Parse(g) : NULL;
-    free(g);
-    CHECK_MSG(root != NULL, "cannot read " TOKDIR "chat-golden.json");
+    cJSON *root = read_json(TOKDIR "chat-golden.json");
     /* Mistral and Qwen2: a tokenizer.json with a config holding the case's template, so the
      * family is detected from it (Mistral v0.1 and v0.2 differ in a space after EOS; Qwen2's
      * template has a default system message) */
@@ -1121,14 +1125,9 @@ static void test_speed(const struct rt_tok *tok, const char *name, const char *u
 int main(void)
 {
     T_INIT("tok");
-    size_t vlen;
-    char *vtext = read_all(VECTORS, &vlen);
-    CHECK_MSG(vtext != NULL, "cannot read %s (run from the repository root)", VECTORS);
-    if (!vtext)
+    cJSON *vec = read_json(VECTORS); /* run from the repository root */
+    if (!vec)
         return t_done();
-    cJSON *vec = cJSON_Parse(vtext);
-    free(vtext);
-    CHECK(vec != NULL);
 
     struct rt_tok *l2j = load("llama2/tokenizer.json", NULL, NULL, NULL);
     struct rt_tok *l2m = load(NULL, "llama2/tokenizer.model", NULL, NULL);
@@ -1153,11 +1152,7 @@ int main(void)
         if (cml)
             test_chat_golden(l2j, l3, l31, cml);
         rt_tok_free(cml);
-        size_t elen;
-        char *etext = read_all(TOKDIR "extra-vectors.json", &elen);
-        cJSON *ex = etext ? cJSON_Parse(etext) : NULL;
-        free(etext);
-        CHECK_MSG(ex != NULL, "cannot read " TOKDIR "extra-vectors.json");
+        cJSON *ex = read_json(TOKDIR "extra-vectors.json");
         /* sentencepiece does not parse special tokens; HF tokenizers always does */
         test_extra(ex, "llama2", l2m, 0, false, 484);
         test_extra(ex, "llama2", l2j, 0, false, 484);
