@@ -69,8 +69,19 @@ endif
 endif
 
 # --- flags ---------------------------------------------------------------------------------
-INCLUDES    := -Iformat -Ikernels -Iconvert -Iruntime -Itools
-CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wstrict-prototypes \
+# Per-module include paths enforce docs/DESIGN.md section 1 (who includes what): an object
+# compiles with only the directories its module may use, so a library file that includes a
+# tools/ header (cmd.h, cli.h) fails to build. convert/ gets runtime/ for rt_tok.h (the
+# converter's tokenizer checks) and nothing else there (`make lint` checks that).
+# kernels/k_bench.cu (`qshard bench kernel`) also reads runtime/rt_sample.h (its host
+# reference) until that bench moves.
+INC_format  := -Iformat
+INC_kernels := -Iformat -Ikernels
+INC_convert := -Iformat -Ikernels -Iconvert -Iruntime
+INC_runtime := -Iformat -Ikernels -Iruntime
+INC_all     := -Iformat -Ikernels -Iconvert -Iruntime -Itools
+INCLUDES    := $(INC_all)
+CFLAGS_BASE  = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wstrict-prototypes \
                -Wpointer-arith -Wundef -Wcast-align -g -MMD -MP $(INCLUDES) $(DEP_CFLAGS)
 ifeq ($(DEBUG),1)
 OPT ?= -O0
@@ -87,7 +98,7 @@ LDFLAGS_ALL = $(SAN) -Wl,-rpath,'$$ORIGIN' $(LDFLAGS)
 CUDA_ARCHS  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_89,code=sm_89 \
                -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90
 NVCCFLAGS   ?= -std=c++17 -O3 -lineinfo $(CUDA_ARCHS) -Xcompiler -Wall,-Wextra \
-               $(INCLUDES) -DK_DEBUG_SYNC=$(DEBUG_SYNC) -MMD -MP
+               -DK_DEBUG_SYNC=$(DEBUG_SYNC) -MMD -MP
 # cuBLAS is not linked: kernels/k_cublas_load.cu dlopens it on first use (it costs ~150 MB of
 # RSS at program start, which the converter cannot afford under its 512 MiB bound).
 CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lnccl -ldl -lstdc++
@@ -118,6 +129,15 @@ TOOL_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(notdir $(TOOL_C)))
 TEST_BIN  := $(patsubst tests/%.c,$(BUILD)/%,$(TEST_C))
 GPU_TEST_BIN := $(patsubst tests/%.cu,$(BUILD)/%,$(GPU_TEST_CU))
 LIBQS     := $(BUILD)/libqshard.a
+
+# the include paths of each module's objects (target-specific: see INC_* above)
+obj_of = $(patsubst %.c,$(BUILD)/%.o,$(notdir $(filter $(1)/%.c,$(LIB_C)))) \
+         $(patsubst %.cu,$(BUILD)/%.cu.o,$(notdir $(filter $(1)/%.cu,$(LIB_CU))))
+$(call obj_of,format):  INCLUDES := $(INC_format)
+$(call obj_of,kernels): INCLUDES := $(INC_kernels)
+$(call obj_of,convert): INCLUDES := $(INC_convert)
+$(call obj_of,runtime): INCLUDES := $(INC_runtime)
+$(BUILD)/k_bench.cu.o:  INCLUDES := $(INC_kernels) -Iruntime
 QSHARD    := $(BUILD)/qshard
 LINK_LIBS  = $(DEP_LIBS) $(if $(filter 1,$(HAVE_CUDA)),$(CUDA_LIBS))
 
@@ -145,7 +165,7 @@ $(BUILD)/%.o: %.c | $(BUILD)
 
 $(BUILD)/%.cu.o: %.cu | $(BUILD)
 	@[ "$(V)" = 1 ] || echo "  NVCC  $<"
-	$(Q)$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(Q)$(NVCC) $(NVCCFLAGS) $(INCLUDES) -c $< -o $@
 
 $(LIBQS): $(LIB_OBJ)
 	@[ "$(V)" = 1 ] || echo "  AR    $@"
@@ -164,7 +184,7 @@ $(BUILD)/test_%: $(BUILD)/test_%.o $(LIBQS)
 
 $(BUILD)/gpu_test_%: tests/gpu_test_%.cu $(LIBQS)
 	@[ "$(V)" = 1 ] || echo "  NVCC  $<"
-	$(Q)$(NVCC) $(NVCCFLAGS) -o $@ $< $(LIBQS) $(DEP_LIBS) -lcublas -lnccl -Xlinker -rpath,'$$ORIGIN'
+	$(Q)$(NVCC) $(NVCCFLAGS) $(INC_all) -o $@ $< $(LIBQS) $(DEP_LIBS) -lcublas -lnccl -Xlinker -rpath,'$$ORIGIN'
 
 tests: $(TEST_BIN) $(QSHARD)
 
@@ -175,8 +195,10 @@ check: ## run the CPU tests under AddressSanitizer + UndefinedBehaviorSanitizer
 	$(Q)$(MAKE) --no-print-directory BUILD=build-san NO_CUDA=1 OPT="-O1 -fno-omit-frame-pointer" \
 	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined" test
 
-lint: ## size rules of docs/DESIGN.md section 1: files <= 1200 lines, host functions <= 150
+lint: ## size rules of docs/DESIGN.md section 1 (files <= 1200 lines, host functions <= 150); convert/ includes no runtime header but rt_tok.h
 	$(Q)python3 tools/lint_size.py
+	$(Q)bad=$$(grep -HnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"(rt[a-z_]*|cmd|cli)\.h"' convert/*.c convert/*.h \
+	    | grep -v '"rt_tok\.h"'); if [ -n "$$bad" ]; then echo "lint: convert/ may include only rt_tok.h of runtime/ and nothing of tools/:"; echo "$$bad"; exit 1; fi
 
 # --- fuzzing (clang + libFuzzer) -------------------------------------------------------------
 FUZZ_BUILD := build-fuzz

@@ -1,5 +1,6 @@
 /*
- * qs_log.c - see qs_log.h. Tested indirectly by every test that asserts on qs_log_last().
+ * qs_log.c - see qs_log.h. Tested by every test that asserts on qs_log_last(), and for the
+ * printed form by tests/test_cli_errors.c (the "qshard CMD: error:" prefix, `where` with -v).
  */
 #include "qs_log.h"
 
@@ -9,8 +10,11 @@
 
 static bool g_quiet;
 static enum qs_log_level g_level = QS_LOG_INFO;
+static const char *g_prog = "qshard";
 static _Thread_local char t_last[1024];
 
+void qs_log_set_prog(const char *prog) { g_prog = prog ? prog : "qshard"; }
+const char *qs_log_prog(void) { return g_prog; }
 void qs_log_set_quiet(bool quiet) { g_quiet = quiet; }
 void qs_log_set_level(enum qs_log_level l) { g_level = l; }
 enum qs_log_level qs_log_get_level(void) { return g_level; }
@@ -25,15 +29,19 @@ void qs_log_error(const char *where, const char *fmt, ...)
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     snprintf(t_last, sizeof(t_last), "%.200s: %s", where ? where : "?", msg);
-    if (!g_quiet)
-        fprintf(stderr, "qshard: error: %s\n", t_last);
+    if (g_quiet)
+        return;
+    if (g_level >= QS_LOG_DEBUG)
+        fprintf(stderr, "%s: error: %s\n", g_prog, t_last);
+    else
+        fprintf(stderr, "%s: error: %s\n", g_prog, msg);
 }
 
-static void vlog(enum qs_log_level l, const char *prefix, const char *fmt, va_list ap)
+static void vlog(enum qs_log_level l, const char *kind, const char *fmt, va_list ap)
 {
     if (g_quiet || l > g_level)
         return;
-    fputs(prefix, stderr);
+    fprintf(stderr, "%s: %s", g_prog, kind);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
 }
@@ -42,7 +50,7 @@ void qs_log_warn(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vlog(QS_LOG_WARN, "qshard: warning: ", fmt, ap);
+    vlog(QS_LOG_WARN, "warning: ", fmt, ap);
     va_end(ap);
 }
 
@@ -50,7 +58,7 @@ void qs_log_info(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vlog(QS_LOG_INFO, "qshard: ", fmt, ap);
+    vlog(QS_LOG_INFO, "", fmt, ap);
     va_end(ap);
 }
 
@@ -58,6 +66,6 @@ void qs_log_debug(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vlog(QS_LOG_DEBUG, "qshard: debug: ", fmt, ap);
+    vlog(QS_LOG_DEBUG, "debug: ", fmt, ap);
     va_end(ap);
 }

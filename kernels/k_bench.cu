@@ -28,7 +28,7 @@
 #include <vector>
 
 extern "C" {
-#include "cmd.h" /* bench_kernel_main (C linkage: tools/ is C), QS_EXIT_* */
+#include "qs_log.h" /* QS_EXIT_* */
 }
 #include "k_common.cuh" /* K_CUDA_CHECK, kernels.h */
 #include "rt_sample.h"  /* rt_sampler: the host path that `bench kernel sample` compares with */

@@ -1,7 +1,8 @@
 /* k_bench_nocuda.c - stands in for k_bench.cu in builds without nvcc. */
 #include <stdio.h>
 
-#include "cmd.h" /* bench_kernel_main, QS_EXIT_RUNTIME */
+#include "kernels.h" /* bench_kernel_main */
+#include "qs_log.h"  /* QS_EXIT_RUNTIME */
 
 int bench_kernel_main(int argc, char **argv)
 {

@@ -447,6 +447,12 @@ int k_attention_at(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q
                    const int32_t *start_pos_dev, int n_heads, int n_kv_heads, int hd, int T_cap,
                    int sliding_window, void *ws, size_t ws_bytes, struct CUstream_st *stream);
 
+/* --- benchmark entry point --------------------------------------------------------------- */
+
+/* `qshard bench kernel ...` (kernels/k_bench.cu; kernels/k_bench_nocuda.c without nvcc):
+ * argv[0] = "kernel", its own options; returns a process exit code (enum qs_exit, qs_log.h). */
+int bench_kernel_main(int argc, char **argv);
+
 #ifdef __cplusplus
 }
 #endif

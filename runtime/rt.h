@@ -64,7 +64,9 @@ extern "C" {
     X(RT_ERR_UNSUPPORTED, 14, 2, "model feature not supported")                            \
     X(RT_ERR_THREAD, 15, 3, "could not start worker threads")                              \
     X(RT_ERR_NUMERIC, 16, 3, "the model computed no finite logit")                         \
-    X(RT_ERR_PEER, 17, 3, "another rank failed")
+    X(RT_ERR_TOKENIZER, 17, 2, "tokenizer missing, malformed, or text it cannot encode")  \
+    X(RT_ERR_CANCELLED, 18, 3, "interrupted (a signal set the cancel flag)")                \
+    X(RT_ERR_PEER, 19, 3, "another rank failed")
 
 enum rt_err {
 #define RT_X_ENUM(name, val, code, msg) name = val,
@@ -191,13 +193,15 @@ struct rt_opts {
                                (and decode graphs at world_size > 1), 0 = NCCL only (needed under
                                compute-sanitizer or CUDA_LAUNCH_BLOCKING=1, which serialise the
                                ranks' kernels that wait for each other) */
+    /* A/B and debugging switches (false = the normal path; the CLI's --debug-* options,
+     * README "Debug options", docs/DESIGN.md section 8): */
     bool no_graph;          /* decode steps op by op, never as a CUDA graph */
     bool no_pdl;            /* CUDA: plain launches, no Programmatic Dependent Launch */
     bool no_defer;          /* no deferred split-K epilogue: every W4A16 linear writes fp16 */
     bool no_rope_kv;        /* CUDA: RoPE and the KV-cache store as two kernels */
     bool no_wgmma;          /* CUDA: dequant + cuBLAS instead of the wgmma kernel at 65-128 rows */
-    bool host_sample;       /* choose the next token on the host (rt_sampler) even where the
-                               backend can on the device */
+    bool host_sample;       /* choose the next token on the host (rt_sampler) from the
+                               downloaded logits, even where the backend can on the device */
 };
 
 /* Defaults: AUTO device, all cores, default context and batch, one sequence slot, GPU 0,
@@ -233,8 +237,6 @@ struct rt_pick {
     struct rt_sample_params p; /* the sampler's parameters (the seed is not used here) */
     double u;                  /* this token's draw in [0, 1); unused when greedy */
     const uint8_t *seen;       /* host [ceil(vocab_size/8)]: history bitmap (rt_sampler.seen) */
-    int32_t n_vocab;           /* candidates are ids [0, n_vocab) (the tokenizer's vocabulary
-                                  when smaller than the model's); 0: vocab_size */
 };
 
 /* --- the executor: every rank of this process ------------------------------------------------- */
@@ -286,8 +288,8 @@ bool rt_exec_can_pick(const struct rt_exec *e);
  * (picks[i] for row out[i]); only the ids [0, n_vocab) come back, not the rows. Errors: those of
  * rt_exec_forward; RT_ERR_UNSUPPORTED when !rt_exec_can_pick; RT_ERR_ARG (picks or ids NULL,
  * n_out < 1, parameters rt_sample_params_check refuses, u outside [0, 1) when sampling, seen
- * NULL with a repetition penalty, n_vocab outside [0, vocab_size]: checked before anything
- * runs); RT_ERR_NUMERIC when a row has no finite logit.
+ * NULL with a repetition penalty: checked before anything runs); RT_ERR_NUMERIC when a row has
+ * no finite logit. Candidates are ids [0, min(vocab_size, p.vocab_limit)).
  */
 enum rt_err rt_exec_forward_pick(struct rt_exec *e, const struct rt_batch *b,
                                  const struct rt_pick *picks, int32_t *ids);

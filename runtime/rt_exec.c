@@ -370,13 +370,12 @@ static enum rt_err check_pick(const struct rt_exec *e, const struct rt_pick *p)
 {
     if (rt_sample_params_check(&p->p) != RT_SAMPLE_ERR_NONE) /* reports the field */
         return RT_ERR_ARG;
-    const int V = rt_exec_config(e)->vocab_size;
+    (void)e;
     if ((p->p.temperature > 0.0f && !(p->u >= 0.0 && p->u < 1.0)) ||
-        (p->p.repeat_penalty != 1.0f && !p->seen) || p->n_vocab < 0 || p->n_vocab > V) {
+        (p->p.repeat_penalty != 1.0f && !p->seen)) {
         qs_log_error(__func__, "bad sampling request: draw u %g (must be in [0, 1) when "
-                     "sampling), history %s with repetition penalty %g, n_vocab %d (must be in "
-                     "[0, %d])", p->u, p->seen ? "given" : "NULL", (double)p->p.repeat_penalty,
-                     (int)p->n_vocab, V);
+                     "sampling), history %s with repetition penalty %g", p->u,
+                     p->seen ? "given" : "NULL", (double)p->p.repeat_penalty);
         return RT_ERR_ARG;
     }
     return RT_ERR_NONE;

@@ -305,7 +305,8 @@ static enum rt_err pick_row(struct rt_model *m, const float *row, const struct r
                             int32_t *id)
 {
     const struct rt_config *c = &m->cfg;
-    const int nv = pick->n_vocab > 0 ? pick->n_vocab : c->vocab_size;
+    const int limit = pick->p.vocab_limit; /* rt_sample.h step 0: ids [0, limit) only */
+    const int nv = limit > 0 && limit < c->vocab_size ? limit : c->vocab_size;
     TRY(OPS->sample(BCTX, row, nv, pick, id));
     if (*id < 0 || *id >= nv) {
         qs_log_error(__func__, "no finite logit among the %d ids: the model computed NaN or "

@@ -2,8 +2,8 @@
  * rt_io.h - small file helpers of the runtime's commands: float32 .npy write/read, whole-file
  * read, and parsing of token-id lists ("1,2,3").
  *
- * Who calls it: runtime/rt_main.c (`qshard logits` writes .npy, `perplexity` reads its text
- * file, `--tokens` lists), tests/test_cli.c and tests/test_sample.c style tests (read the .npy
+ * Who calls it: tools/cmd_*.c (`qshard logits` writes .npy, `perplexity` reads its text
+ * file, `--tokens` lists), tests/test_cli_*.c and tests/test_sample.c style tests (read the .npy
  * goldens). Every function reports a failure once through qs_log_error (file name and numbers)
  * and returns an enum rt_io_err; out-parameters are NULL / 0 on error. Buffers returned through
  * out-parameters are malloc'd and owned by the caller (free()).

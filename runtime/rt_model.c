@@ -56,10 +56,7 @@ int rt_err_exit_code(enum rt_err e)
 
 struct rt_opts rt_opts_default(void)
 {
-    struct rt_opts o;
-    memset(&o, 0, sizeof(o));
-    o.device = RT_DEVICE_AUTO;
-    o.p2p_allreduce = 1;
+    struct rt_opts o = {.device = RT_DEVICE_AUTO, .p2p_allreduce = 1}; /* the rest 0 / false */
     return o;
 }
 

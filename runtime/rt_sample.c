@@ -40,7 +40,7 @@ struct rt_sample_params rt_sample_params_default(void)
 {
     struct rt_sample_params p = {
         .temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f,
-        .repeat_penalty = 1.0f, .seed = 0,
+        .repeat_penalty = 1.0f, .seed = 0, .vocab_limit = 0,
     };
     return p;
 }
@@ -69,7 +69,18 @@ enum rt_sample_err rt_sample_params_check(const struct rt_sample_params *p)
                      (double)p->repeat_penalty);
         return RT_SAMPLE_ERR_PARAM;
     }
+    if (p->vocab_limit < 0) {
+        qs_log_error(__func__, "vocab_limit must be >= 0 (0 = off), got %d", (int)p->vocab_limit);
+        return RT_SAMPLE_ERR_PARAM;
+    }
     return RT_SAMPLE_ERR_NONE;
+}
+
+/* Step 0: the number of candidate ids, min(vocab_size, vocab_limit). */
+static int32_t n_candidates(const struct rt_sampler *s)
+{
+    const int32_t l = s->p.vocab_limit;
+    return l > 0 && l < s->vocab_size ? l : s->vocab_size;
 }
 
 // --- PRNG: splitmix64 seeding, xoshiro256** 1.0 (Blackman & Vigna, prng.di.unimi.it) -------
@@ -177,10 +188,10 @@ enum rt_sample_err rt_sampler_accept(struct rt_sampler *s, int32_t id)
 // --- the processors ------------------------------------------------------------------------
 
 /* Step 0 + 1: copy the real vocabulary, NaN -> -inf, repetition penalty on seen ids. */
-static void load_logits(struct rt_sampler *s, const float *logits)
+static void load_logits(struct rt_sampler *s, const float *logits, int32_t v)
 {
     const float r = s->p.repeat_penalty;
-    for (int32_t i = 0; i < s->vocab_size; i++) {
+    for (int32_t i = 0; i < v; i++) {
         float x = logits[i];
         if (isnan(x))
             x = -INFINITY;
@@ -305,8 +316,8 @@ int32_t rt_sampler_candidates(struct rt_sampler *s, const float *logits, int64_t
                      (long long)n_logits, (int)s->vocab_size);
         return -1;
     }
-    const int32_t v = s->vocab_size;
-    load_logits(s, logits);
+    const int32_t v = n_candidates(s);
+    load_logits(s, logits, v);
 
     if (s->p.temperature <= 0.0f) {
         int32_t id = argmax_lowest(s->work, v);

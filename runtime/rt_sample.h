@@ -3,15 +3,19 @@
  * top-p (nucleus), min-p, repetition penalty, with a seeded PRNG of our own so that `--seed`
  * makes runs repeatable on every machine.
  *
- * Who calls it: runtime/rt_main.c (`qshard run`), once per generated token, on the logits row
- * of the last position. The CUDA sampling kernel copies these semantics; tests/test_sample.c is
+ * Who calls it: runtime/rt_generate.c (the generation loop of runtime/rt_session.h), once per
+ * generated token, on the logits row of the last position. The CUDA sampling kernel copies these semantics; tests/test_sample.c is
  * the contract.
  *
  * Semantics (HuggingFace transformers' generation, src/transformers/generation/utils.py
  * `_get_logits_processor` and logits_process.py; the order of the processors is part of the
  * contract):
- *   0. Only ids [0, vocab_size) are candidates. Entries past vocab_size in a padded logits row
- *      (DESIGN 5: V_r * world_size >= vocab_size) are never read. A NaN logit counts as -inf.
+ *   0. Only ids [0, n) are candidates, n = min(vocab_size, vocab_limit) (vocab_limit 0: n =
+ *      vocab_size). Entries past vocab_size in a padded logits row (DESIGN 5: V_r * world_size
+ *      >= vocab_size) are never read; vocab_limit keeps out the rows of lm_head past the
+ *      tokenizer's vocabulary (Qwen2: config vocab_size 151936, 151646 tokenizer ids), which
+ *      have no text (the session passes min(model vocab, tokenizer vocab)). A NaN logit counts
+ *      as -inf.
  *   1. repetition penalty r (RepetitionPenaltyLogitsProcessor, after Keskar et al. 2019, "CTRL",
  *      arXiv:1909.05858 section 4.1): for every distinct id in the history (prompt + generated,
  *      as HF's input_ids), x = x > 0 ? x / r : x * r (x == 0 stays 0). Applied once per id, no
@@ -82,6 +86,7 @@ struct rt_sample_params {
     float min_p;          /* [0, 1]; 0: off */
     float repeat_penalty; /* > 0; 1: off; > 1 discourages repeats */
     uint64_t seed;        /* PRNG seed */
+    int32_t vocab_limit;  /* >= 0; 0: off; else only ids < vocab_limit are candidates (step 0) */
 };
 
 struct rt_sample_params rt_sample_params_default(void);
@@ -119,7 +124,7 @@ void rt_sampler_reset(struct rt_sampler *s);
 enum rt_sample_err rt_sampler_accept(struct rt_sampler *s, int32_t id);
 
 /* Picks the next token from `logits` [n_logits] (n_logits >= vocab_size; only the first
- * vocab_size entries are read) following the steps in the header comment; writes it to *out_id.
+ * min(vocab_size, vocab_limit) entries are read) following the steps in the header comment; writes it to *out_id.
  * Does not add it to the history (call rt_sampler_accept). Errors: RT_SAMPLE_ERR_PARAM
  * (n_logits < vocab_size), RT_SAMPLE_ERR_NO_CANDIDATE (every logit is -inf or NaN). */
 enum rt_sample_err rt_sampler_next(struct rt_sampler *s, const float *logits, int64_t n_logits,

@@ -436,6 +436,7 @@ static enum rt_tok_err build_dec(struct rt_tok *tok)
             int b = byte_piece(p, n);
             if (b >= 0) {
                 buf[m++] = (char)b;
+                e->attr |= RT_TOKA_BYTE; /* decoded by the byte-run rules (rt_tok_decode) */
             } else {
                 for (size_t i = 0; i < n; i++) {
                     if (i + 3 <= n && memcmp(p + i, RT_TOK_SPM_SPACE, 3) == 0) {
@@ -725,10 +726,13 @@ fail:
 
 static const char REPLACEMENT[] = "\xEF\xBF\xBD"; /* U+FFFD */
 
-/* Copy s[0..n) to dst (capacity >= 3n + 3) replacing each maximal ill-formed subpart by U+FFFD.
- * A trailing incomplete sequence is left out and its length stored in *held when held is
- * non-NULL, else replaced. Returns the bytes written. */
-static size_t utf8_sanitize(const unsigned char *s, size_t n, char *dst, size_t *held)
+/* Copy s[0..n) to dst (capacity >= 3n + 3) replacing invalid UTF-8 by U+FFFD: one per maximal
+ * ill-formed subpart (Unicode 15 §3.9, Rust's from_utf8_lossy), or with per_byte one per byte
+ * that does not start a valid character (sentencepiece's byte pieces). A trailing incomplete
+ * sequence is left out and its length stored in *held when held is non-NULL, else replaced.
+ * Returns the bytes written. */
+static size_t utf8_sanitize(const unsigned char *s, size_t n, char *dst, size_t *held,
+                            bool per_byte)
 {
     size_t m = 0;
     if (held)
@@ -739,17 +743,13 @@ static size_t utf8_sanitize(const unsigned char *s, size_t n, char *dst, size_t 
         if (k > 0) {
             memcpy(dst + m, s + i, (size_t)k);
             m += (size_t)k, i += (size_t)k;
-        } else if (k < 0) {
-            memcpy(dst + m, REPLACEMENT, 3);
-            m += 3, i += (size_t)-k;
-        } else {
-            if (held) {
-                *held = n - i;
-            } else {
-                memcpy(dst + m, REPLACEMENT, 3);
-                m += 3;
-            }
+        } else if (k == 0 && held) {
+            *held = n - i;
             break;
+        } else {
+            memcpy(dst + m, REPLACEMENT, 3);
+            m += 3;
+            i += per_byte ? 1 : k < 0 ? (size_t)-k : n - i;
         }
     }
     dst[m] = '\0';
@@ -759,6 +759,63 @@ static size_t utf8_sanitize(const unsigned char *s, size_t n, char *dst, size_t 
 static bool decode_skips(const struct rt_tok *tok, int32_t id, unsigned flags)
 {
     return (flags & RT_TOK_DECODE_SKIP_SPECIAL) && (tok->ent[id].attr & RT_TOKA_SPECIAL);
+}
+
+/* A SentencePiece byte piece <0xXX> (its one decoded byte). */
+static bool is_byte_token(const struct rt_tok *tok, int32_t id)
+{
+    return tok->kind == RT_TOK_KIND_SPM && (tok->ent[id].attr & RT_TOKA_BYTE) &&
+           tok->ent[id].dec_len == 1;
+}
+
+/* A run of byte tokens that has ended, HF's ByteFallback rule: the bytes if the whole run is
+ * valid UTF-8, else one U+FFFD per byte of the run. */
+static size_t byte_run_hf(const unsigned char *s, size_t n, char *dst)
+{
+    size_t held = 0, m = utf8_sanitize(s, n, dst, &held, false);
+    if (held == 0 && m == n && memcmp(dst, s, n) == 0)
+        return n;
+    for (m = 0; m < 3 * n; m += 3)
+        memcpy(dst + m, REPLACEMENT, 3);
+    return m;
+}
+
+/* SentencePiece-kind decode of ids[n] (range-checked) into dst (capacity >= 3 * decoded bytes
+ * + 4): pieces verbatim, byte-token runs by the tokenizer's rule (rt_tok_int.h byte_run_whole).
+ * *piece_first: the first token not skipped is a piece, not a byte token (sentencepiece strips
+ * the dummy-prefix space only from such a piece).
+ * A skipped special token is not there for HF's rule (skip_special_tokens drops it before the
+ * decoders) and ends the run for sentencepiece's (a control piece is a piece). run: scratch of
+ * >= n bytes. Returns the bytes written. */
+static size_t decode_spm(const struct rt_tok *tok, const int32_t *ids, size_t n, unsigned flags,
+                         unsigned char *run, char *dst, bool *piece_first)
+{
+    size_t m = 0, nr = 0;
+    bool first = true;
+    *piece_first = false;
+    for (size_t i = 0; i <= n; i++) {
+        const bool skip = i < n && decode_skips(tok, ids[i], flags);
+        if (i < n && !skip && first) { /* the first token that shows: a piece or a byte? */
+            *piece_first = !is_byte_token(tok, ids[i]);
+            first = false;
+        }
+        if (i < n && is_byte_token(tok, ids[i]) && !skip) {
+            run[nr++] = (unsigned char)tok->arena[tok->ent[ids[i]].dec_off];
+            continue;
+        }
+        if (skip && tok->byte_run_whole)
+            continue;
+        if (nr > 0)
+            m += tok->byte_run_whole ? byte_run_hf(run, nr, dst + m) /* sentencepiece: */
+                                     : utf8_sanitize(run, nr, dst + m, NULL, true);
+        nr = 0;
+        if (i < n && !skip) {
+            const struct rt_tok_entry *e = &tok->ent[ids[i]];
+            memcpy(dst + m, tok->arena + e->dec_off, e->dec_len);
+            m += e->dec_len;
+        }
+    }
+    return m;
 }
 
 enum rt_tok_err rt_tok_decode(const struct rt_tok *tok, const int32_t *ids, size_t n,
@@ -781,8 +838,8 @@ enum rt_tok_err rt_tok_decode(const struct rt_tok *tok, const int32_t *ids, size
         if (!decode_skips(tok, ids[i], flags))
             raw_len += tok->ent[ids[i]].dec_len;
     }
-    unsigned char *raw = malloc(raw_len + 1);
-    char *dst = malloc(3 * raw_len + 4);
+    unsigned char *raw = malloc(raw_len + n + 1);
+    char *dst = malloc(3 * raw_len + 4), *mid = NULL;
     if (!raw || !dst) {
         free(raw);
         free(dst);
@@ -790,16 +847,35 @@ enum rt_tok_err rt_tok_decode(const struct rt_tok *tok, const int32_t *ids, size
         return RT_TOK_ERR_NOMEM;
     }
     size_t m = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (decode_skips(tok, ids[i], flags))
-            continue;
-        const struct rt_tok_entry *e = &tok->ent[ids[i]];
-        memcpy(raw + m, tok->arena + e->dec_off, e->dec_len);
-        m += e->dec_len;
+    bool piece_first = true;
+    if (tok->kind == RT_TOK_KIND_SPM) {
+        /* pieces are UTF-8 and runs come out valid: the sanitize below changes nothing */
+        mid = malloc(3 * raw_len + 4);
+        if (!mid) {
+            free(raw);
+            free(dst);
+            qs_log_error(__func__, "out of memory decoding %zu ids", n);
+            return RT_TOK_ERR_NOMEM;
+        }
+        m = decode_spm(tok, ids, n, flags, raw, mid, &piece_first);
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            if (decode_skips(tok, ids[i], flags))
+                continue;
+            const struct rt_tok_entry *e = &tok->ent[ids[i]];
+            memcpy(raw + m, tok->arena + e->dec_off, e->dec_len);
+            m += e->dec_len;
+        }
     }
-    size_t start = (tok->strip_space && !(flags & RT_TOK_DECODE_KEEP_SPACE) && m > 0 && raw[0] == ' ');
-    *len = utf8_sanitize(raw + start, m - start, dst, NULL);
+    /* byte-level: String::from_utf8_lossy (HF decoders/byte_level.rs), U+FFFD per maximal
+     * ill-formed subpart; then the decoder's Strip of one leading space (HF Strip: of the
+     * decoded text; sentencepiece: of the first piece's "▁" only, never of a byte token) */
+    const unsigned char *src = mid ? (const unsigned char *)mid : raw;
+    size_t start = tok->strip_space && !(flags & RT_TOK_DECODE_KEEP_SPACE) && m > 0 &&
+                   src[0] == ' ' && (piece_first || tok->byte_run_whole);
+    *len = utf8_sanitize(src + start, m - start, dst, NULL, false);
     *text = dst;
+    free(mid);
     free(raw);
     return RT_TOK_ERR_NONE;
 }
@@ -825,6 +901,43 @@ static enum rt_tok_err stream_reserve(struct rt_tok_stream *s, size_t need)
     return RT_TOK_ERR_NONE;
 }
 
+/* SentencePiece kind: the held bytes are an incomplete character of a byte run; the run ends
+ * (a piece, a skipped control token under sentencepiece's rule, or the flush): one U+FFFD per
+ * held byte, as both rules give for a run that ends inside a character. */
+static size_t stream_end_run(struct rt_tok_stream *s, char *dst)
+{
+    size_t m = 0;
+    for (size_t i = 0; i < s->n_hold; i++, m += 3)
+        memcpy(dst + m, REPLACEMENT, 3);
+    s->n_hold = 0;
+    return m;
+}
+
+/* Bytes of token id (none when skip: a skipped special token) appended to the held ones, complete characters written to dst (capacity
+ * >= 3 * (held + token bytes) + 4); the new incomplete tail held. Returns the bytes written. */
+static size_t stream_decode(struct rt_tok_stream *s, int32_t id, bool skip,
+                            const unsigned char *bytes, size_t blen, unsigned char *comb,
+                            char *dst)
+{
+    const struct rt_tok *tok = s->tok;
+    size_t m = 0, held = 0, need;
+    if (tok->kind == RT_TOK_KIND_SPM && (skip || !is_byte_token(tok, id))) {
+        if (skip && tok->byte_run_whole) /* HF drops skipped specials before its decoders */
+            return 0;
+        m = stream_end_run(s, dst);
+        memcpy(dst + m, bytes, blen);
+        return m + blen;
+    }
+    memcpy(comb, s->hold, s->n_hold);
+    memcpy(comb + s->n_hold, bytes, blen);
+    need = s->n_hold + blen;
+    /* SentencePiece: one byte of a run, by sentencepiece's rule, eagerly */
+    m = utf8_sanitize(comb, need, dst, &held, tok->kind == RT_TOK_KIND_SPM);
+    memcpy(s->hold, comb + need - held, held); /* held <= 3: an incomplete character */
+    s->n_hold = held;
+    return m;
+}
+
 enum rt_tok_err rt_tok_stream_push(struct rt_tok_stream *s, int32_t id, const char **text,
                                    size_t *len)
 {
@@ -835,7 +948,8 @@ enum rt_tok_err rt_tok_stream_push(struct rt_tok_stream *s, int32_t id, const ch
         return RT_TOK_ERR_ID;
     }
     const struct rt_tok_entry *e = &tok->ent[id];
-    size_t blen = decode_skips(tok, id, s->flags) ? 0 : e->dec_len;
+    const bool skip = decode_skips(tok, id, s->flags);
+    size_t blen = skip ? 0 : e->dec_len;
     const unsigned char *bytes = (const unsigned char *)tok->arena + e->dec_off;
     size_t need = s->n_hold + blen;
     unsigned char local[256], *comb = local;
@@ -843,19 +957,24 @@ enum rt_tok_err rt_tok_stream_push(struct rt_tok_stream *s, int32_t id, const ch
         qs_log_error(__func__, "out of memory");
         return RT_TOK_ERR_NOMEM;
     }
-    memcpy(comb, s->hold, s->n_hold);
-    memcpy(comb + s->n_hold, bytes, blen);
-    size_t start = 0;
-    if (!s->started && need > 0) {
-        s->started = true;
-        start = tok->strip_space && !(s->flags & RT_TOK_DECODE_KEEP_SPACE) && comb[0] == ' ';
-    }
     enum rt_tok_err err = stream_reserve(s, 3 * need + 4);
     if (!err) {
-        size_t held;
-        *len = utf8_sanitize(comb + start, need - start, s->out, &held);
-        memcpy(s->hold, comb + need - held, held); /* held <= 3: an incomplete character */
-        s->n_hold = held;
+        size_t m = stream_decode(s, id, skip, bytes, blen, comb, s->out);
+        size_t start = 0;
+        /* the decoder's Strip of the first leading space: HF, of the first text that comes
+         * out; sentencepiece, only when the first token that shows is a piece (rt_tok_decode) */
+        const bool spm_rule = tok->kind == RT_TOK_KIND_SPM && !tok->byte_run_whole;
+        if (spm_rule && !s->started && !skip) {
+            s->started = true;
+            start = !is_byte_token(tok, id) && m > 0 && s->out[0] == ' ';
+        } else if (!spm_rule && !s->started && m > 0) {
+            s->started = true;
+            start = s->out[0] == ' ';
+        }
+        start = start && tok->strip_space && !(s->flags & RT_TOK_DECODE_KEEP_SPACE);
+        memmove(s->out, s->out + start, m - start);
+        s->out[m - start] = '\0';
+        *len = m - start;
         *text = s->out;
     }
     if (comb != local)
@@ -869,7 +988,11 @@ enum rt_tok_err rt_tok_stream_flush(struct rt_tok_stream *s, const char **text, 
     enum rt_tok_err err = stream_reserve(s, 3 * s->n_hold + 4);
     if (err)
         return err;
-    *len = utf8_sanitize(s->hold, s->n_hold, s->out, NULL);
+    if (s->tok->kind == RT_TOK_KIND_SPM)
+        *len = stream_end_run(s, s->out);
+    else
+        *len = utf8_sanitize(s->hold, s->n_hold, s->out, NULL, false);
+    s->out[*len] = '\0';
     *text = s->out;
     s->n_hold = 0;
     s->started = false;

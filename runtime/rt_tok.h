@@ -23,7 +23,8 @@
  * added_tokens_decoder (tokenizer.json's added_tokens are used) and clean_up_tokenization_spaces
  * (decoding stays lossless: decode(encode(text)) == text for byte-level tokenizers).
  *
- * Who calls it: runtime/rt_main.c (`qshard run/tokenize/perplexity`). Ownership: rt_tok_load
+ * Who calls it: runtime/rt_session.c and rt_generate.c (prompts, streamed text; `qshard run`,
+ * `tokenize`, `perplexity` through them). Ownership: rt_tok_load
  * copies what it needs, so the caller may free the input buffers right after; every array or
  * string returned through an out-parameter is malloc'd and owned by the caller (free()).
  * Errors: every function returning enum rt_tok_err reports the failure once through qs_log_error
@@ -136,13 +137,24 @@ enum {
 };
 
 /* Decode ids [n] to UTF-8 text: *text = malloc'd, NUL-terminated, *len bytes without the NUL.
- * Follows the HF decoders: SentencePiece "▁" -> " ", <0xXX> -> the byte, one leading space of the
- * whole output stripped (unless RT_TOK_DECODE_KEEP_SPACE); byte-level: GPT-2 unicode -> bytes.
- * Special tokens decode to their content unless skipped. Invalid UTF-8 in the byte stream becomes
- * U+FFFD per maximal ill-formed subpart (Unicode 15 §3.9, = Python errors="replace"). (HF's
- * ByteFallback decoder instead turns a whole run of byte tokens that is invalid into one U+FFFD
- * per byte; the two differ only on invalid byte sequences.)
- * Errors: RT_TOK_ERR_ID (an id < 0 or >= rt_tok_n_vocab), RT_TOK_ERR_NOMEM. */
+ * Follows the reference decoder of the tokenizer's files:
+ *   - SentencePiece kind: "▁" -> " ", <0xXX> -> the byte, one leading space of the whole output
+ *     stripped (unless RT_TOK_DECODE_KEEP_SPACE). A run of consecutive byte tokens that is not
+ *     valid UTF-8 gives one U+FFFD per invalid byte:
+ *       from tokenizer.json (HF tokenizers decoders/byte_fallback.rs, ByteFallback): if the
+ *       whole run is not valid UTF-8, every byte of the run becomes U+FFFD (a valid character
+ *       inside such a run too); skipped special tokens are removed first, so they do not end a
+ *       run;
+ *       from tokenizer.model (sentencepiece_processor.cc, ProcessBytePieces): valid characters
+ *       of the run are kept and each byte that does not start one becomes U+FFFD; any other
+ *       piece, a skipped control token included, ends the run.
+ *     Both: <0xE2><0x82> (a run ending inside a character) -> two U+FFFD.
+ *   - byte-level kind: GPT-2 unicode -> bytes, then invalid UTF-8 becomes U+FFFD per maximal
+ *     ill-formed subpart (HF decoders/byte_level.rs: String::from_utf8_lossy; Unicode 15 §3.9).
+ * Special tokens decode to their content unless RT_TOK_DECODE_SKIP_SPECIAL (HF decode's
+ * skip_special_tokens=True).
+ * Errors: RT_TOK_ERR_ID (an id < 0 or >= rt_tok_n_vocab), RT_TOK_ERR_NOMEM.
+ * Test: ./build/test_tok (tests/data/tokenizers/decode-vectors.json, from the references). */
 enum rt_tok_err rt_tok_decode(const struct rt_tok *tok, const int32_t *ids, size_t n,
                               unsigned flags, char **text, size_t *len);
 
@@ -174,8 +186,12 @@ bool rt_tok_is_special(const struct rt_tok *tok, int32_t id);
  * Feed generated ids one at a time; each push returns the text that became complete: only whole
  * UTF-8 characters are emitted, an incomplete sequence (a byte-fallback or byte-level token
  * holding part of a character) is held until the next token completes it. rt_tok_stream_flush
- * emits what is held (an incomplete sequence becomes U+FFFD). The concatenated output equals
- * rt_tok_decode of all ids with the same flags. */
+ * emits what is held (one U+FFFD per held byte; byte-level: per maximal subpart). The
+ * concatenated output equals rt_tok_decode of all ids with the same flags, except for one case
+ * the stream cannot know in advance: a tokenizer.json byte run that holds valid characters
+ * before an invalid byte, where HF's rule replaces the whole run but the stream has already
+ * emitted those characters (it then gives sentencepiece's form: the characters, a U+FFFD per
+ * invalid byte). */
 struct rt_tok_stream {
     const struct rt_tok *tok; /* borrowed */
     unsigned flags;           /* RT_TOK_DECODE_* */

@@ -125,6 +125,11 @@ struct rt_tok {
     bool spm_word_split;  /* SPM: no model piece has "▁" after another character (see bpe) */
     bool spm_split_all;   /* Metaspace split=true: a word starts at every "▁" */
     bool strip_space;     /* decoder strips one leading space of the output */
+    bool byte_run_whole;  /* SPM from tokenizer.json with a ByteFallback decoder: a run of byte
+                           * tokens that is not valid UTF-8 decodes to one U+FFFD per byte of
+                           * the whole run (HF decoders/byte_fallback.rs); false (tokenizer.model):
+                           * sentencepiece's rule, one U+FFFD per invalid byte, valid characters
+                           * of the run kept (sentencepiece_processor.cc ProcessBytePieces) */
     bool nfc;             /* normalizer NFC: only NFC-stable text is accepted */
     enum rt_tok_pretok pretok;
 

@@ -187,7 +187,8 @@ unsupported:
     return RT_TOK_ERR_UNSUPPORTED;
 }
 
-/* Decoder: only whether it strips a leading space (Strip{" ", start>=1} or Metaspace). */
+/* Decoder: whether it strips a leading space (Strip{" ", start>=1} or Metaspace) and whether
+ * invalid byte runs follow HF's ByteFallback rule (rt_tok_int.h byte_run_whole). */
 static void json_decoder(struct rt_tok *tok, const cJSON *d)
 {
     const char *type = json_str(d, "type");
@@ -203,6 +204,8 @@ static void json_decoder(struct rt_tok *tok, const cJSON *d)
         if (c && strcmp(c, " ") == 0 &&
             json_int(cJSON_GetObjectItemCaseSensitive(d, "start"), 1, 1 << 20, &start))
             tok->strip_space = true;
+    } else if (strcmp(type, "ByteFallback") == 0) {
+        tok->byte_run_whole = true;
     } else if (strcmp(type, "Metaspace") == 0) {
         const char *scheme = json_str(d, "prepend_scheme");
         bool add_prefix = true;

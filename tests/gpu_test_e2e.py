@@ -76,9 +76,8 @@ def run(args):
     return p.returncode, p.stdout, p.stderr
 
 
-def run_env(args, **env):
-    p = subprocess.run([QSHARD] + args, capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, **env))
+def run_args(args):
+    p = subprocess.run([QSHARD] + args, capture_output=True, text=True, timeout=300)
     return p.returncode, p.stdout.strip(), p.stderr
 
 
@@ -92,7 +91,7 @@ SAMPLERS = [  # rt_sample.h steps; the PRNG stream is the host sampler's in both
 
 def sampling_checks(name, out, ids, tp):
     """Next tokens chosen on the GPU (k_sample, only the id comes back) vs by the host sampler
-    on the downloaded row (QSHARD_DEVICE_SAMPLE=0): the same logits and the same PRNG stream give
+    on the downloaded row (--debug-host-sample): the same logits and the same PRNG stream give
     the same 40 ids. Then a one-token prompt: its prefill is the first single-token step, so the
     decode graph is recorded while every kernel runs for the first time; its ids must equal the
     op-by-op run's."""
@@ -101,8 +100,8 @@ def sampling_checks(name, out, ids, tp):
     for smp in SAMPLERS:
         res = {}
         for dev in ("1", "0"):
-            rc, so, se = run_env(base + smp, QSHARD_DEVICE_SAMPLE=dev)
-            check(rc == 0, "%s %s: run (QSHARD_DEVICE_SAMPLE=%s) exit %d: %s" % (name, " ".join(smp), dev, rc, se.strip()[-400:]))
+            rc, so, se = run_args(base + smp + ([] if dev == "1" else ["--debug-host-sample"]))
+            check(rc == 0, "%s %s: run (%s) exit %d: %s" % (name, " ".join(smp), "device sampling" if dev == "1" else "--debug-host-sample", rc, se.strip()[-400:]))
             res[dev] = (so, se)
         if len(res) < 2:
             continue
@@ -110,12 +109,12 @@ def sampling_checks(name, out, ids, tp):
               "%s %s: ids sampled on the GPU %s != on the host %s" % (name, " ".join(smp), res["1"][0], res["0"][0]))
         on_gpu = "sampling on the GPU" in res["1"][1]
         check(on_gpu, "%s: tp %d: the default run did not sample on the GPU" % (name, tp))
-        check("sampling on the host" in res["0"][1], "%s: QSHARD_DEVICE_SAMPLE=0 did not sample on the host" % name)
+        check("sampling on the host" in res["0"][1], "%s: --debug-host-sample did not sample on the host" % name)
     one = ["run", out, "--tokens", str(ids[0]), "-n", "24", "--temp", "0", "--ignore-eos",
            "--print-ids", "--no-echo", "--device", "cuda", "-v"]
-    res = {g: run_env(one, QSHARD_GRAPH=g) for g in ("1", "0")}
+    res = {g: run_args(one + ([] if g == "1" else ["--debug-no-graph"])) for g in ("1", "0")}
     for g, (rc, so, se) in res.items():
-        check(rc == 0, "%s: one-token prompt (QSHARD_GRAPH=%s) exit %d: %s" % (name, g, rc, se.strip()[-400:]))
+        check(rc == 0, "%s: one-token prompt (%s) exit %d: %s" % (name, "graph" if g == "1" else "--debug-no-graph", rc, se.strip()[-400:]))
     check(res["1"][1] == res["0"][1], "%s: one-token prompt: ids with the graph %s != op by op %s" % (name, res["1"][1], res["0"][1]))
     recorded = graph_ranks(res["1"][2])
     expect = expected_graphs(name, tp, res["1"][2])
@@ -218,15 +217,15 @@ def main():
                     break
                 n_ok += 1
             check(gen[:n_ok] == want[:n_ok], "%s/%s: greedy ids %s, golden %s (first %d steps compared)" % (m["name"], pr["name"], gen, want, n_ok))
-            # decode through the recorded CUDA graph (default) vs op by op (QSHARD_GRAPH=0):
+            # decode through the recorded CUDA graph (default) vs op by op (--debug-no-graph):
             # the same kernels on the same data, so the same ids; 40 steps replay it 39 times
             runs = {}
             for graph in ("1", "0"):
-                env = dict(os.environ, QSHARD_GRAPH=graph)
                 p = subprocess.run([QSHARD, "run", out, "--tokens", ids, "-n", "40", "--temp", "0",
-                                    "--ignore-eos", "--print-ids", "--no-echo", "--device", "cuda", "-v"],
-                                   capture_output=True, text=True, timeout=300, env=env)
-                check(p.returncode == 0, "%s/%s: run (QSHARD_GRAPH=%s) exit %d: %s" % (m["name"], pr["name"], graph, p.returncode, p.stderr.strip()[-400:]))
+                                    "--ignore-eos", "--print-ids", "--no-echo", "--device", "cuda", "-v"]
+                                   + ([] if graph == "1" else ["--debug-no-graph"]),
+                                   capture_output=True, text=True, timeout=300)
+                check(p.returncode == 0, "%s/%s: run (%s) exit %d: %s" % (m["name"], pr["name"], "graph" if graph == "1" else "--debug-no-graph", p.returncode, p.stderr.strip()[-400:]))
                 runs[graph] = (p.stdout.strip(), p.stderr)
             if len(runs) == 2:
                 check(runs["1"][0] == runs["0"][0], "%s/%s: 40 greedy ids with the decode graph %s != op by op %s" % (m["name"], pr["name"], runs["1"][0], runs["0"][0]))

@@ -1286,7 +1286,7 @@ static void test_cli(void)
     CHECK_EQ_INT(run_cli("verify", NULL, 0), 1);
     CHECK_EQ_INT(run_cli("inspect --help", NULL, 0), 0);
     CHECK_EQ_INT(run_cli("verify --no-such-flag x", NULL, 0), 1);
-    snprintf(args, sizeof(args), "inspect %s", p);
+    snprintf(args, sizeof(args), "inspect --tensors %s", p);
     CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 0);
     CHECK(strstr(out, "c.qweight") && strstr(out, "W4_MMA_T16X64") && strstr(out, "[16, 64]"));
     snprintf(args, sizeof(args), "inspect --json %s", p);
@@ -1452,7 +1452,7 @@ static void test_cli_verify(void)
     CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 0);
     CHECK_MSG(strstr(out, "2 ranks present") && strstr(out, "metadata digests match"), "%s", out);
     CHECK_MSG(strstr(out, "MiB/s") && !strstr(out, "GB/s"), "%s", out);
-    CHECK_EQ_INT(count_str(out, "qshard: error:"), 0);
+    CHECK_EQ_INT(count_str(out, ": error:"), 0);
     CHECK_MSG(strncmp(last_line(out, line, sizeof(line)), "ok: all 2 files verified", 24) == 0,
               "summary: %s", line);
     snprintf(args, sizeof(args), "verify --help");
@@ -1476,7 +1476,7 @@ static void test_cli_verify(void)
         int rc = run_cli(args, out, sizeof(out));
         CHECK_MSG(rc == vc.verify_rc, "verify, %s: exit %d, expected %d", vc.what, rc,
                   vc.verify_rc);
-        CHECK_MSG(count_str(out, "qshard: error:") == 1 && !strstr(out, "FMT_ERR_"),
+        CHECK_MSG(count_str(out, ": error:") == 1 && !strstr(out, "FMT_ERR_"),
                   "verify, %s: expected one error line: %s", vc.what, out);
         CHECK_MSG(strstr(out, vc.msg) != NULL, "verify, %s: no \"%s\" in %s", vc.what, vc.msg, out);
         snprintf(want, sizeof(want), "FAILED: %s\n", f);
@@ -1488,7 +1488,7 @@ static void test_cli_verify(void)
         CHECK_MSG(rc == vc.inspect_rc, "inspect, %s: exit %d, expected %d", vc.what, rc,
                   vc.inspect_rc);
         if (vc.inspect_rc)
-            CHECK_MSG(count_str(out, "qshard: error:") == 1 && !strstr(out, "FMT_ERR_"),
+            CHECK_MSG(count_str(out, ": error:") == 1 && !strstr(out, "FMT_ERR_"),
                       "inspect, %s: expected one error line: %s", vc.what, out);
     }
 
@@ -1506,7 +1506,7 @@ static void test_cli_verify(void)
     CHECK_MSG(strstr(out, want) != NULL, "%s", out);
     snprintf(want, sizeof(want), "ok: %s: 3 tensors", p1);
     CHECK_MSG(strstr(out, want) != NULL, "%s", out);
-    CHECK_EQ_INT(count_str(out, "qshard: error:"), 1);
+    CHECK_EQ_INT(count_str(out, ": error:"), 1);
     CHECK_MSG(!strcmp(last_line(out, line, sizeof(line)), "FAILED: 1 of 2 files"), "summary: %s",
               line);
     /* 1: a header byte of rank 0 in a directory: 5 as for a single file; rank 1 still checked,
@@ -1516,7 +1516,7 @@ static void test_cli_verify(void)
     write_file(p0, b, n0);
     CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 5);
     CHECK_MSG(!strstr(out, "digests match") && strstr(out, want), "%s", out);
-    CHECK_EQ_INT(count_str(out, "qshard: error:"), 1);
+    CHECK_EQ_INT(count_str(out, ": error:"), 1);
     /* truncated rank 0: cannot be parsed, 2 */
     write_file(p0, good0, n0 - 4096);
     CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 2);
@@ -1539,10 +1539,10 @@ static void test_cli_verify(void)
     CHECK_EQ_INT(run_cli(args, NULL, 0), 0); /* the file itself is fine */
     snprintf(args, sizeof(args), "verify %s", dir);
     CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 5);
-    CHECK_MSG(strstr(out, "manifest says") && count_str(out, "qshard: error:") == 1, "%s", out);
+    CHECK_MSG(strstr(out, "manifest says") && count_str(out, ": error:") == 1, "%s", out);
     snprintf(args, sizeof(args), "inspect %s", dir);
     CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 2);
-    CHECK_MSG(count_str(out, "qshard: error:") == 1 && !strstr(out, "FMT_ERR_"), "%s", out);
+    CHECK_MSG(count_str(out, ": error:") == 1 && !strstr(out, "FMT_ERR_"), "%s", out);
     /* a rank of another conversion: 5 */
     CHECK_EQ_INT(base_write(p1, 1, 2, id2), FMT_ERR_NONE);
     snprintf(args, sizeof(args), "verify %s", dir);
@@ -1552,7 +1552,7 @@ static void test_cli_verify(void)
     /* a malformed manifest cannot be parsed: 2 */
     write_file(man, "{\"format\":", 10);
     CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 2);
-    CHECK_MSG(count_str(out, "qshard: error:") == 1 && !strstr(out, "FMT_ERR_"), "%s", out);
+    CHECK_MSG(count_str(out, ": error:") == 1 && !strstr(out, "FMT_ERR_"), "%s", out);
     CHECK_MSG(strstr(last_line(out, line, sizeof(line)), "without a usable manifest.json") != NULL,
               "summary: %s", line);
 
@@ -1578,7 +1578,7 @@ static void test_cli_verify(void)
     unlink(p0);
     unlink(p1);
     CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 2); /* nothing to verify at all */
-    CHECK_EQ_INT(count_str(out, "qshard: error:"), 1);
+    CHECK_EQ_INT(count_str(out, ": error:"), 1);
 out:
     unlink(f);
     free(good0);

@@ -10,8 +10,8 @@
  *     rounding of each linear's output that deferral removes: proof that it ran).
  *   - device picks (rt_exec_forward_seq_pick on a backend with a sample op) give the ids of the
  *     host sampler on the same logits, greedy and sampled with a repetition penalty, at TP-1 and
- *     TP-N (the vocab slices gathered on rank 0); a smaller candidate vocabulary (n_vocab) is
- *     honoured; bad requests are refused before anything runs.
+ *     TP-N (the vocab slices gathered on rank 0); a smaller candidate vocabulary (the sampling
+ *     parameters' vocab_limit) is honoured; bad requests are refused before anything runs.
  *   - decode-step graphs: with graph ops that record nothing (every recording fails) each rank
  *     tries twice, then runs op by op, and the logits are those of a run without graph ops.
  *
@@ -95,8 +95,10 @@ static bool pick_run(const char *dir, const struct rt_backend_ops *ops, int mode
     struct rt_opts o = cpu_opts(T + 8, 5, 1);
     struct rt_exec *e = NULL;
     struct rt_sampler smp = {0};
+    struct rt_sample_params p = *sp;
+    p.vocab_limit = nv < V ? nv : 0;
     if (emu_open(dir, &o, ops, &e) != RT_ERR_NONE ||
-        rt_sampler_init(&smp, sp, nv) != RT_SAMPLE_ERR_NONE) {
+        rt_sampler_init(&smp, &p, V) != RT_SAMPLE_ERR_NONE) {
         CHECK_MSG(0, "%s: pick test set-up failed: %s", dir, qs_log_last());
         rt_exec_free(e);
         return false;
@@ -110,12 +112,12 @@ static bool pick_run(const char *dir, const struct rt_backend_ops *ops, int mode
         int n = step ? 1 : T, pos = step ? T + step - 1 : 0;
         if (mode) {
             struct rt_pick pk = {smp.p, smp.p.temperature > 0 ? rt_sampler_uniform(&smp) : 0.0,
-                                 smp.seen, nv == V ? 0 : nv};
+                                 smp.seen};
             CHECK_EQ_INT(rt_exec_forward_seq_pick(e, 0, in, n, pos, &pk, &out[step]),
                          RT_ERR_NONE);
         } else {
             CHECK_EQ_INT(rt_exec_forward_seq(e, 0, in, n, pos, row, false), RT_ERR_NONE);
-            CHECK_EQ_INT(rt_sampler_next(&smp, row, nv, &out[step]), RT_SAMPLE_ERR_NONE);
+            CHECK_EQ_INT(rt_sampler_next(&smp, row, V, &out[step]), RT_SAMPLE_ERR_NONE);
         }
         CHECK(out[step] >= 0 && out[step] < nv);
         rt_sampler_accept(&smp, out[step] >= 0 && out[step] < nv ? out[step] : 0);
@@ -151,13 +153,13 @@ static void test_pick(const char *dir, const char *dir_tpn, const int32_t *tok, 
             return;
         CHECK_MSG(memcmp(want, got, sizeof(want)) == 0,
                   "%s: ids picked on the device differ from the host sampler's (setting %d, "
-                  "n_vocab %d)", dd, c % 2, nv);
+                  "vocab limit %d)", dd, c % 2, nv);
     }
     /* refusals: the plain CPU backend has no sample op */
     qs_log_set_quiet(true);
     struct rt_opts o = cpu_opts(T + 8, 5, 1);
     struct rt_exec *e = NULL;
-    struct rt_pick pk = {rt_sample_params_default(), 0.0, NULL, 0};
+    struct rt_pick pk = {rt_sample_params_default(), 0.0, NULL};
     pk.p.temperature = 0.0f; /* greedy, no penalty: no draw, no history */
     int32_t id = 0;
     if (rt_exec_open(dir, &o, &e) == RT_ERR_NONE) {
@@ -169,16 +171,15 @@ static void test_pick(const char *dir, const char *dir_tpn, const int32_t *tok, 
     /* bad requests are refused before anything runs (the cached length stays) */
     if (emu_open(dir, &o, &pick_ops, &e) == RT_ERR_NONE) {
         CHECK_EQ_INT(rt_exec_forward_seq_pick(e, 0, tok, 3, 0, &pk, &id), RT_ERR_NONE);
-        struct rt_pick bad[7] = {pk, pk, pk, pk, pk, pk, pk};
+        struct rt_pick bad[6] = {pk, pk, pk, pk, pk, pk};
         bad[0].p.repeat_penalty = 1.2f; /* no history */
         bad[1].p.temperature = 0.7f;
         bad[1].u = 1.0;
         bad[2].p.top_p = 0.0f;
         bad[3].p.temperature = NAN;
         bad[4].p.min_p = 1.5f;
-        bad[5].n_vocab = V + 1;
-        bad[6].n_vocab = -1;
-        for (int b = 0; b < 7; b++) {
+        bad[5].p.vocab_limit = -1;
+        for (int b = 0; b < 6; b++) {
             CHECK_EQ_INT(rt_exec_forward_seq_pick(e, 0, tok + 3, 1, 3, &bad[b], &id), RT_ERR_ARG);
             CHECK_EQ_INT(rt_exec_seq_len(e, 0), 3);
         }

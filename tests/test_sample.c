@@ -263,6 +263,45 @@ static void test_padded_vocab(void)
     }
 }
 
+/* vocab_limit (rt_sample.h step 0): ids at or past the limit (lm_head rows past the
+ * tokenizer's vocabulary) are never candidates, even when their logits are the largest; the
+ * ids below it keep the distribution of a sampler over just those ids (HF reference); the
+ * history still takes every model id. */
+static void test_vocab_limit(void)
+{
+    enum { V = 128, L = 100 };
+    float x[V];
+    double ref[V];
+    fill_logits(x, V, 2.0f);
+    for (int i = L; i < V; i++)
+        x[i] = 50.0f; /* would win every draw if read */
+    struct rt_sample_params p = rt_sample_params_default();
+    p.vocab_limit = L;
+    struct rt_sampler s;
+    p.temperature = 0.0f;
+    CHECK_EQ_INT(rt_sampler_init(&s, &p, V), RT_SAMPLE_ERR_NONE);
+    int32_t id = -1, best = 0;
+    for (int i = 1; i < L; i++)
+        best = x[i] > x[best] ? i : best;
+    CHECK(rt_sampler_next(&s, x, V, &id) == RT_SAMPLE_ERR_NONE && id == best);
+    CHECK_EQ_INT(rt_sampler_accept(&s, V - 1), RT_SAMPLE_ERR_NONE);
+    rt_sampler_free(&s);
+    p.temperature = 1.3f;
+    p.top_p = 0.9f;
+    p.seed = 99;
+    CHECK_EQ_INT(rt_sampler_init(&s, &p, V), RT_SAMPLE_ERR_NONE);
+    ref_distribution(x, L, NULL, &p, ref);
+    for (int i = L; i < V; i++)
+        ref[i] = 0.0;
+    CHECK_EQ_INT(compare_candidates(&s, x, V, ref), 0);
+    check_frequencies(&s, x, V, ref, 20000, "vocab_limit 100 of 128");
+    rt_sampler_free(&s);
+    p.vocab_limit = -1;
+    qs_log_set_quiet(true);
+    CHECK_EQ_INT(rt_sample_params_check(&p), RT_SAMPLE_ERR_PARAM);
+    qs_log_set_quiet(false);
+}
+
 static void test_distributions(void)
 {
     enum { V = 48 };
@@ -578,6 +617,7 @@ int main(void)
         g_state = strtoull(seed, NULL, 10);
     test_greedy();
     test_padded_vocab();
+    test_vocab_limit();
     test_distributions();
     test_top_p_boundary();
     test_inf_logits();

@@ -18,27 +18,21 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <xxhash.h> /* XXH3_64bits: in-memory hash speed, the ceiling for verify */
 
-#include "cmd.h"       /* QS_EXIT_*, bench_kernel_main */
+#include "cli.h"       /* cli_parse: the option table */
+#include "cmd.h"       /* QS_EXIT_*, cmd_bench_model */
 #include "fmt.h"       /* fmt_shard_open, fmt_shard_verify_all */
 #include "fmt_write.h" /* fmt_writer_* */
+#include "kernels.h"   /* bench_kernel_main */
 #include "qs_log.h"    /* qs_log_error */
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "qs_util.h"   /* qs_now_s */
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -63,15 +57,14 @@ static void drop_cache(const char *path)
         close(fd);
 }
 
-static void bench_usage(FILE *f)
-{
-    fprintf(f, "usage: qshard bench synth FILE --size-mb N [--tensor-mb M | --tensors N]\n"
-               "       qshard bench open FILE [--repeat N]\n"
-               "       qshard bench verify FILE [--repeat N] [--cold]\n"
-               "       qshard bench kernel ...   (qshard bench kernel --help)\n"
-               "       qshard bench model MODEL [-p 512] [-n 128] [-d 0] ...   (qshard bench model --help)\n"
-               "exit: 0 ok, 1 usage, 2 bad file, 3 runtime failure (GPU, memory), 4 I/O error\n");
-}
+static const char k_usage[] =
+    "usage: qshard bench synth FILE --size-mb N [--tensor-mb M | --tensors N]\n"
+    "       qshard bench open FILE [--repeat N]\n"
+    "       qshard bench verify FILE [--repeat N] [--cold]\n"
+    "       qshard bench kernel ...   (qshard bench kernel --help)\n"
+    "       qshard bench model MODEL [-p 512] [-n 128] [-d 0] ...   (qshard bench model --help)\n";
+static const char k_trailer[] =
+    "exit codes: 0 ok, 1 usage, 2 bad file, 3 runtime failure (GPU, memory), 4 I/O error\n";
 
 /* --- synth --------------------------------------------------------------------------------- */
 
@@ -85,8 +78,7 @@ static int bench_synth(const char *path, uint64_t size_mb, uint64_t tensor_mb, u
         n = n_tensors;
         tsize = (total + n - 1) / n;
         if (tsize * (n - 1) >= total) {
-            fprintf(stderr, "qshard bench synth: %u tensors do not fit %" PRIu64 " MiB\n", n, size_mb);
-            return QS_EXIT_USAGE;
+            return cli_usage_error("%u tensors do not fit %" PRIu64 " MiB", n, size_mb);
         }
     }
     struct fmt_writer_opts o = {0, 1, {0}};
@@ -117,7 +109,7 @@ static int bench_synth(const char *path, uint64_t size_mb, uint64_t tensor_mb, u
         e = fmt_writer_add_tensor(w, name, FMT_DTYPE_U8, FMT_LAYOUT_ROW_MAJOR, 1, &sz,
                                   FMT_SPLIT_NONE, 0, NULL);
     }
-    double t0 = now_s();
+    double t0 = qs_now_s();
     if (!e)
         e = fmt_writer_begin_data(w);
     for (uint32_t i = 0; i < n && !e; i++) {
@@ -135,7 +127,7 @@ static int bench_synth(const char *path, uint64_t size_mb, uint64_t tensor_mb, u
         return exit_for(e);
     }
     e = fmt_writer_finish(w);
-    double dt = now_s() - t0;
+    double dt = qs_now_s() - t0;
     if (e)
         return exit_for(e);
     printf("synth: %s: %u tensors, %" PRIu64 " MiB, written+fsync'd in %.2f s (%.2f GB/s)\n", path,
@@ -154,14 +146,14 @@ static int bench_open(const char *path, int repeat)
         return QS_EXIT_IO;
     for (int r = 0; r < repeat; r++) {
         struct fmt_shard *s;
-        double t0 = now_s();
+        double t0 = qs_now_s();
         enum fmt_err e = fmt_shard_open(path, &s);
         if (!e) {
             size = fmt_shard_header(s)->file_size;
             n = fmt_shard_n_tensors(s);
         }
         fmt_shard_close(s);
-        t[r] = now_s() - t0;
+        t[r] = qs_now_s() - t0;
         if (e) {
             free(t);
             return exit_for(e);
@@ -218,20 +210,20 @@ static int bench_verify(const char *path, int repeat, bool cold)
     /* XXH3 over a buffer already in cache: the ceiling verify can reach */
     memset(buf, 0x5A, READ_BUF);
     for (int r = 0; r < 5; r++) {
-        double t0 = now_s();
+        double t0 = qs_now_s();
         volatile uint64_t h = 0;
         for (int k = 0; k < 32; k++)
             h ^= XXH3_64bits(buf, READ_BUF);
         (void)h;
-        double dt = now_s() - t0;
+        double dt = qs_now_s() - t0;
         best_hash = dt < best_hash ? dt : best_hash;
     }
     for (int r = 0; r < repeat; r++) {
         if (cold)
             drop_cache(path);
-        double t0 = now_s();
+        double t0 = qs_now_s();
         bytes = plain_read(path, buf);
-        double dt = now_s() - t0;
+        double dt = qs_now_s() - t0;
         if (bytes < 0) {
             rc = QS_EXIT_IO;
             goto out;
@@ -241,14 +233,14 @@ static int bench_verify(const char *path, int repeat, bool cold)
         if (cold)
             drop_cache(path);
         struct fmt_shard *s;
-        t0 = now_s();
+        t0 = qs_now_s();
         enum fmt_err e = fmt_shard_open(path, &s);
         if (!e)
             e = fmt_shard_verify_all(s, NULL, NULL);
         if (s)
             data_bytes = fmt_shard_header(s)->file_size - fmt_shard_header(s)->meta_size;
         fmt_shard_close(s);
-        dt = now_s() - t0;
+        dt = qs_now_s() - t0;
         if (e) {
             rc = exit_for(e);
             goto out;
@@ -272,54 +264,45 @@ out:
 
 int cmd_bench(int argc, char **argv)
 {
+    static const struct {
+        const char *name, *prog;
+        unsigned cmd;
+    } subs[] = {
+        {"synth", "qshard bench synth", CLI_BENCH_SYNTH},
+        {"open", "qshard bench open", CLI_BENCH_OPEN},
+        {"verify", "qshard bench verify", CLI_BENCH_VERIFY},
+    };
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        bench_usage(argc < 2 ? stderr : stdout);
+        fputs(k_usage, argc < 2 ? stderr : stdout);
+        fprintf(argc < 2 ? stderr : stdout, "%s", k_trailer);
         return argc < 2 ? QS_EXIT_USAGE : QS_EXIT_OK;
     }
-    const char *what = argv[1];
-    if (!strcmp(what, "kernel"))
+    if (!strcmp(argv[1], "kernel")) {
+        qs_log_set_prog("qshard bench kernel");
         return bench_kernel_main(argc - 1, argv + 1);
-    if (!strcmp(what, "model"))
+    }
+    if (!strcmp(argv[1], "model"))
         return cmd_bench_model(argc - 1, argv + 1);
-    static const struct option opts[] = {
-        {"size-mb", required_argument, NULL, 's'}, {"tensor-mb", required_argument, NULL, 't'},
-        {"repeat", required_argument, NULL, 'r'},  {"cold", no_argument, NULL, 'c'},
-        {"tensors", required_argument, NULL, 'n'},
-        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
-    uint64_t size_mb = 0, tensor_mb = 64;
-    int repeat = -1, c;
-    uint32_t n_tensors = 0;
-    bool cold = false;
-    char *end;
-    optind = 1;
-    while ((c = getopt_long(argc - 1, argv + 1, "s:t:r:n:ch", opts, NULL)) != -1) {
-        switch (c) {
-        case 's': size_mb = strtoull(optarg, &end, 10); if (*end) size_mb = 0; break;
-        case 't': tensor_mb = strtoull(optarg, &end, 10); if (*end) tensor_mb = 0; break;
-        case 'r': repeat = (int)strtol(optarg, &end, 10); if (*end || repeat < 1) repeat = 0; break;
-        case 'c': cold = true; break;
-        case 'n': n_tensors = (uint32_t)strtoul(optarg, &end, 10); if (*end || !n_tensors || n_tensors > 1000000) tensor_mb = 0; break;
-        case 'h': bench_usage(stdout); return QS_EXIT_OK;
-        default: bench_usage(stderr); return QS_EXIT_USAGE;
-        }
+    for (size_t i = 0; i < sizeof(subs) / sizeof(subs[0]); i++) {
+        if (strcmp(argv[1], subs[i].name))
+            continue;
+        struct cli_args a;
+        int rc = cli_parse(subs[i].cmd, subs[i].prog, k_usage, k_trailer, argc - 1, argv + 1,
+                           &a);
+        if (rc)
+            return rc == CLI_HELP ? QS_EXIT_OK : rc;
+        if (a.n_pos != 1)
+            return cli_usage_error("expected one FILE argument, got %d", a.n_pos);
+        if (subs[i].cmd == CLI_BENCH_SYNTH && a.size_mb == 0)
+            return cli_usage_error("--size-mb N (1..16777216) is required");
+        if (subs[i].cmd == CLI_BENCH_SYNTH)
+            return bench_synth(a.pos[0], (uint64_t)a.size_mb, (uint64_t)a.tensor_mb,
+                               (uint32_t)a.n_tensors);
+        if (subs[i].cmd == CLI_BENCH_OPEN)
+            return bench_open(a.pos[0], (int)a.repeat);
+        return bench_verify(a.pos[0], (int)a.repeat, a.cold);
     }
-    if (optind + 1 != argc - 1 || repeat == 0) {
-        bench_usage(stderr);
-        return QS_EXIT_USAGE;
-    }
-    const char *path = argv[optind + 1];
-    if (!strcmp(what, "synth")) {
-        if (size_mb == 0 || tensor_mb == 0 || size_mb > (1u << 24)) {
-            fprintf(stderr, "qshard bench synth: --size-mb N (1..16777216) is required\n");
-            return QS_EXIT_USAGE;
-        }
-        return bench_synth(path, size_mb, tensor_mb, n_tensors);
-    }
-    if (!strcmp(what, "open"))
-        return bench_open(path, repeat > 0 ? repeat : 50);
-    if (!strcmp(what, "verify"))
-        return bench_verify(path, repeat > 0 ? repeat : 3, cold);
-    fprintf(stderr, "qshard bench: unknown benchmark '%s'\n", what);
-    bench_usage(stderr);
+    fprintf(stderr, "qshard bench: unknown benchmark '%s'\n", argv[1]);
+    fputs(k_usage, stderr);
     return QS_EXIT_USAGE;
 }

@@ -1,5 +1,6 @@
 /*
- * qshard.c - the one main() of the qshard binary: dispatch to a subcommand (tools/cmd.h).
+ * qshard.c - the one main() of the qshard binary: dispatch to a subcommand (tools/cmd.h), one
+ * file each in tools/; messages are prefixed "qshard CMD" (qs_log_set_prog).
  *
  *   qshard convert MODEL_DIR OUT_DIR --tp N     HF AWQ directory -> per-rank .qshard files
  *   qshard run MODEL_DIR -p "text"              generate text (CPU or CUDA)
@@ -9,7 +10,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cmd.h" /* cmd_* entry points, QS_EXIT_* */
+#include "cmd.h"    /* cmd_* entry points, QS_EXIT_* */
+#include "qs_log.h" /* qs_log_set_prog */
 
 #ifndef QSHARD_VERSION
 #define QSHARD_VERSION "0.1.0"
@@ -56,9 +58,13 @@ int main(int argc, char **argv)
         printf("qshard %s\n", QSHARD_VERSION);
         return QS_EXIT_OK;
     }
+    static char prog[64];
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-        if (!strcmp(argv[1], commands[i].name))
+        if (!strcmp(argv[1], commands[i].name)) {
+            snprintf(prog, sizeof(prog), "qshard %s", commands[i].name);
+            qs_log_set_prog(prog);
             return commands[i].fn(argc - 1, argv + 1);
+        }
     fprintf(stderr, "qshard: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return QS_EXIT_USAGE;
