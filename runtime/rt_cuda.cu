@@ -11,9 +11,8 @@
  *     reads from the mapping and PCIe copies overlap; never cudaMemcpy from pageable memory
  *     (7x slower on the test machine, /work/shared/PERF-NOTES.md). -v prints bytes, seconds and
  *     GB/s of each phase.
- *   - W4A16 linears: k_w4a16_linear (v5 at M <= 64; v7, wgmma, up to K_W4A16_DQ_GEMM_MIN_M - 1
- *     on sm_90a) or dequant + cuBLAS (k_w4a16_linear_dq_gemm) for M >= K_W4A16_DQ_GEMM_MIN_M
- *     (above 64 on GPUs without v7).
+ *   - W4A16 linears: k_w4a16_route_pick + k_w4a16_launch per call (kernels.h: split-K at M <= 64,
+ *     wgmma up to K_W4A16_DQ_GEMM_MIN_M - 1 on sm_90a, dequant + cuBLAS above).
  *   - Multi-rank (world_size GPUs driven by one process): all_reduce is, up to 256 KB per rank
  *     and when every pair of GPUs has peer access, our peer-to-peer kernel (k_allreduce_sum),
  *     else one NCCL ncclAllReduce (sum) per rank inside ncclGroupStart/End; both enqueued on
@@ -99,7 +98,7 @@ struct cuda_rank {
     cudaStream_t stream;
     cudaEvent_t ev;         /* copy_ranks: orders a copy between this rank's stream and another's */
     cublasHandle_t cublas;
-    bool wgmma;             /* k_w4a16_wgmma_available() on this GPU (probed at creation) */
+    struct k_w4a16_caps caps; /* what the W4A16 router may use on this GPU (probed at creation) */
     unsigned char *weights; /* owned: the rank file's data region */
     size_t weights_bytes;
     uint64_t region_off;    /* file offset of weights[0] */
@@ -123,7 +122,7 @@ struct cuda_rank {
     unsigned char *h_pick;  /* pinned host staging */
     size_t pick_bytes;
     /* deferred split-K (see settle): pend_y's [pend_M, pend_N] values are still fp32 sums at
-     * the start of ws, made by k_w4a16_linear_acc with weight pend_w */
+     * the start of ws, made by the ACC route (k_w4a16_launch) with weight pend_w */
     void *pend_y;
     int pend_M, pend_N;
     const void *pend_w;
@@ -212,8 +211,8 @@ static enum rt_err upload_small(struct cuda_rank *r, const void *host, size_t by
 
 /*
  * Deferred split-K. At M <= RT_CUDA_DEFER_MAX_M (decode, small batches) a W4A16 linear runs
- * k_w4a16_linear_acc: its slices add their partial sums into ws and nothing waits for the last
- * slice (no counter, no read-back, no fp16 y: 1.2-2.5 us per call on the H200, `qshard bench
+ * an ACC route (k_w4a16_launch): its slices add their partial sums into ws, nothing waits for
+ * the last slice (no counter, no read-back, no fp16 y: 1.2-2.5 us per call on the H200, `qshard bench
  * kernel floor`). The op that reads y next takes the sums from ws and zeroes them: rmsnorm (the o and down projections), rope / rope_kv_store (qkv; they also round
  * the v heads), silu_mul (gate_up) have fused versions; any other op on the rank first calls
  * settle(), which writes y (k_w4a16_acc_finish), and that linear is then remembered in plain_w
@@ -516,46 +515,36 @@ static enum rt_err cuda_linear_w4(void *ctx, int rank, const void *x, const uint
                                   int M, int K, int N, int G, void *y)
 {
     struct cuda_rank *r = R(ctx, rank);
-    const uint16_t *xh = static_cast<const uint16_t *>(x);
-    uint16_t *yh = static_cast<uint16_t *>(y);
     SETTLE(r);
     static const bool defer = !env_zero("QSHARD_DEFER"); /* QSHARD_DEFER=0: never deferred */
-    /* world 1 only: at world > 1 the o and down outputs feed the all-reduce (they would be
-     * learned as plain after one step), and that path has not run on 2 GPUs yet */
-    bool plain = !defer || M > RT_CUDA_DEFER_MAX_M || static_cast<cuda_ctx *>(ctx)->world > 1 ||
-                 (uintptr_t)y % 8; /* the finish writes 4 values at a time */
-    for (int i = 0; i < r->n_plain && !plain; ++i) plain = r->plain_w[i] == qweight;
-    if (!plain) {
-        enum rt_err e = grow(r, &r->ws, k_w4a16_workspace_bytes(M, N), "the W4A16 workspace", true);
-        if (e) return e;
-        const int rc = k_w4a16_linear_acc(xh, qweight, qzeros, scales, bias,
-                                          static_cast<float *>(r->ws.p), M, N, K, G, r->stream);
-        if (rc == K_ERR_NONE) {
-            r->pend_y = y;
-            r->pend_M = M;
-            r->pend_N = N;
-            r->pend_w = qweight;
-            return RT_ERR_NONE;
-        }
-        RT_K_TRY(rc == K_ERR_UNSUPPORTED ? K_ERR_NONE : rc); /* G v5 cannot take: run it plain */
-    }
-    /* M <= 64: v9 (auto); 65..K_W4A16_DQ_GEMM_MIN_M - 1: v7 (wgmma) on Hopper; above, or on
-     * other GPUs above 64: dequant + cuBLAS (the fastest of each range on the H200,
-     * BENCHMARKS.md) */
-    if (M >= K_W4A16_DQ_GEMM_MIN_M || (M > K_W4A16_V5_MAX_M && !r->wgmma)) {
-        enum rt_err e = grow(r, &r->scratch, (size_t)K * N * 2, "the dequantised weight of a prefill linear", false);
-        if (e) return e;
-        RT_K_TRY(k_w4a16_linear_dq_gemm(r->cublas, xh, qweight, qzeros, scales, bias, yh, M, N, K,
-                                        G, r->scratch.p, r->scratch.bytes, r->stream));
-        return RT_ERR_NONE;
-    }
-    /* past 64 rows (v7) the workspace is sized for the whole v7 range at once, so prompt chunks
-     * of 65..128 rows do not grow it (and make the decode graphs record again) one by one */
-    const int M_ws = M > K_W4A16_V5_MAX_M ? K_W4A16_DQ_GEMM_MIN_M - 1 : M;
-    enum rt_err e = grow(r, &r->ws, k_w4a16_workspace_bytes(M_ws, N), "the W4A16 workspace", true);
+    /* deferred: the ACC route, the sums left in ws for the consumer. World 1 only: at world > 1
+     * the o and down outputs feed the all-reduce (they would be learned as plain after one
+     * step), and that path has not run on 2 GPUs yet */
+    bool acc = defer && M <= RT_CUDA_DEFER_MAX_M && static_cast<cuda_ctx *>(ctx)->world == 1 &&
+               (uintptr_t)y % 8 == 0 && /* the finish writes 4 values at a time */
+               k_w4a16_acc_available(M, N, K, G, &r->caps);
+    for (int i = 0; i < r->n_plain && acc; ++i) acc = r->plain_w[i] != qweight;
+    /* the router's table (kernels/k_w4a16_route.c) picks the kernel and says what it needs */
+    struct k_w4a16_route rt;
+    RT_K_TRY(k_w4a16_route_pick(&rt, M, N, K, G, acc ? K_W4A16_EPI_ACC : K_W4A16_EPI_Y,
+                           K_W4A16_KERNEL_AUTO, &r->caps));
+    enum rt_err e = grow(r, &r->ws, acc ? k_w4a16_workspace_bytes(M, N) : rt.workspace_bytes,
+                         "the W4A16 workspace", true);
+    if (e == RT_ERR_NONE)
+        e = grow(r, &r->scratch, rt.scratch_bytes, "the dequantised weight of a prefill linear",
+                 false);
     if (e) return e;
-    RT_K_TRY(k_w4a16_linear(xh, qweight, qzeros, scales, bias, yh, M, N, K, G, r->ws.p,
-                            r->ws.bytes, r->stream));
+    const struct k_w4a16_weight w = {qweight, qzeros, scales, bias};
+    const struct k_w4a16_bufs bufs = {r->ws.p, r->ws.bytes, r->scratch.p, r->scratch.bytes,
+                                      r->cublas};
+    RT_K_TRY(k_w4a16_launch(&rt, static_cast<const uint16_t *>(x), &w, static_cast<uint16_t *>(y),
+                            acc ? static_cast<float *>(r->ws.p) : NULL, &bufs, r->stream));
+    if (acc) {
+        r->pend_y = y;
+        r->pend_M = M;
+        r->pend_N = N;
+        r->pend_w = qweight;
+    }
     return RT_ERR_NONE;
 }
 
@@ -1069,6 +1058,7 @@ enum rt_err rt_cuda_backend_create(const struct rt_opts *opts, int world_size,
         return RT_ERR_NOMEM;
     }
     c->world = world_size;
+    k_set_pdl(!env_zero("QSHARD_PDL")); /* QSHARD_PDL=0: plain launches (A/B runs) */
     for (int i = 0; i < world_size; ++i) c->r[i].device = -1;
     for (int i = 0; i < world_size; ++i) {
         struct cuda_rank *r = &c->r[i];
@@ -1080,8 +1070,9 @@ enum rt_err rt_cuda_backend_create(const struct rt_opts *opts, int world_size,
         if (e == cudaSuccess) be = cublasCreate(&r->cublas);
         if (e == cudaSuccess && be == CUBLAS_STATUS_SUCCESS) be = cublasSetStream(r->cublas, r->stream);
         if (e == cudaSuccess && be == CUBLAS_STATUS_SUCCESS) { /* probe now, never inside a capture */
+            (void)k_w4a16_caps_query(&r->caps);
             /* QSHARD_WGMMA=0: dequant + cuBLAS above M = 64 (A/B) */
-            r->wgmma = k_w4a16_wgmma_available() != 0 && !env_zero("QSHARD_WGMMA");
+            r->caps.allow_wgmma = !env_zero("QSHARD_WGMMA");
         }
         if (e != cudaSuccess || be != CUBLAS_STATUS_SUCCESS) {
             qs_log_error(__func__, "GPU %d: cannot create its stream, event or cuBLAS handle (%s, cuBLAS %d)",

@@ -1164,7 +1164,7 @@ static const struct rt_backend_ops emu_ops = {
  * reference) for the parameters and history in `pk`, then rt_sample_pick (step 7) with the
  * caller's draw pk->u. With it the emulated backend can run rt_model_forward_pick, whose model
  * plumbing (which row reaches the sampler, chunked prefill, the draw and the history passed
- * through) is what test_pick checks; the CUDA kernel itself is checked in gpu_test_kernels.
+ * through) is what test_pick checks; the CUDA kernel itself is checked in gpu_test_ops.
  */
 /* rt.h's copy_ranks on the emulated backend: every rank's memory is host memory. */
 static enum rt_err emu_copy_ranks(void *ctx, int dst_rank, void *dst, int src_rank,
