@@ -387,6 +387,9 @@ int main(int argc, char **argv)
         {"7B gate_up", 1, 22016, 4096, 128}, {"7B o", 1, 4096, 4096, 128},
         {"7B qkv", 16, 12288, 4096, 128},    {"70B gate_up", 16, 57344, 8192, 128},
         {"7B down", 64, 4096, 11008, 128},
+        /* G = 48: what moved from v2 to the fallback (v4) when v2 left the library */
+        {"4032x4096 G=48", 1, 4096, 4032, 48}, {"4032x4096 G=48", 16, 4096, 4032, 48},
+        {"4032x4096 G=48", 64, 4096, 4032, 48},
     };
     return lab_main(argc, argv, "w4a16_decode", versions, (int)(sizeof(versions) / sizeof(versions[0])),
                     checks, (int)(sizeof(checks) / sizeof(checks[0])), timings,
