@@ -122,12 +122,15 @@ TOOL_C    := $(wildcard tools/*.c)
 TEST_C    := $(wildcard tests/test_*.c)
 FUZZ_C    := $(wildcard tests/fuzz_*.c)
 GPU_TEST_CU := $(wildcard tests/gpu_test_*.cu)
+# kernels/lab/: standalone experiment programs (`make lab`), not part of libqshard.a
+LAB_CU    := $(wildcard kernels/lab/*.cu)
 
 LIB_OBJ   := $(patsubst %.c,$(BUILD)/%.o,$(notdir $(LIB_C))) \
              $(patsubst %.cu,$(BUILD)/%.cu.o,$(notdir $(LIB_CU)))
 TOOL_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(notdir $(TOOL_C)))
 TEST_BIN  := $(patsubst tests/%.c,$(BUILD)/%,$(TEST_C))
 GPU_TEST_BIN := $(patsubst tests/%.cu,$(BUILD)/%,$(GPU_TEST_CU))
+LAB_BIN   := $(patsubst kernels/lab/%.cu,$(BUILD)/lab/%,$(LAB_CU))
 LIBQS     := $(BUILD)/libqshard.a
 
 # the include paths of each module's objects (target-specific: see INC_* above)
@@ -144,7 +147,7 @@ LINK_LIBS  = $(DEP_LIBS) $(if $(filter 1,$(HAVE_CUDA)),$(CUDA_LIBS))
 vpath %.c format convert runtime kernels tools tests
 vpath %.cu kernels runtime tests
 
-.PHONY: carry all help test check lint fuzz fuzz-run bench test-gpu bench-gpu demo sass clean info tests
+.PHONY: carry all help test check lint fuzz fuzz-run bench test-gpu bench-gpu demo sass clean info tests lab lab-run
 .DEFAULT_GOAL := all
 .SECONDARY:
 
@@ -188,6 +191,22 @@ $(BUILD)/gpu_test_%: tests/gpu_test_%.cu $(LIBQS)
 
 tests: $(TEST_BIN) $(QSHARD)
 
+# --- kernels/lab: the W4A16 experiments (kernels/lab/README.md) ------------------------------
+lab: ## build the kernel experiments of kernels/lab/ into $(BUILD)/lab/ (needs nvcc)
+	$(Q)test "$(HAVE_CUDA)" = 1 || { echo "lab needs nvcc (CUDA_HOME=$(CUDA_HOME))"; exit 1; }
+	$(Q)$(MAKE) --no-print-directory $(LAB_BIN)
+
+$(BUILD)/lab/%: kernels/lab/%.cu $(LIBQS)
+	@[ "$(V)" = 1 ] || echo "  NVCC  $<"
+	$(Q)mkdir -p $(BUILD)/lab
+	$(Q)$(NVCC) $(NVCCFLAGS) -o $@ $< $(LIBQS) $(DEP_LIBS) -lcublas -Xlinker -rpath,'$$ORIGIN/..'
+
+lab-run: ## on the GPU machine: run every program of $(BUILD)/lab/ with --quick (PREBUILT=1 as for test-gpu)
+ifeq ($(PREBUILT),0)
+	$(Q)$(MAKE) --no-print-directory lab
+endif
+	$(Q)rc=0; for p in $(LAB_BIN); do $$p --quick || rc=1; done; exit $$rc
+
 test: info tests ## build and run every CPU test (what CI runs)
 	$(Q)QSHARD=$(QSHARD) BUILD=$(BUILD) sh tests/run_tests.sh $(TEST_BIN)
 
@@ -224,17 +243,18 @@ endif
 	$(Q)QSHARD=$(QSHARD) BUILD=$(BUILD) sh tests/run_gpu_tests.sh $(GPU_TEST_BIN)
 
 # carry: what the GPU machine (no compiler packages, no cJSON; device tool: 64 MiB of carried
-# files next to the working tree) needs to run test-gpu / bench-gpu: qshard and the GPU tests
-# built for sm_90a only (the three-architecture build is too large), plus libcjson.so.1 found
-# through rpath $ORIGIN. Objects stay in $(CARRY)-obj/, only the binaries go to $(CARRY)/.
+# files next to the working tree) needs to run test-gpu / bench-gpu / lab-run: qshard, the GPU
+# tests and the lab programs built for sm_90a only (the three-architecture build is too large),
+# plus libcjson.so.1 found through rpath $ORIGIN. Objects stay in $(CARRY)-obj/, only the binaries go to $(CARRY)/.
 CARRY ?= build-dev
 CARRY_ARCHS ?= -gencode arch=compute_90a,code=sm_90a
-carry: ## build sm_90a binaries + libcjson.so.1 into build-dev/ (CARRY=) for a GPU machine without compilers
+carry: ## build sm_90a binaries (qshard, GPU tests, lab) + libcjson.so.1 into build-dev/ (CARRY=) for a GPU machine without compilers
 	$(Q)test "$(HAVE_CUDA)" = 1 || { echo "carry needs nvcc (CUDA_HOME=$(CUDA_HOME))"; exit 1; }
 	$(Q)$(MAKE) --no-print-directory BUILD=$(CARRY)-obj CUDA_ARCHS="$(CARRY_ARCHS)" \
-	    $(CARRY)-obj/qshard $(patsubst $(BUILD)/%,$(CARRY)-obj/%,$(GPU_TEST_BIN))
-	$(Q)mkdir -p $(CARRY)
+	    $(CARRY)-obj/qshard $(patsubst $(BUILD)/%,$(CARRY)-obj/%,$(GPU_TEST_BIN) $(LAB_BIN))
+	$(Q)mkdir -p $(CARRY)/lab
 	$(Q)cp $(CARRY)-obj/qshard $(patsubst $(BUILD)/%,$(CARRY)-obj/%,$(GPU_TEST_BIN)) $(CARRY)/
+	$(Q)cp $(patsubst $(BUILD)/%,$(CARRY)-obj/%,$(LAB_BIN)) $(CARRY)/lab/
 	$(Q)lib=$$($(CC) -print-file-name=libcjson.so.1); case "$$lib" in /*) ;; \
 	    *) lib=$$(ldconfig -p | awk '/libcjson.so.1 /{print $$NF; exit}');; esac; \
 	    test -f "$$lib" || { echo "carry: libcjson.so.1 not found"; exit 1; }; cp -L "$$lib" $(CARRY)/
@@ -257,4 +277,4 @@ sass: $(LIB_OBJ) ## dump register use and SASS of the kernels into $(BUILD)/sass
 clean: ## remove the build directories (build, build-san, build-fuzz, build-dev(-obj), and BUILD=... if given)
 	rm -rf build build-san build-fuzz $(CARRY) $(CARRY)-obj $(filter-out build build-san build-fuzz,$(BUILD))
 
--include $(wildcard $(BUILD)/*.d)
+-include $(wildcard $(BUILD)/*.d $(BUILD)/lab/*.d)

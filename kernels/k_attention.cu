@@ -17,7 +17,7 @@
  * last one to finish. Scores use exp2 with log2(e)/sqrt(hd) folded into q.
  * Weak spot of v1: no tensor cores and no reuse of K/V across query rows or across the q heads
  * of a GQA group (L1/L2 serve the re-reads), which v2 fixes for prefill.
- * Test: build-gpu/gpu_test_kernels (area attention).
+ * Test: build/gpu_test_ops (area attention).
  */
 #include "k_common.cuh"
 

@@ -1,25 +1,29 @@
 /*
- * k_bench.cu - `qshard bench kernel w4a16 [--m 1,16,64,256,4096] [--shapes llama2-7b,...]`:
- * the W4A16 linear against the device copy bandwidth and cuBLAS fp16, measured in ONE run.
+ * k_bench.cu - `qshard bench kernel`: the W4A16 routes against the device copy bandwidth and
+ * cuBLAS fp16, measured in ONE run, and three side benchmarks (floor, stream, sample).
  *
- * For every (model layer shape after the TP split, M):
- *   - our kernel (k_w4a16_linear_variant, the listed variants; 0 = auto),
+ * `qshard bench kernel w4a16 [--m 1,16,64,256,4096] [--shapes llama2-7b,...] [--routes ...]`:
+ * for every (model layer shape after the TP split, M):
+ *   - our linear by route (k_w4a16_route_pick + k_w4a16_launch; auto = the router's table, or a
+ *     kernel forced: splitk, wgmma, dq_gemm, fallback; acc = auto with the fp32-accumulator
+ *     epilogue alone, the consumer's finish not timed); routes that cannot run the shape here
+ *     are skipped,
  *   - cuBLAS fp16 GEMM (cublasGemmEx, fp32 compute) on the same shape with fp16 weights,
- *   - for M >= 256 also dequant-to-fp16 + the same cuBLAS GEMM ("dq+cublas"),
  * each validated once against dequant + cuBLAS before timing (a wrong kernel gets no time).
  * Weights rotate among copies that together exceed 3x the L2 size, so every call streams from
- * HBM; CUDA events around a loop of calls after warm-up; the median of 5 loops is printed.
- * Bytes counted for the W4A16 kernel: qweight + scales + qzeros (K*N/2 + (K/G)*N*2.5); for
- * cuBLAS: the fp16 weight K*N*2. Activations and outputs are not counted (small at decode).
- * "% copy" = GB/s over the device-to-device cudaMemcpy bandwidth measured at the start
- * (bytes read + bytes written), "x cuBLAS" = cuBLAS time / our time.
+ * HBM; CUDA events around a loop of calls after warm-up; the median of 5 loops is printed
+ * (harness: kernels/k_bench.cuh). Bytes counted for W4A16: qweight + scales + qzeros
+ * (K*N/2 + (K/G)*N*2.5); for cuBLAS: the fp16 weight K*N*2. Activations and outputs are not
+ * counted (small at decode). "% copy" = GB/s over the device-to-device cudaMemcpy bandwidth
+ * measured at the start (bytes read + bytes written), "x cuBLAS" = cuBLAS time / our time.
  *
- * Output: one line per config: op variant shape | us | GB/s | % copy | TFLOP/s | x cuBLAS.
- * `qshard bench kernel sample` and `... stream`: see bench_sample and bench_stream below.
+ * Output: one line per config: op shape M route | us | GB/s | % copy | TFLOP/s | x cuBLAS.
+ * `qshard bench kernel floor`, `... stream`, `... sample`: see bench_floor, bench_stream and
+ * bench_sample below. Entry point: bench_kernel_main (kernels/k_bench.h).
  */
 #include <cerrno>
 #include <cctype>
-#include <cublas_v2.h> /* cublasGemmEx */
+#include <cublas_v2.h> /* cublasCreate */
 #include <getopt.h>
 #include <time.h> /* clock_gettime */
 
@@ -27,21 +31,10 @@
 #include <string>
 #include <vector>
 
-extern "C" {
-#include "qs_log.h" /* QS_EXIT_* */
-}
-#include "k_common.cuh" /* K_CUDA_CHECK, kernels.h */
-#include "rt_sample.h"  /* rt_sampler: the host path that `bench kernel sample` compares with */
-
-#define B_CUBLAS_CHECK(expr)                                                                \
-    do {                                                                                    \
-        cublasStatus_t s_ = (expr);                                                         \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                  \
-            fprintf(stderr, "qshard: cuBLAS error %d (%s) at %s:%d\n", (int)s_, #expr,      \
-                    __FILE__, __LINE__);                                                    \
-            abort();                                                                        \
-        }                                                                                   \
-    } while (0)
+#include "k_bench.cuh" /* kb_time_us, kb_copy_bandwidth_gbs, rand_fill, cublas_linear, validate */
+#include "k_bench.h"   /* bench_kernel_main, K_BENCH_EXIT_* */
+#include "qs_log.h"    /* qs_log_set_quiet: routes that do not apply are skipped silently */
+#include "rt_sample.h" /* rt_sampler: the host path that `bench kernel sample` compares with */
 
 namespace {
 
@@ -75,101 +68,7 @@ bool rank_shapes(const bmodel &m, int tp, int G, std::vector<bshape> &out)
     return true;
 }
 
-__global__ void fill_bytes(uint32_t *p, size_t n_words, uint32_t seed)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n_words;
-         i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 0x9E3779B1u ^ seed;
-        h ^= h >> 15; h *= 0x85EBCA77u; h ^= h >> 13; h *= 0xC2B2AE3Du; h ^= h >> 16;
-        p[i] = h;
-    }
-}
-__global__ void fill_f16(__half *p, size_t n, float lo, float hi, uint32_t seed)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 0x9E3779B1u ^ seed;
-        h ^= h >> 15; h *= 0x85EBCA77u; h ^= h >> 13; h *= 0xC2B2AE3Du; h ^= h >> 16;
-        p[i] = __float2half_rn(lo + (hi - lo) * (float)(h >> 8) * (1.0f / 16777216.0f));
-    }
-}
-
-void rand_fill(void *p, size_t bytes, uint32_t seed)
-{
-    fill_bytes<<<1024, 256>>>(static_cast<uint32_t *>(p), bytes / 4, seed);
-    K_LAUNCH_CHECK();
-}
-void rand_f16(void *p, size_t n, float lo, float hi, uint32_t seed)
-{
-    fill_f16<<<1024, 256>>>(static_cast<__half *>(p), n, lo, hi, seed);
-    K_LAUNCH_CHECK();
-}
-
-cudaStream_t g_bs;       /* the bench stream: every timed call runs on it */
-bool g_use_graph = true; /* time CUDA-graph replays (default) or plain back-to-back launches */
-
-/* Median over 5 loops of the mean time per call (us) of fn(i), i = rotation index. With graphs
- * (default) each loop is one replay of a captured graph of n calls, which removes most of the
- * CPU launch overhead, as a runtime that graph-launches its decode step sees it. */
-template <class F> double time_us(F fn, double target_ms)
-{
-    cudaEvent_t a, b;
-    K_CUDA_CHECK(cudaEventCreate(&a));
-    K_CUDA_CHECK(cudaEventCreate(&b));
-    for (int i = 0; i < 3; ++i) fn(i); /* warm-up: module load, attributes, handles */
-    K_CUDA_CHECK(cudaEventRecord(a, g_bs));
-    fn(3);
-    K_CUDA_CHECK(cudaEventRecord(b, g_bs));
-    K_CUDA_CHECK(cudaEventSynchronize(b));
-    float one = 0;
-    K_CUDA_CHECK(cudaEventElapsedTime(&one, a, b));
-    const int n = std::max(5, std::min(1000, (int)(target_ms / 5 / std::max(one, 1e-3f))));
-    std::vector<double> t;
-    int it = 4;
-    cudaGraphExec_t exec = nullptr;
-    if (g_use_graph) {
-        cudaGraph_t graph;
-        K_CUDA_CHECK(cudaStreamBeginCapture(g_bs, cudaStreamCaptureModeThreadLocal));
-        for (int i = 0; i < n; ++i) fn(it++);
-        K_CUDA_CHECK(cudaStreamEndCapture(g_bs, &graph));
-        K_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-        K_CUDA_CHECK(cudaGraphDestroy(graph));
-        K_CUDA_CHECK(cudaGraphLaunch(exec, g_bs)); /* upload the graph */
-    }
-    for (int r = 0; r < 5; ++r) {
-        K_CUDA_CHECK(cudaEventRecord(a, g_bs));
-        if (exec) K_CUDA_CHECK(cudaGraphLaunch(exec, g_bs));
-        else for (int i = 0; i < n; ++i) fn(it++);
-        K_CUDA_CHECK(cudaEventRecord(b, g_bs));
-        K_CUDA_CHECK(cudaEventSynchronize(b));
-        float ms = 0;
-        K_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-        t.push_back(ms * 1000.0 / n);
-    }
-    if (exec) K_CUDA_CHECK(cudaGraphExecDestroy(exec));
-    K_CUDA_CHECK(cudaEventDestroy(a));
-    K_CUDA_CHECK(cudaEventDestroy(b));
-    std::sort(t.begin(), t.end());
-    return t[2];
-}
-
-double copy_bandwidth_gbs(void)
-{
-    const size_t bytes = (size_t)1 << 30;
-    void *src = nullptr, *dst = nullptr;
-    K_CUDA_CHECK(cudaMalloc(&src, bytes));
-    K_CUDA_CHECK(cudaMalloc(&dst, bytes));
-    rand_fill(src, bytes, 1);
-    /* plain launches: a 1 GiB copy hides launch overhead, and graph memcpy nodes were measured
-     * slower (2.8 vs 4.2 TB/s) than cudaMemcpyAsync on the H200 */
-    const bool graph = g_use_graph;
-    g_use_graph = false;
-    const double us = time_us([&](int) { K_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g_bs)); }, 100);
-    g_use_graph = graph;
-    K_CUDA_CHECK(cudaFree(src));
-    K_CUDA_CHECK(cudaFree(dst));
-    return 2.0 * bytes / (us * 1e3); /* read + write, GB/s */
-}
+kb_clock g_clock = {nullptr, true}; /* the bench stream (made once the options are good); graphs */
 
 std::vector<int> parse_ints(const char *s)
 {
@@ -183,34 +82,6 @@ std::vector<int> parse_ints(const char *s)
         p = q + 1;
     }
     return v;
-}
-
-/* y = x . W with W fp16 [K, N] row-major: column-major Y^T[N, M] = W^T[N, K] . X^T[K, M]. */
-void cublas_linear(cublasHandle_t h, const __half *x, const __half *w, __half *y, int M, int N, int K)
-{
-    const float alpha = 1.0f, beta = 0.0f;
-    B_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &alpha, w, CUDA_R_16F, N, x,
-                                CUDA_R_16F, K, &beta, y, CUDA_R_16F, N, CUBLAS_COMPUTE_32F,
-                                CUBLAS_GEMM_DEFAULT));
-}
-
-/* rel L2 and max |d| / rms of a vs b (fp16 device arrays). */
-bool validate(const __half *a, const __half *b, size_t n, double *rel_out)
-{
-    std::vector<__half> ha(n), hb(n);
-    K_CUDA_CHECK(cudaDeviceSynchronize());
-    K_CUDA_CHECK(cudaMemcpy(ha.data(), a, n * 2, cudaMemcpyDeviceToHost));
-    K_CUDA_CHECK(cudaMemcpy(hb.data(), b, n * 2, cudaMemcpyDeviceToHost));
-    double sd = 0, sr = 0;
-    bool finite = true;
-    for (size_t i = 0; i < n; ++i) {
-        const double x = __half2float(ha[i]), r = __half2float(hb[i]);
-        if (!std::isfinite(x)) finite = false;
-        sd += (x - r) * (x - r);
-        sr += r * r;
-    }
-    *rel_out = sr > 0 ? sqrt(sd / sr) : 1.0;
-    return finite && sr > 0 && *rel_out < 5e-3;
 }
 
 
@@ -283,7 +154,7 @@ int bench_stream(void)
     K_CUDA_CHECK(cudaMalloc(&buf, bytes));
     K_CUDA_CHECK(cudaMalloc(&sink, 4));
     rand_fill(buf, bytes, 5);
-    const double copy_bw = copy_bandwidth_gbs();
+    const double copy_bw = kb_copy_bandwidth_gbs(g_clock.stream);
     int sms = 0;
     K_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     printf("read patterns over 1 GiB, 512-byte chunks, %d in flight per warp; copy %.0f GB/s\n",
@@ -293,9 +164,9 @@ int bench_stream(void)
         for (int pat = 0; pat < 3; ++pat)
             for (int bps : {4, 8, 16}) {
                 const int blocks = sms * bps;
-                const double us = time_us([&](int) {
-                    if (cp) stream_kernel<true><<<blocks, 128, 0, g_bs>>>((const uint4 *)buf, bytes / 512, pat, sink);
-                    else stream_kernel<false><<<blocks, 128, 0, g_bs>>>((const uint4 *)buf, bytes / 512, pat, sink);
+                const double us = kb_time_us(g_clock, [&](int) {
+                    if (cp) stream_kernel<true><<<blocks, 128, 0, g_clock.stream>>>((const uint4 *)buf, bytes / 512, pat, sink);
+                    else stream_kernel<false><<<blocks, 128, 0, g_clock.stream>>>((const uint4 *)buf, bytes / 512, pat, sink);
                 }, 50);
                 printf("stream %-8s %-18s %3d warps/SM | %9.1f us | %6.0f GB/s | %5.1f%% copy\n",
                        cp ? "cp.async" : "ld.nc", pname[pat], bps * 4, us, bytes / (us * 1e3),
@@ -303,7 +174,7 @@ int bench_stream(void)
             }
     K_CUDA_CHECK(cudaFree(buf));
     K_CUDA_CHECK(cudaFree(sink));
-    return QS_EXIT_OK;
+    return K_BENCH_EXIT_OK;
 }
 
 /* --- `bench kernel floor`: the per-call floor of a chain of weight-streaming kernels -------- */
@@ -402,7 +273,7 @@ int bench_floor(const std::vector<bshape> &list, int G, double target_ms)
     K_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     int l2 = 0;
     K_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
-    const double copy_bw = copy_bandwidth_gbs();
+    const double copy_bw = kb_copy_bandwidth_gbs(g_clock.stream);
     constexpr int N_MODES = 6;
     const char *mname[N_MODES] = {"0 stream + store", "1 + split-K tail", "2 = 1 without PDL",
                                   "3 reductions only", "4 = 1, acq_rel counter",
@@ -434,17 +305,17 @@ int bench_floor(const std::vector<bshape> &list, int G, double target_ms)
         const size_t n_chunks = bytes / 512;
         double t[N_MODES];
         for (int mode = 0; mode < N_MODES; ++mode)
-            t[mode] = time_us([&](int i) {
+            t[mode] = kb_time_us(g_clock, [&](int i) {
                 const uint4 *cur = reinterpret_cast<const uint4 *>(buf + region * (i % R));
                 const dim3 g(blocks), b(128);
                 switch (mode) {
-                case 0: k_launch_ex(floor_kernel<0>, g, b, 0, g_bs, true, cur, n_chunks, NT, S, ws, cnt, y); break;
-                case 1: k_launch_ex(floor_kernel<1>, g, b, 0, g_bs, true, cur, n_chunks, NT, S, ws, cnt, y); break;
-                case 2: k_launch_ex(floor_kernel<1>, g, b, 0, g_bs, false, cur, n_chunks, NT, S, ws, cnt, y); break;
-                case 3: k_launch_ex(floor_kernel<3>, g, b, 0, g_bs, true, cur, n_chunks, NT, S, ws, cnt, y); break;
-                case 4: k_launch_ex(floor_kernel<4>, g, b, 0, g_bs, true, cur, n_chunks, NT, S, ws, cnt, y); break;
+                case 0: k_launch_ex(floor_kernel<0>, g, b, 0, g_clock.stream, true, cur, n_chunks, NT, S, ws, cnt, y); break;
+                case 1: k_launch_ex(floor_kernel<1>, g, b, 0, g_clock.stream, true, cur, n_chunks, NT, S, ws, cnt, y); break;
+                case 2: k_launch_ex(floor_kernel<1>, g, b, 0, g_clock.stream, false, cur, n_chunks, NT, S, ws, cnt, y); break;
+                case 3: k_launch_ex(floor_kernel<3>, g, b, 0, g_clock.stream, true, cur, n_chunks, NT, S, ws, cnt, y); break;
+                case 4: k_launch_ex(floor_kernel<4>, g, b, 0, g_clock.stream, true, cur, n_chunks, NT, S, ws, cnt, y); break;
                 default:
-                    k_launch_ex(floor_kernel<5>, dim3(NT * S4 / 4), b, 0, g_bs, true, cur, n_chunks, NT, S4, ws, cnt, y);
+                    k_launch_ex(floor_kernel<5>, dim3(NT * S4 / 4), b, 0, g_clock.stream, true, cur, n_chunks, NT, S4, ws, cnt, y);
                     break;
                 }
             }, target_ms);
@@ -456,7 +327,7 @@ int bench_floor(const std::vector<bshape> &list, int G, double target_ms)
         printf("  (S=%d, %d blocks; mode 5 S=%d)\n", S, blocks, S4);
         K_CUDA_CHECK(cudaFree(buf)); K_CUDA_CHECK(cudaFree(ws)); K_CUDA_CHECK(cudaFree(y)); K_CUDA_CHECK(cudaFree(cnt));
     }
-    return QS_EXIT_OK;
+    return K_BENCH_EXIT_OK;
 }
 
 /* --- `bench kernel sample`: next-token choice on the GPU vs on the host ------------------------ */
@@ -512,7 +383,7 @@ int bench_sample(const std::vector<int> &vocabs)
                 sp.temperature = c.t; sp.top_k = c.k; sp.top_p = c.p; sp.min_p = c.min_p;
                 sp.repeat_penalty = c.r; sp.seed = 1;
                 struct rt_sampler smp = {};
-                if (rt_sampler_init(&smp, &sp, V) != RT_SAMPLE_ERR_NONE) return QS_EXIT_RUNTIME;
+                if (rt_sampler_init(&smp, &sp, V) != RT_SAMPLE_ERR_NONE) return K_BENCH_EXIT_RUNTIME;
                 for (int j = 0; j < 64; ++j) rt_sampler_accept(&smp, (int32_t)(rnd() % (uint64_t)V));
                 K_CUDA_CHECK(cudaMemcpy(dseen, smp.seen, ((size_t)V + 7) / 8, cudaMemcpyHostToDevice));
                 const struct k_sample_params kp = {c.t, c.k, c.p, c.min_p, c.r};
@@ -528,17 +399,17 @@ int bench_sample(const std::vector<int> &vocabs)
                     for (int j = 0; j < n; ++j) u[j] = c.t > 0.0f ? rt_sampler_uniform(&ps) : 0.0;
                     double t0 = b_now();
                     for (int j = 0; j < n; ++j) {
-                        if (k_sample(did, nullptr, dl, V, dseen, &kp, u[j], g_bs) != K_ERR_NONE)
-                            return QS_EXIT_RUNTIME;
-                        K_CUDA_CHECK(cudaMemcpyAsync(hid, did, 4, cudaMemcpyDeviceToHost, g_bs));
-                        K_CUDA_CHECK(cudaStreamSynchronize(g_bs));
+                        if (k_sample(did, nullptr, dl, V, dseen, &kp, u[j], g_clock.stream) != K_ERR_NONE)
+                            return K_BENCH_EXIT_RUNTIME;
+                        K_CUDA_CHECK(cudaMemcpyAsync(hid, did, 4, cudaMemcpyDeviceToHost, g_clock.stream));
+                        K_CUDA_CHECK(cudaStreamSynchronize(g_clock.stream));
                         gid[j] = *hid;
                     }
                     tg.push_back((b_now() - t0) / n * 1e6);
                     t0 = b_now();
                     for (int j = 0; j < n; ++j) {
-                        K_CUDA_CHECK(cudaMemcpyAsync(host.data(), dl, (size_t)V * 4, cudaMemcpyDeviceToHost, g_bs));
-                        K_CUDA_CHECK(cudaStreamSynchronize(g_bs));
+                        K_CUDA_CHECK(cudaMemcpyAsync(host.data(), dl, (size_t)V * 4, cudaMemcpyDeviceToHost, g_clock.stream));
+                        K_CUDA_CHECK(cudaStreamSynchronize(g_clock.stream));
                         if (rt_sampler_next(&smp, host.data(), V, &hid_v[j]) != RT_SAMPLE_ERR_NONE) hid_v[j] = -1;
                     }
                     th.push_back((b_now() - t0) / n * 1e6);
@@ -555,11 +426,185 @@ int bench_sample(const std::vector<int> &vocabs)
         K_CUDA_CHECK(cudaFree(dl)); K_CUDA_CHECK(cudaFree(dseen)); K_CUDA_CHECK(cudaFree(did));
         K_CUDA_CHECK(cudaFreeHost(hid));
     }
-    return QS_EXIT_OK;
+    return K_BENCH_EXIT_OK;
 }
 
-constexpr int B_NO_PDL = 100; /* --variants 100 + v */
-constexpr int B_DEFER = 200; /* k_w4a16_linear_acc alone (the consumer finishes) */
+/* --- `bench kernel w4a16`: the routes against cuBLAS fp16 ------------------------------------ */
+
+/* One --routes entry: a kernel of the router with the fp16 epilogue, or "acc" (auto with the
+ * fp32-accumulator epilogue: the deferred split-K the runtime's decode runs, its finish left to
+ * the consumer, so not a candidate for the per-layer best: it writes no y). */
+struct broute {
+    std::string name;
+    enum k_w4a16_kernel kernel;
+    enum k_w4a16_epilogue epilogue;
+};
+
+/* "auto,splitk,acc,..." -> routes; false (and *bad = the name) for an unknown name. */
+bool parse_routes(const char *s, std::vector<broute> &out, std::string *bad)
+{
+    out.clear();
+    std::string t = std::string(s) + ",";
+    size_t p = 0, q;
+    while ((q = t.find(',', p)) != std::string::npos) {
+        const std::string name = t.substr(p, q - p);
+        p = q + 1;
+        if (name.empty()) continue;
+        const int k = name == "acc" ? (int)K_W4A16_KERNEL_AUTO : k_w4a16_kernel_parse(name.c_str());
+        if (k < 0) {
+            *bad = name;
+            return false;
+        }
+        out.push_back({name, (enum k_w4a16_kernel)k, name == "acc" ? K_W4A16_EPI_ACC : K_W4A16_EPI_Y});
+    }
+    if (out.empty()) *bad = "(none)";
+    return !out.empty();
+}
+
+/* The options of bench_kernel_main. */
+struct bopts {
+    std::vector<int> Ms = {1, 16, 64, 256, 4096}, vocabs;
+    std::vector<broute> routes = {{"auto", K_W4A16_KERNEL_AUTO, K_W4A16_EPI_Y}};
+    std::string shapes = "llama2-7b,llama3-8b,70b";
+    int tp = 1, G = 128;
+    double target_ms = 20;
+};
+
+/* kb_linear with the launch of a route on rotation i */
+struct bdata : kb_linear {
+    using kb_linear::kb_linear;
+    /* one launch of `rt` on rotation i (x[i % 2], weight copy i % R) */
+    int launch(const k_w4a16_route &rt, int i, cublasHandle_t cub, cudaStream_t st)
+    {
+        const k_w4a16_weight w = {qw[i % R], qz[i % R], sc[i % R], nullptr};
+        const k_w4a16_bufs b = {ws, ws_b, scratch, scratch_b, cub};
+        return k_w4a16_launch(&rt, reinterpret_cast<uint16_t *>(x[i % 2]), &w,
+                              reinterpret_cast<uint16_t *>(y), static_cast<float *>(ws), &b, st);
+    }
+};
+
+/* The context every route line of one run shares. */
+struct brun {
+    cublasHandle_t cub;
+    k_w4a16_caps caps;
+    double copy_bw;
+    int invalid = 0;
+};
+
+/* Validate, then time route br on d (shape label `shape`, cuBLAS time t_cub); prints its line.
+ * Returns the time in us, 0 when the route does not run this shape here or failed validation. */
+double time_route(brun &run, bdata &d, const broute &br, const char *shape, double t_cub,
+                  double target_ms)
+{
+    k_w4a16_route rt;
+    qs_log_set_quiet(true); /* a route that cannot take this (M, G) on this GPU: skipped */
+    const int rr = k_w4a16_route_pick(&rt, d.M, d.N, d.K, d.G, br.epilogue, br.kernel, &run.caps);
+    qs_log_set_quiet(false);
+    if (rr != K_ERR_NONE) return 0;
+    const bool to_acc = br.epilogue == K_W4A16_EPI_ACC;
+    K_CUDA_CHECK(cudaMemset(d.y, 0xFF, (size_t)d.M * d.N * 2));
+    int rc = d.launch(rt, 0, run.cub, nullptr);
+    if (rc == K_ERR_NONE && to_acc) /* the consumer's part, for the check only */
+        rc = k_w4a16_acc_finish(reinterpret_cast<uint16_t *>(d.y), static_cast<float *>(d.ws), d.M,
+                                d.N, nullptr);
+    double rel = 0;
+    if (rc != K_ERR_NONE || !validate(d.y, d.yref, (size_t)d.M * d.N, &rel)) {
+        printf("%-34s %-9s | INVALID (rc %d, rel L2 %.3g vs dequant+cuBLAS): not timed\n", shape,
+               br.name.c_str(), rc, rel);
+        ++run.invalid;
+        return 0;
+    }
+    const double t = kb_time_us(g_clock, [&](int i) { d.launch(rt, i, run.cub, g_clock.stream); },
+                                target_ms);
+    if (to_acc) K_CUDA_CHECK(cudaMemset(d.ws, 0, d.ws_b)); /* "acc" left its sums there */
+    const double gbs = d.q_bytes / (t * 1e3), flops = 2.0 * d.M * d.K * d.N;
+    printf("%-34s %-9s | %9.2f | %7.0f | %5.1f%% | %7.1f | %7.2fx\n", shape, br.name.c_str(), t,
+           gbs, 100.0 * gbs / run.copy_bw, flops / (t * 1e6), t_cub / t);
+    return t;
+}
+
+/* Buffers the routes may need for (M, N, K, G): the largest workspace and scratch they ask. */
+void route_needs(const std::vector<broute> &routes, const k_w4a16_caps &caps, int M, int N, int K,
+                 int G, size_t *ws, size_t *scratch)
+{
+    *ws = k_w4a16_workspace_bytes(M, N); /* also the "acc" sums */
+    *scratch = 0;
+    qs_log_set_quiet(true);
+    for (const auto &br : routes) {
+        k_w4a16_route rt;
+        if (k_w4a16_route_pick(&rt, M, N, K, G, br.epilogue, br.kernel, &caps) != K_ERR_NONE) continue;
+        *ws = std::max(*ws, rt.workspace_bytes);
+        *scratch = std::max(*scratch, rt.scratch_bytes);
+    }
+    qs_log_set_quiet(false);
+}
+
+/* `bench kernel w4a16`: every M x layer shape, the routes and cuBLAS fp16; then per layer. */
+int bench_w4a16(const bopts &o, const std::vector<bshape> &list)
+{
+    int dev = 0;
+    cudaDeviceProp prop;
+    K_CUDA_CHECK(cudaGetDevice(&dev));
+    K_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    if (prop.major * 10 + prop.minor < K_SM80) {
+        fprintf(stderr, "qshard bench kernel: %s is sm_%d%d; the kernels need sm_80 or newer\n",
+                prop.name, prop.major, prop.minor);
+        return K_BENCH_EXIT_RUNTIME;
+    }
+    brun run;
+    B_CUBLAS_CHECK(cublasCreate(&run.cub));
+    B_CUBLAS_CHECK(cublasSetStream(run.cub, g_clock.stream));
+    (void)k_w4a16_caps_query(&run.caps);
+    const double l2 = prop.l2CacheSize;
+    run.copy_bw = kb_copy_bandwidth_gbs(g_clock.stream);
+    printf("device: %s, sm_%d%d, %d SMs, L2 %.0f MB, memory %.0f GB; wgmma %s, PDL %s\n",
+           prop.name, prop.major, prop.minor, prop.multiProcessorCount, l2 / 1e6,
+           prop.totalGlobalMem / 1e9, run.caps.wgmma ? "on" : "off", k_get_pdl() ? "on" : "off");
+    printf("device-to-device copy (cudaMemcpy 1 GiB, read + write): %.0f GB/s\n", run.copy_bw);
+    printf("timing: %s, median of 5 loops, weights rotated over >= 3x L2\n",
+           g_clock.graph ? "CUDA-graph replays of n calls" : "back-to-back launches (--no-graph)");
+    printf("%-34s %-9s | %9s | %7s | %6s | %7s | %8s\n", "op shape (K x N) M", "route", "us",
+           "GB/s", "% copy", "TFLOP/s", "x cuBLAS");
+    struct sum { double ours = 0, cub = 0; };
+    std::vector<std::pair<std::string, sum>> sums;
+    for (int M : o.Ms)
+        for (const auto &s : list) {
+            size_t ws_b, scratch_b;
+            route_needs(o.routes, run.caps, M, s.N, s.K, o.G, &ws_b, &scratch_b);
+            bdata d(M, s.N, s.K, o.G, l2, ws_b, scratch_b);
+            char shape[96];
+            snprintf(shape, sizeof shape, "%s (%dx%d) M=%d", s.name.c_str(), s.K, s.N, M);
+            cublas_linear(run.cub, d.x[0], d.w16[0], d.yref, M, s.N, s.K); /* the reference */
+            const double t_cub = kb_time_us(g_clock, [&](int i) {
+                cublas_linear(run.cub, d.x[i % 2], d.w16[i % d.R16], d.y, M, s.N, s.K);
+            }, o.target_ms);
+            double t_best = 0;
+            for (const auto &br : o.routes) {
+                const double t = time_route(run, d, br, shape, t_cub, o.target_ms);
+                if (t > 0 && br.epilogue == K_W4A16_EPI_Y && (t_best == 0 || t < t_best)) t_best = t;
+            }
+            printf("%-34s %-9s | %9.2f | %7.0f | %5.1f%% | %7.1f |\n", shape, "cublas", t_cub,
+                   d.w16_b / (t_cub * 1e3), 100.0 * (d.w16_b / (t_cub * 1e3)) / run.copy_bw,
+                   2.0 * M * s.K * s.N / (t_cub * 1e6));
+            std::string key = s.name.substr(0, s.name.find(' ')) + " M=" + std::to_string(M);
+            auto it = std::find_if(sums.begin(), sums.end(), [&](const auto &p) { return p.first == key; });
+            if (it == sums.end()) { sums.push_back({key, sum()}); it = sums.end() - 1; }
+            it->second.ours += t_best;
+            it->second.cub += t_cub;
+        }
+    printf("\nper layer (qkv + o + gate_up + down), best fp16-output route vs cuBLAS fp16:\n");
+    for (const auto &p : sums)
+        printf("  %-24s w4a16 %9.1f us   cublas %9.1f us   %5.2fx\n", p.first.c_str(),
+               p.second.ours, p.second.cub, p.second.ours > 0 ? p.second.cub / p.second.ours : 0.0);
+    B_CUBLAS_CHECK(cublasDestroy(run.cub));
+    if (run.invalid) {
+        fprintf(stderr, "qshard bench kernel: %d configs failed validation\n", run.invalid);
+        return K_BENCH_EXIT_RUNTIME;
+    }
+    return K_BENCH_EXIT_OK;
+}
+
+/* --- options ------------------------------------------------------------------------------- */
 
 void usage(FILE *f)
 {
@@ -575,296 +620,155 @@ void usage(FILE *f)
             "  --shapes LIST    llama2-7b,llama3-8b,llama2-13b,70b (default llama2-7b,llama3-8b,70b)\n"
             "                   or one layer as KxN, e.g. 8192x57344 (--tp does not apply to it)\n"
             "  --tp N           tensor-parallel size of the layer shapes (default 1)\n"
-            "  --variants LIST  W4A16 variants to time: 0 auto, 1 naive, 2 decode, 3 GEMM, 4 stream-K,\n"
-            "                   5 lean decode, 6 lean decode (smem ring), 7 wgmma GEMM (sm_90a),\n"
-            "                   8 lean decode with the block pre-sum (M <= 16), 9 deferred split-K +\n"
-            "                   finish kernel;\n"
-            "                   100 + v: v without Programmatic Dependent Launch;\n"
-            "                   200: k_w4a16_linear_acc alone (deferred split-K; its finish is left\n"
-            "                   to the consumer, as in the runtime's decode; M <= 64)\n"
-            "                   (default 0)\n"
+            "  --routes LIST    W4A16 routes to time (kernels.h): auto (the router's choice),\n"
+            "                   splitk (v5 deferred split-K + finish, M <= 64), wgmma (v7, sm_90a),\n"
+            "                   dq_gemm (dequant + cuBLAS), fallback (v4 stream-K, M <= 64), acc\n"
+            "                   (auto with the fp32-accumulator epilogue: the deferred linear alone,\n"
+            "                   as the runtime's decode runs it, M <= 64); a route that cannot run\n"
+            "                   a shape is skipped (default auto)\n"
             "  --group N        group size G (default 128)\n"
             "  --ms T           target milliseconds per timed loop (default 20)\n"
             "  --no-graph       time back-to-back launches instead of CUDA-graph replays\n"
-            "  -h, --help       this text\n");
+            "  --no-pdl         launch without Programmatic Dependent Launch (k_set_pdl(0))\n"
+            "  --trace          print each W4A16 launch's shape (slices, blocks, shared memory)\n"
+            "  -h, --help       this text\n"
+            "The experiments that are not routes (v1, v2, v3, v6, v8, v5 with its in-kernel\n"
+            "split-K tail) are programs of their own: `make lab`, kernels/lab/README.md.\n");
+}
+
+/* Parse a comma list of positive ints for option `what`; false (reported) on a bad value. */
+bool parse_positive(const char *s, const char *what, std::vector<int> &out)
+{
+    out = parse_ints(s);
+    for (int v : out)
+        if (v < 1) {
+            fprintf(stderr, "qshard bench kernel: bad %s value %d\n", what, v);
+            return false;
+        }
+    if (out.empty()) fprintf(stderr, "qshard bench kernel: %s needs at least one value\n", what);
+    return !out.empty();
+}
+
+/* getopt over argv into *o (and the process-wide switches); K_BENCH_EXIT_OK to go on, -1 after
+ * --help, else the usage exit code. */
+int parse_options(int argc, char **argv, bopts *o)
+{
+    static const struct option opts[] = {
+        {"m", required_argument, nullptr, 'm'},       {"shapes", required_argument, nullptr, 's'},
+        {"tp", required_argument, nullptr, 't'},      {"routes", required_argument, nullptr, 'r'},
+        {"group", required_argument, nullptr, 'g'},   {"ms", required_argument, nullptr, 'T'},
+        {"no-graph", no_argument, nullptr, 'G'},      {"help", no_argument, nullptr, 'h'},
+        {"vocab", required_argument, nullptr, 'V'},   {"no-pdl", no_argument, nullptr, 'P'},
+        {"trace", no_argument, nullptr, 'X'},         {nullptr, 0, nullptr, 0}};
+    optind = 1;
+    int c;
+    std::string bad;
+    while ((c = getopt_long(argc, argv, "h", opts, nullptr)) != -1) {
+        switch (c) {
+        case 'm': if (!parse_positive(optarg, "--m", o->Ms)) return K_BENCH_EXIT_USAGE; break;
+        case 's': o->shapes = optarg; break;
+        case 't': o->tp = atoi(optarg); break;
+        case 'r':
+            if (!parse_routes(optarg, o->routes, &bad)) {
+                fprintf(stderr, "qshard bench kernel: unknown --routes value '%s' (auto, splitk, "
+                        "acc, wgmma, dq_gemm, fallback)\n", bad.c_str());
+                return K_BENCH_EXIT_USAGE;
+            }
+            break;
+        case 'g': o->G = atoi(optarg); break;
+        case 'T': o->target_ms = atof(optarg); break;
+        case 'G': g_clock.graph = false; break;
+        case 'P': k_set_pdl(0); break;
+        case 'X': k_set_trace(1); break;
+        case 'V': if (!parse_positive(optarg, "--vocab", o->vocabs)) return K_BENCH_EXIT_USAGE; break;
+        case 'h': usage(stdout); return -1;
+        default: usage(stderr); return K_BENCH_EXIT_USAGE;
+        }
+    }
+    if (o->G < 16 || o->G % 16 || o->G > (1 << 20)) {
+        fprintf(stderr, "qshard bench kernel: --group %d: must be a multiple of 16 in [16, 2^20]\n", o->G);
+        return K_BENCH_EXIT_USAGE;
+    }
+    if (!(o->target_ms > 0 && o->target_ms <= 60000)) {
+        fprintf(stderr, "qshard bench kernel: --ms %g: must be in (0, 60000]\n", o->target_ms);
+        return K_BENCH_EXIT_USAGE;
+    }
+    return K_BENCH_EXIT_OK;
+}
+
+/* --shapes -> layer shapes (model sets split tp ways, or one KxN); false (reported) on a bad one. */
+bool parse_shapes(const bopts &o, std::vector<bshape> &list)
+{
+    std::string t = o.shapes + ",";
+    size_t p = 0, q;
+    while ((q = t.find(',', p)) != std::string::npos) {
+        const std::string name = t.substr(p, q - p);
+        p = q + 1;
+        if (name.empty()) continue;
+        /* one layer given as K x N (one rank's shape, no TP split applied) */
+        const char *s0 = name.c_str();
+        char *e1 = nullptr, *e2 = nullptr;
+        errno = 0;
+        const long K = isdigit((unsigned char)s0[0]) ? strtol(s0, &e1, 10) : -1;
+        const long N = K >= 0 && *e1 == 'x' && isdigit((unsigned char)e1[1]) ? strtol(e1 + 1, &e2, 10) : -1;
+        if (N >= 0 && *e2 == '\0') {
+            const long MAXD = 1L << 20; /* 2^20 x 2^20 / 2 bytes = 512 GiB: any real layer fits */
+            if (errno || K < 16 || N < 64 || K > MAXD || N > MAXD || K % o.G || K % 16 || N % 64) {
+                fprintf(stderr, "qshard bench kernel: shape %s: K must be a multiple of 16 and "
+                        "of --group %d, N a multiple of 64, both positive and at most 2^20\n", s0, o.G);
+                return false;
+            }
+            list.push_back({name, (int)K, (int)N});
+            continue;
+        }
+        const bmodel *bm = nullptr;
+        for (const auto &m : BMODELS)
+            if (name == m.name) bm = &m;
+        if (!bm) {
+            fprintf(stderr, "qshard bench kernel: unknown shape set '%s'\n", name.c_str());
+            return false;
+        }
+        if (!rank_shapes(*bm, o.tp, o.G, list)) {
+            fprintf(stderr, "qshard bench kernel: %s cannot be split %d ways\n", bm->name, o.tp);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* A blocking stream: setup work on the legacy default stream is ordered before it; made once
+ * the arguments are known to be good (usage errors come first, also without a GPU). */
+bool need_stream(void)
+{
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1 ||
+        (!g_clock.stream && cudaStreamCreate(&g_clock.stream) != cudaSuccess)) {
+        fprintf(stderr, "qshard bench kernel: no usable CUDA device (%s)\n",
+                cudaGetErrorString(cudaGetLastError()));
+        return false;
+    }
+    return true;
 }
 
 } // namespace
 
 int bench_kernel_main(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"m", required_argument, nullptr, 'm'},       {"shapes", required_argument, nullptr, 's'},
-        {"tp", required_argument, nullptr, 't'},      {"variants", required_argument, nullptr, 'v'},
-        {"group", required_argument, nullptr, 'g'},   {"ms", required_argument, nullptr, 'T'},
-        {"no-graph", no_argument, nullptr, 'G'},      {"help", no_argument, nullptr, 'h'},
-        {"vocab", required_argument, nullptr, 'V'},   {nullptr, 0, nullptr, 0}};
-    std::vector<int> Ms = {1, 16, 64, 256, 4096}, variants = {0}, vocabs;
-    std::string shapes = "llama2-7b,llama3-8b,70b";
-    int tp = 1, G = 128;
-    double target_ms = 20;
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "h", opts, nullptr)) != -1) {
-        switch (c) {
-        case 'm': Ms = parse_ints(optarg); break;
-        case 's': shapes = optarg; break;
-        case 't': tp = atoi(optarg); break;
-        case 'v': variants = parse_ints(optarg); break;
-        case 'g': G = atoi(optarg); break;
-        case 'T': target_ms = atof(optarg); break;
-        case 'G': g_use_graph = false; break;
-        case 'V':
-            vocabs = parse_ints(optarg);
-            for (int v : vocabs)
-                if (v < 1) { fprintf(stderr, "qshard bench kernel: bad --vocab value %d\n", v); return QS_EXIT_USAGE; }
-            break;
-        case 'h': usage(stdout); return QS_EXIT_OK;
-        default: usage(stderr); return QS_EXIT_USAGE;
-        }
-    }
-    /* a blocking stream: setup work on the legacy default stream is ordered before it; made
-     * once the arguments are known to be good (usage errors come first, also without a GPU) */
-    auto need_stream = [] {
-        if (!g_bs && cudaStreamCreate(&g_bs) != cudaSuccess) {
-            fprintf(stderr, "qshard bench kernel: no usable CUDA device (%s)\n",
-                    cudaGetErrorString(cudaGetLastError()));
-            return false;
-        }
-        return true;
-    };
-    if (optind < argc && strcmp(argv[optind], "stream") == 0)
-        return need_stream() ? bench_stream() : QS_EXIT_RUNTIME;
-    if (optind < argc && strcmp(argv[optind], "sample") == 0)
-        return need_stream() ? bench_sample(vocabs.empty() ? std::vector<int>{32000, 128256} : vocabs)
-                             : QS_EXIT_RUNTIME;
-    const bool floor_op = optind < argc && strcmp(argv[optind], "floor") == 0;
-    if (!floor_op && (optind >= argc || strcmp(argv[optind], "w4a16") != 0)) {
+    bopts o;
+    const int rc = parse_options(argc, argv, &o);
+    if (rc != K_BENCH_EXIT_OK) return rc < 0 ? K_BENCH_EXIT_OK : rc;
+    const char *op = optind < argc ? argv[optind] : "";
+    if (strcmp(op, "stream") == 0) return need_stream() ? bench_stream() : K_BENCH_EXIT_RUNTIME;
+    if (strcmp(op, "sample") == 0)
+        return need_stream() ? bench_sample(o.vocabs.empty() ? std::vector<int>{32000, 128256} : o.vocabs)
+                             : K_BENCH_EXIT_RUNTIME;
+    if (strcmp(op, "floor") != 0 && strcmp(op, "w4a16") != 0) {
         fprintf(stderr, "qshard bench kernel: name the op (w4a16, floor, sample or stream)\n");
         usage(stderr);
-        return QS_EXIT_USAGE;
+        return K_BENCH_EXIT_USAGE;
     }
-    for (int m : Ms)
-        if (m < 1) { fprintf(stderr, "qshard bench kernel: bad --m value %d\n", m); return QS_EXIT_USAGE; }
-    if (G < 16 || G % 16 || G > (1 << 20)) {
-        fprintf(stderr, "qshard bench kernel: --group %d: must be a multiple of 16 in [16, 2^20]\n", G);
-        return QS_EXIT_USAGE;
-    }
-    for (int vv : variants)
-        if (vv != B_DEFER &&
-            k_w4a16_variant_max_m(vv >= B_NO_PDL ? vv - B_NO_PDL : vv) < 1) {
-            fprintf(stderr, "qshard bench kernel: unknown --variants value %d\n", vv);
-            return QS_EXIT_USAGE;
-        }
     std::vector<bshape> list;
-    {
-        std::string t = shapes + ",";
-        size_t p = 0, q;
-        while ((q = t.find(',', p)) != std::string::npos) {
-            const std::string name = t.substr(p, q - p);
-            p = q + 1;
-            if (name.empty()) continue;
-            /* one layer given as K x N (one rank's shape, no TP split applied) */
-            const char *s0 = name.c_str();
-            char *e1 = nullptr, *e2 = nullptr;
-            errno = 0;
-            const long K = isdigit((unsigned char)s0[0]) ? strtol(s0, &e1, 10) : -1;
-            const long N = K >= 0 && *e1 == 'x' && isdigit((unsigned char)e1[1]) ? strtol(e1 + 1, &e2, 10) : -1;
-            if (N >= 0 && *e2 == '\0') {
-                const long MAXD = 1L << 20; /* 2^20 x 2^20 / 2 bytes = 512 GiB: any real layer fits */
-                if (errno || K < 16 || N < 64 || K > MAXD || N > MAXD || K % G || K % 16 || N % 64) {
-                    fprintf(stderr, "qshard bench kernel: shape %s: K must be a multiple of 16 and "
-                            "of --group %d, N a multiple of 64, both positive and at most 2^20\n", s0, G);
-                    return QS_EXIT_USAGE;
-                }
-                list.push_back({name, (int)K, (int)N});
-                continue;
-            }
-            const bmodel *bm = nullptr;
-            for (const auto &m : BMODELS)
-                if (name == m.name) bm = &m;
-            if (!bm) { fprintf(stderr, "qshard bench kernel: unknown shape set '%s'\n", name.c_str()); return QS_EXIT_USAGE; }
-            if (!rank_shapes(*bm, tp, G, list)) {
-                fprintf(stderr, "qshard bench kernel: %s cannot be split %d ways\n", bm->name, tp);
-                return QS_EXIT_USAGE;
-            }
-        }
-    }
-
-    if (!need_stream()) return QS_EXIT_RUNTIME;
-    if (floor_op) return bench_floor(list, G, target_ms);
-    int dev = 0, n_dev = 0;
-    cudaDeviceProp prop;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) {
-        fprintf(stderr, "qshard bench kernel: no usable CUDA device (%s)\n",
-                cudaGetErrorString(cudaGetLastError()));
-        return QS_EXIT_RUNTIME;
-    }
-    K_CUDA_CHECK(cudaGetDevice(&dev));
-    K_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-    if (prop.major * 10 + prop.minor < K_SM80) {
-        fprintf(stderr, "qshard bench kernel: %s is sm_%d%d; the kernels need sm_80 or newer\n",
-                prop.name, prop.major, prop.minor);
-        return QS_EXIT_RUNTIME;
-    }
-    cublasHandle_t cub;
-    B_CUBLAS_CHECK(cublasCreate(&cub));
-    B_CUBLAS_CHECK(cublasSetStream(cub, g_bs));
-    const double l2 = prop.l2CacheSize;
-    const double copy_bw = copy_bandwidth_gbs();
-    printf("device: %s, sm_%d%d, %d SMs, L2 %.0f MB, memory %.0f GB\n", prop.name, prop.major,
-           prop.minor, prop.multiProcessorCount, l2 / 1e6, prop.totalGlobalMem / 1e9);
-    printf("device-to-device copy (cudaMemcpy 1 GiB, read + write): %.0f GB/s\n", copy_bw);
-    printf("timing: %s, median of 5 loops, weights rotated over >= 3x L2\n",
-           g_use_graph ? "CUDA-graph replays of n calls" : "back-to-back launches (--no-graph)");
-    printf("%-34s %-9s | %9s | %7s | %6s | %7s | %8s\n", "op shape (K x N) M", "variant", "us",
-           "GB/s", "% copy", "TFLOP/s", "x cuBLAS");
-
-    struct sum { double ours = 0, cub = 0; };
-    std::vector<std::pair<std::string, sum>> sums;
-    int invalid = 0;
-    for (int M : Ms) {
-        for (const auto &s : list) {
-            const int K = s.K, N = s.N;
-            const size_t qw_b = (size_t)K * N / 2, sc_b = (size_t)(K / G) * N * 2,
-                         qz_b = (size_t)(K / G) * N / 2, w16_b = (size_t)K * N * 2;
-            const size_t q_bytes = qw_b + sc_b + qz_b;
-            const int R = (int)std::max<double>(2, ceil(3 * l2 / q_bytes) + 1);
-            const int R16 = (int)std::max<double>(2, ceil(3 * l2 / w16_b) + 1);
-            std::vector<uint8_t *> qw(R), qz(R);
-            std::vector<uint16_t *> sc(R);
-            std::vector<__half *> w16(R16);
-            for (int r = 0; r < R; ++r) {
-                K_CUDA_CHECK(cudaMalloc(&qw[r], qw_b));
-                K_CUDA_CHECK(cudaMalloc(&qz[r], qz_b));
-                K_CUDA_CHECK(cudaMalloc(&sc[r], sc_b));
-                rand_fill(qw[r], qw_b, 11 + r);
-                rand_fill(qz[r], qz_b, 1000 + r);
-                rand_f16(sc[r], sc_b / 2, 0.002f, 0.02f, 2000 + r);
-            }
-            for (int r = 0; r < R16; ++r) {
-                K_CUDA_CHECK(cudaMalloc(&w16[r], w16_b));
-                if (k_w4a16_dequant(qw[r % R], qz[r % R], sc[r % R],
-                                    reinterpret_cast<uint16_t *>(w16[r]), N, K, G, nullptr))
-                    abort(); /* shapes come from rank_shapes: always valid */
-            }
-            __half *x[2], *y, *yref;
-            for (auto &xp : x) {
-                K_CUDA_CHECK(cudaMalloc(&xp, (size_t)M * K * 2));
-                rand_f16(xp, (size_t)M * K, -1.0f, 1.0f, 77 + (uint32_t)(xp == x[1]));
-            }
-            K_CUDA_CHECK(cudaMalloc(&y, (size_t)M * N * 2));
-            K_CUDA_CHECK(cudaMalloc(&yref, (size_t)M * N * 2));
-            const size_t wsb = k_w4a16_workspace_bytes(M, N);
-            void *ws = nullptr;
-            K_CUDA_CHECK(cudaMalloc(&ws, wsb));
-            K_CUDA_CHECK(cudaMemset(ws, 0, wsb));
-            char shape[96];
-            snprintf(shape, sizeof shape, "%s (%dx%d) M=%d", s.name.c_str(), K, N, M);
-            const double flops = 2.0 * M * K * N;
-
-            /* reference: dequant(copy 0) + cuBLAS */
-            cublas_linear(cub, x[0], w16[0], yref, M, N, K);
-            const double t_cub = time_us([&](int i) { cublas_linear(cub, x[i % 2], w16[i % R16], y, M, N, K); }, target_ms);
-
-            double t_best = 0;
-            for (int vv : variants) {
-                if (vv == B_DEFER) { /* deferred split-K alone */
-                    if (M > K_W4A16_V5_MAX_M) continue;
-                    const char *vname = "defer";
-                    float *acc = static_cast<float *>(ws);
-                    K_CUDA_CHECK(cudaMemset(y, 0xFF, (size_t)M * N * 2));
-                    int rc = k_w4a16_linear_acc(reinterpret_cast<uint16_t *>(x[0]), qw[0], qz[0], sc[0],
-                                                nullptr, acc, M, N, K, G, nullptr);
-                    if (rc == K_ERR_NONE)
-                        rc = k_w4a16_acc_finish(reinterpret_cast<uint16_t *>(y), acc, M, N, nullptr);
-                    double rel = 0;
-                    if (rc != K_ERR_NONE || !validate(y, yref, (size_t)M * N, &rel)) {
-                        printf("%-34s %-9s | INVALID (rc %d, rel L2 %.3g vs dequant+cuBLAS): not timed\n", shape, vname, rc, rel);
-                        ++invalid;
-                        continue;
-                    }
-                    const double t = time_us([&](int i) {
-                        k_w4a16_linear_acc(reinterpret_cast<uint16_t *>(x[i % 2]), qw[i % R], qz[i % R], sc[i % R],
-                                           nullptr, acc, M, N, K, G, g_bs);
-                    }, target_ms);
-                    K_CUDA_CHECK(cudaMemset(ws, 0, wsb)); /* "defer" alone left its sums there */
-                    const double gbs = q_bytes / (t * 1e3);
-                    printf("%-34s %-9s | %9.2f | %7.0f | %5.1f%% | %7.1f | %7.2fx\n", shape, vname, t, gbs,
-                           100.0 * gbs / copy_bw, flops / (t * 1e6), t_cub / t);
-                    continue; /* not a candidate for the per-layer best: it writes no y */
-                }
-                /* B_NO_PDL + v: variant v launched without Programmatic Dependent Launch */
-                const bool no_pdl = vv >= B_NO_PDL;
-                const int v = no_pdl ? vv - B_NO_PDL : vv;
-                if (M > k_w4a16_variant_max_m(v)) continue;
-                if (v == 0 && no_pdl && M > K_W4A16_V5_MAX_M) continue;
-                k_set_pdl(!no_pdl);
-                char vname[16];
-                snprintf(vname, sizeof vname, "w4a16 v%d%s", v, no_pdl ? "np" : "");
-                if (v == 0) snprintf(vname, sizeof vname, "w4a16 auto%s", no_pdl ? "np" : "");
-                K_CUDA_CHECK(cudaMemset(y, 0xFF, (size_t)M * N * 2));
-                int rc = k_w4a16_linear_variant(v, reinterpret_cast<uint16_t *>(x[0]), qw[0], qz[0], sc[0], nullptr,
-                                                reinterpret_cast<uint16_t *>(y), M, N, K, G, ws, wsb, nullptr);
-                double rel = 0;
-                if (rc != K_ERR_NONE || !validate(y, yref, (size_t)M * N, &rel)) {
-                    printf("%-34s %-9s | INVALID (rc %d, rel L2 %.3g vs dequant+cuBLAS): not timed\n", shape, vname, rc, rel);
-                    ++invalid;
-                    k_set_pdl(1);
-                    continue;
-                }
-                const double t = time_us([&](int i) {
-                    k_w4a16_linear_variant(v, reinterpret_cast<uint16_t *>(x[i % 2]), qw[i % R], qz[i % R], sc[i % R], nullptr,
-                                           reinterpret_cast<uint16_t *>(y), M, N, K, G, ws, wsb, g_bs);
-                }, target_ms);
-                const double gbs = q_bytes / (t * 1e3);
-                printf("%-34s %-9s | %9.2f | %7.0f | %5.1f%% | %7.1f | %7.2fx\n", shape, vname, t, gbs,
-                       100.0 * gbs / copy_bw, flops / (t * 1e6), t_cub / t);
-                if (t_best == 0 || t < t_best) t_best = t;
-                k_set_pdl(1);
-            }
-            printf("%-34s %-9s | %9.2f | %7.0f | %5.1f%% | %7.1f |\n", shape, "cublas", t_cub,
-                   w16_b / (t_cub * 1e3), 100.0 * (w16_b / (t_cub * 1e3)) / copy_bw, flops / (t_cub * 1e6));
-            if (M >= 32) { /* k_w4a16_linear_dq_gemm: dequant to fp16 then cuBLAS (large M) */
-                auto run_dq = [&](int i) {
-                    if (k_w4a16_linear_dq_gemm(cub, reinterpret_cast<uint16_t *>(x[i % 2]), qw[i % R], qz[i % R],
-                                               sc[i % R], nullptr, reinterpret_cast<uint16_t *>(y), M, N, K, G,
-                                               w16[0], w16_b, g_bs))
-                        abort();
-                };
-                run_dq(0);
-                double rel = 0;
-                if (!validate(y, yref, (size_t)M * N, &rel)) {
-                    printf("%-34s %-9s | INVALID (rel L2 %.3g): not timed\n", shape, "dq+cublas", rel);
-                    ++invalid;
-                }
-                const double t = time_us(run_dq, target_ms);
-                if (t < t_best) t_best = t;
-                printf("%-34s %-9s | %9.2f | %7s | %6s | %7.1f | %7.2fx\n", shape, "dq+cublas", t, "", "",
-                       flops / (t * 1e6), t_cub / t);
-            }
-            std::string key = s.name.substr(0, s.name.find(' ')) + " M=" + std::to_string(M);
-            auto it = std::find_if(sums.begin(), sums.end(), [&](const auto &p) { return p.first == key; });
-            if (it == sums.end()) { sums.push_back({key, sum()}); it = sums.end() - 1; }
-            it->second.ours += t_best;
-            it->second.cub += t_cub;
-
-            for (int r = 0; r < R; ++r) {
-                K_CUDA_CHECK(cudaFree(qw[r])); K_CUDA_CHECK(cudaFree(qz[r])); K_CUDA_CHECK(cudaFree(sc[r]));
-            }
-            for (auto p : w16) K_CUDA_CHECK(cudaFree(p));
-            for (auto p : x) K_CUDA_CHECK(cudaFree(p));
-            K_CUDA_CHECK(cudaFree(y)); K_CUDA_CHECK(cudaFree(yref)); K_CUDA_CHECK(cudaFree(ws));
-        }
-    }
-    printf("\nper layer (qkv + o + gate_up + down), best W4A16 variant vs cuBLAS fp16:\n");
-    for (const auto &p : sums)
-        printf("  %-24s w4a16 %9.1f us   cublas %9.1f us   %5.2fx\n", p.first.c_str(),
-               p.second.ours, p.second.cub, p.second.cub / p.second.ours);
-    B_CUBLAS_CHECK(cublasDestroy(cub));
-    if (invalid) {
-        fprintf(stderr, "qshard bench kernel: %d configs failed validation\n", invalid);
-        return QS_EXIT_RUNTIME;
-    }
-    return QS_EXIT_OK;
+    if (!parse_shapes(o, list)) return K_BENCH_EXIT_USAGE;
+    if (!need_stream()) return K_BENCH_EXIT_RUNTIME;
+    return strcmp(op, "floor") == 0 ? bench_floor(list, o.G, o.target_ms) : bench_w4a16(o, list);
 }

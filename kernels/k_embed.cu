@@ -2,7 +2,7 @@
  * k_embed.cu - vocab-parallel embedding lookup into the fp32 residual stream:
  *   out[m][:] = table[tokens[m] - row_begin][:] if the token's row lives on this rank, else 0
  * (the TP all-reduce sums the ranks' rows). Reference ref_embed. One block per token row.
- * Test: build-gpu/gpu_test_kernels (area embed).
+ * Test: build/gpu_test_ops (area embed).
  */
 #include "k_common.cuh"
 

@@ -2,7 +2,7 @@
  * k_moe.cu - the small Mixtral helpers: router logits (fp16 activations x fp32 router weight),
  * row gather and weighted scatter-add of expert rows. References: ref_linear_f32 and the CPU
  * backend's gather/scatter loops (runtime/rt_cpu.c). Not on the hot path of dense models.
- * Test: build-gpu/gpu_test_kernels (area moe).
+ * Test: build/gpu_test_ops (area moe).
  */
 #include "k_common.cuh"
 

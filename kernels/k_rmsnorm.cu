@@ -6,7 +6,7 @@
  * (4 values per 16-byte load, kept in registers), so a row costs one memory round trip instead
  * of one per loop iteration: at decode (M = 1) the generic loop took ~16 us per call on the
  * H200 (ncu), more than a 4096 x 4096 W4A16 linear. Other shapes take the generic kernel.
- * Test: build-gpu/gpu_test_kernels (area rmsnorm).
+ * Test: build/gpu_test_ops (area rmsnorm).
  */
 #include "k_common.cuh" /* K_CUDA_CHECK, K_REFUSE */
 

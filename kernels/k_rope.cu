@@ -5,7 +5,7 @@
  * Reference ref_rope; the scaling variants (linear, llama3) live in inv_freq (ref_rope_inv_freq).
  * One thread per (row, head, pair). sincosf is the accurate one (not __sinf): positions reach
  * 1e5 and the fast path's range reduction is only good near 0 (CUDA guide, "Intrinsic Functions").
- * Test: build-gpu/gpu_test_kernels (area rope).
+ * Test: build/gpu_test_ops (area rope).
  */
 #include <limits.h> /* INT_MAX */
 

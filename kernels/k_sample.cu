@@ -5,7 +5,7 @@
  * shuffles then across warps in shared memory.
  * k_sample: one id from one row with every step of runtime/rt_sample.h (repetition penalty,
  * greedy, temperature, top-k, top-p, min-p, the draw); its reference is rt_sample.c itself, the
- * CPU backend's sampler. Test: build-gpu/gpu_test_kernels (areas argmax, sample).
+ * CPU backend's sampler. Test: build/gpu_test_ops (areas argmax, sample).
  */
 #include "k_common.cuh"
 

@@ -2,7 +2,7 @@
  * k_silu_mul.cu - SwiGLU gate: out[m][i] = silu(gate[m][i]) * up[m][i], gate_up = [gate | up]
  * (the fused gate_up_proj output, DESIGN 5), fp16 in and out, fp32 math; silu(g) = g/(1+e^-g).
  * Reference ref_silu_mul. One thread per two outputs (half2 loads).
- * Test: build-gpu/gpu_test_kernels (area silu_mul).
+ * Test: build/gpu_test_ops (area silu_mul).
  */
 #include "k_common.cuh"
 
@@ -25,7 +25,7 @@ static __global__ void silu_mul_kernel(__half *__restrict__ out, const __half *_
     out[(size_t)m * I + i] = __float2half_rn(silu_times(g, u));
 }
 
-/* as silu_mul_kernel from fp32 sums (k_w4a16_linear_acc), which it zeroes */
+/* as silu_mul_kernel from fp32 sums (an ACC route), which it zeroes */
 static __global__ void silu_mul_acc_kernel(__half *__restrict__ out, float *__restrict__ gu,
                                            int M, int I)
 {

@@ -1,10 +1,9 @@
 /*
  * k_util.cu - small host helpers shared by the kernel launchers: k_err_str(), the cached
- * multiprocessor count, the Programmatic Dependent Launch switch. No kernels here.
+ * multiprocessor count, the Programmatic Dependent Launch and launch-trace switches. No kernels
+ * here.
  */
 #include "k_common.cuh" /* K_CUDA_CHECK, kernels.h */
-
-#include <string.h> /* strcmp */
 
 const char *k_err_str(enum k_err e)
 {
@@ -34,18 +33,15 @@ int k_device_sm_count(void)
     return device_attr(cache, cudaDevAttrMultiProcessorCount);
 }
 
-static int g_pdl = -1; /* k_set_pdl; -1: not set yet, QSHARD_PDL=0 in the environment turns it off */
+/* Process-wide switches (kernels.h): set by the caller (the runtime from its options, the
+ * benchmark from its flags), never from the environment. */
+static int g_pdl = 1;   /* k_set_pdl */
+static int g_trace = 0; /* k_set_trace */
 
 void k_set_pdl(int on) { g_pdl = on != 0; }
-
-int k_get_pdl(void)
-{
-    if (g_pdl < 0) {
-        const char *e = getenv("QSHARD_PDL");
-        g_pdl = !(e && strcmp(e, "0") == 0);
-    }
-    return g_pdl;
-}
+int k_get_pdl(void) { return g_pdl; }
+void k_set_trace(int on) { g_trace = on != 0; }
+int k_get_trace(void) { return g_trace; }
 
 bool k_pdl_usable(void)
 {

@@ -2,7 +2,8 @@
  * kernels.h - extern "C" launchers of the qshard CUDA kernels (kernels/k_*.cu).
  *
  * Who calls it: the CUDA runtime backend (runtime/rt_cuda.cu), the GPU tests
- * (tests/gpu_test_kernels.cu) and the kernel benchmark (kernels/k_bench.cu, `qshard bench kernel`).
+ * (tests/gpu_test_*.cu), the kernel benchmark (kernels/k_bench.cu, `qshard bench kernel`) and the
+ * experiments in kernels/lab/.
  * C types only, so it compiles as C11 and as C++; the stream is `struct CUstream_st *`, which is
  * exactly what `cudaStream_t` is (NULL = the legacy default stream).
  *
@@ -18,7 +19,8 @@
  *   - Math sources: the plain-C references in kernels/ref.h are the definition; each launcher's
  *     comment names its reference.
  *
- * Tests: build-gpu/gpu_test_kernels (tests/run_gpu_tests.sh). Bench: `qshard bench kernel w4a16`.
+ * Tests: `make test-gpu` (tests/run_gpu_tests.sh: build/gpu_test_w4a16, build/gpu_test_ops), the
+ * router without a GPU: build/test_route (`make test`). Bench: `qshard bench kernel w4a16`.
  */
 #ifndef QS_KERNELS_H
 #define QS_KERNELS_H
@@ -51,88 +53,24 @@ enum k_err {
 const char *k_err_str(enum k_err e);
 
 /*
- * Programmatic Dependent Launch for the kernels that support it (W4A16 v5): on (1, the default)
- * they are launched with cudaLaunchAttributeProgrammaticStreamSerialization on sm_90+, so their
- * weight loads overlap the end of the previous kernel in the stream (each waits for it before
- * reading activations or the workspace; CUDA programming guide, "Programmatic Dependent
- * Launch"); off (0): plain launches (for A/B measurements). Until k_set_pdl is called, the
- * environment decides: QSHARD_PDL=0 turns it off. Process-wide; set it before launching, not
- * concurrently with launches.
+ * Programmatic Dependent Launch for the kernels that support it (the W4A16 split-K route and
+ * k_w4a16_acc_finish): on (1, the default) they are launched with
+ * cudaLaunchAttributeProgrammaticStreamSerialization on sm_90+, so their weight loads overlap
+ * the end of the previous kernel in the stream (each waits for it before reading activations
+ * or the workspace; CUDA programming guide, "Programmatic Dependent Launch"); off (0): plain
+ * launches (A/B measurements: the runtime's options, `qshard bench kernel --no-pdl`).
+ * Process-wide; set it before launching, not concurrently with launches.
  */
 void k_set_pdl(int on);
 int k_get_pdl(void);
 
-/* --- W4A16 linear (kernels/k_w4a16.cu) ---------------------------------------------------- */
+/* Launch trace: on (1), the W4A16 launchers print each launch's shape (slice, slices, blocks,
+ * shared memory, PDL) to stderr, for tuning (`qshard bench kernel --trace`); off (0, the
+ * default): silent. Process-wide, as k_set_pdl. */
+void k_set_trace(int on);
+int k_get_trace(void);
 
-/*
- * Variants of the W4A16 linear, selected with k_w4a16_linear_variant():
- *   0  auto: v9 for M <= K_W4A16_V5_MAX_M, else v7 where
- *      k_w4a16_wgmma_available(), else v3 (the fastest of each range on the H200,
- *      docs/BENCHMARKS.md)
- *   1  naive: one thread per output, fp32, straight from ref_w4a16_linear (the device oracle)
- *   2  decode (M <= 64): split-K slices x 4 n-tiles per block so every SM streams weights;
- *      activation slice staged once per block, mma.sync m16n8k16, fp32 atomics into the
- *      workspace, the last slice of each 64-column tile writes y
- *   4  stream-K (M <= 64): the tile stream cut into equal contiguous chunks, one per warp,
- *      activations read from L1/L2 per tile
- *   3  GEMM: 128x128 block tiles, cp.async 4-stage pipeline, mma.sync m16n8k16 (any M)
- *   5  decode, lean (M <= 64): v2's decomposition with the weights loaded straight into
- *      registers 8 tiles ahead and the tile loop unrolled by 8 (no per-tile bookkeeping);
- *      at M > 16 eight warps per block share an activation slice of up to 128 / 192 KB (one
- *      wave of blocks, few split-K slices) and the flush stage reuses that memory;
- *      starts streaming its weights before the previous kernel ends (Programmatic Dependent
- *      Launch, sm_90, see k_set_pdl). Group sizes whose G/16 neither divides nor is a multiple
- *      of 8 (e.g. G = 48) fall back to v2.
- *   6  as 5 (M <= 16), with the weights through a per-warp cp.async ring in shared memory
- *      (v2's pipeline) instead of registers
- *   7  GEMM on Hopper (sm_90a builds on compute capability 9.0 only, else K_ERR_UNSUPPORTED):
- *      128 x 128 block tiles, each k step's weight tile dequantised once into shared memory and
- *      multiplied with wgmma.mma_async (fp32 accumulators), the next step dequantised while the
- *      tensor cores run; split-K through the workspace when the tiles alone leave SMs idle,
- *      M <= 128, or M <= 256 with N % 128 == 0 (one counter per tile; given a workspace,
- *      else it runs unsplit)
- *   8  as 5, and at M <= 16 the 4 warps of a block take 4 split-K slices of one n-tile and sum
- *      them in shared memory before the workspace: one set of reductions and one counter
- *      arrival per block instead of per warp (where the block's 4 activation slices fit; else
- *      exactly 5). K_W4A16_V5_MAX_M rows.
- *   9  deferred split-K + finish: k_w4a16_linear_acc into the workspace (v5 as auto, with the
- *      pre-sum at 9 <= M <= 16, but no counter and no last-slice tail), then
- *      k_w4a16_acc_finish writes y and zeroes the workspace: two kernels, and still faster than
- *      v5's in-kernel tail on the H200 on all the layer shapes measured at M = 1..64 but one
- *      (even there, within 0.5 %; docs/BENCHMARKS.md). Where v5 cannot take G, as 5.
- *      K_W4A16_V5_MAX_M rows.
- */
-enum k_w4a16_variant {
-    K_W4A16_AUTO = 0,
-    K_W4A16_V1_NAIVE = 1,
-    K_W4A16_V2_DECODE = 2,
-    K_W4A16_V3_GEMM = 3,
-    K_W4A16_V4_STREAMK = 4,
-    K_W4A16_V5_DECODE = 5,
-    K_W4A16_V6_DECODE_RING = 6,
-    K_W4A16_V7_WGMMA = 7,
-    K_W4A16_V8_DECODE_PRESUM = 8,
-    K_W4A16_V9_DEFER_FINISH = 9,
-};
-#define K_W4A16_V5_MAX_M 64
-#define K_W4A16_V6_MAX_M 16
-#define K_W4A16_DECODE_MAX_M 64
-
-/* Largest M that k_w4a16_linear_variant(variant, ...) accepts (it refuses M above it with
- * K_ERR_SHAPE): K_W4A16_V5_MAX_M / K_W4A16_V6_MAX_M for variants 5, 8, 9 / 6, K_W4A16_DECODE_MAX_M for 2 and 4,
- * 65535 * 128 for 3, 7 and auto (grid rows of 128), INT_MAX for 1; 0 for an unknown variant. */
-int k_w4a16_variant_max_m(int variant);
-
-/* 1 when variant 7 (wgmma) runs on the current device: compute capability 9.0 and the kernel
- * image CUDA loads for it is this binary's sm_90a code (cudaFuncGetAttributes, no launch, so
- * it may be called during a stream capture; cached per device); 0 otherwise. CUDA errors abort. */
-int k_w4a16_wgmma_available(void);
-
-/* Bytes of workspace the W4A16 linear needs for M rows and N columns: M*N fp32 partial sums
- * plus one uint32 counter per 64-column tile, rounded up to 256. The caller allocates it once
- * (cudaMalloc), zeroes it once (cudaMemset); every call leaves it zeroed again. One workspace
- * must not be shared by launches that may run concurrently (different streams). */
-size_t k_w4a16_workspace_bytes(int M, int N);
+/* --- W4A16 linear (kernels/k_w4a16.cu, router kernels/k_w4a16_route.c) --------------------- */
 
 /*
  * y[M, N] (fp16) = x[M, K] (fp16) . W[K, N] + bias[N], fp32 accumulation, where
@@ -143,79 +81,174 @@ size_t k_w4a16_workspace_bytes(int M, int N);
  *   bias     [N] fp32 or NULL
  * Reference: ref_w4a16_linear (kernels/ref.h). The dequantised weight is rounded to fp16 once
  * ((q - z) exact, times s), products and sums in fp32 (tensor cores, fp16 inputs).
- * workspace: k_w4a16_workspace_bytes(M, N) bytes, zeroed (see above); variants 1 and 3 ignore it
- * (may be NULL) and it is needed only by variants 2, 4, 5, 6, 8, 9 and auto with M <= K_W4A16_V5_MAX_M;
- * variant 7 (and auto above K_W4A16_V5_MAX_M) uses it when given, for split-K at M <= 256;
- * auto above K_W4A16_V5_MAX_M calls k_w4a16_wgmma_available().
- * Errors: K_ERR_SHAPE (M < 1, K % 16, N % 64, K % G, G % 16, G < 16, K or N < 1,
- * M > k_w4a16_variant_max_m(variant)), K_ERR_ARG (NULL tensor, unknown variant, workspace not
- * 16-byte aligned, y not 8-byte aligned for variants 5, 6, 8, 9), K_ERR_WORKSPACE, K_ERR_UNSUPPORTED (variant 7 where
- * k_w4a16_wgmma_available() is 0).
+ *
+ * Two calls per linear: k_w4a16_route_pick() picks the kernel from (M, N, K, G), the epilogue the
+ * caller wants and the device's capabilities, in plain C (kernels/k_w4a16_route.c, tested
+ * without a GPU by tests/test_route.c), and says which buffers it needs; k_w4a16_launch() runs
+ * exactly that route (no fallback at launch). Kernels (the numbers: docs/BENCHMARKS.md, "GPU
+ * kernels (H200)"; the experiments that lost: kernels/lab/README.md):
+ *   SPLITK    v5, M <= 64: split-K slices x 64-column n-tiles so every SM streams weights;
+ *             each lane loads its 16 bytes of a packed tile straight into registers 8 tiles
+ *             ahead, dequantises them (lop3 + fp16 magic numbers) and runs the transposed
+ *             product on mma.sync m16n8k16; the slices add their fp32 partial sums into an
+ *             accumulator with vector reductions and nothing waits for the last one
+ *             (deferred split-K; at 9 <= M <= 16 the 4 warps of a block pre-sum 4 slices in
+ *             shared memory). Epilogue Y: then k_w4a16_acc_finish writes y and zeroes the
+ *             workspace (BENCHMARKS "Decode after the split-K tail work": v9, 2.98x cuBLAS
+ *             fp16 per 7B layer at M = 1). Epilogue ACC: the sums stay for the consumer.
+ *             Weight loads start before the previous kernel ends (k_set_pdl).
+ *   WGMMA     v7, sm_90a only: 128 x 128 block tiles, each 64-k step's weight tile dequantised
+ *             once into shared memory and multiplied with wgmma.mma_async, split-K through the
+ *             workspace at M <= 256 (BENCHMARKS "Prompts of 65-128 rows": 0.54-0.85x of
+ *             cuBLAS fp16 per layer, 1.0-1.9x faster than DQ_GEMM there).
+ *   DQ_GEMM   k_w4a16_dequant into `scratch` (fp16 [K, N]), cuBLAS fp16 GEMM (fp32 compute),
+ *             bias added after (one more fp16 rounding): the prefill path (0.94-1.01x of
+ *             cuBLAS fp16 per layer at M = 4096).
+ *   FALLBACK  v4, M <= 64: stream-K (the tile stream cut into equal chunks, one per warp,
+ *             fixed 36 KB of shared memory), any G: the group sizes SPLITK cannot take.
+ * Auto (the table in k_w4a16_route.c, first row that fits):
+ *   epilogue ACC: M <= 64 SPLITK (where v5 takes G; else no route: K_ERR_UNSUPPORTED);
+ *   epilogue Y:   M <= 64 SPLITK, else FALLBACK; 65 <= M < K_W4A16_DQ_GEMM_MIN_M WGMMA where
+ *                 caps->wgmma && caps->allow_wgmma; else DQ_GEMM.
  */
-int k_w4a16_linear_variant(int variant, const uint16_t *x, const uint8_t *qweight,
-                           const uint8_t *qzeros, const uint16_t *scales, const float *bias,
-                           uint16_t *y, int M, int N, int K, int G, void *workspace,
-                           size_t workspace_bytes, struct CUstream_st *stream);
+#define K_W4A16_SPLITK_MAX_M 64   /* SPLITK and FALLBACK take at most this many rows */
+#define K_W4A16_DQ_GEMM_MIN_M 129 /* auto: DQ_GEMM from here on (WGMMA below it) */
 
-/* k_w4a16_linear_variant(K_W4A16_AUTO, ...). */
-int k_w4a16_linear(const uint16_t *x, const uint8_t *qweight, const uint8_t *qzeros,
-                   const uint16_t *scales, const float *bias, uint16_t *y, int M, int N, int K,
-                   int G, void *workspace, size_t workspace_bytes, struct CUstream_st *stream);
+enum k_w4a16_kernel {
+    K_W4A16_KERNEL_AUTO = 0, /* k_w4a16_route_pick: the table decides; never in a route */
+    K_W4A16_KERNEL_SPLITK = 1,
+    K_W4A16_KERNEL_WGMMA = 2,
+    K_W4A16_KERNEL_DQ_GEMM = 3,
+    K_W4A16_KERNEL_FALLBACK = 4,
+};
+
+enum k_w4a16_epilogue {
+    K_W4A16_EPI_Y = 0,   /* y[M, N] fp16 = x . W + bias */
+    K_W4A16_EPI_ACC = 1, /* acc[M, N] fp32 += x . W + bias, left for the consumer kernel */
+};
+
+/* What the router needs to know about the GPU (k_w4a16_caps_query fills it for the current
+ * device; tests fill it by hand). */
+struct k_w4a16_caps {
+    int wgmma;       /* 1: WGMMA runs here: compute capability 9.0 and the image CUDA loads is
+                        this binary's sm_90a code */
+    int allow_wgmma; /* the caller's switch (1 from k_w4a16_caps_query): 0 keeps auto off WGMMA
+                        and refuses it forced (A/B runs) */
+    int smem_optin;  /* bytes of shared memory one block may opt in to
+                        (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KB on sm_90) */
+};
+
+/* The SPLITK instance and slicing for one M (host arithmetic, k_w4a16_route.c; the launcher
+ * adds the occupancy-dependent slice count). */
+struct k_w4a16_splitk_plan {
+    int mb8;         /* token blocks of 8 rows: 1 (M <= 8), 2 (<= 16), 4 (<= 32), 8 (<= 64) */
+    int scale_after; /* 1 (mb8 <= 2): the mma on exact q - z, scales applied per group in fp32 */
+    int gtc;         /* G/16 when it divides 8 (1, 2, 4), 0 when it is a multiple of 8 */
+    int unit;        /* slices are multiples of max(8, G/16) k-tiles (whole groups, unrolls) */
+    int kc_max;      /* the largest slice (k-tiles) that fits the activation budget and smem */
+    int smem_max;    /* the dynamic shared memory the blocks may take (<= caps->smem_optin) */
+};
+
+/* A route: what k_w4a16_launch runs, and the buffers it needs. */
+struct k_w4a16_route {
+    enum k_w4a16_kernel kernel;     /* never AUTO */
+    enum k_w4a16_epilogue epilogue;
+    int M, N, K, G;
+    struct k_w4a16_splitk_plan splitk; /* SPLITK only */
+    size_t workspace_bytes; /* workspace the launch needs (0: none): SPLITK/Y, FALLBACK: the sums
+                               and counters of k_w4a16_workspace_bytes(M, N); WGMMA: the same for
+                               its split-K, sized for the whole auto band (128 rows) so that one
+                               buffer serves every prompt chunk there (0 above 256 rows: no
+                               split) */
+    size_t scratch_bytes;   /* DQ_GEMM: K*N*2 (the fp16 weight), else 0 */
+};
+
+/* Name of a kernel ("auto", "splitk", "wgmma", "dq_gemm", "fallback"; NULL for other values)
+ * and the kernel of a name (K_W4A16_KERNEL_AUTO .. FALLBACK, -1 for an unknown name). */
+const char *k_w4a16_kernel_name(enum k_w4a16_kernel k);
+int k_w4a16_kernel_parse(const char *name);
 
 /*
- * Deferred split-K ("accumulate"): acc[M, N] (fp32) += x[M, K] . W[K, N] + bias[N], with the
- * decomposition of variant 5 (as auto: the block pre-sum at 9 <= M <= 16) but without its
- * split-K tail: the slices add their partial sums straight into acc (vector reductions; the
- * slice holding k = 0 adds the bias) and nothing waits for the last one, so no counter, no
- * read-back and no fp16 y. Whoever reads acc next (a later kernel in the stream:
- * k_w4a16_acc_finish, k_rmsnorm_acc, k_silu_mul_acc, k_rope_acc, k_rope_kv_store) turns the sums
- * into fp16 and zeroes acc again.
- * Same inputs and math as k_w4a16_linear (reference ref_w4a16_linear, the sums unrounded);
- * acc: [M, N] fp32 row-major, zero on entry (or partial sums to add to), 16-byte aligned; it may
- * be the start of a k_w4a16_workspace_bytes(M, N) workspace that is not in use.
- * The order of the fp32 additions varies from run to run (atomics), as in variant 5.
- * Errors: K_ERR_SHAPE (as k_w4a16_linear, M > K_W4A16_V5_MAX_M), K_ERR_ARG (NULL, acc misaligned),
- * K_ERR_UNSUPPORTED, NOT reported and with nothing launched, where variant 5 cannot take G
- * (G/16 neither divides nor is a multiple of 8, or a slice of whole groups does not fit): the
- * caller then runs k_w4a16_linear. Source of the idea: the split-K "reduction in the consumer"
- * measured by `qshard bench kernel floor` (docs/BENCHMARKS.md).
+ * The route of one linear: kernel K_W4A16_KERNEL_AUTO takes the first row of the table that
+ * fits (see above); any other value forces that kernel where it can run the shape. Plain C,
+ * no device call; caps from k_w4a16_caps_query (or by hand).
+ * Errors (reported once through qs_log_error with the numbers; *out untouched): K_ERR_SHAPE
+ * (the shape is not a W4A16 linear: M, N, K >= 1, K % 16, N % 64, G >= 16, G % 16, K % G; or M
+ * past the forced kernel's limit), K_ERR_ARG (NULL, unknown kernel or epilogue),
+ * K_ERR_UNSUPPORTED (no route: the forced kernel cannot give this epilogue, needs wgmma the
+ * caps do not have or allow, or (SPLITK) cannot take G on this device; auto ACC where SPLITK
+ * cannot take G). Probe with k_w4a16_acc_available to get no report.
  */
-int k_w4a16_linear_acc(const uint16_t *x, const uint8_t *qweight, const uint8_t *qzeros,
-                       const uint16_t *scales, const float *bias, float *acc, int M, int N, int K,
-                       int G, struct CUstream_st *stream);
+int k_w4a16_route_pick(struct k_w4a16_route *out, int M, int N, int K, int G,
+                  enum k_w4a16_epilogue epilogue, enum k_w4a16_kernel kernel,
+                  const struct k_w4a16_caps *caps);
 
-/* y[M, N] = fp16(acc[M, N]) (round to nearest), then acc = 0: the consumer of
- * k_w4a16_linear_acc when the next op reads fp16. y 8-byte, acc 16-byte aligned.
- * Errors: K_ERR_SHAPE (M, N < 1, N % 4), K_ERR_ARG (NULL, misaligned). */
+/* 1 when the ACC epilogue exists for this linear (N, K, G) at every M in 1..max_m on a device
+ * with these caps (so a runtime may decide at load time that the consumer of this linear
+ * reads fused sums), 0 otherwise (also for max_m > K_W4A16_SPLITK_MAX_M or a bad shape).
+ * Logs nothing. */
+int k_w4a16_acc_available(int max_m, int N, int K, int G, const struct k_w4a16_caps *caps);
+
+/* Fill *caps for the current device (compute capability, sm_90a image: cudaFuncGetAttributes,
+ * no launch, so it may run inside a stream capture; shared-memory opt-in); allow_wgmma = 1.
+ * Errors: K_ERR_ARG (NULL). CUDA errors abort. */
+int k_w4a16_caps_query(struct k_w4a16_caps *caps);
+
+/* One packed linear's device tensors (layout above). */
+struct k_w4a16_weight {
+    const uint8_t *qweight; /* K*N/2 bytes */
+    const uint8_t *qzeros;  /* (K/G)*N/2 bytes */
+    const uint16_t *scales; /* (K/G)*N fp16 */
+    const float *bias;      /* [N] fp32 or NULL */
+};
+
+struct cublasContext; /* == cublasHandle_t's pointee */
+
+/* The buffers a route may need (route->workspace_bytes, scratch_bytes; NULL / 0 where not). */
+struct k_w4a16_bufs {
+    void *workspace;        /* zeroed once by the caller (cudaMemset), left zeroed by every
+                               launch; 16-byte aligned; one workspace must not serve launches
+                               that may run at the same time (different streams) */
+    size_t workspace_bytes;
+    void *scratch;          /* DQ_GEMM's fp16 weight; contents do not matter */
+    size_t scratch_bytes;
+    struct cublasContext *cublas; /* DQ_GEMM: a handle bound to the launch's stream
+                                     (cublasSetStream) */
+};
+/*
+ * Run `route` (from k_w4a16_route_pick, for the current device) on x [M, K] fp16 and the weight w:
+ * epilogue Y writes y [M, N] fp16 (8-byte aligned for SPLITK; acc ignored); epilogue ACC adds
+ * x . W + bias into acc [M, N] fp32 (16-byte aligned; zero, or partial sums to add to; y
+ * ignored), and whoever reads acc next (k_w4a16_acc_finish, k_rmsnorm_acc, k_silu_mul_acc,
+ * k_rope_acc, k_rope_kv_store: a later kernel in the stream) turns the sums into fp16 and
+ * zeroes acc again; acc may be the start of an idle k_w4a16_workspace_bytes(M, N) workspace.
+ * The order of the fp32 additions of SPLITK, FALLBACK and split WGMMA varies from run to run
+ * (atomics). Every pointer check comes before the first launch.
+ * Errors: K_ERR_ARG (NULL route, x, weight tensor or output; misaligned output or workspace;
+ * DQ_GEMM without cuBLAS; a route made for another device's shared memory), K_ERR_WORKSPACE
+ * (workspace or scratch missing or smaller than the route says), K_ERR_UNSUPPORTED (WGMMA on a
+ * device without it). cuBLAS failures abort like CUDA ones.
+ */
+int k_w4a16_launch(const struct k_w4a16_route *route, const uint16_t *x,
+                   const struct k_w4a16_weight *w, uint16_t *y, float *acc,
+                   const struct k_w4a16_bufs *bufs, struct CUstream_st *stream);
+
+/* Bytes of workspace for M rows and N columns: M*N fp32 partial sums plus one uint32 counter
+ * per 64-column tile, rounded up to 256 (0 for M < 1 or N < 64). */
+size_t k_w4a16_workspace_bytes(int M, int N);
+
+/* y[M, N] = fp16(acc[M, N]) (round to nearest), then acc = 0: the consumer of an ACC route
+ * when the next op reads fp16 (SPLITK's Y epilogue is the ACC route and this). y 8-byte, acc
+ * 16-byte aligned. Errors: K_ERR_SHAPE (M, N < 1, N % 4), K_ERR_ARG (NULL, misaligned). */
 int k_w4a16_acc_finish(uint16_t *y, float *acc, int M, int N, struct CUstream_st *stream);
 
 /*
- * Dequantise a packed linear into a plain fp16 matrix w[K, N] row-major (for a cuBLAS GEMM at
- * large M, and for tests): w[k][n] = fp16((q - z) * s). Same inputs as k_w4a16_linear.
+ * Dequantise a packed linear into a plain fp16 matrix w[K, N] row-major (DQ_GEMM, tests, the
+ * benchmark's cuBLAS baseline): w[k][n] = fp16((q - z) * s). Same inputs as the linear.
  * Reference: ref_dequant_w4 (then rounded to fp16). Errors: K_ERR_SHAPE, K_ERR_ARG.
  */
 int k_w4a16_dequant(const uint8_t *qweight, const uint8_t *qzeros, const uint16_t *scales,
                     uint16_t *w, int N, int K, int G, struct CUstream_st *stream);
-
-struct cublasContext; /* == cublasHandle_t's pointee */
-
-/*
- * The large-M W4A16 linear (prefill): k_w4a16_dequant into `scratch` (fp16 [K, N], K*N*2 bytes),
- * then y = x . W with cublasGemmEx (fp16 inputs and output, fp32 compute), then + bias (fp32
- * add, one more fp16 rounding). At M >= K_W4A16_DQ_GEMM_MIN_M this beats every variant here
- * on the H200 (cuBLAS's wgmma tiles run at ~700 TFLOP/s, v7 at ~300; the dequant costs ~5 fp16
- * weight passes, so at M <= 64 v5 is faster and at 65..128 v7, which never writes the fp16
- * weight; above 128 v7 runs two row blocks, each dequantising every weight tile), and at
- * M > 64 it beats the mma.sync variants on GPUs without v7; see docs/BENCHMARKS.md.
- * cublas: a handle the caller created and bound to `stream` (cublasSetStream). Same inputs as
- * k_w4a16_linear. Errors: K_ERR_SHAPE, K_ERR_ARG, K_ERR_WORKSPACE (scratch NULL or smaller than
- * K*N*2). cuBLAS failures abort like CUDA ones.
- */
-#define K_W4A16_DQ_GEMM_MIN_M 129
-int k_w4a16_linear_dq_gemm(struct cublasContext *cublas, const uint16_t *x, const uint8_t *qweight,
-                           const uint8_t *qzeros, const uint16_t *scales, const float *bias,
-                           uint16_t *y, int M, int N, int K, int G, void *scratch,
-                           size_t scratch_bytes, struct CUstream_st *stream);
 
 /* y[M, N] (fp16) += bias[N] (fp32), in fp32 then rounded once (the epilogue of cuBLAS linears).
  * Errors: K_ERR_SHAPE (M, N < 1), K_ERR_ARG (NULL). */
@@ -255,7 +288,7 @@ int k_scatter_add_rows(uint16_t *y, const uint16_t *src, const int32_t *rows,
 int k_rmsnorm(uint16_t *out, float *residual, const uint16_t *x, const float *w, int M, int H,
               float eps, struct CUstream_st *stream);
 
-/* k_rmsnorm with x given as fp32 sums x_acc[M, H] (k_w4a16_linear_acc), which it reads and
+/* k_rmsnorm with x given as fp32 sums x_acc[M, H] (an ACC route), which it reads and
  * zeroes: residual[m] += x_acc[m] (no fp16 rounding of x), x_acc[m] = 0, out = w *
  * norm(residual[m]). residual is required. Errors: K_ERR_SHAPE, K_ERR_ARG (NULL, eps < 0). */
 int k_rmsnorm_acc(uint16_t *out, float *residual, float *x_acc, const float *w, int M, int H,
@@ -273,7 +306,7 @@ int k_rmsnorm_acc(uint16_t *out, float *residual, float *x_acc, const float *w, 
 int k_rope(uint16_t *x, int M, int n_heads, int hd, size_t row_stride, const int32_t *pos,
            const float *inv_freq, struct CUstream_st *stream);
 
-/* k_rope from fp32 sums (k_w4a16_linear_acc): x[m][c] (fp16, rows of row_stride) = the first
+/* k_rope from fp32 sums (an ACC route): x[m][c] (fp16, rows of row_stride) = the first
  * n_heads*hd columns of acc[m] rotated as k_rope does (from the unrounded sums), the rest of
  * the row (the v heads of a fused qkv row) rounded as they are; acc[M, row_stride] fp32 is
  * zeroed. Errors: as k_rope, K_ERR_SHAPE also for row_stride > INT_MAX. */
@@ -283,7 +316,7 @@ int k_rope_acc(uint16_t *x, float *acc, int M, int n_heads, int hd, size_t row_s
 /* RoPE and the KV-cache store of a fused qkv row in one kernel (k_rope on the nq + nkv q and k
  * heads, then k_kv_store of the rotated k heads and the nkv v heads that follow them):
  *   x[m] = [q (nq heads) | k (nkv) | v (nkv) | ...] fp16, rows of row_stride; acc NULL: read
- *   from x (as k_rope), else from the fp32 sums acc[M, row_stride] (k_w4a16_linear_acc; the
+ *   from x (as k_rope), else from the fp32 sums acc[M, row_stride] (an ACC route; the
  *   whole row is written to x rounded, acc zeroed, as k_rope_acc);
  *   k_cache / v_cache [nkv][T_cap][hd] fp16: row pos[m] of each kv head = the rotated k / the v
  *   of row m; rows with pos[m] outside [0, T_cap) are not stored (the caller checks positions).
@@ -298,7 +331,7 @@ int k_rope_kv_store(uint16_t *x, float *acc, int M, int nq, int nkv, int hd, siz
  * ref_silu_mul). Errors: K_ERR_SHAPE (M < 1, I < 1), K_ERR_ARG (NULL). */
 int k_silu_mul(uint16_t *out, const uint16_t *gate_up, int M, int I, struct CUstream_st *stream);
 
-/* k_silu_mul from fp32 sums gate_up_acc[M, 2I] (k_w4a16_linear_acc), which it zeroes.
+/* k_silu_mul from fp32 sums gate_up_acc[M, 2I] (an ACC route), which it zeroes.
  * Errors: K_ERR_SHAPE (M < 1, I < 1), K_ERR_ARG (NULL). */
 int k_silu_mul_acc(uint16_t *out, float *gate_up_acc, int M, int I, struct CUstream_st *stream);
 
@@ -446,12 +479,6 @@ int k_attention_at(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q
                    const uint16_t *k_cache, const uint16_t *v_cache, int M,
                    const int32_t *start_pos_dev, int n_heads, int n_kv_heads, int hd, int T_cap,
                    int sliding_window, void *ws, size_t ws_bytes, struct CUstream_st *stream);
-
-/* --- benchmark entry point --------------------------------------------------------------- */
-
-/* `qshard bench kernel ...` (kernels/k_bench.cu; kernels/k_bench_nocuda.c without nvcc):
- * argv[0] = "kernel", its own options; returns a process exit code (enum qs_exit, qs_log.h). */
-int bench_kernel_main(int argc, char **argv);
 
 #ifdef __cplusplus
 }

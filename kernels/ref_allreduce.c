@@ -1,6 +1,6 @@
 /*
  * ref_allreduce.c - the sum every rank of a tensor-parallel all-reduce must end with; reference
- * of k_allreduce_sum (kernels/k_allreduce.cu). Test: build-gpu/gpu_test_kernels (area allreduce).
+ * of k_allreduce_sum (kernels/k_allreduce.cu). Test: build/gpu_test_ops (area allreduce).
  */
 #include "ref.h"
 

@@ -11,11 +11,11 @@
  *     reads from the mapping and PCIe copies overlap; never cudaMemcpy from pageable memory
  *     (7x slower on the H200 machine, docs/BENCHMARKS.md "Load"). -v prints bytes, seconds and
  *     GB/s of each phase.
- *   - W4A16 linears: at M <= 64 v5's split-K decomposition (k_w4a16_linear_acc), its sums left
- *     in the model's accumulator when the model asks for the deferred epilogue (the consumer
- *     kernels k_rmsnorm_acc, k_silu_mul_acc, k_rope_kv_store read and zero them), else finished
- *     to fp16 (v9, k_w4a16_linear auto); 65..K_W4A16_DQ_GEMM_MIN_M - 1 rows v7 (wgmma) on
- *     sm_90a; above, or on other GPUs above 64 rows, dequant + cuBLAS.
+ *   - W4A16 linears: k_w4a16_route_pick + k_w4a16_launch per call (kernels.h: split-K at
+ *     M <= 64, wgmma up to K_W4A16_DQ_GEMM_MIN_M - 1 on sm_90a, dequant + cuBLAS above, v4 for
+ *     the group sizes split-K cannot take). With the deferred epilogue the model asked for, the
+ *     ACC route adds the sums into the model's accumulator and the consumer kernel
+ *     (k_rmsnorm_acc, k_silu_mul_acc, k_rope_kv_store) reads and zeroes them.
  *   - Collectives: through the rank's communicator (runtime/rt_comm.c, rt_comm_cuda.cu) on
  *     this rank's stream.
  *   - Decode steps are recorded once into a CUDA graph (stream capture of every op of the step
@@ -95,7 +95,8 @@ struct cuda_rank {
     int rank, device;
     struct rt_comm *comm;   /* borrowed; NULL at world size 1 */
     bool no_rope_kv;        /* rt_opts: rope and kv_store as two kernels */
-    bool wgmma;             /* k_w4a16_wgmma_available() and not switched off */
+    struct k_w4a16_caps caps; /* what the W4A16 router may use on this GPU (probed at creation;
+                                 allow_wgmma off with rt_opts.no_wgmma) */
     cudaStream_t stream;
     cublasHandle_t cublas;
     unsigned char *weights; /* owned: the rank file's data region */
@@ -411,48 +412,37 @@ static enum rt_err cuda_norm(void *ctx, enum rt_norm kind, void *out, float *res
     return RT_ERR_NONE;
 }
 
-/* Whether v5 takes this group size with its sums left in an accumulator at up to 16 rows:
- * G/16 in {1, 2, 4, 8} always fits its slices (larger G may not: k_w4a16_linear's
- * fallbacks serve them). */
+/* Whether this linear can leave its sums for a fused consumer at up to the deferral's rows
+ * (the router's answer for this GPU: split-K takes its group size). */
 static bool cuda_linear_acc_ok(void *ctx, int K, int N, int G)
 {
-    (void)ctx, (void)K, (void)N;
-    return G == 16 || G == 32 || G == 64 || G == 128;
+    const struct cuda_rank *r = static_cast<struct cuda_rank *>(ctx);
+    return k_w4a16_acc_available(RT_CUDA_DEFER_MAX_M, N, K, G, &r->caps) != 0;
 }
 
+/* One W4A16 linear: the router's table (kernels/k_w4a16_route.c) picks the kernel for (M, N,
+ * K, G) and the epilogue the model asked for (acc: the deferred sums), and says which buffers it
+ * needs; the launch runs exactly that route. */
 static enum rt_err cuda_linear_w4(void *ctx, const void *x, const uint8_t *qweight,
                                   const uint8_t *qzeros, const uint16_t *scales, const float *bias,
                                   int M, int K, int N, int G, void *y, float *acc)
 {
     struct cuda_rank *r = R(ctx);
-    const uint16_t *xh = static_cast<const uint16_t *>(x);
-    uint16_t *yh = static_cast<uint16_t *>(y);
-    if (acc) { /* the deferred epilogue the model asked for: the consumer takes the sums */
-        const int rc = k_w4a16_linear_acc(xh, qweight, qzeros, scales, bias, acc, M, N, K, G,
-                                          r->stream);
-        if (rc == K_ERR_UNSUPPORTED)
-            qs_log_error(__func__, "deferred W4A16 linear [K=%d, N=%d, G=%d]: not supported by "
-                         "the decode kernel (linear_acc_ok said it was)", K, N, G);
-        RT_K_TRY(rc == K_ERR_UNSUPPORTED ? K_ERR_ARG : rc);
-        return RT_ERR_NONE;
-    }
-    /* M <= 64: v9 (auto); 65..K_W4A16_DQ_GEMM_MIN_M - 1: v7 (wgmma) on Hopper; above, or on
-     * other GPUs above 64: dequant + cuBLAS (the fastest of each range on the H200,
-     * BENCHMARKS.md) */
-    if (M >= K_W4A16_DQ_GEMM_MIN_M || (M > K_W4A16_V5_MAX_M && !r->wgmma)) {
-        enum rt_err e = grow(r, &r->scratch, (size_t)K * N * 2, "the dequantised weight of a prefill linear", false);
-        if (e) return e;
-        RT_K_TRY(k_w4a16_linear_dq_gemm(r->cublas, xh, qweight, qzeros, scales, bias, yh, M, N, K,
-                                        G, r->scratch.p, r->scratch.bytes, r->stream));
-        return RT_ERR_NONE;
-    }
-    /* past 64 rows (v7) the workspace is sized for the whole v7 range at once, so prompt chunks
-     * of 65..128 rows do not grow it (and make the decode graphs record again) one by one */
-    const int M_ws = M > K_W4A16_V5_MAX_M ? K_W4A16_DQ_GEMM_MIN_M - 1 : M;
-    enum rt_err e = grow(r, &r->ws, k_w4a16_workspace_bytes(M_ws, N), "the W4A16 workspace", true);
+    struct k_w4a16_route rt;
+    RT_K_TRY(k_w4a16_route_pick(&rt, M, N, K, G, acc ? K_W4A16_EPI_ACC : K_W4A16_EPI_Y,
+                                K_W4A16_KERNEL_AUTO, &r->caps));
+    /* (the wgmma route sizes its workspace for its whole band, so prompt chunks of 65..128 rows
+     * do not grow it, and make the decode graphs record again, one by one) */
+    enum rt_err e = grow(r, &r->ws, rt.workspace_bytes, "the W4A16 workspace", true);
+    if (e == RT_ERR_NONE)
+        e = grow(r, &r->scratch, rt.scratch_bytes, "the dequantised weight of a prefill linear",
+                 false);
     if (e) return e;
-    RT_K_TRY(k_w4a16_linear(xh, qweight, qzeros, scales, bias, yh, M, N, K, G, r->ws.p,
-                            r->ws.bytes, r->stream));
+    const struct k_w4a16_weight w = {qweight, qzeros, scales, bias};
+    const struct k_w4a16_bufs bufs = {r->ws.p, r->ws.bytes, r->scratch.p, r->scratch.bytes,
+                                      r->cublas};
+    RT_K_TRY(k_w4a16_launch(&rt, static_cast<const uint16_t *>(x), &w, static_cast<uint16_t *>(y),
+                            acc, &bufs, r->stream));
     return RT_ERR_NONE;
 }
 
@@ -856,7 +846,11 @@ enum rt_err rt_cuda_backend_create(const struct rt_opts *opts, struct rt_comm *c
         return RT_ERR_DEVICE;
     }
     /* probed now, never inside a capture; --debug-no-wgmma: dequant + cuBLAS above M = 64 */
-    r->wgmma = k_w4a16_wgmma_available() != 0 && !(opts && opts->no_wgmma);
+    if (k_w4a16_caps_query(&r->caps) != K_ERR_NONE) {
+        cuda_destroy(r);
+        return RT_ERR_DEVICE;
+    }
+    r->caps.allow_wgmma = !(opts && opts->no_wgmma);
     out->ops = &cuda_ops;
     out->ctx = r;
     return RT_ERR_NONE;

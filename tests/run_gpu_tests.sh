@@ -5,13 +5,13 @@
 # (when it is installed), sum their
 # "<area>: N passed, N failed" lines and print the total last ("gpu: N passed, N failed").
 # Exit status non-zero if anything failed or crashed. Used by `make test-gpu`; needs a GPU.
-#   sh tests/run_gpu_tests.sh build-gpu/gpu_test_kernels
+#   sh tests/run_gpu_tests.sh build/gpu_test_w4a16 build/gpu_test_ops
 pass=0; fail=0; bad=""
 SAN=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
 
 tally() { # $1 = label, $2 = output file, $3 = exit code
-    # per-area lines only: the program's own total (gpu_kernels: ...) would count them twice
-    lines=$(grep -E '^[A-Za-z0-9_/ -]+: [0-9]+ passed, [0-9]+ failed$' "$2" | grep -vE '^(memcheck_)?gpu_kernels:')
+    # per-area lines only: a program's own total ("<program> total: ...") would count them twice
+    lines=$(grep -E '^[A-Za-z0-9_/ -]+: [0-9]+ passed, [0-9]+ failed$' "$2" | grep -vE ' total: ')
     if [ -z "$lines" ]; then
         tail -n 40 "$2"
         echo "$1: crashed or printed no summary (exit $3)"

@@ -28,9 +28,9 @@
 
 #include "cli.h"       /* cli_parse: the option table */
 #include "cmd.h"       /* QS_EXIT_*, cmd_bench_model */
+#include "k_bench.h"   /* bench_kernel_main */
 #include "fmt.h"       /* fmt_shard_open, fmt_shard_verify_all */
 #include "fmt_write.h" /* fmt_writer_* */
-#include "kernels.h"   /* bench_kernel_main */
 #include "qs_log.h"    /* qs_log_error */
 #include "qs_util.h"   /* qs_now_s */
 
