@@ -53,6 +53,7 @@
 #include <xxhash.h>
 
 #include "fmt_write.h" /* fmt_writer_*, fmt_rank_file_name, fmt_manifest_write */
+#include "qs_json.h"   /* qs_rope_type_name */
 #include "qs_log.h"    /* qs_log_error, qs_log_warn, qs_log_info */
 #include "ref.h"       /* ref_pack_w4, ref_pack_scales, ref_pack_zeros, ref_dequant_w4 */
 
@@ -946,13 +947,13 @@ static char *config_json(const struct run *R, int rank)
     cJSON_AddNumberToObject(j, "vocab_size_per_rank", p->vocab_per_rank);
     cJSON_AddNumberToObject(j, "rms_norm_eps", c->rms_norm_eps);
     cJSON_AddNumberToObject(j, "rope_theta", c->rope_theta);
-    if (c->rope_scaling.type == CVT_ROPE_NONE) {
+    if (c->rope_scaling.type == QS_ROPE_DEFAULT) {
         cJSON_AddNullToObject(j, "rope_scaling");
     } else {
         cJSON *rs = cJSON_AddObjectToObject(j, "rope_scaling");
-        cJSON_AddStringToObject(rs, "rope_type", cvt_rope_type_str(c->rope_scaling.type));
+        cJSON_AddStringToObject(rs, "rope_type", qs_rope_type_name(c->rope_scaling.type));
         cJSON_AddNumberToObject(rs, "factor", c->rope_scaling.factor);
-        if (c->rope_scaling.type == CVT_ROPE_LLAMA3) {
+        if (c->rope_scaling.type == QS_ROPE_LLAMA3) {
             cJSON_AddNumberToObject(rs, "low_freq_factor", c->rope_scaling.low_freq_factor);
             cJSON_AddNumberToObject(rs, "high_freq_factor", c->rope_scaling.high_freq_factor);
             cJSON_AddNumberToObject(rs, "original_max_position_embeddings",

@@ -48,6 +48,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "qs_rope.h" /* struct qs_rope_scaling */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -144,8 +146,6 @@ struct cvt_src_tensor {
 enum cvt_arch { CVT_ARCH_LLAMA = 1, CVT_ARCH_MISTRAL = 2, CVT_ARCH_QWEN2 = 3, CVT_ARCH_MIXTRAL = 4 };
 const char *cvt_arch_str(enum cvt_arch a);      /* "llama", "mistral", "qwen2", "mixtral" */
 
-enum cvt_rope_type { CVT_ROPE_NONE = 0, CVT_ROPE_LINEAR = 1, CVT_ROPE_LLAMA3 = 2 };
-const char *cvt_rope_type_str(enum cvt_rope_type r);    /* "none", "linear", "llama3" */
 
 /* Where the quantization parameters came from (AWQ-FORMATS section 2). */
 enum cvt_qcfg_file {
@@ -185,13 +185,7 @@ struct cvt_hf_config {
     int64_t vocab_size;               /* V */
     double  rms_norm_eps;
     double  rope_theta;
-    struct {
-        enum cvt_rope_type type;      /* NONE when null / "default" */
-        double  factor;               /* linear, llama3 */
-        double  low_freq_factor;      /* llama3 */
-        double  high_freq_factor;     /* llama3 */
-        int64_t original_max_position_embeddings; /* llama3 */
-    } rope_scaling;
+    struct qs_rope_scaling rope_scaling; /* QS_ROPE_DEFAULT when null / "default" */
     int64_t max_position_embeddings;
     bool    tie_word_embeddings;
     int64_t sliding_window;           /* 0 = none (null, or Qwen2 use_sliding_window false) */
@@ -202,7 +196,7 @@ struct cvt_hf_config {
     bool    has_bos;
     int64_t bos_token_id;             /* generation_config.json wins over config.json */
     int     n_eos;                    /* union of config.json and generation_config.json ids */
-    int64_t eos_token_id[CVT_MAX_EOS];
+    int     eos_token_id[CVT_MAX_EOS]; /* each in [0, vocab_size) */
     char    torch_dtype[16];          /* "float16", "bfloat16", "float32" or "" */
 
     struct {

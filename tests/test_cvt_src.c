@@ -1312,7 +1312,7 @@ static void test_configs(void)
         CHECK_EQ_INT(cfg.hidden_size, 8192);
         CHECK_EQ_INT(cfg.num_key_value_heads, 8);
         CHECK_EQ_INT(cfg.head_dim, 128);
-        CHECK_EQ_INT(cfg.rope_scaling.type, CVT_ROPE_LLAMA3);
+        CHECK_EQ_INT(cfg.rope_scaling.type, QS_ROPE_LLAMA3);
         CHECK(cfg.rope_scaling.factor == 8.0 && cfg.rope_scaling.high_freq_factor == 4.0);
         CHECK_EQ_INT(cfg.rope_scaling.original_max_position_embeddings, 8192);
         CHECK(cfg.rope_theta == 500000.0);
