@@ -25,6 +25,7 @@
 #include <stdio.h>
 
 #include "cvt_src.h" /* enum cvt_err, enum cvt_arch, struct cvt_hf_config, struct cvt_source */
+#include "fmt.h"     /* enum fmt_split */
 
 #ifdef __cplusplus
 extern "C" {
@@ -73,14 +74,6 @@ enum cvt_out_kind {
     CVT_OUT_VEC_F32 = 4,    /* vector F32 [cols] (norms, biases) or F32 matrix [rows, cols] (router) */
 };
 
-/* The tensor-parallel split that produced an output (recorded in the rank file's table). */
-enum cvt_split {
-    CVT_SPLIT_NONE = 0,     /* replicated (norms, router, row-parallel bias on rank 0) */
-    CVT_SPLIT_COLUMN = 1,   /* output features: axis 1 of [K, N], axis 0 of a [N, K] F16 linear */
-    CVT_SPLIT_ROW = 2,      /* input features: axis 0 of [K, N], axis 1 of a [N, K] F16 linear */
-    CVT_SPLIT_VOCAB = 3,    /* vocabulary rows (axis 0) */
-};
-
 /* Where a source tensor comes from. */
 enum cvt_src_kind {
     CVT_SRC_AWQ = 1,        /* quantized linear, name = module prefix (q/z/s decoded by cvt_awq_load) */
@@ -112,7 +105,11 @@ struct cvt_seg {
 struct cvt_out {
     char name[160];         /* W4: module prefix (`...qkv_proj`); otherwise the full tensor name */
     enum cvt_out_kind kind;
-    enum cvt_split split;
+    enum fmt_split split;   /* format/fmt.h: NONE replicated (norms, router, row-parallel bias
+                             * on rank 0); COLUMN output features (axis 1 of [K, N], axis 0 of a
+                             * [N, K] F16 linear); ROW input features (axis 0 of [K, N], axis 1 of
+                             * a [N, K] F16 linear); VOCAB vocabulary rows (axis 0). Recorded at
+                             * any tp; the rank file says NONE at tp 1 */
     int64_t rows, cols;     /* logical [K, N] (W4 and LINEAR_F16), [rows, cols] otherwise */
     int n_segs;
     struct cvt_seg segs[CVT_MAX_SEGS];

@@ -517,14 +517,14 @@ static enum cvt_err emit_column(struct builder *b, int r, const char *out_name, 
     }
     if (!o)
         return CVT_ERR_NOMEM;
-    o->split = CVT_SPLIT_COLUMN;
+    o->split = FMT_SPLIT_COLUMN;
     for (int i = 0; i < n_pc; i++)
         add_seg(o, pc[i].l->src, 0, pc[i].c0, K, pc[i].n, 0, pc[i].dst);
     if (l0->bias) {
         snprintf(nm, sizeof(nm), "%s.bias", out_name);
         if (!(o = add_out(b, r, nm, CVT_OUT_VEC_F32, 1, N_out)))
             return CVT_ERR_NOMEM;
-        o->split = CVT_SPLIT_COLUMN;
+        o->split = FMT_SPLIT_COLUMN;
         for (int i = 0; i < n_pc; i++)
             add_seg(o, pc[i].l->src_bias, 0, pc[i].c0, 1, pc[i].n, 0, pc[i].dst);
     }
@@ -555,7 +555,7 @@ static enum cvt_err emit_row(struct builder *b, int r, const char *out_name, con
     }
     if (!o)
         return CVT_ERR_NOMEM;
-    o->split = CVT_SPLIT_ROW;
+    o->split = FMT_SPLIT_ROW;
     add_seg(o, l->src, k0, 0, n_k, l->N, 0, 0);
     if (l->bias && r == 0) {
         snprintf(nm, sizeof(nm), "%s.bias", out_name);
@@ -600,7 +600,7 @@ static enum cvt_err emit_vocab(struct builder *b, const char *out_name, const ch
         struct cvt_out *o = add_out(b, r, out_name, CVT_OUT_MAT_F16, V_r, H);
         if (!o)
             return CVT_ERR_NOMEM;
-        o->split = CVT_SPLIT_VOCAB;
+        o->split = FMT_SPLIT_VOCAB;
         int64_t r0 = (int64_t)r * V_r;
         add_seg(o, s, r0, 0, min64(V_r, V - r0), H, 0, 0);
     }

@@ -1030,24 +1030,11 @@ static void model_id(const struct run *R, uint8_t id[16])
 
 /* --- writers ------------------------------------------------------------------------------- */
 
-static enum fmt_split fmt_split_of(enum cvt_split s, int tp)
-{
-    if (tp == 1)
-        return FMT_SPLIT_NONE;
-    switch (s) {
-    case CVT_SPLIT_COLUMN: return FMT_SPLIT_COLUMN;
-    case CVT_SPLIT_ROW: return FMT_SPLIT_ROW;
-    case CVT_SPLIT_VOCAB: return FMT_SPLIT_VOCAB;
-    case CVT_SPLIT_NONE: break;
-    }
-    return FMT_SPLIT_NONE;
-}
-
 /* Declare output o of a rank: 3 tensors for W4, 1 otherwise. */
 static enum cvt_err declare_out(struct run *R, int rank, const struct cvt_out *o, uint32_t *first)
 {
     struct fmt_writer *w = R->w[rank];
-    enum fmt_split sp = fmt_split_of(o->split, R->plan->tp);
+    enum fmt_split sp = R->plan->tp == 1 ? FMT_SPLIT_NONE : o->split;
     uint64_t K = (uint64_t)o->rows, N = (uint64_t)o->cols, G = (uint64_t)o->group;
     char nm[200];
     enum fmt_err fe = FMT_ERR_NONE;
@@ -1055,7 +1042,7 @@ static enum cvt_err declare_out(struct run *R, int rank, const struct cvt_out *o
     if (o->kind == CVT_OUT_W4) {
         /* [K, N] and [K/G_r, N] (G_r: this output's local group size, DESIGN 4): column split
          * on axis 1, row split on axis 0 */
-        uint32_t ax = o->split == CVT_SPLIT_COLUMN ? 1 : 0;
+        uint32_t ax = o->split == FMT_SPLIT_COLUMN ? 1 : 0;
         uint64_t sq[2] = {K, N}, sg[2] = {K / G, N};
         snprintf(nm, sizeof(nm), "%s.qweight", o->name);
         fe = fmt_writer_add_tensor(w, nm, FMT_DTYPE_Q4, FMT_LAYOUT_W4_MMA_T16X64, 2, sq, sp,
@@ -1070,7 +1057,7 @@ static enum cvt_err declare_out(struct run *R, int rank, const struct cvt_out *o
                                        sp ? ax : 0, &idx);
     } else if (o->kind == CVT_OUT_LINEAR_F16) {
         uint64_t sh[2] = {N, K}; /* nn.Linear order */
-        uint32_t ax = o->split == CVT_SPLIT_COLUMN ? 0 : 1;
+        uint32_t ax = o->split == FMT_SPLIT_COLUMN ? 0 : 1;
         fe = fmt_writer_add_tensor(w, o->name, FMT_DTYPE_F16, FMT_LAYOUT_ROW_MAJOR, 2, sh, sp,
                                    sp ? ax : 0, first);
     } else {
