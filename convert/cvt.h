@@ -24,7 +24,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "cvt_src.h" /* enum cvt_err, enum cvt_arch, struct cvt_hf_config, struct cvt_source */
+#include "cvt_arch.h" /* struct cvt_arch, CVT_ROLE_BIT */
+#include "cvt_src.h"  /* enum cvt_err, struct cvt_hf_config, struct cvt_source */
 #include "fmt.h"     /* enum fmt_split */
 
 #ifdef __cplusplus
@@ -38,7 +39,7 @@ extern "C" {
 /* Model dimensions, normalised from config.json (+ the AWQ quant config). Filled by
  * cvt_dims_from_hf() or by hand (tests). Read-only once the plan is built. */
 struct cvt_dims {
-    enum cvt_arch arch;
+    const struct cvt_arch *arch; /* the family's descriptor (cvt_arch.h) */
     int hidden;             /* H */
     int intermediate;       /* I (per expert for Mixtral) */
     int n_layers;
@@ -51,8 +52,9 @@ struct cvt_dims {
     int group_size;         /* G: a positive multiple of 16, or -1 = per-channel (one group per
                              * linear: G = that linear's K) */
     bool tie_word_embeddings;
-    bool qkv_bias;          /* q/k/v carry a bias by config (qwen2 always; llama attention_bias) */
-    bool o_bias;            /* o_proj carries a bias by config (llama attention_bias) */
+    unsigned bias_roles;    /* CVT_ROLE_BIT()s of outputs whose linears carry a bias by config
+                             * (qwen2: qkv_proj; llama attention_bias: qkv_proj, o_proj): only
+                             * used when planning from the config alone */
     int n_not_convert;      /* modules_to_not_convert entries (substring match on module names) */
     char not_convert[CVT_MAX_NOT_CONVERT][96];
 };
@@ -145,6 +147,8 @@ struct cvt_plan {
     int inter_per_rank;     /* I_r = I_pad / tp */
     int vocab_per_rank;     /* V_r = ceil(V / tp) */
     bool has_lm_head;       /* separate lm_head output (false when tied) */
+    unsigned bias_roles;    /* CVT_ROLE_BIT()s of the outputs planned with a bias (from the
+                             * files; the config section's attention_bias is FMT_N_QKV's) */
     int n_unquantized;      /* linears stored as F16 .weight */
     int n_srcs;
     struct cvt_plan_src *srcs;   /* owned */
@@ -154,7 +158,7 @@ struct cvt_plan {
 /* Which source tensors exist (from the input's tensor catalog). `names` are full tensor names as
  * in the files; the plan only reads them during cvt_plan_build. NULL = plan from the config alone
  * (dry-run of a bare config.json): every linear is quantized unless modules_to_not_convert names
- * it, q/k/v biases follow dims.qkv_bias, lm_head follows tie_word_embeddings. */
+ * it, biases follow dims.bias_roles, lm_head follows tie_word_embeddings. */
 struct cvt_name_list {
     int n;
     const char *const *names;

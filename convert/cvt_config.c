@@ -4,13 +4,15 @@
  * `struct cvt_hf_config`.
  *
  * Entry points: cvt_config_parse(), cvt_config_free(), cvt_config_skips_module(), the *_str()
- * helpers for arch / rope / qcfg-file / variant (cvt_src.h).
+ * helpers for qcfg-file / variant (cvt_src.h).
+ *
+ * The architecture is a descriptor (convert/cvt_arch.h) found from "architectures" /
+ * "model_type"; it gives the defaults of the common keys and reads the family's own keys
+ * (sliding window, biases, experts). Keys are read through format/qs_json.h.
  *
  * Sources of the rules: AWQ-FORMATS section 2 (spellings: bits/w_bit, group_size/q_group_size,
- * version case, backend "llm-awq"), section 8 (architecture keys and defaults, from the
- * transformers configuration classes LlamaConfig, MistralConfig, Qwen2Config, MixtralConfig),
- * PITFALLS P13/P14 (w_bit, zero_point, version refused by name), P18 (Qwen2 sliding window),
- * P21 (config locations; two quant configs that disagree are refused), P24 (eos lists).
+ * version case, backend "llm-awq"), PITFALLS P13/P14 (w_bit, zero_point, version refused by
+ * name), P21 (config locations; two quant configs that disagree are refused), P24 (eos lists).
  *
  * Tested by tests/test_cvt_src.c (the real configs under tests/data and hand-written bad ones)
  * and fuzzed by tests/fuzz_config.c.
@@ -22,23 +24,13 @@
 
 #include <cjson/cJSON.h>   /* config parsing */
 
+#include "cvt_arch.h"      /* cvt_arch_by_hf_class, cvt_arch_by_model_type, struct cvt_arch */
 #include "cvt_src_int.h"
 #include "qs_json.h"       /* qs_json_parse_object, qs_json_int, ... */
 #include "qs_log.h"        /* qs_log_error, qs_log_warn */
 
 #define CFG_MAX_DIM   (1ll << 24)   /* hidden, intermediate, heads... far above any real model */
 #define CFG_MAX_VOCAB (1ll << 24)
-
-const char *cvt_arch_str(enum cvt_arch a)
-{
-    switch (a) {
-    case CVT_ARCH_LLAMA: return "llama";
-    case CVT_ARCH_MISTRAL: return "mistral";
-    case CVT_ARCH_QWEN2: return "qwen2";
-    case CVT_ARCH_MIXTRAL: return "mixtral";
-    }
-    return "?";
-}
 
 const char *cvt_qcfg_file_str(enum cvt_qcfg_file f)
 {
@@ -82,68 +74,49 @@ bool cvt_config_skips_module(const struct cvt_hf_config *cfg, const char *name)
     return false;
 }
 
-/* --- typed key readers (format/qs_json.h): each reports file + key + value on failure ---- */
-
-/* A qs_json reader's status as a converter status (CVT_TRY forwards it). */
-#define J(expr) CVT_TRY(cvt_from_json(expr))
-
 /* --- architecture -------------------------------------------------------------------------- */
 
-static const struct {
-    const char   *cls, *model_type;
-    enum cvt_arch arch;
-} arch_table[] = {
-    {"LlamaForCausalLM", "llama", CVT_ARCH_LLAMA},
-    {"MistralForCausalLM", "mistral", CVT_ARCH_MISTRAL},
-    {"Qwen2ForCausalLM", "qwen2", CVT_ARCH_QWEN2},
-    {"MixtralForCausalLM", "mixtral", CVT_ARCH_MIXTRAL},
-};
-#define N_ARCH (sizeof arch_table / sizeof arch_table[0])
-
+/* The descriptor (convert/cvt_arch.h) named by "architectures" and/or "model_type". */
 static enum cvt_err parse_arch(const struct qs_json_ctx *c, const cJSON *o, struct cvt_hf_config *cfg)
 {
-    char mt[64] = "";
+    char mt[64] = "", list[512];
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(o, "architectures");
     const cJSON *mtv = cJSON_GetObjectItemCaseSensitive(o, "model_type");
-    int from_cls = 0, from_mt = 0;
+    const struct cvt_arch *from_cls = NULL, *from_mt = NULL;
     if (archs && !cJSON_IsNull(archs)) {
         if (!cJSON_IsArray(archs) || !cJSON_IsString(archs->child) || cJSON_GetArraySize(archs) != 1) {
-            qs_log_error("cvt_config_parse", "%s/%s: \"architectures\" must be a list of one class name",
+            qs_log_error(c->fn, "%s/%s: \"architectures\" must be a list of one class name",
                          c->where, c->file);
             return CVT_ERR_CONFIG;
         }
         snprintf(cfg->architectures0, sizeof cfg->architectures0, "%s", archs->child->valuestring);
-        for (size_t i = 0; i < N_ARCH; i++)
-            if (strcmp(archs->child->valuestring, arch_table[i].cls) == 0)
-                from_cls = (int)arch_table[i].arch;
-        if (!from_cls) {
-            qs_log_error("cvt_config_parse", "%s/%s: architecture \"%.60s\" is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM)",
-                         c->where, c->file, archs->child->valuestring);
+        if (!(from_cls = cvt_arch_by_hf_class(archs->child->valuestring))) {
+            cvt_arch_list(true, list, sizeof list);
+            qs_log_error(c->fn, "%s/%s: architecture \"%.60s\" is not supported (supported: %s)",
+                         c->where, c->file, archs->child->valuestring, list);
             return CVT_ERR_UNSUPPORTED;
         }
     }
     if (mtv && !cJSON_IsNull(mtv)) {
-        J(qs_json_string(c, o, "model_type", false, mt, sizeof mt));
-        for (size_t i = 0; i < N_ARCH; i++)
-            if (strcmp(mt, arch_table[i].model_type) == 0)
-                from_mt = (int)arch_table[i].arch;
-        if (!from_mt) {
-            qs_log_error("cvt_config_parse", "%s/%s: model_type \"%s\" is not supported (supported: llama, mistral, qwen2, mixtral)",
-                         c->where, c->file, mt);
+        CVT_TRY_JSON(qs_json_string(c, o, "model_type", false, mt, sizeof mt));
+        if (!(from_mt = cvt_arch_by_model_type(mt))) {
+            cvt_arch_list(false, list, sizeof list);
+            qs_log_error(c->fn, "%s/%s: model_type \"%s\" is not supported (supported: %s)",
+                         c->where, c->file, mt, list);
             return CVT_ERR_UNSUPPORTED;
         }
     }
     if (!from_cls && !from_mt) {
-        qs_log_error("cvt_config_parse", "%s/%s: neither \"architectures\" nor \"model_type\" names the model",
+        qs_log_error(c->fn, "%s/%s: neither \"architectures\" nor \"model_type\" names the model",
                      c->where, c->file);
         return CVT_ERR_CONFIG;
     }
     if (from_cls && from_mt && from_cls != from_mt) {
-        qs_log_error("cvt_config_parse", "%s/%s: architectures (%s) and model_type (%s) disagree", c->where,
+        qs_log_error(c->fn, "%s/%s: architectures (%s) and model_type (%s) disagree", c->where,
                      c->file, cfg->architectures0, mt);
         return CVT_ERR_CONFIG;
     }
-    cfg->arch = (enum cvt_arch)(from_cls ? from_cls : from_mt);
+    cfg->arch = from_cls ? from_cls : from_mt;
     return CVT_ERR_NONE;
 }
 
@@ -163,7 +136,7 @@ static enum cvt_err read_qparams(const struct qs_json_ctx *c, const cJSON *o, bo
 {
     memset(q, 0, sizeof *q);
     q->present = true;
-    J(qs_json_string(c, o, "quant_method", true, q->quant_method, sizeof q->quant_method));
+    CVT_TRY_JSON(qs_json_string(c, o, "quant_method", true, q->quant_method, sizeof q->quant_method));
     if (q->quant_method[0] && strcmp(q->quant_method, "awq") != 0) {
         qs_log_error("cvt_config_parse", "%s/%s: quant_method \"%s\" is not AWQ: only AutoAWQ/llm-awq checkpoints (quant_method \"awq\") are supported",
                      c->where, c->file, q->quant_method);
@@ -177,26 +150,26 @@ static enum cvt_err read_qparams(const struct qs_json_ctx *c, const cJSON *o, bo
         return CVT_ERR_UNSUPPORTED;
     }
     int64_t b1, b2, g1, g2;
-    J(qs_json_int(c, o, "bits", false, -1, 1, 64, &b1));
-    J(qs_json_int(c, o, "w_bit", false, -1, 1, 64, &b2));
+    CVT_TRY_JSON(qs_json_int(c, o, "bits", false, -1, 1, 64, &b1));
+    CVT_TRY_JSON(qs_json_int(c, o, "w_bit", false, -1, 1, 64, &b2));
     if (b1 > 0 && b2 > 0 && b1 != b2) {
         qs_log_error("cvt_config_parse", "%s/%s: \"bits\" %lld and \"w_bit\" %lld disagree", c->where, c->file,
                      (long long)b1, (long long)b2);
         return CVT_ERR_CONFIG;
     }
     q->bits = b1 > 0 ? b1 : b2;
-    J(qs_json_int(c, o, "group_size", false, 0, -1, 1 << 20, &g1));
-    J(qs_json_int(c, o, "q_group_size", false, 0, -1, 1 << 20, &g2));
+    CVT_TRY_JSON(qs_json_int(c, o, "group_size", false, 0, -1, 1 << 20, &g1));
+    CVT_TRY_JSON(qs_json_int(c, o, "q_group_size", false, 0, -1, 1 << 20, &g2));
     if (g1 && g2 && g1 != g2) {
         qs_log_error("cvt_config_parse", "%s/%s: \"group_size\" %lld and \"q_group_size\" %lld disagree",
                      c->where, c->file, (long long)g1, (long long)g2);
         return CVT_ERR_CONFIG;
     }
     q->group = g1 ? g1 : g2;
-    J(qs_json_bool(c, o, "zero_point", true, &q->zero_point));
-    J(qs_json_string(c, o, "version", true, q->version, sizeof q->version));
-    J(qs_json_string(c, o, "format", true, q->format, sizeof q->format));
-    J(qs_json_string(c, o, "backend", true, q->backend, sizeof q->backend));
+    CVT_TRY_JSON(qs_json_bool(c, o, "zero_point", true, &q->zero_point));
+    CVT_TRY_JSON(qs_json_string(c, o, "version", true, q->version, sizeof q->version));
+    CVT_TRY_JSON(qs_json_string(c, o, "format", true, q->format, sizeof q->format));
+    CVT_TRY_JSON(qs_json_string(c, o, "backend", true, q->backend, sizeof q->backend));
     q->skip = cJSON_GetObjectItemCaseSensitive(o, "modules_to_not_convert");
     if (q->bits <= 0) {
         qs_log_error("cvt_config_parse", "%s/%s: no bit width (\"bits\" or \"w_bit\")", c->where, c->file);
@@ -324,17 +297,17 @@ static enum cvt_err check_agree(const char *where, const struct qparams *a, cons
 static enum cvt_err parse_model(const struct qs_json_ctx *c, const cJSON *o, struct cvt_hf_config *cfg)
 {
     CVT_TRY(parse_arch(c, o, cfg));
-    const enum cvt_arch a = cfg->arch;
-    J(qs_json_int(c, o, "hidden_size", true, 0, 1, CFG_MAX_DIM, &cfg->hidden_size));
-    J(qs_json_int(c, o, "intermediate_size", true, 0, 1, CFG_MAX_DIM, &cfg->intermediate_size));
-    J(qs_json_int(c, o, "num_hidden_layers", true, 0, 1, 4096, &cfg->num_hidden_layers));
-    J(qs_json_int(c, o, "num_attention_heads", true, 0, 1, 65536, &cfg->num_attention_heads));
-    J(qs_json_int(c, o, "num_key_value_heads", false, cfg->num_attention_heads, 1, 65536,
+    const struct cvt_arch *a = cfg->arch;
+    CVT_TRY_JSON(qs_json_int(c, o, "hidden_size", true, 0, 1, CFG_MAX_DIM, &cfg->hidden_size));
+    CVT_TRY_JSON(qs_json_int(c, o, "intermediate_size", true, 0, 1, CFG_MAX_DIM, &cfg->intermediate_size));
+    CVT_TRY_JSON(qs_json_int(c, o, "num_hidden_layers", true, 0, 1, 4096, &cfg->num_hidden_layers));
+    CVT_TRY_JSON(qs_json_int(c, o, "num_attention_heads", true, 0, 1, 65536, &cfg->num_attention_heads));
+    CVT_TRY_JSON(qs_json_int(c, o, "num_key_value_heads", false, cfg->num_attention_heads, 1, 65536,
                     &cfg->num_key_value_heads));
-    J(qs_json_int(c, o, "vocab_size", true, 0, 1, CFG_MAX_VOCAB, &cfg->vocab_size));
+    CVT_TRY_JSON(qs_json_int(c, o, "vocab_size", true, 0, 1, CFG_MAX_VOCAB, &cfg->vocab_size));
     const int64_t H = cfg->hidden_size, nq = cfg->num_attention_heads, nkv = cfg->num_key_value_heads;
     int64_t hd_def = H % nq == 0 ? H / nq : 0;
-    J(qs_json_int(c, o, "head_dim", false, hd_def, 1, 65536, &cfg->head_dim));
+    CVT_TRY_JSON(qs_json_int(c, o, "head_dim", false, hd_def, 1, 65536, &cfg->head_dim));
     if (cfg->head_dim == 0) {
         qs_log_error("cvt_config_parse", "%s/%s: hidden_size %lld is not a multiple of num_attention_heads %lld and no head_dim is given",
                      c->where, c->file, (long long)H, (long long)nq);
@@ -350,79 +323,36 @@ static enum cvt_err parse_model(const struct qs_json_ctx *c, const cJSON *o, str
                      c->file, (long long)cfg->head_dim);
         return CVT_ERR_CONFIG;
     }
-    J(qs_json_number(c, o, "rms_norm_eps", false, 1e-6, 0.0, 1.0, &cfg->rms_norm_eps));
-    J(qs_json_number(c, o, "rope_theta", false, a == CVT_ARCH_MIXTRAL ? 1e6 : 10000.0, 0.0, 1e12, &cfg->rope_theta));
-    J(qs_json_rope_scaling(c, o, &cfg->rope_scaling));
-    int64_t mpe_def = a == CVT_ARCH_LLAMA ? 2048 : a == CVT_ARCH_QWEN2 ? 32768 : 131072;
-    J(qs_json_int(c, o, "max_position_embeddings", false, mpe_def, 1, 1ll << 30, &cfg->max_position_embeddings));
-    J(qs_json_bool(c, o, "tie_word_embeddings", false, &cfg->tie_word_embeddings));
+    CVT_TRY_JSON(qs_json_number(c, o, "rms_norm_eps", false, 1e-6, 0.0, 1.0, &cfg->rms_norm_eps));
+    CVT_TRY_JSON(qs_json_number(c, o, "rope_theta", false, a->rope_theta, 0.0, 1e12, &cfg->rope_theta));
+    CVT_TRY_JSON(qs_json_rope_scaling(c, o, &cfg->rope_scaling));
+    CVT_TRY_JSON(qs_json_int(c, o, "max_position_embeddings", false, a->max_position_embeddings, 1, 1ll << 30, &cfg->max_position_embeddings));
+    CVT_TRY_JSON(qs_json_bool(c, o, "tie_word_embeddings", false, &cfg->tie_word_embeddings));
 
-    /* hidden_act: SiLU-gated MLPs only. */
+    /* hidden_act: the family's activation only */
     char act[32];
-    J(qs_json_string(c, o, "hidden_act", false, act, sizeof act));
-    if (act[0] && strcmp(act, "silu") != 0) {
-        qs_log_error("cvt_config_parse", "%s/%s: hidden_act \"%s\" is not supported (silu only)", c->where, c->file, act);
+    CVT_TRY_JSON(qs_json_string(c, o, "hidden_act", false, act, sizeof act));
+    if (act[0] && strcmp(act, a->hidden_act) != 0) {
+        qs_log_error(c->fn, "%s/%s: hidden_act \"%s\" is not supported (%s only)", c->where,
+                     c->file, act, a->hidden_act);
         return CVT_ERR_UNSUPPORTED;
     }
 
-    /* Sliding window (PITFALLS P18). */
-    int64_t sw = 0;
-    if (a == CVT_ARCH_MISTRAL || a == CVT_ARCH_MIXTRAL) {
-        J(qs_json_int(c, o, "sliding_window", false, 0, 1, 1ll << 30, &sw));
-    } else if (a == CVT_ARCH_QWEN2) {
-        bool use_sw = false;
-        J(qs_json_bool(c, o, "use_sliding_window", false, &use_sw));
-        if (use_sw) {
-            int64_t mwl;
-            J(qs_json_int(c, o, "sliding_window", false, 4096, 1, 1ll << 30, &sw));
-            J(qs_json_int(c, o, "max_window_layers", false, 28, 0, 4096, &mwl));
-            if (mwl >= cfg->num_hidden_layers) {
-                sw = 0; /* every layer below max_window_layers uses full attention */
-            } else if (mwl != 0) {
-                qs_log_error("cvt_config_parse", "%s/%s: Qwen2 use_sliding_window with max_window_layers %lld < num_hidden_layers %lld (per-layer windows) is not supported",
-                             c->where, c->file, (long long)mwl, (long long)cfg->num_hidden_layers);
-                return CVT_ERR_UNSUPPORTED;
-            }
-        }
-    }
-    cfg->sliding_window = sw;
-
-    /* Biases. */
-    if (a == CVT_ARCH_QWEN2) {
-        cfg->qkv_bias = true;
-        cfg->o_bias = false;
-    } else if (a == CVT_ARCH_LLAMA) {
-        bool ab = false, mb = false;
-        J(qs_json_bool(c, o, "attention_bias", false, &ab));
-        J(qs_json_bool(c, o, "mlp_bias", false, &mb));
-        if (mb) {
-            qs_log_error("cvt_config_parse", "%s/%s: mlp_bias true is not supported", c->where, c->file);
-            return CVT_ERR_UNSUPPORTED;
-        }
-        cfg->qkv_bias = cfg->o_bias = ab;
-    }
-
-    if (a == CVT_ARCH_MIXTRAL) {
-        J(qs_json_int(c, o, "num_local_experts", false, 8, 1, 1024, &cfg->num_local_experts));
-        J(qs_json_int(c, o, "num_experts_per_tok", false, 2, 1, 1024, &cfg->num_experts_per_tok));
-        if (cfg->num_experts_per_tok > cfg->num_local_experts) {
-            qs_log_error("cvt_config_parse", "%s/%s: num_experts_per_tok %lld > num_local_experts %lld", c->where,
-                         c->file, (long long)cfg->num_experts_per_tok, (long long)cfg->num_local_experts);
-            return CVT_ERR_CONFIG;
-        }
-    }
+    /* the family's own keys: sliding window, biases, experts */
+    if (a->read_keys)
+        CVT_TRY(a->read_keys(c, o, cfg));
 
     int64_t bos;
-    J(qs_json_int(c, o, "bos_token_id", false, -1, 0, CFG_MAX_VOCAB - 1, &bos));
+    CVT_TRY_JSON(qs_json_int(c, o, "bos_token_id", false, -1, 0, CFG_MAX_VOCAB - 1, &bos));
     if (bos >= 0) {
         cfg->has_bos = true;
         cfg->bos_token_id = bos;
     }
-    J(qs_json_eos_ids(c, o, cfg->vocab_size, cfg->eos_token_id, CVT_MAX_EOS, &cfg->n_eos));
+    CVT_TRY_JSON(qs_json_eos_ids(c, o, cfg->vocab_size, cfg->eos_token_id, CVT_MAX_EOS, &cfg->n_eos));
 
-    J(qs_json_string(c, o, "torch_dtype", false, cfg->torch_dtype, sizeof cfg->torch_dtype));
+    CVT_TRY_JSON(qs_json_string(c, o, "torch_dtype", false, cfg->torch_dtype, sizeof cfg->torch_dtype));
     if (!cfg->torch_dtype[0])
-        J(qs_json_string(c, o, "dtype", false, cfg->torch_dtype, sizeof cfg->torch_dtype));
+        CVT_TRY_JSON(qs_json_string(c, o, "dtype", false, cfg->torch_dtype, sizeof cfg->torch_dtype));
     return CVT_ERR_NONE;
 }
 

@@ -935,7 +935,7 @@ static char *config_json(const struct run *R, int rank)
     if (!j)
         return NULL;
     cJSON_AddNumberToObject(j, "qshard_config_version", 1);
-    cJSON_AddStringToObject(j, "architecture", cvt_arch_str(c->arch));
+    cJSON_AddStringToObject(j, "architecture", c->arch->name);
     cJSON_AddNumberToObject(j, "hidden_size", (double)c->hidden_size);
     cJSON_AddNumberToObject(j, "intermediate_size", (double)c->intermediate_size);
     cJSON_AddNumberToObject(j, "intermediate_size_padded", p->inter_padded);
@@ -967,10 +967,7 @@ static char *config_json(const struct run *R, int rank)
     else
         cJSON_AddNullToObject(j, "sliding_window");
     /* from the files, not the config: the plan knows whether q/k/v carry biases */
-    bool qkv_bias = false;
-    for (int i = 0; i < p->ranks[0].n_outs && !qkv_bias; i++)
-        qkv_bias = strstr(p->ranks[0].outs[i].name, "qkv_proj.bias") != NULL;
-    cJSON_AddBoolToObject(j, "attention_bias", qkv_bias);
+    cJSON_AddBoolToObject(j, "attention_bias", (p->bias_roles & CVT_ROLE_BIT(FMT_N_QKV)) != 0);
     cJSON_AddNumberToObject(j, "num_local_experts", (double)c->num_local_experts);
     cJSON_AddNumberToObject(j, "num_experts_per_tok", (double)c->num_experts_per_tok);
     q = cJSON_AddObjectToObject(j, "quant");
@@ -1460,7 +1457,7 @@ static enum cvt_err dry_run_config_only(const struct cvt_opts *o)
         (e = cvt_dims_from_hf(&cfg, &d)) || (e = cvt_plan_build(&d, NULL, o->tp, &plan)))
         goto out;
     qs_log_info("%s: no weight files: planning from the config alone (%s, quant config from %s)",
-                o->model_dir, cvt_arch_str(cfg.arch), cvt_qcfg_file_str(cfg.quant.from));
+                o->model_dir, cfg.arch->name, cvt_qcfg_file_str(cfg.quant.from));
     cvt_plan_print(plan, stdout);
 out:
     cvt_plan_free(plan);
@@ -1533,7 +1530,7 @@ enum cvt_err cvt_run(const struct cvt_opts *o)
     qs_log_info("%s: AWQ variant %s, container %s, quant config from %s; %s, %" PRId64
                 " layers, tp %d",
                 o->model_dir, R.variant, cvt_container_str(cvt_source_container(R.src)),
-                cvt_qcfg_file_str(R.cfg->quant.from), cvt_arch_str(R.cfg->arch),
+                cvt_qcfg_file_str(R.cfg->quant.from), R.cfg->arch->name,
                 R.cfg->num_hidden_layers, o->tp);
     if (o->dry_run) {
         cvt_plan_print(R.plan, stdout);

@@ -143,8 +143,7 @@ struct cvt_src_tensor {
 
 /* --- config -------------------------------------------------------------------------------- */
 
-enum cvt_arch { CVT_ARCH_LLAMA = 1, CVT_ARCH_MISTRAL = 2, CVT_ARCH_QWEN2 = 3, CVT_ARCH_MIXTRAL = 4 };
-const char *cvt_arch_str(enum cvt_arch a);      /* "llama", "mistral", "qwen2", "mixtral" */
+struct cvt_arch; /* an architecture descriptor: convert/cvt_arch.h */
 
 
 /* Where the quantization parameters came from (AWQ-FORMATS section 2). */
@@ -174,7 +173,7 @@ const char *cvt_variant_str(enum cvt_variant v);        /* "gemm", "gemv", "gemv
  * > 0 and fit the ranges checked by cvt_config_parse(); absent optional keys get the
  * transformers default of the architecture. */
 struct cvt_hf_config {
-    enum cvt_arch arch;
+    const struct cvt_arch *arch;      /* the family's descriptor (registry: cvt_arch.h) */
     char          architectures0[64]; /* architectures[0] as written (or "" if absent) */
     int64_t hidden_size;              /* H */
     int64_t intermediate_size;        /* I (per expert for Mixtral) */
@@ -191,8 +190,9 @@ struct cvt_hf_config {
     int64_t sliding_window;           /* 0 = none (null, or Qwen2 use_sliding_window false) */
     int64_t num_local_experts;        /* Mixtral E; 0 otherwise */
     int64_t num_experts_per_tok;      /* Mixtral top-k; 0 otherwise */
-    bool    qkv_bias;                 /* q/k/v_proj carry a bias (Qwen2; llama attention_bias) */
-    bool    o_bias;                   /* o_proj carries a bias (llama attention_bias) */
+    unsigned bias_roles;              /* CVT_ROLE_BIT()s of the outputs whose linears carry a
+                                       * bias by config (Qwen2 qkv_proj; llama attention_bias:
+                                       * qkv_proj and o_proj) */
     bool    has_bos;
     int64_t bos_token_id;             /* generation_config.json wins over config.json */
     int     n_eos;                    /* union of config.json and generation_config.json ids */

@@ -143,6 +143,9 @@ static inline enum cvt_err cvt_from_json(enum qs_json_err e)
     return CVT_ERR_CONFIG;
 }
 
+/* Forward a qs_json reader's non-zero status as a converter status. */
+#define CVT_TRY_JSON(expr) CVT_TRY(cvt_from_json(expr))
+
 /* cvt_safetensors.c */
 enum cvt_dtype cvt_dtype_from_str(const char *s);
 

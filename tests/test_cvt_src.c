@@ -32,6 +32,7 @@
 #include <cjson/cJSON.h>   /* INDEX.json of the fixtures */
 #include <zlib.h>          /* crc32 for hand-built zips */
 
+#include "cvt_arch.h" /* cvt_arch_find, CVT_ROLE_BIT */
 #include "cvt_src.h"
 #include "qs_log.h"
 #include "t.h"
@@ -1308,7 +1309,7 @@ static void test_configs(void)
     CHECK(t != NULL);
     if (t) {
         CHECK_EQ_INT(cvt_config_parse("real", t, n, NULL, 0, NULL, 0, NULL, 0, &cfg), CVT_ERR_NONE);
-        CHECK_EQ_INT(cfg.arch, CVT_ARCH_LLAMA);
+        CHECK_EQ_INT(cfg.arch, cvt_arch_find("llama"));
         CHECK_EQ_INT(cfg.hidden_size, 8192);
         CHECK_EQ_INT(cfg.num_key_value_heads, 8);
         CHECK_EQ_INT(cfg.head_dim, 128);
@@ -1340,8 +1341,8 @@ static void test_configs(void)
     t = corpus_file("Qwen2.5-72B-Instruct-ko-AWQ.config.json", &n);
     if (t) {
         CHECK_EQ_INT(cvt_config_parse("real", t, n, NULL, 0, NULL, 0, NULL, 0, &cfg), CVT_ERR_NONE);
-        CHECK_EQ_INT(cfg.arch, CVT_ARCH_QWEN2);
-        CHECK(cfg.qkv_bias && !cfg.o_bias);
+        CHECK_EQ_INT(cfg.arch, cvt_arch_find("qwen2"));
+        CHECK(cfg.bias_roles == CVT_ROLE_BIT(FMT_N_QKV)); /* q/k/v, not o */
         CHECK_EQ_INT(cfg.intermediate_size, 29568);
         CHECK_EQ_INT(cfg.vocab_size, 152064);
         CHECK_EQ_INT(cfg.sliding_window, 0);
@@ -1351,7 +1352,7 @@ static void test_configs(void)
     t = corpus_file("Mistral-7B-v0.1-AWQ.config.json", &n);
     if (t) {
         CHECK_EQ_INT(cvt_config_parse("real", t, n, NULL, 0, NULL, 0, NULL, 0, &cfg), CVT_ERR_NONE);
-        CHECK_EQ_INT(cfg.arch, CVT_ARCH_MISTRAL);
+        CHECK_EQ_INT(cfg.arch, cvt_arch_find("mistral"));
         CHECK_EQ_INT(cfg.sliding_window, 4096);
         CHECK_EQ_STR(cfg.torch_dtype, "bfloat16");
         cvt_config_free(&cfg);
