@@ -226,7 +226,7 @@ size_t cvt_fast_piece_bytes(int64_t G);
  * ref_pack_*) straight from the mapped AutoAWQ GEMM source words; with `check`, the bitwise
  * self-check per [P][64] piece (source dequantized by this file's own walk, ours by
  * ref_dequant_w4; padding +0.0). `corrupt_first` flips the lowest bit of the chunk's first
- * packed byte before its check (test knob QSHARD_CVT_TEST_CORRUPT). Returns CVT_FAST_NO
+ * packed byte before its check (test hook cvt_hooks.corrupt_output). Returns CVT_FAST_NO
  * without a message when the chunk is not for this path or a scale is not finite and > 0 (the
  * generic path then names it); the buffers' contents are then undefined. */
 enum cvt_fast_rc cvt_fast_w4_chunk(const struct cvt_source *src, const struct cvt_hf_config *cfg,
@@ -235,6 +235,25 @@ enum cvt_fast_rc cvt_fast_w4_chunk(const struct cvt_source *src, const struct cv
                                    const struct cvt_fast_bufs *b, struct cvt_fast_mismatch *mm);
 
 /* --- the driver (cvt_run.c) ---------------------------------------------------------------- */
+
+/* Test hooks: deterministic stand-ins for events a test cannot otherwise cause. NULL in
+ * production (cvt_opts.hooks); tests/test_cvt*.c pass one when they call cvt_run in process. */
+struct cvt_hooks {
+    const char *signal_at;      /* "opened" (source open), "writing" (writers open) or "written"
+                                 * (every file in the staging directory, not committed): raise
+                                 * SIGINT when cvt_run reaches that point */
+    const char *corrupt_output; /* name of a W4 output (module prefix): flip the lowest bit of its
+                                 * first packed code after packing, before the self-check */
+    int commit_fail;            /* k > 0: the k-th rename of the commit (1-based) fails as if with
+                                 * EIO; 0 none */
+    uint64_t chunk_bytes;       /* working-memory budget of all workers together, bytes; 0 = the
+                                 * default (192 MiB). Small values make tiny fixtures go through
+                                 * many chunks and row blocks */
+    void (*on_stage)(const char *stage, void *arg); /* called at the signal_at points, with the
+                                 * stage name, before the signal (a test starts a second convert
+                                 * while this one holds OUT_DIR); NULL none */
+    void *on_stage_arg;
+};
 
 struct cvt_opts {
     const char *model_dir;
@@ -246,8 +265,9 @@ struct cvt_opts {
     bool quiet;             /* no progress bar, no info messages */
     bool force;             /* replace an earlier conversion in out_dir (after the new one is
                              * complete; docs/CONVERT.md section 2) */
-    uint64_t chunk_bytes;   /* working-memory budget of all workers together, bytes; 0 = default
-                             * (192 MiB). Tests shrink it to exercise many chunks per tensor. */
+    bool no_fast_path;      /* --debug-no-fast-path: every packed output through the generic
+                             * decoder (an A/B switch; the bytes are the same) */
+    const struct cvt_hooks *hooks; /* NULL in production */
 };
 
 /* Convert model_dir into out_dir/rank-K-of-N.qshard + manifest (or print the plan with dry_run).
@@ -257,8 +277,9 @@ struct cvt_opts {
  * created is removed and an earlier conversion in out_dir is left as it was (docs/CONVERT.md
  * section 2). Catches SIGINT / SIGTERM / SIGHUP while it runs (restored on return). Errors:
  * every cvt_err (input, plan, self-check CVT_ERR_SELF_CHECK, writer CVT_ERR_IO),
- * CVT_ERR_EXISTS (an earlier conversion without force), CVT_ERR_SAME_DIR (out_dir is
- * model_dir), CVT_ERR_INTERRUPTED. */
+ * CVT_ERR_TOKENIZER (tokenizer files incomplete, unloadable or larger than the vocabulary),
+ * CVT_ERR_EXISTS (an earlier conversion without force), CVT_ERR_LOCKED (another convert is
+ * writing out_dir), CVT_ERR_SAME_DIR (out_dir is model_dir), CVT_ERR_INTERRUPTED. */
 enum cvt_err cvt_run(const struct cvt_opts *o);
 
 #ifdef __cplusplus

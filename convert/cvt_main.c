@@ -34,10 +34,15 @@ static void usage(FILE *f)
             "  -f, --force        replace an earlier conversion in OUT_DIR: it stays intact\n"
             "                     until the new one is complete, then its manifest and rank\n"
             "                     files (any tp) are replaced; other files are left alone\n"
+            "      --debug-no-fast-path\n"
+            "                     repack every linear through the generic AWQ decoder instead\n"
+            "                     of the AutoAWQ GEMM fast path (slower; same bytes: an A/B\n"
+            "                     check of the two paths)\n"
             "  -h, --help         this text\n"
             "\n"
             "exit codes: 0 ok, 1 usage, 2 bad input (unsupported or corrupt checkpoint, impossible\n"
-            "--tp), 3 out of memory or interrupted (nothing is left in OUT_DIR), 4 I/O error,\n"
+            "--tp, incomplete or unloadable tokenizer files), 3 out of memory or interrupted\n"
+            "(nothing is left in OUT_DIR), 4 I/O error (also: another convert is writing OUT_DIR),\n"
             "5 self-check failed\n"
             "OUT_DIR must not be MODEL_DIR.\n");
 }
@@ -59,6 +64,7 @@ static int exit_code(enum cvt_err e)
     case CVT_ERR_SELF_CHECK: return QS_EXIT_VERIFY;
     case CVT_ERR_EXISTS: return QS_EXIT_USAGE;
     case CVT_ERR_SAME_DIR: return QS_EXIT_USAGE;
+    case CVT_ERR_LOCKED: return QS_EXIT_IO;
     case CVT_ERR_INTERRUPTED: return QS_EXIT_RUNTIME;
     default: return cvt_err_exit_code(e);
     }
@@ -66,11 +72,12 @@ static int exit_code(enum cvt_err e)
 
 int cmd_convert(int argc, char **argv)
 {
-    enum { OPT_NO_CHECK = 256 };
+    enum { OPT_NO_CHECK = 256, OPT_NO_FAST };
     static const struct option longopts[] = {
         {"tp", required_argument, NULL, 't'},
         {"dry-run", no_argument, NULL, 'n'},
         {"no-check", no_argument, NULL, OPT_NO_CHECK},
+        {"debug-no-fast-path", no_argument, NULL, OPT_NO_FAST},
         {"threads", required_argument, NULL, 'j'},
         {"quiet", no_argument, NULL, 'q'},
         {"force", no_argument, NULL, 'f'},
@@ -93,6 +100,7 @@ int cmd_convert(int argc, char **argv)
             break;
         case 'n': o.dry_run = true; break;
         case OPT_NO_CHECK: o.no_check = true; break;
+        case OPT_NO_FAST: o.no_fast_path = true; break;
         case 'j':
             if (!parse_int(optarg, 1, 1024, &o.threads)) {
                 fprintf(stderr, "qshard convert: --threads: expected an integer 1..1024, got "
@@ -132,14 +140,15 @@ int cmd_convert(int argc, char **argv)
     o.tp = tp;
     if (o.quiet)
         qs_log_set_level(QS_LOG_WARN);
-    /* test knob, not an option: working-memory budget in KiB (many small chunks per tensor) */
-    const char *kb = getenv("QSHARD_CVT_CHUNK_KB");
-    if (kb && atoi(kb) > 0)
-        o.chunk_bytes = (uint64_t)atoi(kb) << 10;
     enum cvt_err e = cvt_run(&o);
     if (e == CVT_ERR_TP)
         fprintf(stderr, "hint: run `qshard convert %s --tp 1 --dry-run` to see the model's "
                         "shapes\n",
+                o.model_dir);
+    if (e == CVT_ERR_TOKENIZER)
+        fprintf(stderr, "hint: the tokenizer files of %s are copied into every rank file and "
+                        "loaded by `qshard run`; complete or fix them, or remove them all to "
+                        "convert for token ids only\n",
                 o.model_dir);
     if (e == CVT_ERR_EXISTS)
         fprintf(stderr, "hint: pass --force to replace the earlier conversion (it stays intact "

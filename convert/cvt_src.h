@@ -89,7 +89,9 @@ extern "C" {
     X(CVT_ERR_SELF_CHECK,     64, "self-check failed: packed dequant != source dequant")     \
     X(CVT_ERR_EXISTS,         65, "output already exists (use --force)")                     \
     X(CVT_ERR_INTERRUPTED,    66, "interrupted by a signal")                                 \
-    X(CVT_ERR_SAME_DIR,       67, "output directory is the model directory")
+    X(CVT_ERR_SAME_DIR,       67, "output directory is the model directory")            \
+    X(CVT_ERR_LOCKED,         68, "output directory is being written by another convert")    \
+    X(CVT_ERR_TOKENIZER,      69, "tokenizer files incomplete, unloadable or too large")
 
 #define CVT_ERR_LIST(X) CVT_ERR_LIST_SRC(X) CVT_ERR_LIST_CORE(X)
 
