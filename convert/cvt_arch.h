@@ -108,7 +108,7 @@ struct cvt_arch {
     const char *hf_embed;      /* module of the token embedding [V, H] ("model.embed_tokens") */
     const char *hf_lm_head;    /* module of the output projection [V, H] ("lm_head") */
     const char *hf_final_norm; /* tensor of the final norm [H] ("model.norm.weight") */
-    const char *hf_layer;      /* prefix of layer i's names, a pattern taking i ("model.layers.%d") */
+    const char *hf_layer;      /* prefix of layer i's names, taking i ("model.layers.%d") */
     int n_steps;
     const struct cvt_arch_step *steps; /* one decoder layer */
 };

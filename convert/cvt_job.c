@@ -136,9 +136,9 @@ static bool corrupt_wanted(const struct cvt_run_state *R, const struct cvt_out *
 /* Stream the packed qweight, scales and qzeros of `cols` further columns of W4 output o (whole
  * n-tiles, contiguous in all three layouts, DESIGN 4) to rank's file at offs[0..2], which
  * advance by the bytes written. */
-static enum cvt_err put_w4_cols(struct cvt_run_state *R, int rank, const struct cvt_out *o, int64_t cols,
-                                const uint8_t *qp, const uint16_t *sp, const uint8_t *zp,
-                                uint64_t offs[3])
+static enum cvt_err put_w4_cols(struct cvt_run_state *R, int rank, const struct cvt_out *o,
+                                int64_t cols, const uint8_t *qp, const uint16_t *sp,
+                                const uint8_t *zp, uint64_t offs[3])
 {
     int64_t K = o->rows, ng = K / o->group;
     uint32_t i0 = R->idx[rank][o - R->plan->ranks[rank].outs];
@@ -188,7 +188,8 @@ static enum cvt_err w4_sub(struct cvt_run_state *R, int rank, const struct cvt_o
 static int64_t k_block(const struct cvt_run_state *R, int64_t G, int64_t N_src)
 {
     /* a quarter of the worker's budget when that is smaller (the tests' tiny budgets) */
-    uint64_t bytes = R->chunk_bytes / 4 < CVT_K_BLOCK_BYTES ? R->chunk_bytes / 4 : CVT_K_BLOCK_BYTES;
+    uint64_t bytes =
+        R->chunk_bytes / 4 < CVT_K_BLOCK_BYTES ? R->chunk_bytes / 4 : CVT_K_BLOCK_BYTES;
     int64_t rows = (int64_t)bytes / (N_src / 2 > 0 ? N_src / 2 : 1);
     if (rows > CVT_K_BLOCK_MAX)
         rows = CVT_K_BLOCK_MAX;
@@ -293,11 +294,33 @@ static int w4_check_ours(const struct w4_bufs *b, int64_t K, int64_t G, int64_t 
     return 0;
 }
 
+/* The part of segment sg inside the load chunk's columns [c0, c0 + cw): source columns
+ * [n0, n1), w of them, at chunk column dc; its source ps and decoder row block kb. */
+struct seg_part {
+    const struct cvt_plan_src *ps;
+    int64_t n0, n1, w, dc, kb;
+};
+
+static bool seg_part(const struct cvt_run_state *R, const struct cvt_seg *sg, int64_t c0,
+                     int64_t cw, struct seg_part *sp)
+{
+    int64_t a = sg->dst_c0 > c0 ? sg->dst_c0 : c0;
+    int64_t z = sg->dst_c0 + sg->n_cols < c0 + cw ? sg->dst_c0 + sg->n_cols : c0 + cw;
+    if (a >= z)
+        return false; /* not in this chunk */
+    sp->ps = &R->plan->srcs[sg->src];
+    sp->n0 = sg->src_c0 + (a - sg->dst_c0);
+    sp->n1 = sp->n0 + (z - a);
+    sp->w = z - a;
+    sp->dc = a - c0;
+    sp->kb = k_block(R, sp->ps->group, sp->ps->cols);
+    return true;
+}
+
 /* One load chunk [c0, c0 + cw) of output columns of W4 output o on `rank`. */
 static enum cvt_err w4_chunk(struct cvt_run_state *R, int rank, const struct cvt_out *o, int64_t c0,
                              int64_t cw, struct w4_bufs *b, uint64_t offs[3])
 {
-    const struct cvt_plan *p = R->plan;
     int64_t K = o->rows, G = o->group, ng = K / G;
     enum cvt_err e = CVT_ERR_NONE;
     memset(b->q, 0, (size_t)(K * cw));
@@ -306,13 +329,11 @@ static enum cvt_err w4_chunk(struct cvt_run_state *R, int rank, const struct cvt
     /* decode each overlapping source slice into place */
     for (int si = 0; si < o->n_segs; si++) {
         const struct cvt_seg *sg = &o->segs[si];
-        int64_t a = sg->dst_c0 > c0 ? sg->dst_c0 : c0;
-        int64_t z = sg->dst_c0 + sg->n_cols < c0 + cw ? sg->dst_c0 + sg->n_cols : c0 + cw;
-        if (a >= z)
+        struct seg_part sp;
+        if (!seg_part(R, sg, c0, cw, &sp))
             continue;
-        const struct cvt_plan_src *ps = &p->srcs[sg->src];
-        int64_t n0 = sg->src_c0 + (a - sg->dst_c0), n1 = n0 + (z - a);
-        int64_t w = z - a, dc = a - c0, kb = k_block(R, ps->group, ps->cols);
+        const struct cvt_plan_src *ps = sp.ps;
+        const int64_t n0 = sp.n0, n1 = sp.n1, w = sp.w, dc = sp.dc, kb = sp.kb;
         struct src_blk bl;
         for (bool ok = src_blk_next(sg, ps, kb, &bl, true); ok;
              ok = src_blk_next(sg, ps, kb, &bl, false)) {
@@ -348,13 +369,11 @@ static enum cvt_err w4_chunk(struct cvt_run_state *R, int rank, const struct cvt
     float got, want_v;
     for (int si = 0; si < o->n_segs; si++) {
         const struct cvt_seg *sg = &o->segs[si];
-        int64_t a = sg->dst_c0 > c0 ? sg->dst_c0 : c0;
-        int64_t z = sg->dst_c0 + sg->n_cols < c0 + cw ? sg->dst_c0 + sg->n_cols : c0 + cw;
-        if (a >= z)
+        struct seg_part sp;
+        if (!seg_part(R, sg, c0, cw, &sp))
             continue;
-        const struct cvt_plan_src *ps = &p->srcs[sg->src];
-        int64_t n0 = sg->src_c0 + (a - sg->dst_c0), n1 = n0 + (z - a);
-        int64_t w = z - a, dc = a - c0, kb = k_block(R, ps->group, ps->cols);
+        const struct cvt_plan_src *ps = sp.ps;
+        const int64_t n0 = sp.n0, n1 = sp.n1, w = sp.w, dc = sp.dc, kb = sp.kb;
         struct src_blk bl;
         for (bool ok = src_blk_next(sg, ps, kb, &bl, true); ok;
              ok = src_blk_next(sg, ps, kb, &bl, false)) {
@@ -432,8 +451,8 @@ static enum cvt_err w4_generic_bufs(struct cvt_run_state *R, int rank, const str
 
 /* Columns [c0, c0 + cw) of o through the generic path (cvt_awq_load + ref_pack_*), in its own
  * chunk width. */
-static enum cvt_err w4_generic(struct cvt_run_state *R, int rank, const struct cvt_out *o, int64_t c0,
-                               int64_t cw, struct w4_bufs *b, uint64_t offs[3])
+static enum cvt_err w4_generic(struct cvt_run_state *R, int rank, const struct cvt_out *o,
+                               int64_t c0, int64_t cw, struct w4_bufs *b, uint64_t offs[3])
 {
     int64_t C;
     enum cvt_err e = w4_generic_bufs(R, rank, o, b, &C);
@@ -455,8 +474,8 @@ static int64_t fast_chunk_cols(const struct cvt_run_state *R, int64_t K, int64_t
 
 /* One W4 output through the GEMM fast path (cvt_fast.c), chunk by chunk; a chunk it declines
  * (a bad scale value) goes through the generic path, which reports it. */
-static enum cvt_err w4_fast(struct cvt_run_state *R, int rank, const struct cvt_out *o, struct w4_bufs *b,
-                            uint64_t offs[3])
+static enum cvt_err w4_fast(struct cvt_run_state *R, int rank, const struct cvt_out *o,
+                            struct w4_bufs *b, uint64_t offs[3])
 {
     int64_t K = o->rows, N = o->cols, ng = K / o->group, C = fast_chunk_cols(R, K, ng, N);
     size_t piece = cvt_fast_piece_bytes(o->group);
@@ -490,7 +509,8 @@ static enum cvt_err w4_fast(struct cvt_run_state *R, int rank, const struct cvt_
     return e;
 }
 
-static enum cvt_err job_w4(struct cvt_run_state *R, int rank, const struct cvt_out *o, struct w4_bufs *b)
+static enum cvt_err job_w4(struct cvt_run_state *R, int rank, const struct cvt_out *o,
+                           struct w4_bufs *b)
 {
     uint64_t offs[3] = {0, 0, 0};
     if (!R->o->no_fast_path && cvt_fast_w4_ok(R->src, R->cfg, R->plan, o))
@@ -501,7 +521,8 @@ static enum cvt_err job_w4(struct cvt_run_state *R, int rank, const struct cvt_o
 /* --- float outputs ------------------------------------------------------------------------- */
 
 /* Unquantized linear: output F16 [N_out][K_out] (o->cols x o->rows) from source .weight
- * [N_src][K_src]; output row n takes source row src_c0 + (n - dst_c0), columns [src_r0, +n_rows). */
+ * [N_src][K_src]; output row n takes source row src_c0 + (n - dst_c0), columns
+ * [src_r0, +n_rows). */
 static enum cvt_err job_linear_f16(struct cvt_run_state *R, int rank, const struct cvt_out *o)
 {
     int64_t K = o->rows, N = o->cols;

@@ -40,10 +40,10 @@ static void usage(FILE *f)
             "                     check of the two paths)\n"
             "  -h, --help         this text\n"
             "\n"
-            "exit codes: 0 ok, 1 usage, 2 bad input (unsupported or corrupt checkpoint, impossible\n"
-            "--tp, incomplete or unloadable tokenizer files), 3 out of memory or interrupted\n"
-            "(nothing is left in OUT_DIR), 4 I/O error (also: another convert is writing OUT_DIR),\n"
-            "5 self-check failed\n"
+            "exit codes: 0 ok, 1 usage, 2 bad input (unsupported or corrupt checkpoint,\n"
+            "impossible --tp, incomplete or unloadable tokenizer files), 3 out of memory or\n"
+            "interrupted (nothing is left in OUT_DIR), 4 I/O error (also: another convert is\n"
+            "writing OUT_DIR), 5 self-check failed\n"
             "OUT_DIR must not be MODEL_DIR.\n");
 }
 

@@ -40,7 +40,8 @@ static void print_local_groups(const struct cvt_plan *p, FILE *f)
             lo = x && x->group < lo ? x->group : lo;
             hi = x && x->group > hi ? x->group : hi;
         }
-        fprintf(f, "plan: local group size: %s [K_r=%" PRId64 ", N_r=%" PRId64 "]: ", fmt_name_in_layer(o->name),
+        fprintf(f, "plan: local group size: %s [K_r=%" PRId64 ", N_r=%" PRId64 "]: ",
+                fmt_name_in_layer(o->name),
                 o->rows, o->cols);
         if (lo != hi)
             fprintf(f, "G_r %" PRId64 "..%" PRId64 " over the ranks", lo, hi);

@@ -191,7 +191,8 @@ void cvt_write_model_id(const struct cvt_run_state *R, uint8_t id[16])
 /* --- writers ------------------------------------------------------------------------------- */
 
 /* Declare output o of a rank: 3 tensors for W4, 1 otherwise. */
-static enum cvt_err declare_out(struct cvt_run_state *R, int rank, const struct cvt_out *o, uint32_t *first)
+static enum cvt_err declare_out(struct cvt_run_state *R, int rank, const struct cvt_out *o,
+                                uint32_t *first)
 {
     struct fmt_writer *w = R->w[rank];
     enum fmt_split sp = R->plan->tp == 1 ? FMT_SPLIT_NONE : o->split;

@@ -22,37 +22,16 @@
 #include "cvt.h"    /* cvt_run, struct cvt_opts, struct cvt_hooks */
 #include "qs_log.h"
 #include "t.h"
+#include "t_file.h" /* t_slurp */
 
 #define DATA "tests/data/"
 
 static char g_tmp[256];      /* the program's scratch root */
 static const char *g_bin;    /* the qshard binary */
 
-static inline char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf) {
-        buf[n] = '\0';
-        if (len)
-            *len = (size_t)n;
-    }
-    return buf;
-}
-
 static inline cJSON *load_json(const char *path)
 {
-    char *s = slurp(path, NULL);
+    char *s = t_slurp(path, NULL);
     cJSON *j = s ? cJSON_Parse(s) : NULL;
     free(s);
     return j;
@@ -74,9 +53,9 @@ static inline int run(char **err, char **out, const char *fmt, ...)
     snprintf(cmd, sizeof(cmd), "%s %s >%s 2>%s", g_bin, args, op, ep);
     int st = system(cmd);
     if (err)
-        *err = slurp(ep, NULL);
+        *err = t_slurp(ep, NULL);
     if (out)
-        *out = slurp(op, NULL);
+        *out = t_slurp(op, NULL);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
@@ -121,7 +100,7 @@ static inline long round_up_slow(long x, long unit)
 static inline bool files_equal(const char *a, const char *b)
 {
     size_t la = 0, lb = 0;
-    char *x = slurp(a, &la), *y = slurp(b, &lb);
+    char *x = t_slurp(a, &la), *y = t_slurp(b, &lb);
     bool eq = x && y && la == lb && !memcmp(x, y, la);
     free(x);
     free(y);
@@ -132,7 +111,7 @@ static inline bool files_equal(const char *a, const char *b)
 static inline bool copy_file(const char *a, const char *b)
 {
     size_t len = 0;
-    char *d = slurp(a, &len);
+    char *d = t_slurp(a, &len);
     FILE *f = d ? fopen(b, "wb") : NULL;
     bool ok = f && fwrite(d, 1, len, f) == len;
     if (f)
@@ -219,7 +198,7 @@ static inline enum cvt_err cvt_inproc_err(const struct cvt_hooks *h, const char 
     dup2(saved, 2);
     close(saved);
     qs_log_set_quiet(true);
-    *err = slurp(path, NULL);
+    *err = t_slurp(path, NULL);
     return e;
 }
 

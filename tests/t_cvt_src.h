@@ -22,6 +22,7 @@
 #include "cvt_src.h"
 #include "qs_log.h"
 #include "t.h"
+#include "t_file.h" /* t_slurp */
 
 /* --- small utilities ------------------------------------------------------------------------- */
 
@@ -87,26 +88,6 @@ static inline void rm_file(const char *dir, const char *name)
     char p[600];
     snprintf(p, sizeof p, "%s/%s", dir, name);
     unlink(p);
-}
-
-static inline char *read_text(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)sz + 1);
-    if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) {
-        free(b);
-        b = NULL;
-    }
-    if (b)
-        b[sz] = 0;
-    fclose(f);
-    *n = (size_t)sz;
-    return b;
 }
 
 /* --- byte buffer ------------------------------------------------------------------------------- */

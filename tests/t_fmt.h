@@ -31,6 +31,7 @@
 #include "fmt_write.h" /* writer */
 #include "qs_log.h"    /* qs_log_last, qs_log_set_quiet */
 #include "t.h"
+#include "t_file.h" /* t_slurp */
 
 static char g_dir[256]; /* scratch directory, removed at the end */
 
@@ -55,19 +56,8 @@ static inline void path_in(char *buf, size_t n, const char *name)
     snprintf(buf, n, "%s/%s", g_dir, name);
 }
 
-static inline uint8_t *read_file(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc(sz > 0 ? (size_t)sz : 1);
-    *n = fread(b, 1, (size_t)sz, f);
-    fclose(f);
-    return b;
-}
+/* The bytes of `path` (t_slurp), NULL when unreadable. */
+#define read_file(path, n) ((uint8_t *)t_slurp((path), (n)))
 
 static inline void write_file(const char *path, const void *data, size_t n)
 {

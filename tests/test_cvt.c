@@ -274,7 +274,7 @@ static void test_f16_nonfinite(void)
     char dir[512], f[600], g[600], out[600];
     size_t len = 0;
     snprintf(f, sizeof(f), "%s/model.safetensors", fx);
-    uint8_t *st = (uint8_t *)slurp(f, &len);
+    uint8_t *st = (uint8_t *)t_slurp(f, &len);
     CHECK(st && len > 8);
     if (!st || len <= 8)
         return;

@@ -23,7 +23,7 @@ static char *corpus_file(const char *name, size_t *n)
 {
     char p[512];
     snprintf(p, sizeof p, "tests/data/fuzz/fuzz_config/%s", name);
-    return read_text(p, n);
+    return t_slurp(p, n);
 }
 
 #define BASE_CFG "\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 4096, \"intermediate_size\": 11008, " \

@@ -90,16 +90,16 @@ static void test_cli(void)
     CHECK_EQ_INT(run(NULL, NULL, "convert %s %s --tp 2 -q", dir, out), 0);
     snprintf(f, sizeof(f), "%s/rank-1-of-2.qshard", out);
     size_t len0 = 0;
-    char *before = slurp(f, &len0);
+    char *before = t_slurp(f, &len0);
     CHECK_EQ_INT(run(&err, NULL, "convert %s %s --tp 2 -q", dir, out), 1);
     CHECK(err && strstr(err, "--force"));
     free(err);
     size_t len1 = 0;
-    char *after = slurp(f, &len1);
+    char *after = t_slurp(f, &len1);
     CHECK(before && after && len0 == len1 && !memcmp(before, after, len0));
     free(after);
     CHECK_EQ_INT(run(NULL, NULL, "convert %s %s --tp 2 -q --force", dir, out), 0);
-    after = slurp(f, &len1);
+    after = t_slurp(f, &len1);
     CHECK(before && after && len0 == len1 && !memcmp(before, after, len0)); /* deterministic */
     free(after);
     free(before);
@@ -117,12 +117,12 @@ static void ck_intact(const char *out_dir, const char *want, const char *rank_fi
               names ? names : "(unreadable)", want);
     free(names);
     snprintf(f, sizeof(f), "%s/%s", out_dir, rank_file);
-    b = slurp(f, &len);
+    b = t_slurp(f, &len);
     CHECK_MSG(b && rank_bytes && len == rank_len && !memcmp(b, rank_bytes, len),
               "%s: %s changed", what, f);
     free(b);
     snprintf(f, sizeof(f), "%s/manifest.json", out_dir);
-    b = slurp(f, &len);
+    b = t_slurp(f, &len);
     CHECK_MSG(b && man_bytes && len == man_len && !memcmp(b, man_bytes, len),
               "%s: %s changed", what, f);
     free(b);
@@ -143,9 +143,9 @@ static void test_replace(void)
     CHECK(write_text(f, "the user's own file\n"));
     size_t rank_len = 0, man_len = 0;
     snprintf(f, sizeof(f), "%s/rank-0-of-1.qshard", out);
-    char *rank0 = slurp(f, &rank_len);
+    char *rank0 = t_slurp(f, &rank_len);
     snprintf(f, sizeof(f), "%s/manifest.json", out);
-    char *man0 = slurp(f, &man_len);
+    char *man0 = t_slurp(f, &man_len);
     const char *old = "manifest.json,notes.txt,rank-0-of-1.qshard";
 
     /* a --force run that fails after its writers were opened (NaN scale found while repacking) */
@@ -202,7 +202,7 @@ static void test_replace(void)
                   files[i]);
     }
     snprintf(f, sizeof(f), "%s/notes.txt", out);
-    char *notes = slurp(f, NULL);
+    char *notes = t_slurp(f, NULL);
     CHECK(notes && !strcmp(notes, "the user's own file\n"));
     free(notes);
     CHECK_EQ_INT(run(NULL, NULL, "verify %s", out), 0);

@@ -23,6 +23,7 @@
 #include "fmt_names.h"
 #include "qs_log.h"
 #include "t.h"
+#include "t_file.h" /* t_slurp */
 
 /* q/k/v biases by config (cvt_dims.bias_roles) */
 #define QKV_BIAS(d) (((d)->bias_roles & CVT_ROLE_BIT(FMT_N_QKV)) != 0)
@@ -31,34 +32,13 @@
 
 /* --- helpers ----------------------------------------------------------------------------- */
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf) {
-        buf[n] = '\0';
-        *len = (size_t)n;
-    }
-    return buf;
-}
-
 /* Parse tests/data/real-configs/<dir>/config.json into dims. */
 static bool load_dims(const char *dir, struct cvt_dims *d)
 {
     char path[512];
     size_t len = 0;
     snprintf(path, sizeof(path), CFG_DIR "%s/config.json", dir);
-    char *json = slurp(path, &len);
+    char *json = t_slurp(path, &len);
     if (!json) {
         fprintf(stderr, "cannot read %s\n", path);
         return false;

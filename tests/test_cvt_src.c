@@ -539,7 +539,7 @@ static enum cvt_err category_err(const char *cat)
 static void test_bad_fixtures(void)
 {
     size_t n;
-    char *text = read_text("tests/data/bad/INDEX.json", &n);
+    char *text = t_slurp("tests/data/bad/INDEX.json", &n);
     if (!text) {
         printf("test_cvt_src: tests/data/bad/INDEX.json absent, bad fixtures skipped\n");
         return;
@@ -589,7 +589,7 @@ static void test_bad_fixtures(void)
 static void test_model_fixtures(void)
 {
     size_t n;
-    char *text = read_text("tests/data/models/INDEX.json", &n);
+    char *text = t_slurp("tests/data/models/INDEX.json", &n);
     if (!text) {
         printf("test_cvt_src: tests/data/models/INDEX.json absent, fixture models skipped\n");
         return;
