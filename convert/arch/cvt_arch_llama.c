@@ -66,13 +66,14 @@ static enum cvt_err llama_keys(const struct qs_json_ctx *c, const struct cJSON *
 enum cvt_err cvt_arch_mistral_keys(const struct qs_json_ctx *c, const struct cJSON *o,
                                    struct cvt_hf_config *cfg)
 {
-    /* MistralConfig / MixtralConfig: sliding_window null or a window length (PITFALLS P18) */
+    /* MistralConfig / MixtralConfig: sliding_window null (full attention) or a window length */
     return cvt_from_json(qs_json_int(c, o, "sliding_window", false, 0, 1, 1ll << 30,
                                      &cfg->sliding_window));
 }
 
-/* Qwen2Config: q/k/v always carry a bias; a window only with use_sliding_window, and only for
- * layers from max_window_layers on (PITFALLS P18): all of them or none is supported. */
+/* Qwen2Config: q/k/v always carry a bias; a window only with use_sliding_window, and then only
+ * on the layers from max_window_layers on (modeling_qwen2.py): all of them or none is
+ * supported. */
 static enum cvt_err qwen2_keys(const struct qs_json_ctx *c, const struct cJSON *o,
                                struct cvt_hf_config *cfg)
 {
