@@ -22,7 +22,10 @@ static void test_cli(void)
     const char *dir = DATA "models/qwen2-bias-tied-v509";
     char out[512], *err = NULL, *sout = NULL, f[600];
     snprintf(out, sizeof(out), "%s/cli/out", g_tmp);
-    CHECK_EQ_INT(run(NULL, NULL, "convert --help"), 0);
+    CHECK_EQ_INT(run(NULL, &sout, "convert --help"), 0);
+    CHECK(sout && strstr(sout, "--debug-no-fast-path") && strstr(sout, "another convert"));
+    free(sout);
+    sout = NULL;
     CHECK_EQ_INT(run(NULL, NULL, "convert %s %s", dir, out), 1);             /* no --tp */
     CHECK_EQ_INT(run(NULL, NULL, "convert %s %s --tp abc", dir, out), 1);
     CHECK_EQ_INT(run(NULL, NULL, "convert %s %s --tp 0", dir, out), 1);
