@@ -104,10 +104,11 @@ NVCCFLAGS   ?= -std=c++17 -O3 -lineinfo $(CUDA_ARCHS) -Xcompiler -Wall,-Wextra \
 CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lnccl -ldl -lstdc++
 
 # --- sources -------------------------------------------------------------------------------
-# Library: every .c in format/ convert/ runtime/ kernels/ (fuzz targets live in tests/).
+# Library: every .c in format/ convert/ convert/arch/ runtime/ kernels/ (fuzz targets live in
+# tests/).
 # A file X_nocuda.c stands in for X.cu (same directory) when there is no nvcc, or when X.cu
 # does not exist yet.
-LIB_C_ALL := $(wildcard format/*.c convert/*.c runtime/*.c kernels/*.c)
+LIB_C_ALL := $(wildcard format/*.c convert/*.c convert/arch/*.c runtime/*.c kernels/*.c)
 CU_SRC    := $(wildcard kernels/*.cu runtime/*.cu)
 NOCUDA_C  := $(filter %_nocuda.c,$(LIB_C_ALL))
 ifeq ($(HAVE_CUDA),1)
@@ -144,7 +145,7 @@ $(BUILD)/k_bench.cu.o:  INCLUDES := $(INC_kernels) -Iruntime
 QSHARD    := $(BUILD)/qshard
 LINK_LIBS  = $(DEP_LIBS) $(if $(filter 1,$(HAVE_CUDA)),$(CUDA_LIBS))
 
-vpath %.c format convert runtime kernels tools tests
+vpath %.c format convert convert/arch runtime kernels tools tests
 vpath %.cu kernels runtime tests
 
 .PHONY: carry all help test check lint fuzz fuzz-run bench test-gpu bench-gpu demo sass clean info tests lab lab-run

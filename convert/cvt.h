@@ -24,7 +24,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "cvt_src.h" /* enum cvt_err, enum cvt_arch, struct cvt_hf_config, struct cvt_source */
+#include "cvt_arch.h" /* struct cvt_arch, CVT_ROLE_BIT */
+#include "cvt_src.h"  /* enum cvt_err, struct cvt_hf_config, struct cvt_source */
+#include "fmt.h"     /* enum fmt_split */
 
 #ifdef __cplusplus
 extern "C" {
@@ -37,7 +39,7 @@ extern "C" {
 /* Model dimensions, normalised from config.json (+ the AWQ quant config). Filled by
  * cvt_dims_from_hf() or by hand (tests). Read-only once the plan is built. */
 struct cvt_dims {
-    enum cvt_arch arch;
+    const struct cvt_arch *arch; /* the family's descriptor (cvt_arch.h) */
     int hidden;             /* H */
     int intermediate;       /* I (per expert for Mixtral) */
     int n_layers;
@@ -50,8 +52,9 @@ struct cvt_dims {
     int group_size;         /* G: a positive multiple of 16, or -1 = per-channel (one group per
                              * linear: G = that linear's K) */
     bool tie_word_embeddings;
-    bool qkv_bias;          /* q/k/v carry a bias by config (qwen2 always; llama attention_bias) */
-    bool o_bias;            /* o_proj carries a bias by config (llama attention_bias) */
+    unsigned bias_roles;    /* CVT_ROLE_BIT()s of outputs whose linears carry a bias by config
+                             * (qwen2: qkv_proj; llama attention_bias: qkv_proj, o_proj): only
+                             * used when planning from the config alone */
     int n_not_convert;      /* modules_to_not_convert entries (substring match on module names) */
     char not_convert[CVT_MAX_NOT_CONVERT][96];
 };
@@ -71,14 +74,6 @@ enum cvt_out_kind {
                              * sources are float `<src>.weight` [N_src, K_src] */
     CVT_OUT_MAT_F16 = 3,    /* float matrix F16 [rows, cols] (embedding, lm_head) */
     CVT_OUT_VEC_F32 = 4,    /* vector F32 [cols] (norms, biases) or F32 matrix [rows, cols] (router) */
-};
-
-/* The tensor-parallel split that produced an output (recorded in the rank file's table). */
-enum cvt_split {
-    CVT_SPLIT_NONE = 0,     /* replicated (norms, router, row-parallel bias on rank 0) */
-    CVT_SPLIT_COLUMN = 1,   /* output features: axis 1 of [K, N], axis 0 of a [N, K] F16 linear */
-    CVT_SPLIT_ROW = 2,      /* input features: axis 0 of [K, N], axis 1 of a [N, K] F16 linear */
-    CVT_SPLIT_VOCAB = 3,    /* vocabulary rows (axis 0) */
 };
 
 /* Where a source tensor comes from. */
@@ -112,7 +107,11 @@ struct cvt_seg {
 struct cvt_out {
     char name[160];         /* W4: module prefix (`...qkv_proj`); otherwise the full tensor name */
     enum cvt_out_kind kind;
-    enum cvt_split split;
+    enum fmt_split split;   /* format/fmt.h: NONE replicated (norms, router, row-parallel bias
+                             * on rank 0); COLUMN output features (axis 1 of [K, N], axis 0 of a
+                             * [N, K] F16 linear); ROW input features (axis 0 of [K, N], axis 1 of
+                             * a [N, K] F16 linear); VOCAB vocabulary rows (axis 0). Recorded at
+                             * any tp; the rank file says NONE at tp 1 */
     int64_t rows, cols;     /* logical [K, N] (W4 and LINEAR_F16), [rows, cols] otherwise */
     int n_segs;
     struct cvt_seg segs[CVT_MAX_SEGS];
@@ -148,6 +147,8 @@ struct cvt_plan {
     int inter_per_rank;     /* I_r = I_pad / tp */
     int vocab_per_rank;     /* V_r = ceil(V / tp) */
     bool has_lm_head;       /* separate lm_head output (false when tied) */
+    unsigned bias_roles;    /* CVT_ROLE_BIT()s of the outputs planned with a bias (from the
+                             * files; the config section's attention_bias is FMT_N_QKV's) */
     int n_unquantized;      /* linears stored as F16 .weight */
     int n_srcs;
     struct cvt_plan_src *srcs;   /* owned */
@@ -157,7 +158,7 @@ struct cvt_plan {
 /* Which source tensors exist (from the input's tensor catalog). `names` are full tensor names as
  * in the files; the plan only reads them during cvt_plan_build. NULL = plan from the config alone
  * (dry-run of a bare config.json): every linear is quantized unless modules_to_not_convert names
- * it, q/k/v biases follow dims.qkv_bias, lm_head follows tie_word_embeddings. */
+ * it, biases follow dims.bias_roles, lm_head follows tie_word_embeddings. */
 struct cvt_name_list {
     int n;
     const char *const *names;
@@ -225,7 +226,7 @@ size_t cvt_fast_piece_bytes(int64_t G);
  * ref_pack_*) straight from the mapped AutoAWQ GEMM source words; with `check`, the bitwise
  * self-check per [P][64] piece (source dequantized by this file's own walk, ours by
  * ref_dequant_w4; padding +0.0). `corrupt_first` flips the lowest bit of the chunk's first
- * packed byte before its check (test knob QSHARD_CVT_TEST_CORRUPT). Returns CVT_FAST_NO
+ * packed byte before its check (test hook cvt_hooks.corrupt_output). Returns CVT_FAST_NO
  * without a message when the chunk is not for this path or a scale is not finite and > 0 (the
  * generic path then names it); the buffers' contents are then undefined. */
 enum cvt_fast_rc cvt_fast_w4_chunk(const struct cvt_source *src, const struct cvt_hf_config *cfg,
@@ -234,6 +235,25 @@ enum cvt_fast_rc cvt_fast_w4_chunk(const struct cvt_source *src, const struct cv
                                    const struct cvt_fast_bufs *b, struct cvt_fast_mismatch *mm);
 
 /* --- the driver (cvt_run.c) ---------------------------------------------------------------- */
+
+/* Test hooks: deterministic stand-ins for events a test cannot otherwise cause. NULL in
+ * production (cvt_opts.hooks); tests/test_cvt*.c pass one when they call cvt_run in process. */
+struct cvt_hooks {
+    const char *signal_at;      /* "opened" (source open), "writing" (writers open) or "written"
+                                 * (every file in the staging directory, not committed): raise
+                                 * SIGINT when cvt_run reaches that point */
+    const char *corrupt_output; /* name of a W4 output (module prefix): flip the lowest bit of its
+                                 * first packed code after packing, before the self-check */
+    int commit_fail;            /* k > 0: the k-th rename of the commit (1-based) fails as if with
+                                 * EIO; 0 none */
+    uint64_t chunk_bytes;       /* working-memory budget of all workers together, bytes; 0 = the
+                                 * default (192 MiB). Small values make tiny fixtures go through
+                                 * many chunks and row blocks */
+    void (*on_stage)(const char *stage, void *arg); /* called at the signal_at points, with the
+                                 * stage name, before the signal (a test starts a second convert
+                                 * while this one holds OUT_DIR); NULL none */
+    void *on_stage_arg;
+};
 
 struct cvt_opts {
     const char *model_dir;
@@ -245,8 +265,9 @@ struct cvt_opts {
     bool quiet;             /* no progress bar, no info messages */
     bool force;             /* replace an earlier conversion in out_dir (after the new one is
                              * complete; docs/CONVERT.md section 2) */
-    uint64_t chunk_bytes;   /* working-memory budget of all workers together, bytes; 0 = default
-                             * (192 MiB). Tests shrink it to exercise many chunks per tensor. */
+    bool no_fast_path;      /* --debug-no-fast-path: every packed output through the generic
+                             * decoder (an A/B switch; the bytes are the same) */
+    const struct cvt_hooks *hooks; /* NULL in production */
 };
 
 /* Convert model_dir into out_dir/rank-K-of-N.qshard + manifest (or print the plan with dry_run).
@@ -256,8 +277,9 @@ struct cvt_opts {
  * created is removed and an earlier conversion in out_dir is left as it was (docs/CONVERT.md
  * section 2). Catches SIGINT / SIGTERM / SIGHUP while it runs (restored on return). Errors:
  * every cvt_err (input, plan, self-check CVT_ERR_SELF_CHECK, writer CVT_ERR_IO),
- * CVT_ERR_EXISTS (an earlier conversion without force), CVT_ERR_SAME_DIR (out_dir is
- * model_dir), CVT_ERR_INTERRUPTED. */
+ * CVT_ERR_TOKENIZER (tokenizer files incomplete, unloadable or larger than the vocabulary),
+ * CVT_ERR_EXISTS (an earlier conversion without force), CVT_ERR_LOCKED (another convert is
+ * writing out_dir), CVT_ERR_SAME_DIR (out_dir is model_dir), CVT_ERR_INTERRUPTED. */
 enum cvt_err cvt_run(const struct cvt_opts *o);
 
 #ifdef __cplusplus

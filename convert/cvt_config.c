@@ -4,13 +4,15 @@
  * `struct cvt_hf_config`.
  *
  * Entry points: cvt_config_parse(), cvt_config_free(), cvt_config_skips_module(), the *_str()
- * helpers for arch / rope / qcfg-file / variant (cvt_src.h).
+ * helpers for qcfg-file / variant (cvt_src.h).
+ *
+ * The architecture is a descriptor (convert/cvt_arch.h) found from "architectures" /
+ * "model_type"; it gives the defaults of the common keys and reads the family's own keys
+ * (sliding window, biases, experts). Keys are read through format/qs_json.h.
  *
  * Sources of the rules: AWQ-FORMATS section 2 (spellings: bits/w_bit, group_size/q_group_size,
- * version case, backend "llm-awq"), section 8 (architecture keys and defaults, from the
- * transformers configuration classes LlamaConfig, MistralConfig, Qwen2Config, MixtralConfig),
- * PITFALLS P13/P14 (w_bit, zero_point, version refused by name), P18 (Qwen2 sliding window),
- * P21 (config locations; two quant configs that disagree are refused), P24 (eos lists).
+ * version case, backend "llm-awq"), PITFALLS P13/P14 (w_bit, zero_point, version refused by
+ * name), P21 (config locations; two quant configs that disagree are refused), P24 (eos lists).
  *
  * Tested by tests/test_cvt_src.c (the real configs under tests/data and hand-written bad ones)
  * and fuzzed by tests/fuzz_config.c.
@@ -22,32 +24,13 @@
 
 #include <cjson/cJSON.h>   /* config parsing */
 
+#include "cvt_arch.h"      /* cvt_arch_by_hf_class, cvt_arch_by_model_type, struct cvt_arch */
 #include "cvt_src_int.h"
+#include "qs_json.h"       /* qs_json_parse_object, qs_json_int, ... */
 #include "qs_log.h"        /* qs_log_error, qs_log_warn */
 
 #define CFG_MAX_DIM   (1ll << 24)   /* hidden, intermediate, heads... far above any real model */
 #define CFG_MAX_VOCAB (1ll << 24)
-
-const char *cvt_arch_str(enum cvt_arch a)
-{
-    switch (a) {
-    case CVT_ARCH_LLAMA: return "llama";
-    case CVT_ARCH_MISTRAL: return "mistral";
-    case CVT_ARCH_QWEN2: return "qwen2";
-    case CVT_ARCH_MIXTRAL: return "mixtral";
-    }
-    return "?";
-}
-
-const char *cvt_rope_type_str(enum cvt_rope_type r)
-{
-    switch (r) {
-    case CVT_ROPE_NONE: return "none";
-    case CVT_ROPE_LINEAR: return "linear";
-    case CVT_ROPE_LLAMA3: return "llama3";
-    }
-    return "?";
-}
 
 const char *cvt_qcfg_file_str(enum cvt_qcfg_file f)
 {
@@ -91,271 +74,50 @@ bool cvt_config_skips_module(const struct cvt_hf_config *cfg, const char *name)
     return false;
 }
 
-/* --- typed key readers: each reports file + key + value on failure ------------------------- */
-
-struct jctx {
-    const char *where; /* directory */
-    const char *file;  /* "config.json" */
-};
-
-static cJSON *parse_obj(const struct jctx *c, const char *text, size_t size, enum cvt_err *err)
-{
-    const char *end = NULL;
-    cJSON *j = cJSON_ParseWithLengthOpts(text, size, &end, false);
-    if (!j || !cJSON_IsObject(j)) {
-        size_t at = end ? (size_t)(end - text) : 0;
-        qs_log_error("cvt_config_parse", "%s/%s: not a JSON object (parse error near byte %zu of %zu)",
-                     c->where, c->file, at, size);
-        cJSON_Delete(j);
-        *err = CVT_ERR_JSON;
-        return NULL;
-    }
-    /* Duplicate keys: Python's json keeps the last, cJSON the first - refuse the ambiguity. */
-    for (const cJSON *a = j->child; a; a = a->next)
-        for (const cJSON *b = a->next; b; b = b->next)
-            if (strcmp(a->string, b->string) == 0) {
-                qs_log_error("cvt_config_parse", "%s/%s: key \"%.60s\" appears twice", c->where, c->file, a->string);
-                cJSON_Delete(j);
-                *err = CVT_ERR_JSON;
-                return NULL;
-            }
-    for (const char *p = end; p < text + size; p++)
-        if (!isspace((unsigned char)*p) && *p != 0) {
-            qs_log_error("cvt_config_parse", "%s/%s: trailing garbage after the JSON object at byte %zu",
-                         c->where, c->file, (size_t)(p - text));
-            cJSON_Delete(j);
-            *err = CVT_ERR_JSON;
-            return NULL;
-        }
-    return j;
-}
-
-/* Integer key: absent -> *out = def, returns NONE; null treated as absent when allow_null. */
-static enum cvt_err get_int(const struct jctx *c, const cJSON *o, const char *key, bool required,
-                           int64_t def, int64_t lo, int64_t hi, int64_t *out)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v || cJSON_IsNull(v)) {
-        if (required) {
-            qs_log_error("cvt_config_parse", "%s/%s: required key \"%s\" is missing", c->where, c->file, key);
-            return CVT_ERR_CONFIG;
-        }
-        *out = def;
-        return CVT_ERR_NONE;
-    }
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < (double)lo ||
-        v->valuedouble > (double)hi) {
-        char *s = cJSON_PrintUnformatted(v);
-        qs_log_error("cvt_config_parse", "%s/%s: \"%s\" must be an integer in [%lld, %lld], got %.60s",
-                     c->where, c->file, key, (long long)lo, (long long)hi, s ? s : "?");
-        free(s);
-        return CVT_ERR_CONFIG;
-    }
-    *out = (int64_t)v->valuedouble;
-    return CVT_ERR_NONE;
-}
-
-static enum cvt_err get_double(const struct jctx *c, const cJSON *o, const char *key, double def,
-                              double lo, double hi, double *out)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v || cJSON_IsNull(v)) {
-        *out = def;
-        return CVT_ERR_NONE;
-    }
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || !(v->valuedouble > lo) || v->valuedouble > hi) {
-        char *s = cJSON_PrintUnformatted(v);
-        qs_log_error("cvt_config_parse", "%s/%s: \"%s\" must be a number in (%g, %g], got %.60s",
-                     c->where, c->file, key, lo, hi, s ? s : "?");
-        free(s);
-        return CVT_ERR_CONFIG;
-    }
-    *out = v->valuedouble;
-    return CVT_ERR_NONE;
-}
-
-static enum cvt_err get_bool(const struct jctx *c, const cJSON *o, const char *key, bool def, bool *out)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v || cJSON_IsNull(v)) {
-        *out = def;
-        return CVT_ERR_NONE;
-    }
-    if (!cJSON_IsBool(v)) {
-        char *s = cJSON_PrintUnformatted(v);
-        qs_log_error("cvt_config_parse", "%s/%s: \"%s\" must be true or false, got %.60s", c->where,
-                     c->file, key, s ? s : "?");
-        free(s);
-        return CVT_ERR_CONFIG;
-    }
-    *out = cJSON_IsTrue(v);
-    return CVT_ERR_NONE;
-}
-
-/* String key copied (lower-cased when lower) into buf; absent/null -> "". */
-static enum cvt_err get_str(const struct jctx *c, const cJSON *o, const char *key, bool lower, char *buf,
-                           size_t cap)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    buf[0] = 0;
-    if (!v || cJSON_IsNull(v))
-        return CVT_ERR_NONE;
-    if (!cJSON_IsString(v) || strlen(v->valuestring) >= cap) {
-        char *s = cJSON_PrintUnformatted(v);
-        qs_log_error("cvt_config_parse", "%s/%s: \"%s\" must be a string of fewer than %zu bytes, got %.60s",
-                     c->where, c->file, key, cap, s ? s : "?");
-        free(s);
-        return CVT_ERR_CONFIG;
-    }
-    for (size_t i = 0; v->valuestring[i]; i++)
-        buf[i] = lower ? (char)tolower((unsigned char)v->valuestring[i]) : v->valuestring[i];
-    buf[strlen(v->valuestring)] = 0;
-    return CVT_ERR_NONE;
-}
-
-/* eos_token_id: int or list of ints; merged into cfg (no duplicates). */
-static enum cvt_err add_eos(const struct jctx *c, const cJSON *o, struct cvt_hf_config *cfg)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "eos_token_id");
-    if (!v || cJSON_IsNull(v))
-        return CVT_ERR_NONE;
-    const cJSON *one = v;
-    bool list = cJSON_IsArray(v);
-    if (list)
-        one = v->child;
-    for (; one; one = list ? one->next : NULL) {
-        if (!cJSON_IsNumber(one) || one->valuedouble != floor(one->valuedouble) || one->valuedouble < 0 ||
-            one->valuedouble >= (double)CFG_MAX_VOCAB) {
-            qs_log_error("cvt_config_parse", "%s/%s: \"eos_token_id\" must be a token id or a list of them",
-                         c->where, c->file);
-            return CVT_ERR_CONFIG;
-        }
-        int64_t id = (int64_t)one->valuedouble;
-        bool dup = false;
-        for (int i = 0; i < cfg->n_eos; i++)
-            dup = dup || cfg->eos_token_id[i] == id;
-        if (dup)
-            continue;
-        if (cfg->n_eos >= CVT_MAX_EOS) {
-            qs_log_error("cvt_config_parse", "%s/%s: more than %d eos token ids", c->where, c->file, CVT_MAX_EOS);
-            return CVT_ERR_CONFIG;
-        }
-        cfg->eos_token_id[cfg->n_eos++] = id;
-    }
-    return CVT_ERR_NONE;
-}
-
 /* --- architecture -------------------------------------------------------------------------- */
 
-static const struct {
-    const char   *cls, *model_type;
-    enum cvt_arch arch;
-} arch_table[] = {
-    {"LlamaForCausalLM", "llama", CVT_ARCH_LLAMA},
-    {"MistralForCausalLM", "mistral", CVT_ARCH_MISTRAL},
-    {"Qwen2ForCausalLM", "qwen2", CVT_ARCH_QWEN2},
-    {"MixtralForCausalLM", "mixtral", CVT_ARCH_MIXTRAL},
-};
-#define N_ARCH (sizeof arch_table / sizeof arch_table[0])
-
-static enum cvt_err parse_arch(const struct jctx *c, const cJSON *o, struct cvt_hf_config *cfg)
+/* The descriptor (convert/cvt_arch.h) named by "architectures" and/or "model_type". */
+static enum cvt_err parse_arch(const struct qs_json_ctx *c, const cJSON *o, struct cvt_hf_config *cfg)
 {
-    char mt[64] = "";
+    char mt[64] = "", list[512];
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(o, "architectures");
     const cJSON *mtv = cJSON_GetObjectItemCaseSensitive(o, "model_type");
-    int from_cls = 0, from_mt = 0;
+    const struct cvt_arch *from_cls = NULL, *from_mt = NULL;
     if (archs && !cJSON_IsNull(archs)) {
         if (!cJSON_IsArray(archs) || !cJSON_IsString(archs->child) || cJSON_GetArraySize(archs) != 1) {
-            qs_log_error("cvt_config_parse", "%s/%s: \"architectures\" must be a list of one class name",
+            qs_log_error(c->fn, "%s/%s: \"architectures\" must be a list of one class name",
                          c->where, c->file);
             return CVT_ERR_CONFIG;
         }
         snprintf(cfg->architectures0, sizeof cfg->architectures0, "%s", archs->child->valuestring);
-        for (size_t i = 0; i < N_ARCH; i++)
-            if (strcmp(archs->child->valuestring, arch_table[i].cls) == 0)
-                from_cls = (int)arch_table[i].arch;
-        if (!from_cls) {
-            qs_log_error("cvt_config_parse", "%s/%s: architecture \"%.60s\" is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM)",
-                         c->where, c->file, archs->child->valuestring);
+        if (!(from_cls = cvt_arch_by_hf_class(archs->child->valuestring))) {
+            cvt_arch_list(true, list, sizeof list);
+            qs_log_error(c->fn, "%s/%s: architecture \"%.60s\" is not supported (supported: %s)",
+                         c->where, c->file, archs->child->valuestring, list);
             return CVT_ERR_UNSUPPORTED;
         }
     }
     if (mtv && !cJSON_IsNull(mtv)) {
-        CVT_TRY(get_str(c, o, "model_type", false, mt, sizeof mt));
-        for (size_t i = 0; i < N_ARCH; i++)
-            if (strcmp(mt, arch_table[i].model_type) == 0)
-                from_mt = (int)arch_table[i].arch;
-        if (!from_mt) {
-            qs_log_error("cvt_config_parse", "%s/%s: model_type \"%s\" is not supported (supported: llama, mistral, qwen2, mixtral)",
-                         c->where, c->file, mt);
+        CVT_TRY_JSON(qs_json_string(c, o, "model_type", false, mt, sizeof mt));
+        if (!(from_mt = cvt_arch_by_model_type(mt))) {
+            cvt_arch_list(false, list, sizeof list);
+            qs_log_error(c->fn, "%s/%s: model_type \"%s\" is not supported (supported: %s)",
+                         c->where, c->file, mt, list);
             return CVT_ERR_UNSUPPORTED;
         }
     }
     if (!from_cls && !from_mt) {
-        qs_log_error("cvt_config_parse", "%s/%s: neither \"architectures\" nor \"model_type\" names the model",
+        qs_log_error(c->fn, "%s/%s: neither \"architectures\" nor \"model_type\" names the model",
                      c->where, c->file);
         return CVT_ERR_CONFIG;
     }
     if (from_cls && from_mt && from_cls != from_mt) {
-        qs_log_error("cvt_config_parse", "%s/%s: architectures (%s) and model_type (%s) disagree", c->where,
+        qs_log_error(c->fn, "%s/%s: architectures (%s) and model_type (%s) disagree", c->where,
                      c->file, cfg->architectures0, mt);
         return CVT_ERR_CONFIG;
     }
-    cfg->arch = (enum cvt_arch)(from_cls ? from_cls : from_mt);
+    cfg->arch = from_cls ? from_cls : from_mt;
     return CVT_ERR_NONE;
-}
-
-static enum cvt_err parse_rope_scaling(const struct jctx *c, const cJSON *o, struct cvt_hf_config *cfg)
-{
-    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(o, "rope_scaling");
-    cfg->rope_scaling.type = CVT_ROPE_NONE;
-    if (!rs || cJSON_IsNull(rs))
-        return CVT_ERR_NONE;
-    if (!cJSON_IsObject(rs)) {
-        qs_log_error("cvt_config_parse", "%s/%s: \"rope_scaling\" must be null or an object", c->where, c->file);
-        return CVT_ERR_CONFIG;
-    }
-    struct jctx rc = {c->where, "config.json rope_scaling"};
-    char type[32], type2[32];
-    CVT_TRY(get_str(&rc, rs, "rope_type", true, type, sizeof type));
-    CVT_TRY(get_str(&rc, rs, "type", true, type2, sizeof type2));
-    if (!type[0])
-        memcpy(type, type2, sizeof type);
-    else if (type2[0] && strcmp(type, type2) != 0) {
-        qs_log_error("cvt_config_parse", "%s/%s: rope_scaling rope_type \"%s\" and type \"%s\" disagree",
-                     c->where, c->file, type, type2);
-        return CVT_ERR_CONFIG;
-    }
-    if (!type[0] || strcmp(type, "default") == 0)
-        return CVT_ERR_NONE;
-    if (strcmp(type, "linear") == 0) {
-        cfg->rope_scaling.type = CVT_ROPE_LINEAR;
-        CVT_TRY(get_double(&rc, rs, "factor", 0.0, 0.0, 1e6, &cfg->rope_scaling.factor));
-        if (cfg->rope_scaling.factor <= 0.0) {
-            qs_log_error("cvt_config_parse", "%s/%s: linear rope_scaling needs \"factor\" > 0", c->where, c->file);
-            return CVT_ERR_CONFIG;
-        }
-        return CVT_ERR_NONE;
-    }
-    if (strcmp(type, "llama3") == 0) {
-        cfg->rope_scaling.type = CVT_ROPE_LLAMA3;
-        CVT_TRY(get_double(&rc, rs, "factor", 0.0, 0.0, 1e6, &cfg->rope_scaling.factor));
-        CVT_TRY(get_double(&rc, rs, "low_freq_factor", 0.0, 0.0, 1e6, &cfg->rope_scaling.low_freq_factor));
-        CVT_TRY(get_double(&rc, rs, "high_freq_factor", 0.0, 0.0, 1e6, &cfg->rope_scaling.high_freq_factor));
-        CVT_TRY(get_int(&rc, rs, "original_max_position_embeddings", true, 0, 1, 1ll << 30,
-                        &cfg->rope_scaling.original_max_position_embeddings));
-        if (cfg->rope_scaling.factor <= 0.0 || cfg->rope_scaling.low_freq_factor <= 0.0 ||
-            !(cfg->rope_scaling.high_freq_factor > cfg->rope_scaling.low_freq_factor)) {
-            qs_log_error("cvt_config_parse", "%s/%s: llama3 rope_scaling needs factor > 0 and high_freq_factor > low_freq_factor > 0 (got %g, %g, %g)",
-                         c->where, c->file, cfg->rope_scaling.factor, cfg->rope_scaling.low_freq_factor,
-                         cfg->rope_scaling.high_freq_factor);
-            return CVT_ERR_CONFIG;
-        }
-        return CVT_ERR_NONE;
-    }
-    qs_log_error("cvt_config_parse", "%s/%s: rope_scaling type \"%s\" is not supported (supported: linear, llama3)",
-                 c->where, c->file, type);
-    return CVT_ERR_UNSUPPORTED;
 }
 
 /* --- quant config ---------------------------------------------------------------------------- */
@@ -369,12 +131,12 @@ struct qparams {
 };
 
 /* Read the spellings of one quant config object (AWQ-FORMATS 2.1, 2.2). */
-static enum cvt_err read_qparams(const struct jctx *c, const cJSON *o, bool is_quantize_config,
+static enum cvt_err read_qparams(const struct qs_json_ctx *c, const cJSON *o, bool is_quantize_config,
                                  struct qparams *q)
 {
     memset(q, 0, sizeof *q);
     q->present = true;
-    CVT_TRY(get_str(c, o, "quant_method", true, q->quant_method, sizeof q->quant_method));
+    CVT_TRY_JSON(qs_json_string(c, o, "quant_method", true, q->quant_method, sizeof q->quant_method));
     if (q->quant_method[0] && strcmp(q->quant_method, "awq") != 0) {
         qs_log_error("cvt_config_parse", "%s/%s: quant_method \"%s\" is not AWQ: only AutoAWQ/llm-awq checkpoints (quant_method \"awq\") are supported",
                      c->where, c->file, q->quant_method);
@@ -388,26 +150,26 @@ static enum cvt_err read_qparams(const struct jctx *c, const cJSON *o, bool is_q
         return CVT_ERR_UNSUPPORTED;
     }
     int64_t b1, b2, g1, g2;
-    CVT_TRY(get_int(c, o, "bits", false, -1, 1, 64, &b1));
-    CVT_TRY(get_int(c, o, "w_bit", false, -1, 1, 64, &b2));
+    CVT_TRY_JSON(qs_json_int(c, o, "bits", false, -1, 1, 64, &b1));
+    CVT_TRY_JSON(qs_json_int(c, o, "w_bit", false, -1, 1, 64, &b2));
     if (b1 > 0 && b2 > 0 && b1 != b2) {
         qs_log_error("cvt_config_parse", "%s/%s: \"bits\" %lld and \"w_bit\" %lld disagree", c->where, c->file,
                      (long long)b1, (long long)b2);
         return CVT_ERR_CONFIG;
     }
     q->bits = b1 > 0 ? b1 : b2;
-    CVT_TRY(get_int(c, o, "group_size", false, 0, -1, 1 << 20, &g1));
-    CVT_TRY(get_int(c, o, "q_group_size", false, 0, -1, 1 << 20, &g2));
+    CVT_TRY_JSON(qs_json_int(c, o, "group_size", false, 0, -1, 1 << 20, &g1));
+    CVT_TRY_JSON(qs_json_int(c, o, "q_group_size", false, 0, -1, 1 << 20, &g2));
     if (g1 && g2 && g1 != g2) {
         qs_log_error("cvt_config_parse", "%s/%s: \"group_size\" %lld and \"q_group_size\" %lld disagree",
                      c->where, c->file, (long long)g1, (long long)g2);
         return CVT_ERR_CONFIG;
     }
     q->group = g1 ? g1 : g2;
-    CVT_TRY(get_bool(c, o, "zero_point", true, &q->zero_point));
-    CVT_TRY(get_str(c, o, "version", true, q->version, sizeof q->version));
-    CVT_TRY(get_str(c, o, "format", true, q->format, sizeof q->format));
-    CVT_TRY(get_str(c, o, "backend", true, q->backend, sizeof q->backend));
+    CVT_TRY_JSON(qs_json_bool(c, o, "zero_point", true, &q->zero_point));
+    CVT_TRY_JSON(qs_json_string(c, o, "version", true, q->version, sizeof q->version));
+    CVT_TRY_JSON(qs_json_string(c, o, "format", true, q->format, sizeof q->format));
+    CVT_TRY_JSON(qs_json_string(c, o, "backend", true, q->backend, sizeof q->backend));
     q->skip = cJSON_GetObjectItemCaseSensitive(o, "modules_to_not_convert");
     if (q->bits <= 0) {
         qs_log_error("cvt_config_parse", "%s/%s: no bit width (\"bits\" or \"w_bit\")", c->where, c->file);
@@ -421,7 +183,7 @@ static enum cvt_err read_qparams(const struct jctx *c, const cJSON *o, bool is_q
 }
 
 /* Which variants a version/format/backend string allows (AWQ-FORMATS 0.1, 2.2, 3). */
-static enum cvt_err variant_mask(const struct jctx *c, const struct qparams *q, enum cvt_qcfg_file from,
+static enum cvt_err variant_mask(const struct qs_json_ctx *c, const struct qparams *q, enum cvt_qcfg_file from,
                                  unsigned *mask)
 {
     const char *v = q->format[0] ? q->format : q->version;
@@ -463,7 +225,7 @@ static enum cvt_err variant_mask(const struct jctx *c, const struct qparams *q, 
     return CVT_ERR_UNSUPPORTED;
 }
 
-static enum cvt_err fill_quant(const struct jctx *c, const struct qparams *q, enum cvt_qcfg_file from,
+static enum cvt_err fill_quant(const struct qs_json_ctx *c, const struct qparams *q, enum cvt_qcfg_file from,
                                struct cvt_hf_config *cfg)
 {
     if (q->bits != 4) {
@@ -532,20 +294,20 @@ static enum cvt_err check_agree(const char *where, const struct qparams *a, cons
     return CVT_ERR_NONE;
 }
 
-static enum cvt_err parse_model(const struct jctx *c, const cJSON *o, struct cvt_hf_config *cfg)
+static enum cvt_err parse_model(const struct qs_json_ctx *c, const cJSON *o, struct cvt_hf_config *cfg)
 {
     CVT_TRY(parse_arch(c, o, cfg));
-    const enum cvt_arch a = cfg->arch;
-    CVT_TRY(get_int(c, o, "hidden_size", true, 0, 1, CFG_MAX_DIM, &cfg->hidden_size));
-    CVT_TRY(get_int(c, o, "intermediate_size", true, 0, 1, CFG_MAX_DIM, &cfg->intermediate_size));
-    CVT_TRY(get_int(c, o, "num_hidden_layers", true, 0, 1, 4096, &cfg->num_hidden_layers));
-    CVT_TRY(get_int(c, o, "num_attention_heads", true, 0, 1, 65536, &cfg->num_attention_heads));
-    CVT_TRY(get_int(c, o, "num_key_value_heads", false, cfg->num_attention_heads, 1, 65536,
+    const struct cvt_arch *a = cfg->arch;
+    CVT_TRY_JSON(qs_json_int(c, o, "hidden_size", true, 0, 1, CFG_MAX_DIM, &cfg->hidden_size));
+    CVT_TRY_JSON(qs_json_int(c, o, "intermediate_size", true, 0, 1, CFG_MAX_DIM, &cfg->intermediate_size));
+    CVT_TRY_JSON(qs_json_int(c, o, "num_hidden_layers", true, 0, 1, 4096, &cfg->num_hidden_layers));
+    CVT_TRY_JSON(qs_json_int(c, o, "num_attention_heads", true, 0, 1, 65536, &cfg->num_attention_heads));
+    CVT_TRY_JSON(qs_json_int(c, o, "num_key_value_heads", false, cfg->num_attention_heads, 1, 65536,
                     &cfg->num_key_value_heads));
-    CVT_TRY(get_int(c, o, "vocab_size", true, 0, 1, CFG_MAX_VOCAB, &cfg->vocab_size));
+    CVT_TRY_JSON(qs_json_int(c, o, "vocab_size", true, 0, 1, CFG_MAX_VOCAB, &cfg->vocab_size));
     const int64_t H = cfg->hidden_size, nq = cfg->num_attention_heads, nkv = cfg->num_key_value_heads;
     int64_t hd_def = H % nq == 0 ? H / nq : 0;
-    CVT_TRY(get_int(c, o, "head_dim", false, hd_def, 1, 65536, &cfg->head_dim));
+    CVT_TRY_JSON(qs_json_int(c, o, "head_dim", false, hd_def, 1, 65536, &cfg->head_dim));
     if (cfg->head_dim == 0) {
         qs_log_error("cvt_config_parse", "%s/%s: hidden_size %lld is not a multiple of num_attention_heads %lld and no head_dim is given",
                      c->where, c->file, (long long)H, (long long)nq);
@@ -561,79 +323,36 @@ static enum cvt_err parse_model(const struct jctx *c, const cJSON *o, struct cvt
                      c->file, (long long)cfg->head_dim);
         return CVT_ERR_CONFIG;
     }
-    CVT_TRY(get_double(c, o, "rms_norm_eps", 1e-6, 0.0, 1.0, &cfg->rms_norm_eps));
-    CVT_TRY(get_double(c, o, "rope_theta", a == CVT_ARCH_MIXTRAL ? 1e6 : 10000.0, 0.0, 1e12, &cfg->rope_theta));
-    CVT_TRY(parse_rope_scaling(c, o, cfg));
-    int64_t mpe_def = a == CVT_ARCH_LLAMA ? 2048 : a == CVT_ARCH_QWEN2 ? 32768 : 131072;
-    CVT_TRY(get_int(c, o, "max_position_embeddings", false, mpe_def, 1, 1ll << 30, &cfg->max_position_embeddings));
-    CVT_TRY(get_bool(c, o, "tie_word_embeddings", false, &cfg->tie_word_embeddings));
+    CVT_TRY_JSON(qs_json_number(c, o, "rms_norm_eps", false, 1e-6, 0.0, 1.0, &cfg->rms_norm_eps));
+    CVT_TRY_JSON(qs_json_number(c, o, "rope_theta", false, a->rope_theta, 0.0, 1e12, &cfg->rope_theta));
+    CVT_TRY_JSON(qs_json_rope_scaling(c, o, &cfg->rope_scaling));
+    CVT_TRY_JSON(qs_json_int(c, o, "max_position_embeddings", false, a->max_position_embeddings, 1, 1ll << 30, &cfg->max_position_embeddings));
+    CVT_TRY_JSON(qs_json_bool(c, o, "tie_word_embeddings", false, &cfg->tie_word_embeddings));
 
-    /* hidden_act: SiLU-gated MLPs only. */
+    /* hidden_act: the family's activation only */
     char act[32];
-    CVT_TRY(get_str(c, o, "hidden_act", false, act, sizeof act));
-    if (act[0] && strcmp(act, "silu") != 0) {
-        qs_log_error("cvt_config_parse", "%s/%s: hidden_act \"%s\" is not supported (silu only)", c->where, c->file, act);
+    CVT_TRY_JSON(qs_json_string(c, o, "hidden_act", false, act, sizeof act));
+    if (act[0] && strcmp(act, a->hidden_act) != 0) {
+        qs_log_error(c->fn, "%s/%s: hidden_act \"%s\" is not supported (%s only)", c->where,
+                     c->file, act, a->hidden_act);
         return CVT_ERR_UNSUPPORTED;
     }
 
-    /* Sliding window (PITFALLS P18). */
-    int64_t sw = 0;
-    if (a == CVT_ARCH_MISTRAL || a == CVT_ARCH_MIXTRAL) {
-        CVT_TRY(get_int(c, o, "sliding_window", false, 0, 1, 1ll << 30, &sw));
-    } else if (a == CVT_ARCH_QWEN2) {
-        bool use_sw = false;
-        CVT_TRY(get_bool(c, o, "use_sliding_window", false, &use_sw));
-        if (use_sw) {
-            int64_t mwl;
-            CVT_TRY(get_int(c, o, "sliding_window", false, 4096, 1, 1ll << 30, &sw));
-            CVT_TRY(get_int(c, o, "max_window_layers", false, 28, 0, 4096, &mwl));
-            if (mwl >= cfg->num_hidden_layers) {
-                sw = 0; /* every layer below max_window_layers uses full attention */
-            } else if (mwl != 0) {
-                qs_log_error("cvt_config_parse", "%s/%s: Qwen2 use_sliding_window with max_window_layers %lld < num_hidden_layers %lld (per-layer windows) is not supported",
-                             c->where, c->file, (long long)mwl, (long long)cfg->num_hidden_layers);
-                return CVT_ERR_UNSUPPORTED;
-            }
-        }
-    }
-    cfg->sliding_window = sw;
-
-    /* Biases. */
-    if (a == CVT_ARCH_QWEN2) {
-        cfg->qkv_bias = true;
-        cfg->o_bias = false;
-    } else if (a == CVT_ARCH_LLAMA) {
-        bool ab = false, mb = false;
-        CVT_TRY(get_bool(c, o, "attention_bias", false, &ab));
-        CVT_TRY(get_bool(c, o, "mlp_bias", false, &mb));
-        if (mb) {
-            qs_log_error("cvt_config_parse", "%s/%s: mlp_bias true is not supported", c->where, c->file);
-            return CVT_ERR_UNSUPPORTED;
-        }
-        cfg->qkv_bias = cfg->o_bias = ab;
-    }
-
-    if (a == CVT_ARCH_MIXTRAL) {
-        CVT_TRY(get_int(c, o, "num_local_experts", false, 8, 1, 1024, &cfg->num_local_experts));
-        CVT_TRY(get_int(c, o, "num_experts_per_tok", false, 2, 1, 1024, &cfg->num_experts_per_tok));
-        if (cfg->num_experts_per_tok > cfg->num_local_experts) {
-            qs_log_error("cvt_config_parse", "%s/%s: num_experts_per_tok %lld > num_local_experts %lld", c->where,
-                         c->file, (long long)cfg->num_experts_per_tok, (long long)cfg->num_local_experts);
-            return CVT_ERR_CONFIG;
-        }
-    }
+    /* the family's own keys: sliding window, biases, experts */
+    if (a->read_keys)
+        CVT_TRY(a->read_keys(c, o, cfg));
 
     int64_t bos;
-    CVT_TRY(get_int(c, o, "bos_token_id", false, -1, 0, CFG_MAX_VOCAB - 1, &bos));
+    CVT_TRY_JSON(qs_json_int(c, o, "bos_token_id", false, -1, 0, CFG_MAX_VOCAB - 1, &bos));
     if (bos >= 0) {
         cfg->has_bos = true;
         cfg->bos_token_id = bos;
     }
-    CVT_TRY(add_eos(c, o, cfg));
+    CVT_TRY_JSON(qs_json_eos_ids(c, o, cfg->vocab_size, cfg->eos_token_id, CVT_MAX_EOS, &cfg->n_eos));
 
-    CVT_TRY(get_str(c, o, "torch_dtype", false, cfg->torch_dtype, sizeof cfg->torch_dtype));
+    CVT_TRY_JSON(qs_json_string(c, o, "torch_dtype", false, cfg->torch_dtype, sizeof cfg->torch_dtype));
     if (!cfg->torch_dtype[0])
-        CVT_TRY(get_str(c, o, "dtype", false, cfg->torch_dtype, sizeof cfg->torch_dtype));
+        CVT_TRY_JSON(qs_json_string(c, o, "dtype", false, cfg->torch_dtype, sizeof cfg->torch_dtype));
     return CVT_ERR_NONE;
 }
 
@@ -662,13 +381,15 @@ enum cvt_err cvt_config_parse(const char *where,
     struct qparams qc = {0}, qq = {0}, qz = {0};
     memset(cfg, 0, sizeof *cfg);
 
-    struct jctx cc = {where, "config.json"}, cq = {where, "quant_config.json"},
-                cz = {where, "quantize_config.json"}, cg = {where, "generation_config.json"};
+    const char *fn = "cvt_config_parse";
+    struct qs_json_ctx cc = {fn, where, "config.json"}, cq = {fn, where, "quant_config.json"},
+                       cz = {fn, where, "quantize_config.json"},
+                       cg = {fn, where, "generation_config.json"};
     if (!config_json) {
         qs_log_error(__func__, "%s: config.json is missing", where);
         return CVT_ERR_CONFIG;
     }
-    if (!(jc = parse_obj(&cc, config_json, config_size, &err)))
+    if ((err = cvt_from_json(qs_json_parse_object(&cc, config_json, config_size, &jc))))
         goto out_err;
     if ((err = parse_model(&cc, jc, cfg)))
         goto out_err;
@@ -685,7 +406,7 @@ enum cvt_err cvt_config_parse(const char *where,
             err = CVT_ERR_CONFIG;
             goto out_err;
         }
-        struct jctx cqc = {where, "config.json quantization_config"};
+        struct qs_json_ctx cqc = {fn, where, "config.json quantization_config"};
         if (!cJSON_GetObjectItemCaseSensitive(qcj, "quant_method")) {
             qs_log_error(__func__, "%s/config.json: quantization_config has no \"quant_method\"", where);
             err = CVT_ERR_CONFIG;
@@ -695,12 +416,12 @@ enum cvt_err cvt_config_parse(const char *where,
             goto out_err;
     }
     if (quant_config_json) {
-        if (!(jq = parse_obj(&cq, quant_config_json, quant_config_size, &err)) ||
+        if ((err = cvt_from_json(qs_json_parse_object(&cq, quant_config_json, quant_config_size, &jq))) ||
             (err = read_qparams(&cq, jq, false, &qq)))
             goto out_err;
     }
     if (quantize_config_json) {
-        if (!(jz = parse_obj(&cz, quantize_config_json, quantize_config_size, &err)) ||
+        if ((err = cvt_from_json(qs_json_parse_object(&cz, quantize_config_json, quantize_config_size, &jz))) ||
             (err = read_qparams(&cz, jz, true, &qz)))
             goto out_err;
     }
@@ -720,28 +441,21 @@ enum cvt_err cvt_config_parse(const char *where,
         goto out_err;
 
     if (generation_config_json) {
-        if (!(jg = parse_obj(&cg, generation_config_json, generation_config_size, &err)))
+        if ((err = cvt_from_json(qs_json_parse_object(&cg, generation_config_json, generation_config_size, &jg))))
             goto out_err;
         int64_t bos;
-        if ((err = get_int(&cg, jg, "bos_token_id", false, -1, 0, CFG_MAX_VOCAB - 1, &bos)))
+        if ((err = cvt_from_json(qs_json_int(&cg, jg, "bos_token_id", false, -1, 0, CFG_MAX_VOCAB - 1, &bos))))
             goto out_err;
         if (bos >= 0) {
             cfg->has_bos = true;
             cfg->bos_token_id = bos;
         }
-        if ((err = add_eos(&cg, jg, cfg)))
+        if ((err = cvt_from_json(qs_json_eos_ids(&cg, jg, cfg->vocab_size, cfg->eos_token_id, CVT_MAX_EOS, &cfg->n_eos))))
             goto out_err;
         if ((err = dup_text(generation_config_json, generation_config_size, &cfg->generation_config_json,
                             &cfg->generation_config_json_size)))
             goto out_err;
     }
-    for (int i = 0; i < cfg->n_eos; i++)
-        if (cfg->eos_token_id[i] >= cfg->vocab_size) {
-            qs_log_error(__func__, "%s: eos_token_id %lld is outside the vocabulary (vocab_size %lld)", where,
-                         (long long)cfg->eos_token_id[i], (long long)cfg->vocab_size);
-            err = CVT_ERR_CONFIG;
-            goto out_err;
-        }
     if (cfg->has_bos && cfg->bos_token_id >= cfg->vocab_size) {
         qs_log_error(__func__, "%s: bos_token_id %lld is outside the vocabulary (vocab_size %lld)", where,
                      (long long)cfg->bos_token_id, (long long)cfg->vocab_size);

@@ -38,7 +38,7 @@
  * grow with the tensor.
  *
  * Test: build/test_cvt (test_fast_vs_generic: every fixture at every tp byte-identical to the
- * generic path, QSHARD_CVT_NO_FAST=1; goldens and twins; QSHARD_CVT_TEST_CORRUPT caught).
+ * generic path, --debug-no-fast-path; goldens and twins; the corrupt_output hook caught).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -485,7 +485,7 @@ enum cvt_fast_rc cvt_fast_w4_chunk(const struct cvt_source *src, const struct cv
                 if (r % G == 0 && !pack_group(sg, jst, jwt, r, s, z))
                     goto out; /* a bad scale: the generic path names it */
                 if (corrupt_first && r == 0 && nt == 0)
-                    q[0] ^= 1; /* QSHARD_CVT_TEST_CORRUPT: stands in for a packing bug */
+                    q[0] ^= 1; /* hooks corrupt_output: stands in for a packing bug */
                 if (!check)
                     continue;
                 if (ref_dequant_w4(q, z, s, (int)P, 64, (int)P, b->our_dq)) {

@@ -4,12 +4,15 @@
  * the tensors in the files.
  *
  * Entry points: cvt_dims_from_hf, cvt_plan_build, cvt_plan_free, cvt_plan_find,
- * cvt_plan_valid_tp, cvt_plan_print (declared in cvt.h).
+ * cvt_plan_valid_tp (declared in cvt.h); the --dry-run printout is cvt_plan_print.c.
  *
- * The one name table is `linear_table` below plus the fixed float tensors in plan_model(): every
- * source name the model may contain is generated from it; a file name that was not generated is
- * an error (except rotary `inv_freq` buffers, ignored by name), a generated name the model needs
- * that the files lack is an error.
+ * The names come from the architecture descriptor (convert/cvt_arch.h): its HF names are the
+ * only source names the model may contain (plus the fixed suffixes of a linear: .qweight /
+ * .qzeros / .scales / .scaled_zeros, .weight, .bias); a file name that was not generated from it
+ * is an error (except the buffers its IGNORE steps name), a generated name the model needs that
+ * the files lack is an error. Output names are format/fmt_names.h roles. The descriptor's steps
+ * are planned in order, which is the rank file's tensor order: embedding, lm_head, final norm,
+ * then per layer the descriptor's steps.
  *
  * Split rules (DESIGN 5; vLLM QKVParallelLinear / MergedColumnParallelLinear / RowParallelLinear,
  * AWQ-FORMATS.md section 5):
@@ -33,7 +36,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qs_log.h" /* qs_log_error, qs_log_warn */
+#include "cvt_arch.h"  /* struct cvt_arch: the family's tensors and splits */
+#include "fmt_names.h" /* fmt_name, FMT_SUFFIX_* */
+#include "qs_log.h"    /* qs_log_error, qs_log_warn */
 
 /* --- small helpers ------------------------------------------------------------------------ */
 
@@ -154,28 +159,94 @@ static bool w4_shape_ok(int64_t K, int64_t N, int64_t K_src, int64_t Gs, int64_t
     return true;
 }
 
+/* Rank r's share of axis a (DESIGN 5) for tp: source range [start, start + count) (count <= 0:
+ * all padding) in a per-rank width. */
+struct tp_geom {
+    const struct cvt_dims *d;
+    int tp, nq_r, nkv_r, rep;
+    int64_t I_r;
+};
+
+static int64_t axis_full(const struct cvt_dims *d, enum cvt_axis a)
+{
+    switch (a) {
+    case CVT_AXIS_HIDDEN: return d->hidden;
+    case CVT_AXIS_Q: return (int64_t)d->n_heads * d->head_dim;
+    case CVT_AXIS_KV: return (int64_t)d->n_kv_heads * d->head_dim;
+    case CVT_AXIS_INTER: return d->intermediate;
+    }
+    return 0;
+}
+
+static void axis_slice(const struct tp_geom *g, enum cvt_axis a, int r, int64_t *start,
+                       int64_t *count, int64_t *width)
+{
+    const int64_t hd = g->d->head_dim;
+    switch (a) {
+    case CVT_AXIS_Q:
+        *width = *count = g->nq_r * hd;
+        *start = r * *width;
+        return;
+    case CVT_AXIS_KV: /* kv head r / replicas when tp > kv heads */
+        *width = *count = g->nkv_r * hd;
+        *start = (g->tp <= g->d->n_kv_heads ? (int64_t)r * g->nkv_r : r / g->rep) * hd;
+        return;
+    case CVT_AXIS_INTER:
+        *width = g->I_r;
+        *start = r * g->I_r;
+        *count = min64(g->I_r, g->d->intermediate - *start);
+        return;
+    case CVT_AXIS_HIDDEN: break;
+    }
+    *start = 0;
+    *width = *count = axis_full(g->d, a);
+}
+
+/* The shape rule of linear output `lin` on every rank of tp (DESIGN 4, assuming it is
+ * quantized): the same rules emit_column / emit_row apply. */
+static bool linear_tp_ok(const struct tp_geom *g, const struct cvt_arch_linear *lin, char *why,
+                         size_t n_why)
+{
+    const struct cvt_dims *d = g->d;
+    char what[160];
+    if (!fmt_name(what, sizeof(what), lin->role, 0, 0, NULL))
+        snprintf(what, sizeof(what), "role %d", (int)lin->role);
+    int64_t K = axis_full(d, lin->parts[0].k), Gs = src_group(d, K);
+    if (lin->split == FMT_SPLIT_COLUMN) {
+        int64_t N = 0, st, cnt, w;
+        for (int i = 0; i < lin->n_parts; i++) {
+            axis_slice(g, lin->parts[i].n, 0, &st, &cnt, &w);
+            N += w;
+        }
+        return w4_shape_ok(K, N, K, Gs, local_group(Gs, K, 0, 0, K), what, why, n_why);
+    }
+    int64_t N = axis_full(d, lin->parts[0].n);
+    for (int r = 0; r < g->tp; r++) { /* each rank's slice start and real row count */
+        int64_t k0, n_k, K_r;
+        axis_slice(g, lin->parts[0].k, r, &k0, &n_k, &K_r);
+        if (!w4_shape_ok(K_r, N, K, Gs, local_group(Gs, K_r, k0, 0, n_k), what, why, n_why))
+            return false;
+    }
+    return true;
+}
+
 /* Every rule for tp assuming all decoder linears are quantized (the config-level view). */
 static bool tp_ok(const struct cvt_dims *d, int tp, char *why, size_t n_why)
 {
-    int nq_r, nkv_r, rep;
-    if (!tp_heads_ok(d, tp, &nq_r, &nkv_r, &rep, why, n_why))
+    struct tp_geom g = {d, tp, 0, 0, 0, 0};
+    if (!d->arch) {
+        snprintf(why, n_why, "no architecture");
         return false;
-    int64_t hd = d->head_dim, H = d->hidden, I = d->intermediate, U = inter_unit(d);
-    int64_t I_r = ceil_div(I, U * tp) * U, K_o = nq_r * hd;
-    int64_t G_h = src_group(d, H), G_o = src_group(d, d->n_heads * hd), G_i = src_group(d, I);
-    if (!w4_shape_ok(H, (nq_r + 2 * (int64_t)nkv_r) * hd, H, G_h, local_group(G_h, H, 0, 0, H),
-                     "self_attn.qkv_proj", why, n_why) ||
-        !w4_shape_ok(K_o, H, d->n_heads * hd, G_o, local_group(G_o, K_o, K_o, 0, K_o),
-                     "self_attn.o_proj", why, n_why) ||
-        !w4_shape_ok(H, 2 * I_r, H, G_h, local_group(G_h, H, 0, 0, H), "mlp.gate_up_proj", why,
-                     n_why))
+    }
+    if (!tp_heads_ok(d, tp, &g.nq_r, &g.nkv_r, &g.rep, why, n_why))
         return false;
-    /* down_proj: every rank's slice start and real row count (the same rule emit_row applies) */
-    for (int r = 0; r < tp; r++) {
-        int64_t k0 = r * I_r, n_k = min64(I_r, I - k0);
-        if (!w4_shape_ok(I_r, H, I, G_i, local_group(G_i, I_r, k0, 0, n_k), "mlp.down_proj", why,
-                         n_why))
-            return false;
+    int64_t U = inter_unit(d);
+    g.I_r = ceil_div(d->intermediate, U * tp) * U;
+    for (int s = 0; s < d->arch->n_steps; s++) {
+        const struct cvt_arch_step *st = &d->arch->steps[s];
+        for (int j = 0; st->op == CVT_ARCH_OP_LINEARS && j < st->n_linears; j++)
+            if (!linear_tp_ok(&g, &st->linears[j], why, n_why))
+                return false;
     }
     return true;
 }
@@ -238,8 +309,7 @@ enum cvt_err cvt_dims_from_hf(const struct cvt_hf_config *hf, struct cvt_dims *d
         return CVT_ERR_UNSUPPORTED;
     }
     d->tie_word_embeddings = hf->tie_word_embeddings;
-    d->qkv_bias = hf->qkv_bias;
-    d->o_bias = hf->o_bias;
+    d->bias_roles = hf->bias_roles;
     if (hf->quant.n_modules_to_not_convert > CVT_MAX_NOT_CONVERT) {
         qs_log_error(__func__, "modules_to_not_convert: at most %d entries supported, got %d",
                      CVT_MAX_NOT_CONVERT, hf->quant.n_modules_to_not_convert);
@@ -512,19 +582,19 @@ static enum cvt_err emit_column(struct builder *b, int r, const char *out_name, 
         if ((o = add_out(b, r, out_name, CVT_OUT_W4, K, N_out)))
             o->group = G_r;
     } else {
-        snprintf(nm, sizeof(nm), "%s.weight", out_name);
+        snprintf(nm, sizeof(nm), "%s" FMT_SUFFIX_WEIGHT, out_name);
         o = add_out(b, r, nm, CVT_OUT_LINEAR_F16, K, N_out);
     }
     if (!o)
         return CVT_ERR_NOMEM;
-    o->split = CVT_SPLIT_COLUMN;
+    o->split = FMT_SPLIT_COLUMN;
     for (int i = 0; i < n_pc; i++)
         add_seg(o, pc[i].l->src, 0, pc[i].c0, K, pc[i].n, 0, pc[i].dst);
     if (l0->bias) {
-        snprintf(nm, sizeof(nm), "%s.bias", out_name);
+        snprintf(nm, sizeof(nm), "%s" FMT_SUFFIX_BIAS, out_name);
         if (!(o = add_out(b, r, nm, CVT_OUT_VEC_F32, 1, N_out)))
             return CVT_ERR_NOMEM;
-        o->split = CVT_SPLIT_COLUMN;
+        o->split = FMT_SPLIT_COLUMN;
         for (int i = 0; i < n_pc; i++)
             add_seg(o, pc[i].l->src_bias, 0, pc[i].c0, 1, pc[i].n, 0, pc[i].dst);
     }
@@ -550,15 +620,15 @@ static enum cvt_err emit_row(struct builder *b, int r, const char *out_name, con
         if ((o = add_out(b, r, out_name, CVT_OUT_W4, K_out, l->N)))
             o->group = G_r;
     } else {
-        snprintf(nm, sizeof(nm), "%s.weight", out_name);
+        snprintf(nm, sizeof(nm), "%s" FMT_SUFFIX_WEIGHT, out_name);
         o = add_out(b, r, nm, CVT_OUT_LINEAR_F16, K_out, l->N);
     }
     if (!o)
         return CVT_ERR_NOMEM;
-    o->split = CVT_SPLIT_ROW;
+    o->split = FMT_SPLIT_ROW;
     add_seg(o, l->src, k0, 0, n_k, l->N, 0, 0);
     if (l->bias && r == 0) {
-        snprintf(nm, sizeof(nm), "%s.bias", out_name);
+        snprintf(nm, sizeof(nm), "%s" FMT_SUFFIX_BIAS, out_name);
         if (!(o = add_out(b, r, nm, CVT_OUT_VEC_F32, 1, l->N)))
             return CVT_ERR_NOMEM;
         add_seg(o, l->src_bias, 0, 0, 1, l->N, 0, 0);
@@ -566,21 +636,22 @@ static enum cvt_err emit_row(struct builder *b, int r, const char *out_name, con
     return CVT_ERR_NONE;
 }
 
-/* Replicated float tensor (norm weight, router) on every rank. */
-static enum cvt_err emit_replicated(struct builder *b, const char *name, int64_t rows,
-                                    int64_t cols)
+/* Replicated float tensor (norm weight, router) on every rank: source `src_name` -> output
+ * `out_name`. */
+static enum cvt_err emit_replicated(struct builder *b, const char *src_name, const char *out_name,
+                                    int64_t rows, int64_t cols)
 {
-    if (b->have_names && !set_take(&b->set, name)) {
+    if (b->have_names && !set_take(&b->set, src_name)) {
         qs_log_error(__func__, "tensor %s: missing: the model needs it (shape [%" PRId64
                                "%s%" PRId64 "]) and the files lack it",
-                     name, rows > 1 ? rows : cols, rows > 1 ? ", " : "", rows > 1 ? cols : 0);
+                     src_name, rows > 1 ? rows : cols, rows > 1 ? ", " : "", rows > 1 ? cols : 0);
         return CVT_ERR_MISSING_TENSOR;
     }
-    int s = add_src(b, name, CVT_SRC_FLOAT, rows, cols);
+    int s = add_src(b, src_name, CVT_SRC_FLOAT, rows, cols);
     if (s < 0)
         return CVT_ERR_NOMEM;
     for (int r = 0; r < b->p->tp; r++) {
-        struct cvt_out *o = add_out(b, r, name, CVT_OUT_VEC_F32, rows, cols);
+        struct cvt_out *o = add_out(b, r, out_name, CVT_OUT_VEC_F32, rows, cols);
         if (!o)
             return CVT_ERR_NOMEM;
         add_seg(o, s, 0, 0, rows, cols, 0, 0);
@@ -600,105 +671,181 @@ static enum cvt_err emit_vocab(struct builder *b, const char *out_name, const ch
         struct cvt_out *o = add_out(b, r, out_name, CVT_OUT_MAT_F16, V_r, H);
         if (!o)
             return CVT_ERR_NOMEM;
-        o->split = CVT_SPLIT_VOCAB;
+        o->split = FMT_SPLIT_VOCAB;
         int64_t r0 = (int64_t)r * V_r;
         add_seg(o, s, r0, 0, min64(V_r, V - r0), H, 0, 0);
     }
     return CVT_ERR_NONE;
 }
 
-/* Attention of layer i: q/k/v -> qkv_proj (column), o -> o_proj (row). */
-static enum cvt_err plan_attention(struct builder *b, int i)
+/* The plan's geometry (tp_geom) of its own split. */
+static struct tp_geom plan_geom(const struct cvt_plan *p)
 {
-    const struct cvt_plan *p = b->p;
-    const struct cvt_dims *d = &p->d;
-    int64_t H = d->hidden, hd = d->head_dim;
-    struct lin l[4];
-    static const char *const part[4] = {"q_proj", "k_proj", "v_proj", "o_proj"};
-    int64_t Ns[4] = {d->n_heads * hd, d->n_kv_heads * hd, d->n_kv_heads * hd, H};
-    int64_t Ks[4] = {H, H, H, d->n_heads * hd};
-    char mod[160], out[160];
-    enum cvt_err e;
-    for (int j = 0; j < 4; j++) {
-        snprintf(mod, sizeof(mod), "model.layers.%d.self_attn.%s", i, part[j]);
-        if ((e = lin_resolve(b, mod, Ks[j], Ns[j], j < 3 ? d->qkv_bias : d->o_bias, &l[j])))
-            return e;
-    }
-    snprintf(out, sizeof(out), "model.layers.%d.self_attn.qkv_proj", i);
-    if ((e = lin_group_check(l, 3, out)))
-        return e;
-    int64_t nq = p->heads_per_rank, nkv = p->kv_heads_per_rank;
-    for (int r = 0; r < p->tp; r++) {
-        int64_t kv0 = (int64_t)p->ranks[r].kv_head_first;
-        struct colpiece pc[3] = {
-            {&l[0], r * nq * hd, nq * hd, 0},
-            {&l[1], kv0 * hd, nkv * hd, nq * hd},
-            {&l[2], kv0 * hd, nkv * hd, (nq + nkv) * hd},
-        };
-        if ((e = emit_column(b, r, out, H, (nq + 2 * nkv) * hd, pc, 3)))
-            return e;
-    }
-    snprintf(out, sizeof(out), "model.layers.%d.self_attn.o_proj", i);
-    for (int r = 0; r < p->tp; r++)
-        if ((e = emit_row(b, r, out, &l[3], r * nq * hd, nq * hd, nq * hd)))
-            return e;
-    return CVT_ERR_NONE;
+    struct tp_geom g = {&p->d, p->tp, p->heads_per_rank, p->kv_heads_per_rank,
+                        p->kv_head_replicas, p->inter_per_rank};
+    return g;
 }
 
-/* Gated MLP: gate/up (or w1/w3) -> gate_up_proj, down (or w2) -> down_proj, under `base`. */
-static enum cvt_err plan_mlp(struct builder *b, const char *src_base, const char *out_base,
-                             const char *gate, const char *up, const char *down)
+/* Output `lin` of layer `layer` (expert `expert`, or -1) for every rank, from its parts l[]
+ * (resolved by lin_resolve): column-parallel parts side by side, or one row-parallel part. */
+static enum cvt_err emit_linear(struct builder *b, const struct cvt_arch_linear *lin,
+                                const struct lin *l, int layer, int expert)
 {
-    const struct cvt_plan *p = b->p;
-    int64_t H = p->d.hidden, I = p->d.intermediate, I_r = p->inter_per_rank;
-    struct lin l[3];
-    const char *names[3] = {gate, up, down};
-    char mod[200], out[200];
+    const struct tp_geom g = plan_geom(b->p);
+    char out[160];
     enum cvt_err e;
-    for (int j = 0; j < 3; j++) {
-        snprintf(mod, sizeof(mod), "%s.%s", src_base, names[j]);
-        if ((e = lin_resolve(b, mod, j < 2 ? H : I, j < 2 ? I : H, false, &l[j])))
-            return e;
+    if (!fmt_name(out, sizeof(out), lin->role, layer, expert, NULL)) {
+        qs_log_error(__func__, "layer %d: no canonical name for role %d", layer, (int)lin->role);
+        return CVT_ERR_CONFIG;
     }
-    snprintf(out, sizeof(out), "%s.gate_up_proj", out_base);
-    if ((e = lin_group_check(l, 2, out)))
+    if (lin->n_parts > 1 && (e = lin_group_check(l, lin->n_parts, out)))
         return e;
-    for (int r = 0; r < p->tp; r++) {
-        int64_t c0 = r * I_r, n = min64(I_r, I - c0);
-        struct colpiece pc[2] = {{&l[0], c0, n, 0}, {&l[1], c0, n, I_r}};
-        if ((e = emit_column(b, r, out, H, 2 * I_r, pc, 2)))
-            return e;
-    }
-    snprintf(out, sizeof(out), "%s.down_proj", out_base);
-    for (int r = 0; r < p->tp; r++) {
-        int64_t k0 = r * I_r;
-        if ((e = emit_row(b, r, out, &l[2], k0, min64(I_r, I - k0), I_r)))
+    if (l[0].bias)
+        b->p->bias_roles |= CVT_ROLE_BIT(lin->role);
+    for (int r = 0; r < b->p->tp; r++) {
+        int64_t st, cnt, w, dst = 0;
+        if (lin->split == FMT_SPLIT_ROW) {
+            axis_slice(&g, lin->parts[0].k, r, &st, &cnt, &w);
+            if ((e = emit_row(b, r, out, &l[0], st, cnt, w)))
+                return e;
+            continue;
+        }
+        struct colpiece pc[CVT_ARCH_MAX_PARTS];
+        for (int i = 0; i < lin->n_parts; i++) {
+            axis_slice(&g, lin->parts[i].n, r, &st, &cnt, &w);
+            pc[i] = (struct colpiece){&l[i], st, cnt, dst};
+            dst += w;
+        }
+        if ((e = emit_column(b, r, out, axis_full(&b->p->d, lin->parts[0].k), dst, pc,
+                             lin->n_parts)))
             return e;
     }
     return CVT_ERR_NONE;
 }
 
-/* Embedding, lm_head and tying (PITFALLS P08). */
+/* A LINEARS step of layer `layer` (expert `expert`, or -1): every part of every output looked up
+ * first (HF module = layer prefix + "." + part), then each output planned. */
+static enum cvt_err plan_linears(struct builder *b, const struct cvt_arch_step *st,
+                                 const char *prefix, int layer, int expert)
+{
+    const struct cvt_dims *d = &b->p->d;
+    struct lin l[CVT_ARCH_MAX_LINEARS][CVT_ARCH_MAX_PARTS];
+    char part[80], mod[160]; /* descriptor names: far below these sizes */
+    enum cvt_err e;
+    if (st->n_linears > CVT_ARCH_MAX_LINEARS) {
+        qs_log_error(__func__, "architecture %s: a step of %d linears (at most %d)",
+                     d->arch->name, st->n_linears, CVT_ARCH_MAX_LINEARS);
+        return CVT_ERR_CONFIG;
+    }
+    for (int j = 0; j < st->n_linears; j++) {
+        const struct cvt_arch_linear *lin = &st->linears[j];
+        bool bias = (d->bias_roles & CVT_ROLE_BIT(lin->role)) != 0;
+        for (int i = 0; i < lin->n_parts; i++) {
+            const struct cvt_arch_part *pt = &lin->parts[i];
+            snprintf(part, sizeof(part), pt->hf, expert);
+            snprintf(mod, sizeof(mod), "%.70s.%.70s", prefix, part);
+            if ((e = lin_resolve(b, mod, axis_full(d, pt->k), axis_full(d, pt->n), bias,
+                                 &l[j][i])))
+                return e;
+        }
+    }
+    for (int j = 0; j < st->n_linears; j++)
+        if ((e = emit_linear(b, &st->linears[j], l[j], layer, expert)))
+            return e;
+    return CVT_ERR_NONE;
+}
+
+/* A replicated float output of layer `layer` from HF tensor `hf` under `prefix`. */
+static enum cvt_err plan_layer_float(struct builder *b, const char *prefix, const char *hf,
+                                     enum fmt_name role, int layer, int64_t rows)
+{
+    char src[200], out[160];
+    snprintf(src, sizeof(src), "%s.%s", prefix, hf);
+    if (!fmt_name(out, sizeof(out), role, layer, -1, NULL)) {
+        qs_log_error(__func__, "layer %d: no canonical name for role %d", layer, (int)role);
+        return CVT_ERR_CONFIG;
+    }
+    return emit_replicated(b, src, out, rows, b->p->d.hidden);
+}
+
+/* A ROUTER step: `hf`.weight replicated as F32 [E, H]; a quantized router is refused. */
+static enum cvt_err plan_router(struct builder *b, const struct cvt_arch_step *st,
+                                const char *prefix, int layer)
+{
+    char nm[200];
+    if (b->have_names) {
+        snprintf(nm, sizeof(nm), "%s.%s" FMT_SUFFIX_QWEIGHT, prefix, st->hf);
+        if (set_has(&b->set, nm)) {
+            qs_log_error(__func__, "tensor %s: the MoE router must be float (never quantized, "
+                                   "replicated on every rank)",
+                         nm);
+            return CVT_ERR_UNSUPPORTED;
+        }
+    }
+    snprintf(nm, sizeof(nm), "%s" FMT_SUFFIX_WEIGHT, st->hf);
+    return plan_layer_float(b, prefix, nm, st->role, layer, b->p->d.n_experts);
+}
+
+/* One decoder layer: the descriptor's steps in order. */
+static enum cvt_err plan_layer(struct builder *b, int i)
+{
+    const struct cvt_dims *d = &b->p->d;
+    char prefix[160], nm[200];
+    enum cvt_err e = CVT_ERR_NONE;
+    snprintf(prefix, sizeof(prefix), d->arch->hf_layer, i);
+    for (int s = 0; s < d->arch->n_steps && !e; s++) {
+        const struct cvt_arch_step *st = &d->arch->steps[s];
+        switch (st->op) {
+        case CVT_ARCH_OP_NORM: e = plan_layer_float(b, prefix, st->hf, st->role, i, 1); break;
+        case CVT_ARCH_OP_IGNORE:
+            snprintf(nm, sizeof(nm), "%s.%s", prefix, st->hf);
+            if (b->have_names)
+                set_take(&b->set, nm);
+            break;
+        case CVT_ARCH_OP_ROUTER: e = plan_router(b, st, prefix, i); break;
+        case CVT_ARCH_OP_LINEARS:
+            if (!st->per_expert) {
+                e = plan_linears(b, st, prefix, i, -1);
+                break;
+            }
+            for (int x = 0; x < d->n_experts && !e; x++)
+                e = plan_linears(b, st, prefix, i, x);
+            break;
+        }
+    }
+    return e;
+}
+
+/* Embedding, lm_head and tying (PITFALLS P08): the HF modules of the descriptor -> FMT_N_EMBED
+ * and FMT_N_LM_HEAD. */
 static enum cvt_err plan_vocab(struct builder *b)
 {
     struct cvt_plan *p = b->p;
-    const char *emb = "model.embed_tokens.weight", *lm = "lm_head.weight";
-    static const char *const lmq[] = {"lm_head.qweight", "lm_head.qzeros", "lm_head.scales",
-                                      "lm_head.scaled_zeros", "lm_head.bias"};
+    const struct cvt_arch *a = p->d.arch;
+    char emb[160], lm[160], emb_out[160], lm_out[160], nm[200];
+    static const char *const lmq[] = {FMT_SUFFIX_QWEIGHT, FMT_SUFFIX_QZEROS, FMT_SUFFIX_SCALES,
+                                      ".scaled_zeros", FMT_SUFFIX_BIAS};
+    snprintf(emb, sizeof(emb), "%s" FMT_SUFFIX_WEIGHT, a->hf_embed);
+    snprintf(lm, sizeof(lm), "%s" FMT_SUFFIX_WEIGHT, a->hf_lm_head);
+    fmt_name(emb_out, sizeof(emb_out), FMT_N_EMBED, -1, -1, NULL);
+    fmt_name(lm_out, sizeof(lm_out), FMT_N_LM_HEAD, -1, -1, NULL);
     bool has_q = false;
     if (b->have_names)
-        for (size_t j = 0; j < sizeof(lmq) / sizeof(lmq[0]); j++)
-            has_q |= set_take(&b->set, lmq[j]);
+        for (size_t j = 0; j < sizeof(lmq) / sizeof(lmq[0]); j++) {
+            snprintf(nm, sizeof(nm), "%s%s", a->hf_lm_head, lmq[j]);
+            has_q |= set_take(&b->set, nm);
+        }
     if (!b->have_names) {
         p->has_lm_head = !p->d.tie_word_embeddings;
-        enum cvt_err e = emit_vocab(b, emb, emb);
-        return e ? e : p->has_lm_head ? emit_vocab(b, lm, lm) : CVT_ERR_NONE;
+        enum cvt_err e = emit_vocab(b, emb_out, emb);
+        return e ? e : p->has_lm_head ? emit_vocab(b, lm_out, lm) : CVT_ERR_NONE;
     }
     bool has_emb = set_take(&b->set, emb), has_lm = set_take(&b->set, lm);
     if (p->d.tie_word_embeddings) {
         if (has_q)
             qs_log_warn("tie_word_embeddings is true: ignoring the quantized lm_head "
-                        "(lm_head.qweight/scales/qzeros) found next to the tied embedding");
+                        "(%s.qweight/scales/qzeros) found next to the tied embedding",
+                        a->hf_lm_head);
         if (!has_emb && !has_lm) {
             qs_log_error(__func__, "tensor %s: missing: tie_word_embeddings is true and the files "
                                    "have neither %s nor %s",
@@ -708,11 +855,12 @@ static enum cvt_err plan_vocab(struct builder *b)
         p->has_lm_head = false;
         /* The shared table is stored once, as the embedding; a checkpoint that kept only the
          * lm_head name (AutoAWQ 0.2.7 tied Qwen2.5 exports) provides it under that name. */
-        return emit_vocab(b, emb, has_emb ? emb : lm);
+        return emit_vocab(b, emb_out, has_emb ? emb : lm);
     }
     if (has_q) {
-        qs_log_error(__func__, "tensor lm_head.qweight: a quantized lm_head is not supported "
-                               "(AWQ keeps lm_head in float; DESIGN 5 stores it as F16)");
+        qs_log_error(__func__, "tensor %s.qweight: a quantized lm_head is not supported "
+                               "(AWQ keeps lm_head in float; DESIGN 5 stores it as F16)",
+                     a->hf_lm_head);
         return CVT_ERR_UNSUPPORTED;
     }
     if (!has_emb || !has_lm) {
@@ -722,59 +870,23 @@ static enum cvt_err plan_vocab(struct builder *b)
         return CVT_ERR_MISSING_TENSOR;
     }
     p->has_lm_head = true;
-    enum cvt_err e = emit_vocab(b, emb, emb);
-    return e ? e : emit_vocab(b, lm, lm);
+    enum cvt_err e = emit_vocab(b, emb_out, emb);
+    return e ? e : emit_vocab(b, lm_out, lm);
 }
 
 static enum cvt_err plan_model(struct builder *b)
 {
     const struct cvt_dims *d = &b->p->d;
-    char nm[200], base[200], out[200];
+    char out[160];
     enum cvt_err e;
     if ((e = plan_vocab(b)))
         return e;
-    if ((e = emit_replicated(b, "model.norm.weight", 1, d->hidden)))
+    fmt_name(out, sizeof(out), FMT_N_FINAL_NORM, -1, -1, NULL);
+    if ((e = emit_replicated(b, d->arch->hf_final_norm, out, 1, d->hidden)))
         return e;
-    for (int i = 0; i < d->n_layers; i++) {
-        snprintf(nm, sizeof(nm), "model.layers.%d.input_layernorm.weight", i);
-        if ((e = emit_replicated(b, nm, 1, d->hidden)))
+    for (int i = 0; i < d->n_layers; i++)
+        if ((e = plan_layer(b, i)))
             return e;
-        snprintf(nm, sizeof(nm), "model.layers.%d.post_attention_layernorm.weight", i);
-        if ((e = emit_replicated(b, nm, 1, d->hidden)))
-            return e;
-        if ((e = plan_attention(b, i)))
-            return e;
-        /* Old (transformers < 4.31) checkpoints carry rotary inv_freq buffers: ignored. */
-        snprintf(nm, sizeof(nm), "model.layers.%d.self_attn.rotary_emb.inv_freq", i);
-        if (b->have_names)
-            set_take(&b->set, nm);
-        if (d->arch == CVT_ARCH_MIXTRAL) {
-            snprintf(nm, sizeof(nm), "model.layers.%d.block_sparse_moe.gate", i);
-            if (b->have_names) {
-                char q[220];
-                snprintf(q, sizeof(q), "%s.qweight", nm);
-                if (set_has(&b->set, q)) {
-                    qs_log_error(__func__, "tensor %s: the Mixtral router must be float "
-                                           "(never quantized, replicated on every rank)",
-                                 q);
-                    return CVT_ERR_UNSUPPORTED;
-                }
-            }
-            snprintf(nm, sizeof(nm), "model.layers.%d.block_sparse_moe.gate.weight", i);
-            if ((e = emit_replicated(b, nm, d->n_experts, d->hidden)))
-                return e;
-            for (int x = 0; x < d->n_experts; x++) {
-                snprintf(base, sizeof(base), "model.layers.%d.block_sparse_moe.experts.%d", i, x);
-                snprintf(out, sizeof(out), "%s", base);
-                if ((e = plan_mlp(b, base, out, "w1", "w3", "w2")))
-                    return e;
-            }
-        } else {
-            snprintf(base, sizeof(base), "model.layers.%d.mlp", i);
-            if ((e = plan_mlp(b, base, base, "gate_proj", "up_proj", "down_proj")))
-                return e;
-        }
-    }
     return CVT_ERR_NONE;
 }
 
@@ -796,9 +908,8 @@ static enum cvt_err dims_check(const struct cvt_dims *d)
                          req[i].key, req[i].v);
             return CVT_ERR_CONFIG;
         }
-    if (d->arch < CVT_ARCH_LLAMA || d->arch > CVT_ARCH_MIXTRAL) {
-        qs_log_error(__func__, "architecture %d: expected llama, mistral, qwen2 or mixtral",
-                     (int)d->arch);
+    if (!d->arch) {
+        qs_log_error(__func__, "no architecture descriptor (convert/cvt_arch.h)");
         return CVT_ERR_UNSUPPORTED;
     }
     if (d->group_size == 0 || d->group_size < -1 || (d->group_size > 0 && d->group_size % 16)) {
@@ -807,7 +918,7 @@ static enum cvt_err dims_check(const struct cvt_dims *d)
                      d->group_size);
         return CVT_ERR_UNSUPPORTED;
     }
-    if (d->arch == CVT_ARCH_MIXTRAL && (d->n_experts <= 0 || d->n_experts_per_tok <= 0 ||
+    if (d->arch->moe && (d->n_experts <= 0 || d->n_experts_per_tok <= 0 ||
                                         d->n_experts_per_tok > d->n_experts)) {
         qs_log_error(__func__, "config keys num_local_experts / num_experts_per_tok: expected "
                                "0 < per_tok <= experts, got %d / %d",
@@ -897,8 +1008,8 @@ enum cvt_err cvt_plan_build(const struct cvt_dims *d, const struct cvt_name_list
         if (n_unknown) {
             qs_log_error(__func__, "tensor %s: not recognised for a %s model with %d layers%s "
                                    "(%d unrecognised tensor%s in total); refusing to drop it",
-                         b.set.names[first], cvt_arch_str(d->arch), d->n_layers,
-                         d->arch == CVT_ARCH_MIXTRAL ? " and its experts" : "", n_unknown,
+                         b.set.names[first], d->arch->name, d->n_layers,
+                         d->arch->moe ? " and its experts" : "", n_unknown,
                          n_unknown == 1 ? "" : "s");
             e = CVT_ERR_UNKNOWN_TENSOR;
             goto out_fail;
@@ -958,126 +1069,4 @@ const struct cvt_out *cvt_plan_find(const struct cvt_plan *p, int rank, const ch
         if (!strcmp(rp->outs[j].name, name))
             return &rp->outs[j];
     return NULL;
-}
-
-/* --- dry-run printout --------------------------------------------------------------------- */
-
-static void print_bytes(FILE *f, uint64_t b)
-{
-    if (b >= (1ull << 30))
-        fprintf(f, "%.2f GiB", (double)b / (double)(1ull << 30));
-    else
-        fprintf(f, "%.1f MiB", (double)b / (double)(1ull << 20));
-    fprintf(f, " (%" PRIu64 " bytes)", b);
-}
-
-/* One line per quantized output of layer 0 (first expert only): its source group size and the
- * local group size G_r on each rank, and what a G_r below G means. Every layer has the same
- * shapes, so layer 0 stands for all. */
-static void print_local_groups(const struct cvt_plan *p, FILE *f)
-{
-    const struct cvt_rank_plan *rp0 = &p->ranks[0];
-    for (int j = 0; j < rp0->n_outs; j++) {
-        const struct cvt_out *o = &rp0->outs[j];
-        if (o->kind != CVT_OUT_W4 || strncmp(o->name, "model.layers.0.", 15) ||
-            (strstr(o->name, ".experts.") && !strstr(o->name, ".experts.0.")))
-            continue;
-        int64_t Gs = o->n_segs ? p->srcs[o->segs[0].src].group : 0, lo = o->group, hi = o->group;
-        for (int r = 1; r < p->tp; r++) {
-            const struct cvt_out *x = cvt_plan_find(p, r, o->name);
-            lo = x && x->group < lo ? x->group : lo;
-            hi = x && x->group > hi ? x->group : hi;
-        }
-        fprintf(f, "plan: local group size: %s [K_r=%" PRId64 ", N_r=%" PRId64 "]: ", o->name + 15,
-                o->rows, o->cols);
-        if (lo != hi)
-            fprintf(f, "G_r %" PRId64 "..%" PRId64 " over the ranks", lo, hi);
-        else
-            fprintf(f, "G_r = %" PRId64, lo);
-        if (Gs > lo)
-            fprintf(f, " < source group %" PRId64 ": each source scale/zero row is repeated for "
-                       "its %" PRId64 " local groups (dequantization unchanged)",
-                    Gs, Gs / lo);
-        fprintf(f, ", %" PRId64 " scale row(s)\n", o->rows / lo);
-    }
-}
-
-void cvt_plan_print(const struct cvt_plan *p, FILE *f)
-{
-    const struct cvt_dims *d = &p->d;
-    int64_t I = d->intermediate, I_r = p->inter_per_rank, V = d->vocab, V_r = p->vocab_per_rank;
-    int tp = p->tp;
-    fprintf(f, "plan: %s, %d layers, hidden %d, heads %d, kv heads %d, head_dim %d, "
-               "intermediate %d, vocab %d, group_size %d%s",
-            cvt_arch_str(d->arch), d->n_layers, d->hidden, d->n_heads, d->n_kv_heads,
-            d->head_dim, d->intermediate, d->vocab, d->group_size,
-            d->group_size > 0 ? "" : " (per-channel: G = K of each linear)");
-    if (d->n_experts)
-        fprintf(f, ", %d experts (top %d)", d->n_experts, d->n_experts_per_tok);
-    fprintf(f, "\nplan: tp %d: %d query heads and %d kv heads per rank", tp, p->heads_per_rank,
-            p->kv_heads_per_rank);
-    if (p->kv_head_replicas > 1)
-        fprintf(f, "; kv heads replicated: each of the %d kv heads is held by %d ranks "
-                   "(rank r holds kv head r/%d)",
-                d->n_kv_heads, p->kv_head_replicas, p->kv_head_replicas);
-    fprintf(f, "\n");
-    if (d->group_size > 0)
-        fprintf(f, "plan: intermediate: U = lcm(group_size %d, 64) = %d; %" PRId64,
-                d->group_size, p->inter_unit, I);
-    else
-        fprintf(f, "plan: intermediate: U = %d (per-channel); %" PRId64, p->inter_unit, I);
-    if (d->group_size < 0)
-        fprintf(f, "; ");
-    else if (I % d->group_size == 0)
-        fprintf(f, " = %" PRId64 " groups (%.2f per rank); ", I / d->group_size,
-                (double)I / d->group_size / tp);
-    else
-        fprintf(f, " = %.2f groups; ", (double)I / d->group_size);
-    if (p->inter_padded == I)
-        fprintf(f, "no padding, I_r = %" PRId64 " per rank\n", I_r);
-    else
-        fprintf(f, "padded to I_pad = %d (+%" PRId64 " zero columns of gate/up, zero rows of "
-                   "down, with zero scales and zeros), I_r = %" PRId64 " per rank\n",
-                p->inter_padded, p->inter_padded - I, I_r);
-    for (int r = 0; r < tp; r++) { /* every rank's share, padded or not */
-        int64_t lo = min64(r * I_r, I), hi = min64((r + 1) * I_r, I);
-        if (hi == lo)
-            fprintf(f, "plan:   rank %d holds no intermediate rows, only %" PRId64 " zero "
-                       "padding\n",
-                    r, I_r);
-        else if (hi - lo < I_r)
-            fprintf(f, "plan:   rank %d holds intermediate [%" PRId64 ", %" PRId64 ") + %" PRId64
-                       " zero padding\n",
-                    r, lo, hi, I_r - (hi - lo));
-        else
-            fprintf(f, "plan:   rank %d holds intermediate [%" PRId64 ", %" PRId64 ")\n", r, lo,
-                    hi);
-    }
-    fprintf(f, "plan: vocab: V_r = ceil(%" PRId64 " / %d) = %" PRId64, V, tp, V_r);
-    if (V_r * tp == V)
-        fprintf(f, ", no padding\n");
-    else
-        fprintf(f, "; %" PRId64 " zero row(s) on the last rank(s) (ids >= %" PRId64
-                   " are masked to -inf at run time)\n",
-                V_r * tp - V, V);
-    fprintf(f, "plan: lm_head: %s; %d linear(s) stored unquantized (F16)\n",
-            p->has_lm_head ? "separate" : "tied to the embedding (stored once)",
-            p->n_unquantized);
-    print_local_groups(p, f);
-    uint64_t total = 0;
-    for (int r = 0; r < tp; r++) {
-        const struct cvt_rank_plan *rp = &p->ranks[r];
-        int n_tensors = 0;
-        for (int j = 0; j < rp->n_outs; j++)
-            n_tensors += rp->outs[j].kind == CVT_OUT_W4 ? 3 : 1;
-        fprintf(f, "plan: rank %d: %d tensors, heads [%d, %d), kv heads [%d, %d), ",
-                r, n_tensors, r * rp->heads, (r + 1) * rp->heads, rp->kv_head_first,
-                rp->kv_head_first + rp->kv_heads);
-        print_bytes(f, rp->file_bytes);
-        fprintf(f, " of aligned tensor data\n");
-        total += rp->file_bytes;
-    }
-    fprintf(f, "plan: all ranks: ");
-    print_bytes(f, total);
-    fprintf(f, "\n");
 }

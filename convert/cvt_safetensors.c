@@ -121,216 +121,264 @@ static int cmp_str_ptr(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-enum cvt_err cvt_safetensors_parse(const char *fname, const uint8_t *buf, size_t avail,
-                                   uint64_t file_size, struct cvt_tensor_list *out)
+/* The 8-byte length and the JSON header of a safetensors image: bounded, inside the file and the
+ * bytes available, an object of valid UTF-8 followed by whitespace only. *root receives the parse
+ * tree (the caller deletes it), *hlen the header length. */
+static enum cvt_err parse_header(const char *fname, const uint8_t *buf, size_t avail,
+                                 uint64_t file_size, cJSON **root, uint64_t *hlen_out)
 {
-    enum cvt_err err = CVT_ERR_SAFETENSORS;
-    cJSON *root = NULL;
-    struct cvt_tensor_list l = {0, NULL};
-    size_t cap = 0;
-    const char **names = NULL;
-    char pb[96];
-
-    out->n = 0;
-    out->t = NULL;
+    *root = NULL;
     if (file_size < 8 || avail < 8) {
-        qs_log_error(__func__, "file %s: %llu bytes, too short for the 8-byte safetensors header length",
+        qs_log_error("cvt_safetensors_parse", "file %s: %llu bytes, too short for the 8-byte safetensors header length",
                      fname, (unsigned long long)file_size);
         return CVT_ERR_SAFETENSORS;
     }
     uint64_t hlen = cvt_ld64(buf);
     if (hlen > ST_MAX_HEADER) {
-        qs_log_error(__func__, "file %s: header length %llu exceeds the %llu-byte limit",
+        qs_log_error("cvt_safetensors_parse", "file %s: header length %llu exceeds the %llu-byte limit",
                      fname, (unsigned long long)hlen, ST_MAX_HEADER);
         return CVT_ERR_SAFETENSORS;
     }
     if (hlen < 2 || 8 + hlen > file_size) {
-        qs_log_error(__func__, "file %s: header length %llu does not fit the file (%llu bytes): truncated or corrupt",
+        qs_log_error("cvt_safetensors_parse", "file %s: header length %llu does not fit the file (%llu bytes): truncated or corrupt",
                      fname, (unsigned long long)hlen, (unsigned long long)file_size);
         return CVT_ERR_SAFETENSORS;
     }
     if (8 + hlen > avail) {
-        qs_log_error(__func__, "file %s: header of %llu bytes not readable (%zu bytes available)",
+        qs_log_error("cvt_safetensors_parse", "file %s: header of %llu bytes not readable (%zu bytes available)",
                      fname, (unsigned long long)hlen, avail);
         return CVT_ERR_SAFETENSORS;
     }
     const uint8_t *hdr = buf + 8;
     if (hdr[0] != '{') {
-        qs_log_error(__func__, "file %s: header does not start with '{' (byte 0x%02x)", fname, hdr[0]);
+        qs_log_error("cvt_safetensors_parse", "file %s: header does not start with '{' (byte 0x%02x)", fname, hdr[0]);
         return CVT_ERR_SAFETENSORS;
     }
     if (!cvt_utf8_valid(hdr, hlen)) {
-        qs_log_error(__func__, "file %s: header is not valid UTF-8 (or contains NUL)", fname);
+        qs_log_error("cvt_safetensors_parse", "file %s: header is not valid UTF-8 (or contains NUL)", fname);
         return CVT_ERR_SAFETENSORS;
     }
     const char *end = NULL;
-    root = cJSON_ParseWithLengthOpts((const char *)hdr, (size_t)hlen, &end, false);
-    if (!root || !cJSON_IsObject(root)) {
+    cJSON *j = cJSON_ParseWithLengthOpts((const char *)hdr, (size_t)hlen, &end, false);
+    if (!j || !cJSON_IsObject(j)) {
         size_t at = end ? (size_t)(end - (const char *)hdr) : 0;
-        qs_log_error(__func__, "file %s: header is not a JSON object (parse error near byte %zu of %llu)",
+        qs_log_error("cvt_safetensors_parse", "file %s: header is not a JSON object (parse error near byte %zu of %llu)",
                      fname, at, (unsigned long long)hlen);
-        goto out_err;
+        cJSON_Delete(j);
+        return CVT_ERR_SAFETENSORS;
     }
     /* Only padding spaces (or other JSON whitespace) may follow the object. */
     for (const char *p = end; p < (const char *)hdr + hlen; p++) {
         if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
-            qs_log_error(__func__, "file %s: trailing garbage after the header JSON at byte %zu",
+            qs_log_error("cvt_safetensors_parse", "file %s: trailing garbage after the header JSON at byte %zu",
                          fname, (size_t)(p - (const char *)hdr));
-            goto out_err;
+            cJSON_Delete(j);
+            return CVT_ERR_SAFETENSORS;
         }
     }
+    *root = j;
+    *hlen_out = hlen;
+    return CVT_ERR_NONE;
+}
 
-    const uint64_t data_start = 8 + hlen, data_size = file_size - data_start;
+/* "__metadata__": an object of strings. */
+static enum cvt_err check_metadata(const char *fname, const cJSON *e)
+{
+    char pb[96];
+    if (!cJSON_IsObject(e)) {
+        qs_log_error("cvt_safetensors_parse", "file %s: __metadata__ is not an object", fname);
+        return CVT_ERR_SAFETENSORS;
+    }
+    for (const cJSON *m = e->child; m; m = m->next)
+        if (!cJSON_IsString(m)) {
+            qs_log_error("cvt_safetensors_parse", "file %s: __metadata__ value of '%s' is not a string",
+                         fname, cvt_printable(m->string, strlen(m->string), pb, sizeof pb));
+            return CVT_ERR_SAFETENSORS;
+        }
+    return CVT_ERR_NONE;
+}
+
+/* Tensor entry e (named `name`) into t (t->name already set): dtype, shape, data_offsets inside
+ * the data region [data_start, data_start + data_size) and matching dtype x shape. */
+static enum cvt_err parse_entry(const char *fname, const char *name, const cJSON *e,
+                                uint64_t data_start, uint64_t data_size, struct cvt_src_tensor *t)
+{
+    char pb[96];
+    const cJSON *jd = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(e, "shape");
+    const cJSON *jo = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+    t->dtype = cvt_dtype_from_str(jd->valuestring);
+    if (t->dtype == CVT_DT_UNKNOWN) {
+        const char *d = jd->valuestring;
+        bool subbyte = strcmp(d, "F4") == 0 || strcmp(d, "F6_E2M3") == 0 || strcmp(d, "F6_E3M2") == 0;
+        qs_log_error("cvt_safetensors_parse", "file %s: tensor %s: %s dtype \"%s\"", fname, name,
+                     subbyte ? "unsupported sub-byte" : "unknown",
+                     cvt_printable(d, strlen(d), pb, sizeof pb));
+        return CVT_ERR_DTYPE;
+    }
+    int nd = cJSON_GetArraySize(js);
+    if (nd > CVT_MAX_DIMS) {
+        qs_log_error("cvt_safetensors_parse", "file %s: tensor %s: %d dims, at most %d supported", fname, name,
+                     nd, CVT_MAX_DIMS);
+        return CVT_ERR_SAFETENSORS;
+    }
+    t->n_dims = nd;
+    t->numel = 1;
+    int d = 0;
+    for (const cJSON *x = js->child; x; x = x->next, d++) {
+        uint64_t v;
+        if (!json_uint(x, &v) || !cvt_mul_ok(t->numel, (int64_t)v, &t->numel) ||
+            t->numel > (INT64_MAX >> 4)) {
+            qs_log_error("cvt_safetensors_parse", "file %s: tensor %s: shape[%d] is not a non-negative integer or the element count overflows",
+                         fname, name, d);
+            return CVT_ERR_SAFETENSORS;
+        }
+        t->shape[d] = (int64_t)v;
+    }
+    t->nbytes = (uint64_t)t->numel * cvt_dtype_size(t->dtype);
+    uint64_t b, en;
+    if (cJSON_GetArraySize(jo) != 2 || !json_uint(jo->child, &b) || !json_uint(jo->child->next, &en)) {
+        qs_log_error("cvt_safetensors_parse", "file %s: tensor %s: data_offsets must be two non-negative integers",
+                     fname, name);
+        return CVT_ERR_SAFETENSORS;
+    }
+    if (en < b || en > data_size) {
+        qs_log_error("cvt_safetensors_parse", "file %s: tensor %s: data_offsets [%llu, %llu] out of range (data region is %llu bytes)",
+                     fname, name, (unsigned long long)b, (unsigned long long)en,
+                     (unsigned long long)data_size);
+        return CVT_ERR_SAFETENSORS;
+    }
+    if (en - b != t->nbytes) {
+        qs_log_error("cvt_safetensors_parse", "file %s: tensor %s: data_offsets span %llu bytes, dtype %s x %lld elements needs %llu",
+                     fname, name, (unsigned long long)(en - b), jd->valuestring,
+                     (long long)t->numel, (unsigned long long)t->nbytes);
+        return CVT_ERR_SAFETENSORS;
+    }
+    t->offset = data_start + b;
+    t->contiguous = true;
+    return CVT_ERR_NONE;
+}
+
+/* Every member of the header object: the metadata, or one tensor appended to *l. */
+static enum cvt_err parse_entries(const char *fname, const cJSON *root, uint64_t data_start,
+                                  uint64_t data_size, struct cvt_tensor_list *l)
+{
+    char pb[96];
+    size_t cap = 0;
     for (const cJSON *e = root->child; e; e = e->next) {
         const char *name = e->string;
         if (!name || !name[0]) {
-            qs_log_error(__func__, "file %s: empty tensor name", fname);
-            goto out_err;
+            qs_log_error("cvt_safetensors_parse", "file %s: empty tensor name", fname);
+            return CVT_ERR_SAFETENSORS;
         }
         size_t nlen = strlen(name);
         if (!cvt_utf8_valid((const uint8_t *)name, nlen)) {
-            qs_log_error(__func__, "file %s: tensor name '%s' is not valid UTF-8", fname,
+            qs_log_error("cvt_safetensors_parse", "file %s: tensor name '%s' is not valid UTF-8", fname,
                          cvt_printable(name, nlen, pb, sizeof pb));
-            goto out_err;
+            return CVT_ERR_SAFETENSORS;
         }
         if (strcmp(name, "__metadata__") == 0) {
-            if (!cJSON_IsObject(e)) {
-                qs_log_error(__func__, "file %s: __metadata__ is not an object", fname);
-                goto out_err;
-            }
-            for (const cJSON *m = e->child; m; m = m->next)
-                if (!cJSON_IsString(m)) {
-                    qs_log_error(__func__, "file %s: __metadata__ value of '%s' is not a string",
-                                 fname, cvt_printable(m->string, strlen(m->string), pb, sizeof pb));
-                    goto out_err;
-                }
+            CVT_TRY(check_metadata(fname, e));
             continue;
         }
         if (!cJSON_IsObject(e)) {
-            qs_log_error(__func__, "file %s: tensor %s: entry is not an object", fname, name);
-            goto out_err;
+            qs_log_error("cvt_safetensors_parse", "file %s: tensor %s: entry is not an object", fname, name);
+            return CVT_ERR_SAFETENSORS;
         }
-        const cJSON *jd = cJSON_GetObjectItemCaseSensitive(e, "dtype");
-        const cJSON *js = cJSON_GetObjectItemCaseSensitive(e, "shape");
-        const cJSON *jo = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
-        if (!cJSON_IsString(jd) || !cJSON_IsArray(js) || !cJSON_IsArray(jo)) {
-            qs_log_error(__func__, "file %s: tensor %s: needs string \"dtype\", array \"shape\" and array \"data_offsets\"",
+        if (!cJSON_IsString(cJSON_GetObjectItemCaseSensitive(e, "dtype")) ||
+            !cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(e, "shape")) ||
+            !cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(e, "data_offsets"))) {
+            qs_log_error("cvt_safetensors_parse", "file %s: tensor %s: needs string \"dtype\", array \"shape\" and array \"data_offsets\"",
                          fname, name);
-            goto out_err;
+            return CVT_ERR_SAFETENSORS;
         }
-        if (!cvt_grow((void **)&l.t, &cap, l.n + 1, sizeof *l.t)) {
-            err = CVT_ERR_NOMEM;
-            qs_log_error(__func__, "file %s: out of memory for %zu tensors", fname, l.n + 1);
-            goto out_err;
+        if (!cvt_grow((void **)&l->t, &cap, l->n + 1, sizeof *l->t)) {
+            qs_log_error("cvt_safetensors_parse", "file %s: out of memory for %zu tensors", fname, l->n + 1);
+            return CVT_ERR_NOMEM;
         }
-        struct cvt_src_tensor *t = &l.t[l.n];
+        struct cvt_src_tensor *t = &l->t[l->n];
         memset(t, 0, sizeof *t);
         t->name = strdup(name);
         if (!t->name) {
-            err = CVT_ERR_NOMEM;
-            qs_log_error(__func__, "file %s: out of memory", fname);
-            goto out_err;
+            qs_log_error("cvt_safetensors_parse", "file %s: out of memory", fname);
+            return CVT_ERR_NOMEM;
         }
-        l.n++;
-        t->dtype = cvt_dtype_from_str(jd->valuestring);
-        if (t->dtype == CVT_DT_UNKNOWN) {
-            const char *d = jd->valuestring;
-            bool subbyte = strcmp(d, "F4") == 0 || strcmp(d, "F6_E2M3") == 0 || strcmp(d, "F6_E3M2") == 0;
-            qs_log_error(__func__, "file %s: tensor %s: %s dtype \"%s\"", fname, name,
-                         subbyte ? "unsupported sub-byte" : "unknown",
-                         cvt_printable(d, strlen(d), pb, sizeof pb));
-            err = CVT_ERR_DTYPE;
-            goto out_err;
-        }
-        int nd = cJSON_GetArraySize(js);
-        if (nd > CVT_MAX_DIMS) {
-            qs_log_error(__func__, "file %s: tensor %s: %d dims, at most %d supported", fname, name,
-                         nd, CVT_MAX_DIMS);
-            goto out_err;
-        }
-        t->n_dims = nd;
-        t->numel = 1;
-        int d = 0;
-        for (const cJSON *x = js->child; x; x = x->next, d++) {
-            uint64_t v;
-            if (!json_uint(x, &v) || !cvt_mul_ok(t->numel, (int64_t)v, &t->numel) ||
-                t->numel > (INT64_MAX >> 4)) {
-                qs_log_error(__func__, "file %s: tensor %s: shape[%d] is not a non-negative integer or the element count overflows",
-                             fname, name, d);
-                goto out_err;
-            }
-            t->shape[d] = (int64_t)v;
-        }
-        t->nbytes = (uint64_t)t->numel * cvt_dtype_size(t->dtype);
-        uint64_t b, en;
-        if (cJSON_GetArraySize(jo) != 2 || !json_uint(jo->child, &b) || !json_uint(jo->child->next, &en)) {
-            qs_log_error(__func__, "file %s: tensor %s: data_offsets must be two non-negative integers",
-                         fname, name);
-            goto out_err;
-        }
-        if (en < b || en > data_size) {
-            qs_log_error(__func__, "file %s: tensor %s: data_offsets [%llu, %llu] out of range (data region is %llu bytes)",
-                         fname, name, (unsigned long long)b, (unsigned long long)en,
-                         (unsigned long long)data_size);
-            goto out_err;
-        }
-        if (en - b != t->nbytes) {
-            qs_log_error(__func__, "file %s: tensor %s: data_offsets span %llu bytes, dtype %s x %lld elements needs %llu",
-                         fname, name, (unsigned long long)(en - b), jd->valuestring,
-                         (long long)t->numel, (unsigned long long)t->nbytes);
-            goto out_err;
-        }
-        t->offset = data_start + b;
-        t->contiguous = true;
+        l->n++;
+        CVT_TRY(parse_entry(fname, name, e, data_start, data_size, t));
     }
+    return CVT_ERR_NONE;
+}
 
-    /* Duplicate names (cJSON keeps every member of an object, duplicates included). */
-    if (l.n > 1) {
-        names = malloc(l.n * sizeof *names);
-        if (!names) {
-            err = CVT_ERR_NOMEM;
-            qs_log_error(__func__, "file %s: out of memory", fname);
-            goto out_err;
-        }
-        for (size_t i = 0; i < l.n; i++)
-            names[i] = l.t[i].name;
-        qsort(names, l.n, sizeof *names, cmp_str_ptr);
-        for (size_t i = 1; i < l.n; i++)
-            if (strcmp(names[i - 1], names[i]) == 0) {
-                qs_log_error(__func__, "file %s: tensor %s appears twice in the header", fname, names[i]);
-                goto out_err;
-            }
+/* No name twice (cJSON keeps every member of an object, duplicates included). */
+static enum cvt_err check_unique(const char *fname, const struct cvt_tensor_list *l)
+{
+    if (l->n < 2)
+        return CVT_ERR_NONE;
+    const char **names = malloc(l->n * sizeof *names);
+    enum cvt_err err = CVT_ERR_NONE;
+    if (!names) {
+        qs_log_error("cvt_safetensors_parse", "file %s: out of memory", fname);
+        return CVT_ERR_NOMEM;
     }
+    for (size_t i = 0; i < l->n; i++)
+        names[i] = l->t[i].name;
+    qsort(names, l->n, sizeof *names, cmp_str_ptr);
+    for (size_t i = 1; i < l->n && !err; i++)
+        if (strcmp(names[i - 1], names[i]) == 0) {
+            qs_log_error("cvt_safetensors_parse", "file %s: tensor %s appears twice in the header", fname, names[i]);
+            err = CVT_ERR_SAFETENSORS;
+        }
+    free(names);
+    return err;
+}
 
-    /* Offsets must tile the data region exactly: sorted by begin, each starts where the previous
-     * ended, the last ends at the end of the file. */
-    qsort(l.t, l.n, sizeof *l.t, cmp_by_offset);
+/* Offsets must tile the data region exactly: sorted by begin, each starts where the previous
+ * ended, the last ends at the end of the file. Sorts l by offset. */
+static enum cvt_err check_tiling(const char *fname, struct cvt_tensor_list *l, uint64_t data_start,
+                                 uint64_t file_size)
+{
+    qsort(l->t, l->n, sizeof *l->t, cmp_by_offset);
     uint64_t expect = data_start;
-    for (size_t i = 0; i < l.n; i++) {
-        const struct cvt_src_tensor *t = &l.t[i];
+    for (size_t i = 0; i < l->n; i++) {
+        const struct cvt_src_tensor *t = &l->t[i];
         if (t->offset != expect) {
-            qs_log_error(__func__, "file %s: tensor %s: data begins at %llu, expected %llu (%s previous tensor)",
+            qs_log_error("cvt_safetensors_parse", "file %s: tensor %s: data begins at %llu, expected %llu (%s previous tensor)",
                          fname, t->name, (unsigned long long)(t->offset - data_start),
                          (unsigned long long)(expect - data_start),
                          t->offset < expect ? "overlaps the" : "hole after the");
-            goto out_err;
+            return CVT_ERR_SAFETENSORS;
         }
         expect += t->nbytes;
     }
     if (expect != file_size) {
-        qs_log_error(__func__, "file %s: tensor data ends at byte %llu but the file has %llu bytes (%s)",
+        qs_log_error("cvt_safetensors_parse", "file %s: tensor data ends at byte %llu but the file has %llu bytes (%s)",
                      fname, (unsigned long long)expect, (unsigned long long)file_size,
                      expect < file_size ? "trailing bytes" : "truncated");
-        goto out_err;
+        return CVT_ERR_SAFETENSORS;
     }
-    free(names);
+    return CVT_ERR_NONE;
+}
+
+enum cvt_err cvt_safetensors_parse(const char *fname, const uint8_t *buf, size_t avail,
+                                   uint64_t file_size, struct cvt_tensor_list *out)
+{
+    cJSON *root = NULL;
+    struct cvt_tensor_list l = {0, NULL};
+    uint64_t hlen = 0;
+    out->n = 0;
+    out->t = NULL;
+    enum cvt_err err = parse_header(fname, buf, avail, file_size, &root, &hlen);
+    if (err)
+        return err;
+    const uint64_t data_start = 8 + hlen;
+    if (!(err = parse_entries(fname, root, data_start, file_size - data_start, &l)) &&
+        !(err = check_unique(fname, &l)))
+        err = check_tiling(fname, &l, data_start, file_size);
     cJSON_Delete(root);
+    if (err) {
+        cvt_tensor_list_free(&l);
+        return err;
+    }
     *out = l;
     return CVT_ERR_NONE;
-
-out_err:
-    free(names);
-    cJSON_Delete(root);
-    cvt_tensor_list_free(&l);
-    return err;
 }

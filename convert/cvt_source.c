@@ -41,6 +41,7 @@
 
 #include "cvt_src_int.h"
 #include "qs_log.h"        /* qs_log_error, qs_log_warn, qs_log_info */
+#include "qs_util.h"       /* qs_path_join */
 
 #define MAX_CONFIG_FILE (16u << 20)
 #define MAX_TOKEN_FILE  (64u << 20)
@@ -136,21 +137,9 @@ void cvt_source_close(struct cvt_source *src)
 
 /* --- small helpers ----------------------------------------------------------------------------- */
 
-static char *path_join(const char *dir, const char *name)
-{
-    size_t a = strlen(dir), b = strlen(name);
-    char *p = malloc(a + b + 2);
-    if (!p)
-        return NULL;
-    memcpy(p, dir, a);
-    p[a] = '/';
-    memcpy(p + a + 1, name, b + 1);
-    return p;
-}
-
 static bool file_exists(const char *dir, const char *name)
 {
-    char *p = path_join(dir, name);
+    char *p = qs_path_join(dir, name);
     struct stat st;
     bool ok = p && stat(p, &st) == 0 && S_ISREG(st.st_mode);
     free(p);
@@ -162,7 +151,7 @@ static enum cvt_err read_small(const char *dir, const char *name, size_t max, ch
 {
     *data = NULL;
     *size = 0;
-    char *p = path_join(dir, name);
+    char *p = qs_path_join(dir, name);
     if (!p) {
         qs_log_error(__func__, "out of memory");
         return CVT_ERR_NOMEM;
@@ -234,7 +223,7 @@ static enum cvt_err add_file(struct cvt_source *src, const char *name, size_t *i
         return CVT_ERR_NOMEM;
     }
     src->maps = m;
-    char *p = path_join(src->dir, name);
+    char *p = qs_path_join(src->dir, name);
     if (!p) {
         qs_log_error(__func__, "out of memory");
         return CVT_ERR_NOMEM;

@@ -48,6 +48,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "qs_rope.h" /* struct qs_rope_scaling */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -87,7 +89,9 @@ extern "C" {
     X(CVT_ERR_SELF_CHECK,     64, "self-check failed: packed dequant != source dequant")     \
     X(CVT_ERR_EXISTS,         65, "output already exists (use --force)")                     \
     X(CVT_ERR_INTERRUPTED,    66, "interrupted by a signal")                                 \
-    X(CVT_ERR_SAME_DIR,       67, "output directory is the model directory")
+    X(CVT_ERR_SAME_DIR,       67, "output directory is the model directory")            \
+    X(CVT_ERR_LOCKED,         68, "output directory is being written by another convert")    \
+    X(CVT_ERR_TOKENIZER,      69, "tokenizer files incomplete, unloadable or too large")
 
 #define CVT_ERR_LIST(X) CVT_ERR_LIST_SRC(X) CVT_ERR_LIST_CORE(X)
 
@@ -141,11 +145,8 @@ struct cvt_src_tensor {
 
 /* --- config -------------------------------------------------------------------------------- */
 
-enum cvt_arch { CVT_ARCH_LLAMA = 1, CVT_ARCH_MISTRAL = 2, CVT_ARCH_QWEN2 = 3, CVT_ARCH_MIXTRAL = 4 };
-const char *cvt_arch_str(enum cvt_arch a);      /* "llama", "mistral", "qwen2", "mixtral" */
+struct cvt_arch; /* an architecture descriptor: convert/cvt_arch.h */
 
-enum cvt_rope_type { CVT_ROPE_NONE = 0, CVT_ROPE_LINEAR = 1, CVT_ROPE_LLAMA3 = 2 };
-const char *cvt_rope_type_str(enum cvt_rope_type r);    /* "none", "linear", "llama3" */
 
 /* Where the quantization parameters came from (AWQ-FORMATS section 2). */
 enum cvt_qcfg_file {
@@ -174,7 +175,7 @@ const char *cvt_variant_str(enum cvt_variant v);        /* "gemm", "gemv", "gemv
  * > 0 and fit the ranges checked by cvt_config_parse(); absent optional keys get the
  * transformers default of the architecture. */
 struct cvt_hf_config {
-    enum cvt_arch arch;
+    const struct cvt_arch *arch;      /* the family's descriptor (registry: cvt_arch.h) */
     char          architectures0[64]; /* architectures[0] as written (or "" if absent) */
     int64_t hidden_size;              /* H */
     int64_t intermediate_size;        /* I (per expert for Mixtral) */
@@ -185,24 +186,19 @@ struct cvt_hf_config {
     int64_t vocab_size;               /* V */
     double  rms_norm_eps;
     double  rope_theta;
-    struct {
-        enum cvt_rope_type type;      /* NONE when null / "default" */
-        double  factor;               /* linear, llama3 */
-        double  low_freq_factor;      /* llama3 */
-        double  high_freq_factor;     /* llama3 */
-        int64_t original_max_position_embeddings; /* llama3 */
-    } rope_scaling;
+    struct qs_rope_scaling rope_scaling; /* QS_ROPE_DEFAULT when null / "default" */
     int64_t max_position_embeddings;
     bool    tie_word_embeddings;
     int64_t sliding_window;           /* 0 = none (null, or Qwen2 use_sliding_window false) */
     int64_t num_local_experts;        /* Mixtral E; 0 otherwise */
     int64_t num_experts_per_tok;      /* Mixtral top-k; 0 otherwise */
-    bool    qkv_bias;                 /* q/k/v_proj carry a bias (Qwen2; llama attention_bias) */
-    bool    o_bias;                   /* o_proj carries a bias (llama attention_bias) */
+    unsigned bias_roles;              /* CVT_ROLE_BIT()s of the outputs whose linears carry a
+                                       * bias by config (Qwen2 qkv_proj; llama attention_bias:
+                                       * qkv_proj and o_proj) */
     bool    has_bos;
     int64_t bos_token_id;             /* generation_config.json wins over config.json */
     int     n_eos;                    /* union of config.json and generation_config.json ids */
-    int64_t eos_token_id[CVT_MAX_EOS];
+    int     eos_token_id[CVT_MAX_EOS]; /* each in [0, vocab_size) */
     char    torch_dtype[16];          /* "float16", "bfloat16", "float32" or "" */
 
     struct {

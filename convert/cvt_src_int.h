@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "cvt_src.h"
+#include "qs_json.h" /* enum qs_json_err */
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "qshard's converter reads little-endian files by plain loads: little-endian hosts only"
@@ -128,6 +129,22 @@ static inline const char *cvt_printable(const char *s, size_t n, char *buf, size
     buf[k] = 0;
     return buf;
 }
+
+/* A format/qs_json.h reader's status as a converter status (the reader reported it). */
+static inline enum cvt_err cvt_from_json(enum qs_json_err e)
+{
+    switch (e) {
+    case QS_JSON_OK: return CVT_ERR_NONE;
+    case QS_JSON_ERR_SYNTAX: return CVT_ERR_JSON;
+    case QS_JSON_ERR_UNSUPPORTED: return CVT_ERR_UNSUPPORTED;
+    case QS_JSON_ERR_NOMEM: return CVT_ERR_NOMEM;
+    case QS_JSON_ERR_VALUE: break;
+    }
+    return CVT_ERR_CONFIG;
+}
+
+/* Forward a qs_json reader's non-zero status as a converter status. */
+#define CVT_TRY_JSON(expr) CVT_TRY(cvt_from_json(expr))
 
 /* cvt_safetensors.c */
 enum cvt_dtype cvt_dtype_from_str(const char *s);

@@ -613,6 +613,193 @@ static enum cvt_err do_reduce(struct pkl *P)
     }
 }
 
+/* BINPUT, LONG_BINPUT, MEMOIZE, BINGET, LONG_BINGET: the memo. */
+static enum cvt_err op_memo(struct pkl *P, uint8_t op)
+{
+    uint64_t u;
+    switch (op) {
+    case 'q': /* BINPUT */
+        if (!need(P, 1)) return CVT_ERR_PICKLE;
+        CVT_TRY(memo_put(P, P->p[P->pos]));
+        P->pos += 1;
+        break;
+    case 'r': /* LONG_BINPUT */
+        if (!need(P, 4)) return CVT_ERR_PICKLE;
+        CVT_TRY(memo_put(P, cvt_ld32(P->p + P->pos)));
+        P->pos += 4;
+        break;
+    case 0x94: { /* MEMOIZE: next free index = number stored so far (protocol 4) */
+        size_t cnt = 0;
+        while (cnt < P->memo_cap && P->memo[cnt])
+            cnt++;
+        CVT_TRY(memo_put(P, cnt));
+        break;
+    }
+    case 'h': /* BINGET */
+        if (!need(P, 1)) return CVT_ERR_PICKLE;
+        u = P->p[P->pos];
+        P->pos += 1;
+        CVT_TRY(memo_get(P, u));
+        break;
+    case 'j': /* LONG_BINGET */
+        if (!need(P, 4)) return CVT_ERR_PICKLE;
+        u = cvt_ld32(P->p + P->pos);
+        P->pos += 4;
+        CVT_TRY(memo_get(P, u));
+        break;
+    }
+    return CVT_ERR_NONE;
+}
+
+/* MARK and the opcodes that build or fill tuples, lists and dicts. */
+static enum cvt_err op_container(struct pkl *P, uint8_t op, size_t at)
+{
+    struct pv *v, *k, *c;
+    size_t first;
+    switch (op) {
+    case '(': /* MARK */
+        if (P->n_marks >= PKL_MAX_MARKS)
+            PKL_FAIL(P, "file %s: more than %u nested MARKs at byte %zu", P->fname, PKL_MAX_MARKS, at);
+        if (!cvt_grow((void **)&P->marks, &P->cap_marks, P->n_marks + 1, sizeof *P->marks))
+            return CVT_ERR_NOMEM;
+        P->marks[P->n_marks++] = P->sp;
+        break;
+    case 't': /* TUPLE */
+    case 'l': /* LIST */
+        CVT_TRY(pop_mark(P, &first));
+        c = pv_new(P, op == 't' ? PV_TUPLE : PV_LIST);
+        if (!c) return CVT_ERR_NOMEM;
+        for (size_t i = first; i < P->sp; i++)
+            if (!pv_append(P, c, P->stack[i])) return CVT_ERR_NOMEM;
+        P->sp = first;
+        CVT_TRY(push(P, c));
+        break;
+    case ')': /* EMPTY_TUPLE */
+        CVT_TRY(push(P, pv_new(P, PV_TUPLE)));
+        break;
+    case 0x85: case 0x86: case 0x87: { /* TUPLE1..3 */
+        size_t cnt = (size_t)(op - 0x84);
+        if (P->sp < frame_floor(P) + cnt)
+            PKL_FAIL(P, "file %s: TUPLE%zu at byte %zu: stack underflow", P->fname, cnt, at);
+        c = pv_new(P, PV_TUPLE);
+        if (!c) return CVT_ERR_NOMEM;
+        for (size_t i = P->sp - cnt; i < P->sp; i++)
+            if (!pv_append(P, c, P->stack[i])) return CVT_ERR_NOMEM;
+        P->sp -= cnt;
+        CVT_TRY(push(P, c));
+        break;
+    }
+    case '}': /* EMPTY_DICT */
+        CVT_TRY(push(P, pv_new(P, PV_DICT)));
+        break;
+    case ']': /* EMPTY_LIST */
+        CVT_TRY(push(P, pv_new(P, PV_LIST)));
+        break;
+    case 'a': /* APPEND */
+        CVT_TRY(pop(P, &v));
+        CVT_TRY(top(P, &c));
+        if (c->kind != PV_LIST)
+            PKL_FAIL(P, "file %s: APPEND at byte %zu to a %s", P->fname, at, pv_kind_str(c->kind));
+        if (!pv_append(P, c, v)) return CVT_ERR_NOMEM;
+        break;
+    case 'e': /* APPENDS */
+    case 'u': /* SETITEMS */
+        CVT_TRY(pop_mark(P, &first));
+        if (P->sp <= frame_floor(P) || first == 0)
+            PKL_FAIL(P, "file %s: %s at byte %zu without a container", P->fname, op == 'e' ? "APPENDS" : "SETITEMS", at);
+        c = P->stack[first - 1];
+        if ((op == 'e' && c->kind != PV_LIST) || (op == 'u' && c->kind != PV_DICT))
+            PKL_FAIL(P, "file %s: %s at byte %zu on a %s", P->fname, op == 'e' ? "APPENDS" : "SETITEMS", at,
+                     pv_kind_str(c->kind));
+        if (op == 'u' && (P->sp - first) % 2)
+            PKL_FAIL(P, "file %s: SETITEMS at byte %zu with an odd number of items", P->fname, at);
+        for (size_t i = first; i < P->sp; i++)
+            if (!pv_append(P, c, P->stack[i])) return CVT_ERR_NOMEM;
+        P->sp = first;
+        break;
+    case 's': /* SETITEM */
+        CVT_TRY(pop(P, &v));
+        CVT_TRY(pop(P, &k));
+        CVT_TRY(top(P, &c));
+        if (c->kind != PV_DICT)
+            PKL_FAIL(P, "file %s: SETITEM at byte %zu on a %s", P->fname, at, pv_kind_str(c->kind));
+        if (!pv_append(P, c, k) || !pv_append(P, c, v)) return CVT_ERR_NOMEM;
+        break;
+    }
+    return CVT_ERR_NONE;
+}
+
+/* Strings, integers, floats, booleans and None. */
+static enum cvt_err op_scalar(struct pkl *P, uint8_t op, size_t at)
+{
+    struct pv *v;
+    uint64_t u;
+    switch (op) {
+    case 'X': case 0x8c: case 0x8d: { /* BINUNICODE, SHORT_BINUNICODE, BINUNICODE8 */
+        size_t lb = op == 'X' ? 4 : op == 0x8c ? 1 : 8;
+        if (!need(P, lb)) return CVT_ERR_PICKLE;
+        u = lb == 4 ? cvt_ld32(P->p + P->pos) : lb == 1 ? P->p[P->pos] : cvt_ld64(P->p + P->pos);
+        P->pos += lb;
+        if (u > P->size - P->pos)
+            PKL_FAIL(P, "file %s: string of %llu bytes at byte %zu runs past the pickle", P->fname,
+                     (unsigned long long)u, at);
+        v = pv_new(P, PV_STR);
+        if (!v) return CVT_ERR_NOMEM;
+        v->s = (const char *)P->p + P->pos;
+        v->slen = (size_t)u;
+        P->pos += (size_t)u;
+        CVT_TRY(push(P, v));
+        break;
+    }
+    case 'K': case 'M': case 'J': { /* BININT1, BININT2, BININT */
+        size_t lb = op == 'K' ? 1 : op == 'M' ? 2 : 4;
+        if (!need(P, lb)) return CVT_ERR_PICKLE;
+        v = pv_new(P, PV_INT);
+        if (!v) return CVT_ERR_NOMEM;
+        v->i = lb == 1 ? P->p[P->pos] : lb == 2 ? cvt_ld16(P->p + P->pos) : (int32_t)cvt_ld32(P->p + P->pos);
+        P->pos += lb;
+        CVT_TRY(push(P, v));
+        break;
+    }
+    case 0x8a: { /* LONG1 */
+        if (!need(P, 1)) return CVT_ERR_PICKLE;
+        size_t nb = P->p[P->pos++];
+        if (nb > 8)
+            PKL_FAIL(P, "file %s: LONG1 of %zu bytes at byte %zu: integers beyond 64 bits not supported", P->fname, nb, at);
+        if (!need(P, nb)) return CVT_ERR_PICKLE;
+        uint64_t x = 0;
+        for (size_t i = 0; i < nb; i++)
+            x |= (uint64_t)P->p[P->pos + i] << (8 * i);
+        if (nb > 0 && nb < 8 && (P->p[P->pos + nb - 1] & 0x80)) /* sign-extend */
+            x |= ~0ull << (8 * nb);
+        P->pos += nb;
+        v = pv_new(P, PV_INT);
+        if (!v) return CVT_ERR_NOMEM;
+        memcpy(&v->i, &x, 8);
+        CVT_TRY(push(P, v));
+        break;
+    }
+    case 'G': { /* BINFLOAT (big-endian double) */
+        if (!need(P, 8)) return CVT_ERR_PICKLE;
+        v = pv_new(P, PV_FLOAT);
+        if (!v) return CVT_ERR_NOMEM;
+        P->pos += 8;
+        CVT_TRY(push(P, v));
+        break;
+    }
+    case 0x88: case 0x89: /* NEWTRUE, NEWFALSE */
+        v = pv_new(P, PV_BOOL);
+        if (!v) return CVT_ERR_NOMEM;
+        v->i = op == 0x88;
+        CVT_TRY(push(P, v));
+        break;
+    case 'N': /* NONE */
+        CVT_TRY(push(P, pv_new(P, PV_NONE)));
+        break;
+    }
+    return CVT_ERR_NONE;
+}
+
 /* Run the VM until STOP; *result = the single object left. */
 static enum cvt_err pkl_run(struct pkl *P, struct pv **result)
 {
@@ -621,8 +808,6 @@ static enum cvt_err pkl_run(struct pkl *P, struct pv **result)
         size_t at = P->pos;
         uint8_t op = P->p[P->pos++];
         struct pv *v, *k, *c;
-        size_t first;
-        uint64_t u;
         switch (op) {
         case 0x80: /* PROTO */
             if (!need(P, 1)) return CVT_ERR_PICKLE;
@@ -662,163 +847,16 @@ static enum cvt_err pkl_run(struct pkl *P, struct pv **result)
                 PKL_FAIL(P, "file %s: STACK_GLOBAL at byte %zu needs two strings", P->fname, at);
             CVT_TRY(do_global(P, k->s, k->slen, v->s, v->slen));
             break;
-        case 'q': /* BINPUT */
-            if (!need(P, 1)) return CVT_ERR_PICKLE;
-            CVT_TRY(memo_put(P, P->p[P->pos]));
-            P->pos += 1;
+        case 'q': case 'r': case 0x94: case 'h': case 'j':
+            CVT_TRY(op_memo(P, op));
             break;
-        case 'r': /* LONG_BINPUT */
-            if (!need(P, 4)) return CVT_ERR_PICKLE;
-            CVT_TRY(memo_put(P, cvt_ld32(P->p + P->pos)));
-            P->pos += 4;
+        case '(': case 't': case 'l': case ')': case 0x85: case 0x86: case 0x87: case '}':
+        case ']': case 'a': case 'e': case 'u': case 's':
+            CVT_TRY(op_container(P, op, at));
             break;
-        case 0x94: { /* MEMOIZE: next free index = number stored so far (protocol 4) */
-            size_t cnt = 0;
-            while (cnt < P->memo_cap && P->memo[cnt])
-                cnt++;
-            CVT_TRY(memo_put(P, cnt));
-            break;
-        }
-        case 'h': /* BINGET */
-            if (!need(P, 1)) return CVT_ERR_PICKLE;
-            u = P->p[P->pos];
-            P->pos += 1;
-            CVT_TRY(memo_get(P, u));
-            break;
-        case 'j': /* LONG_BINGET */
-            if (!need(P, 4)) return CVT_ERR_PICKLE;
-            u = cvt_ld32(P->p + P->pos);
-            P->pos += 4;
-            CVT_TRY(memo_get(P, u));
-            break;
-        case '(': /* MARK */
-            if (P->n_marks >= PKL_MAX_MARKS)
-                PKL_FAIL(P, "file %s: more than %u nested MARKs at byte %zu", P->fname, PKL_MAX_MARKS, at);
-            if (!cvt_grow((void **)&P->marks, &P->cap_marks, P->n_marks + 1, sizeof *P->marks))
-                return CVT_ERR_NOMEM;
-            P->marks[P->n_marks++] = P->sp;
-            break;
-        case 't': /* TUPLE */
-        case 'l': /* LIST */
-            CVT_TRY(pop_mark(P, &first));
-            c = pv_new(P, op == 't' ? PV_TUPLE : PV_LIST);
-            if (!c) return CVT_ERR_NOMEM;
-            for (size_t i = first; i < P->sp; i++)
-                if (!pv_append(P, c, P->stack[i])) return CVT_ERR_NOMEM;
-            P->sp = first;
-            CVT_TRY(push(P, c));
-            break;
-        case ')': /* EMPTY_TUPLE */
-            CVT_TRY(push(P, pv_new(P, PV_TUPLE)));
-            break;
-        case 0x85: case 0x86: case 0x87: { /* TUPLE1..3 */
-            size_t cnt = (size_t)(op - 0x84);
-            if (P->sp < frame_floor(P) + cnt)
-                PKL_FAIL(P, "file %s: TUPLE%zu at byte %zu: stack underflow", P->fname, cnt, at);
-            c = pv_new(P, PV_TUPLE);
-            if (!c) return CVT_ERR_NOMEM;
-            for (size_t i = P->sp - cnt; i < P->sp; i++)
-                if (!pv_append(P, c, P->stack[i])) return CVT_ERR_NOMEM;
-            P->sp -= cnt;
-            CVT_TRY(push(P, c));
-            break;
-        }
-        case '}': /* EMPTY_DICT */
-            CVT_TRY(push(P, pv_new(P, PV_DICT)));
-            break;
-        case ']': /* EMPTY_LIST */
-            CVT_TRY(push(P, pv_new(P, PV_LIST)));
-            break;
-        case 'a': /* APPEND */
-            CVT_TRY(pop(P, &v));
-            CVT_TRY(top(P, &c));
-            if (c->kind != PV_LIST)
-                PKL_FAIL(P, "file %s: APPEND at byte %zu to a %s", P->fname, at, pv_kind_str(c->kind));
-            if (!pv_append(P, c, v)) return CVT_ERR_NOMEM;
-            break;
-        case 'e': /* APPENDS */
-        case 'u': /* SETITEMS */
-            CVT_TRY(pop_mark(P, &first));
-            if (P->sp <= frame_floor(P) || first == 0)
-                PKL_FAIL(P, "file %s: %s at byte %zu without a container", P->fname, op == 'e' ? "APPENDS" : "SETITEMS", at);
-            c = P->stack[first - 1];
-            if ((op == 'e' && c->kind != PV_LIST) || (op == 'u' && c->kind != PV_DICT))
-                PKL_FAIL(P, "file %s: %s at byte %zu on a %s", P->fname, op == 'e' ? "APPENDS" : "SETITEMS", at,
-                         pv_kind_str(c->kind));
-            if (op == 'u' && (P->sp - first) % 2)
-                PKL_FAIL(P, "file %s: SETITEMS at byte %zu with an odd number of items", P->fname, at);
-            for (size_t i = first; i < P->sp; i++)
-                if (!pv_append(P, c, P->stack[i])) return CVT_ERR_NOMEM;
-            P->sp = first;
-            break;
-        case 's': /* SETITEM */
-            CVT_TRY(pop(P, &v));
-            CVT_TRY(pop(P, &k));
-            CVT_TRY(top(P, &c));
-            if (c->kind != PV_DICT)
-                PKL_FAIL(P, "file %s: SETITEM at byte %zu on a %s", P->fname, at, pv_kind_str(c->kind));
-            if (!pv_append(P, c, k) || !pv_append(P, c, v)) return CVT_ERR_NOMEM;
-            break;
-        case 'X': case 0x8c: case 0x8d: { /* BINUNICODE, SHORT_BINUNICODE, BINUNICODE8 */
-            size_t lb = op == 'X' ? 4 : op == 0x8c ? 1 : 8;
-            if (!need(P, lb)) return CVT_ERR_PICKLE;
-            u = lb == 4 ? cvt_ld32(P->p + P->pos) : lb == 1 ? P->p[P->pos] : cvt_ld64(P->p + P->pos);
-            P->pos += lb;
-            if (u > P->size - P->pos)
-                PKL_FAIL(P, "file %s: string of %llu bytes at byte %zu runs past the pickle", P->fname,
-                         (unsigned long long)u, at);
-            v = pv_new(P, PV_STR);
-            if (!v) return CVT_ERR_NOMEM;
-            v->s = (const char *)P->p + P->pos;
-            v->slen = (size_t)u;
-            P->pos += (size_t)u;
-            CVT_TRY(push(P, v));
-            break;
-        }
-        case 'K': case 'M': case 'J': { /* BININT1, BININT2, BININT */
-            size_t lb = op == 'K' ? 1 : op == 'M' ? 2 : 4;
-            if (!need(P, lb)) return CVT_ERR_PICKLE;
-            v = pv_new(P, PV_INT);
-            if (!v) return CVT_ERR_NOMEM;
-            v->i = lb == 1 ? P->p[P->pos] : lb == 2 ? cvt_ld16(P->p + P->pos) : (int32_t)cvt_ld32(P->p + P->pos);
-            P->pos += lb;
-            CVT_TRY(push(P, v));
-            break;
-        }
-        case 0x8a: { /* LONG1 */
-            if (!need(P, 1)) return CVT_ERR_PICKLE;
-            size_t nb = P->p[P->pos++];
-            if (nb > 8)
-                PKL_FAIL(P, "file %s: LONG1 of %zu bytes at byte %zu: integers beyond 64 bits not supported", P->fname, nb, at);
-            if (!need(P, nb)) return CVT_ERR_PICKLE;
-            uint64_t x = 0;
-            for (size_t i = 0; i < nb; i++)
-                x |= (uint64_t)P->p[P->pos + i] << (8 * i);
-            if (nb > 0 && nb < 8 && (P->p[P->pos + nb - 1] & 0x80)) /* sign-extend */
-                x |= ~0ull << (8 * nb);
-            P->pos += nb;
-            v = pv_new(P, PV_INT);
-            if (!v) return CVT_ERR_NOMEM;
-            memcpy(&v->i, &x, 8);
-            CVT_TRY(push(P, v));
-            break;
-        }
-        case 'G': { /* BINFLOAT (big-endian double) */
-            if (!need(P, 8)) return CVT_ERR_PICKLE;
-            v = pv_new(P, PV_FLOAT);
-            if (!v) return CVT_ERR_NOMEM;
-            P->pos += 8;
-            CVT_TRY(push(P, v));
-            break;
-        }
-        case 0x88: case 0x89: /* NEWTRUE, NEWFALSE */
-            v = pv_new(P, PV_BOOL);
-            if (!v) return CVT_ERR_NOMEM;
-            v->i = op == 0x88;
-            CVT_TRY(push(P, v));
-            break;
-        case 'N': /* NONE */
-            CVT_TRY(push(P, pv_new(P, PV_NONE)));
+        case 'X': case 0x8c: case 0x8d: case 'K': case 'M': case 'J': case 0x8a: case 'G':
+        case 0x88: case 0x89: case 'N':
+            CVT_TRY(op_scalar(P, op, at));
             break;
         case 'Q': /* BINPERSID */
             CVT_TRY(do_persid(P));

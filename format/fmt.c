@@ -504,11 +504,171 @@ static enum fmt_err check_layout(const char *path, const struct fmt_tensor *t)
     return FMT_ERR_NONE;
 }
 
+/* Entry i's name (in the pool of names_size bytes): length, inside the pool, NUL-terminated,
+ * UTF-8, not seen before (s->name_index). */
+static enum fmt_err entry_name(struct fmt_shard *s, uint32_t i, const uint8_t *e,
+                               const uint8_t *pool, uint64_t names_size)
+{
+    const char *path = s->path;
+    struct fmt_tensor *t = &s->tensors[i];
+    uint32_t name_off = fmt_ld32(e), name_len = fmt_ld32(e + 4);
+    if (name_len == 0 || name_len > FMT_NAME_MAX) {
+        qs_log_error("check_table", "file %s: tensor #%u: name length %u, expected 1..%d", path,
+                     i, name_len, FMT_NAME_MAX);
+        return FMT_ERR_NAME;
+    }
+    if ((uint64_t)name_off + name_len + 1 > names_size) {
+        qs_log_error("check_table", "file %s: tensor #%u: name [%u, +%u] + NUL outside the name "
+                     "pool (%" PRIu64 " bytes)", path, i, name_off, name_len, names_size);
+        return FMT_ERR_NAME;
+    }
+    const uint8_t *nm = pool + name_off;
+    if (nm[name_len] != 0 || memchr(nm, 0, name_len)) {
+        qs_log_error("check_table", "file %s: tensor #%u: name is not %u NUL-free bytes followed "
+                     "by a NUL", path, i, name_len);
+        return FMT_ERR_NAME;
+    }
+    if (!fmt_utf8_valid(nm, name_len)) {
+        qs_log_error("check_table", "file %s: tensor #%u: name is not valid UTF-8", path, i);
+        return FMT_ERR_NAME;
+    }
+    t->name = (const char *)nm;
+    bool found;
+    uint32_t slot = name_slot(s, t->name, name_len, &found);
+    if (found) {
+        qs_log_error("check_table", "file %s: tensor #%u: duplicate name %s (also tensor #%u)",
+                     path, i, t->name, s->name_index[slot] - 1);
+        return FMT_ERR_DUP_NAME;
+    }
+    s->name_index[slot] = i + 1;
+    return FMT_ERR_NONE;
+}
+
+/* Entry fields after the name into t: dtype known, dims and shape consistent, element and byte
+ * counts without overflow, size = dtype x shape, layout, split; flags and reserved 0 unless the
+ * file is of a newer minor version. *end = offset + size. */
+static enum fmt_err entry_fields(const struct fmt_shard *s, struct fmt_tensor *t,
+                                 const uint8_t *e, uint64_t *end)
+{
+    const char *path = s->path;
+    t->dtype = (enum fmt_dtype)fmt_ld32(e + 8);
+    t->layout = (enum fmt_layout)fmt_ld32(e + 12);
+    t->layout_known = fmt_layout_name(t->layout) != NULL;
+    t->n_dims = fmt_ld32(e + 16);
+    t->split = (enum fmt_split)fmt_ld32(e + 20);
+    t->split_axis = fmt_ld32(e + 24);
+    uint32_t flags = fmt_ld32(e + 28);
+    for (int d = 0; d < FMT_MAX_DIMS; d++)
+        t->shape[d] = fmt_ld64(e + 32 + 8 * d);
+    t->offset = fmt_ld64(e + 64);
+    t->size = fmt_ld64(e + 72);
+    t->xxh3 = fmt_ld64(e + 80);
+    uint64_t reserved = fmt_ld64(e + 88);
+    if (!fmt_dtype_name(t->dtype)) {
+        qs_log_error("check_table", "file %s: tensor %s: unknown dtype %u", path, t->name,
+                     (unsigned)t->dtype);
+        return FMT_ERR_DTYPE;
+    }
+    if (t->n_dims > FMT_MAX_DIMS) {
+        qs_log_error("check_table", "file %s: tensor %s: n_dims %u, expected 0..%d", path,
+                     t->name, t->n_dims, FMT_MAX_DIMS);
+        return FMT_ERR_SHAPE;
+    }
+    t->numel = 1;
+    for (uint32_t d = 0; d < FMT_MAX_DIMS; d++) {
+        if (d >= t->n_dims) {
+            if (t->shape[d] != 0) {
+                qs_log_error("check_table", "file %s: tensor %s: shape[%u] = %" PRIu64 " beyond "
+                             "n_dims %u, expected 0", path, t->name, d, t->shape[d], t->n_dims);
+                return FMT_ERR_SHAPE;
+            }
+            continue;
+        }
+        if (t->shape[d] == 0) {
+            qs_log_error("check_table", "file %s: tensor %s: shape[%u] = 0, expected >= 1", path,
+                         t->name, d);
+            return FMT_ERR_SHAPE;
+        }
+        if (t->numel > UINT64_MAX / t->shape[d]) {
+            qs_log_error("check_table", "file %s: tensor %s: element count overflows u64 at "
+                         "shape[%u] = %" PRIu64, path, t->name, d, t->shape[d]);
+            return FMT_ERR_OVERFLOW;
+        }
+        t->numel *= t->shape[d];
+    }
+    if (t->dtype != FMT_DTYPE_Q4 && t->numel > UINT64_MAX / dtype_elem_bytes(t->dtype)) {
+        qs_log_error("check_table", "file %s: tensor %s: %" PRIu64 " elements of %s overflow u64 "
+                     "bytes", path, t->name, t->numel, fmt_dtype_name(t->dtype));
+        return FMT_ERR_OVERFLOW;
+    }
+    if (!add_ok(t->offset, t->size, end)) {
+        qs_log_error("check_table", "file %s: tensor %s: offset %" PRIu64 " + size %" PRIu64
+                     " overflows u64", path, t->name, t->offset, t->size);
+        return FMT_ERR_OVERFLOW;
+    }
+    uint64_t want_size = t->dtype == FMT_DTYPE_Q4 ? t->numel / 2
+                                                  : t->numel * dtype_elem_bytes(t->dtype);
+    if ((t->dtype == FMT_DTYPE_Q4 && t->numel % 2) || t->size != want_size) {
+        qs_log_error("check_table", "file %s: tensor %s: size: expected %" PRIu64 " bytes (%s x %"
+                     PRIu64 "%s), got %" PRIu64, path, t->name, want_size,
+                     fmt_dtype_name(t->dtype), t->numel,
+                     (t->dtype == FMT_DTYPE_Q4 && t->numel % 2) ? ", odd Q4 count" : "",
+                     t->size);
+        return FMT_ERR_SHAPE;
+    }
+    enum fmt_err err = check_layout(path, t);
+    if (err)
+        return err;
+    if (!fmt_split_name(t->split) ||
+        (t->split == FMT_SPLIT_NONE ? t->split_axis != 0 : t->split_axis >= t->n_dims)) {
+        qs_log_error("check_table", "file %s: tensor %s: split %u axis %u invalid for %u dims",
+                     path, t->name, (unsigned)t->split, t->split_axis, t->n_dims);
+        return FMT_ERR_SPLIT;
+    }
+    if ((flags || reserved) && s->hdr.version_minor <= FMT_VERSION_MINOR) {
+        qs_log_error("check_table", "file %s: tensor %s: flags/reserved must be 0, got 0x%x/0x%"
+                     PRIx64, path, t->name, flags, reserved);
+        return FMT_ERR_SECTION;
+    }
+    return FMT_ERR_NONE;
+}
+
+/* Placement of tensor i ending at `end`: aligned, inside the file, right after the previous
+ * one (*prev_end; the metadata for the first) at the next boundary, no hole. */
+static enum fmt_err entry_place(const struct fmt_shard *s, uint32_t i, const struct fmt_tensor *t,
+                                uint64_t end, uint64_t *prev_end)
+{
+    const char *path = s->path;
+    if (t->offset % FMT_ALIGN) {
+        qs_log_error("check_table", "file %s: tensor %s: offset %" PRIu64 " is not a multiple "
+                     "of %d", path, t->name, t->offset, FMT_ALIGN);
+        return FMT_ERR_ALIGN;
+    }
+    if (end > s->hdr.file_size) {
+        qs_log_error("check_table", "file %s: tensor %s: [%" PRIu64 ", %" PRIu64 ") past the end "
+                     "of the file (%" PRIu64 " bytes)", path, t->name, t->offset, end,
+                     s->hdr.file_size);
+        return FMT_ERR_OFFSET;
+    }
+    if (t->offset < *prev_end) {
+        qs_log_error("check_table", "file %s: tensor %s: offset %" PRIu64 " overlaps the %s "
+                     "ending at %" PRIu64, path, t->name, t->offset,
+                     i ? "previous tensor" : "metadata", *prev_end);
+        return FMT_ERR_OVERLAP;
+    }
+    uint64_t expect = fmt_align_up(*prev_end, FMT_ALIGN);
+    if (t->offset != expect) {
+        qs_log_error("check_table", "file %s: tensor %s: offset: expected %" PRIu64 " (next %d-"
+                     "byte boundary), got %" PRIu64, path, t->name, expect, FMT_ALIGN, t->offset);
+        return FMT_ERR_OFFSET;
+    }
+    *prev_end = end;
+    return FMT_ERR_NONE;
+}
+
 static enum fmt_err check_table(struct fmt_shard *s, const uint8_t *buf)
 {
     const char *path = s->path;
-    const struct fmt_header *h = &s->hdr;
-    bool newer = h->version_minor > FMT_VERSION_MINOR;
     const struct fmt_section_info *sec = &s->sec[FMT_SECTION_TENSOR_TABLE];
     const uint8_t *p = buf + sec->offset;
     if (sec->size < FMT_TABLE_HEADER_SIZE) {
@@ -549,152 +709,20 @@ static enum fmt_err check_table(struct fmt_shard *s, const uint8_t *buf)
             return FMT_ERR_NOMEM;
         }
     }
-    uint64_t prev_end = h->meta_size; /* first tensor at align_up(meta_size, 4096) */
+    uint64_t prev_end = s->hdr.meta_size; /* first tensor at align_up(meta_size, 4096) */
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *e = p + FMT_TABLE_HEADER_SIZE + (uint64_t)i * esize;
         struct fmt_tensor *t = &s->tensors[i];
-        uint32_t name_off = fmt_ld32(e), name_len = fmt_ld32(e + 4);
-        /* name */
-        if (name_len == 0 || name_len > FMT_NAME_MAX) {
-            qs_log_error(__func__, "file %s: tensor #%u: name length %u, expected 1..%d", path, i,
-                         name_len, FMT_NAME_MAX);
-            return FMT_ERR_NAME;
-        }
-        if ((uint64_t)name_off + name_len + 1 > names_size) {
-            qs_log_error(__func__, "file %s: tensor #%u: name [%u, +%u] + NUL outside the name "
-                         "pool (%" PRIu64 " bytes)", path, i, name_off, name_len, names_size);
-            return FMT_ERR_NAME;
-        }
-        const uint8_t *nm = pool + name_off;
-        if (nm[name_len] != 0 || memchr(nm, 0, name_len)) {
-            qs_log_error(__func__, "file %s: tensor #%u: name is not %u NUL-free bytes followed "
-                         "by a NUL", path, i, name_len);
-            return FMT_ERR_NAME;
-        }
-        if (!fmt_utf8_valid(nm, name_len)) {
-            qs_log_error(__func__, "file %s: tensor #%u: name is not valid UTF-8", path, i);
-            return FMT_ERR_NAME;
-        }
-        t->name = (const char *)nm;
-        bool found;
-        uint32_t slot = name_slot(s, t->name, name_len, &found);
-        if (found) {
-            qs_log_error(__func__, "file %s: tensor #%u: duplicate name %s (also tensor #%u)", path,
-                         i, t->name, s->name_index[slot] - 1);
-            return FMT_ERR_DUP_NAME;
-        }
-        s->name_index[slot] = i + 1;
-        /* dtype, dims, shape */
-        t->dtype = (enum fmt_dtype)fmt_ld32(e + 8);
-        t->layout = (enum fmt_layout)fmt_ld32(e + 12);
-        t->layout_known = fmt_layout_name(t->layout) != NULL;
-        t->n_dims = fmt_ld32(e + 16);
-        t->split = (enum fmt_split)fmt_ld32(e + 20);
-        t->split_axis = fmt_ld32(e + 24);
-        uint32_t flags = fmt_ld32(e + 28);
-        for (int d = 0; d < FMT_MAX_DIMS; d++)
-            t->shape[d] = fmt_ld64(e + 32 + 8 * d);
-        t->offset = fmt_ld64(e + 64);
-        t->size = fmt_ld64(e + 72);
-        t->xxh3 = fmt_ld64(e + 80);
-        uint64_t reserved = fmt_ld64(e + 88);
-        if (!fmt_dtype_name(t->dtype)) {
-            qs_log_error(__func__, "file %s: tensor %s: unknown dtype %u", path, t->name,
-                         (unsigned)t->dtype);
-            return FMT_ERR_DTYPE;
-        }
-        if (t->n_dims > FMT_MAX_DIMS) {
-            qs_log_error(__func__, "file %s: tensor %s: n_dims %u, expected 0..%d", path, t->name,
-                         t->n_dims, FMT_MAX_DIMS);
-            return FMT_ERR_SHAPE;
-        }
-        t->numel = 1;
-        for (uint32_t d = 0; d < FMT_MAX_DIMS; d++) {
-            if (d >= t->n_dims) {
-                if (t->shape[d] != 0) {
-                    qs_log_error(__func__, "file %s: tensor %s: shape[%u] = %" PRIu64 " beyond "
-                                 "n_dims %u, expected 0", path, t->name, d, t->shape[d], t->n_dims);
-                    return FMT_ERR_SHAPE;
-                }
-                continue;
-            }
-            if (t->shape[d] == 0) {
-                qs_log_error(__func__, "file %s: tensor %s: shape[%u] = 0, expected >= 1", path,
-                             t->name, d);
-                return FMT_ERR_SHAPE;
-            }
-            if (t->numel > UINT64_MAX / t->shape[d]) {
-                qs_log_error(__func__, "file %s: tensor %s: element count overflows u64 at "
-                             "shape[%u] = %" PRIu64, path, t->name, d, t->shape[d]);
-                return FMT_ERR_OVERFLOW;
-            }
-            t->numel *= t->shape[d];
-        }
-        if (t->dtype != FMT_DTYPE_Q4 && t->numel > UINT64_MAX / dtype_elem_bytes(t->dtype)) {
-            qs_log_error(__func__, "file %s: tensor %s: %" PRIu64 " elements of %s overflow u64 "
-                         "bytes", path, t->name, t->numel, fmt_dtype_name(t->dtype));
-            return FMT_ERR_OVERFLOW;
-        }
         uint64_t end;
-        if (!add_ok(t->offset, t->size, &end)) {
-            qs_log_error(__func__, "file %s: tensor %s: offset %" PRIu64 " + size %" PRIu64
-                         " overflows u64", path, t->name, t->offset, t->size);
-            return FMT_ERR_OVERFLOW;
-        }
-        uint64_t want_size = t->dtype == FMT_DTYPE_Q4 ? t->numel / 2
-                                                      : t->numel * dtype_elem_bytes(t->dtype);
-        if ((t->dtype == FMT_DTYPE_Q4 && t->numel % 2) || t->size != want_size) {
-            qs_log_error(__func__, "file %s: tensor %s: size: expected %" PRIu64 " bytes (%s x %"
-                         PRIu64 "%s), got %" PRIu64, path, t->name, want_size,
-                         fmt_dtype_name(t->dtype), t->numel,
-                         (t->dtype == FMT_DTYPE_Q4 && t->numel % 2) ? ", odd Q4 count" : "",
-                         t->size);
-            return FMT_ERR_SHAPE;
-        }
-        enum fmt_err err = check_layout(path, t);
-        if (err)
+        enum fmt_err err;
+        if ((err = entry_name(s, i, e, pool, names_size)) ||
+            (err = entry_fields(s, t, e, &end)) || (err = entry_place(s, i, t, end, &prev_end)))
             return err;
-        if (!fmt_split_name(t->split) ||
-            (t->split == FMT_SPLIT_NONE ? t->split_axis != 0 : t->split_axis >= t->n_dims)) {
-            qs_log_error(__func__, "file %s: tensor %s: split %u axis %u invalid for %u dims",
-                         path, t->name, (unsigned)t->split, t->split_axis, t->n_dims);
-            return FMT_ERR_SPLIT;
-        }
-        if ((flags || reserved) && !newer) {
-            qs_log_error(__func__, "file %s: tensor %s: flags/reserved must be 0, got 0x%x/0x%"
-                         PRIx64, path, t->name, flags, reserved);
-            return FMT_ERR_SECTION;
-        }
-        /* placement: aligned, inside the file, after the previous one, no hole */
-        if (t->offset % FMT_ALIGN) {
-            qs_log_error(__func__, "file %s: tensor %s: offset %" PRIu64 " is not a multiple of %d",
-                         path, t->name, t->offset, FMT_ALIGN);
-            return FMT_ERR_ALIGN;
-        }
-        if (end > h->file_size) {
-            qs_log_error(__func__, "file %s: tensor %s: [%" PRIu64 ", %" PRIu64 ") past the end "
-                         "of the file (%" PRIu64 " bytes)", path, t->name, t->offset, end,
-                         h->file_size);
-            return FMT_ERR_OFFSET;
-        }
-        if (t->offset < prev_end) {
-            qs_log_error(__func__, "file %s: tensor %s: offset %" PRIu64 " overlaps the %s ending "
-                         "at %" PRIu64, path, t->name, t->offset,
-                         i ? "previous tensor" : "metadata", prev_end);
-            return FMT_ERR_OVERLAP;
-        }
-        uint64_t expect = fmt_align_up(prev_end, FMT_ALIGN);
-        if (t->offset != expect) {
-            qs_log_error(__func__, "file %s: tensor %s: offset: expected %" PRIu64 " (next %d-byte "
-                         "boundary), got %" PRIu64, path, t->name, expect, FMT_ALIGN, t->offset);
-            return FMT_ERR_OFFSET;
-        }
-        prev_end = end;
         t->data = s->map ? s->map + t->offset : NULL;
     }
-    if (prev_end != h->file_size) {
+    if (prev_end != s->hdr.file_size) {
         qs_log_error(__func__, "file %s: file_size %" PRIu64 ", expected %" PRIu64 " (end of the "
-                     "last tensor): trailing bytes", path, h->file_size, prev_end);
+                     "last tensor): trailing bytes", path, s->hdr.file_size, prev_end);
         return FMT_ERR_OFFSET;
     }
     return FMT_ERR_NONE;

@@ -27,24 +27,13 @@
 
 #include "fmt_internal.h" /* fmt_model_id_hex */
 #include "qs_log.h"       /* qs_log_error */
+#include "qs_util.h"      /* qs_path_join */
 
 #define MANIFEST_MAX_BYTES (16u << 20)
 
 void fmt_rank_file_name(char *buf, size_t n, uint32_t rank, uint32_t world_size)
 {
     snprintf(buf, n, "rank-%u-of-%u.qshard", rank, world_size);
-}
-
-static char *path_join(const char *dir, const char *name)
-{
-    size_t a = strlen(dir), b = strlen(name);
-    char *p = malloc(a + b + 2);
-    if (!p)
-        return NULL;
-    memcpy(p, dir, a);
-    p[a] = '/';
-    memcpy(p + a + 1, name, b + 1);
-    return p;
 }
 
 static bool file_exists(const char *path)
@@ -163,7 +152,7 @@ enum fmt_err fmt_manifest_write(const char *dir, uint32_t world_size)
     for (uint32_t k = 0; k < world_size; k++) {
         fmt_rank_file_name(name, sizeof(name), k, world_size);
         free(path);
-        if (!(path = path_join(dir, name)))
+        if (!(path = qs_path_join(dir, name)))
             goto out_nomem;
         if (!file_exists(path)) {
             qs_log_error(__func__, "directory %s: rank %u of %u: %s is missing", dir, k,
@@ -199,7 +188,7 @@ enum fmt_err fmt_manifest_write(const char *dir, uint32_t world_size)
     if (!(text = cJSON_Print(root)))
         goto out_nomem;
     free(path);
-    if (!(path = path_join(dir, FMT_MANIFEST_NAME)))
+    if (!(path = qs_path_join(dir, FMT_MANIFEST_NAME)))
         goto out_nomem;
     {
         size_t tl = strlen(text);
@@ -286,7 +275,7 @@ enum fmt_err fmt_manifest_load(const char *dir, struct fmt_manifest **out)
 {
     *out = NULL;
     enum fmt_err err = FMT_ERR_NONE;
-    char *path = path_join(dir, FMT_MANIFEST_NAME), *text = NULL;
+    char *path = qs_path_join(dir, FMT_MANIFEST_NAME), *text = NULL;
     struct fmt_manifest *m = NULL;
     cJSON *root = NULL;
     if (!path) {
@@ -398,7 +387,7 @@ static enum fmt_err open_rank(const char *dir, const struct fmt_manifest *m, uin
 {
     *out = NULL;
     const struct fmt_manifest_rank *mr = &m->ranks[rank];
-    char *path = path_join(dir, mr->file);
+    char *path = qs_path_join(dir, mr->file);
     if (!path) {
         qs_log_error(__func__, "directory %s: out of memory", dir);
         return FMT_ERR_NOMEM;

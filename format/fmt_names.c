@@ -103,3 +103,9 @@ bool fmt_name_parse(const char *name, enum fmt_name *role, int *layer, int *expe
     }
     return false;
 }
+
+const char *fmt_name_in_layer(const char *name)
+{
+    int vals[2], nv;
+    return name ? match(FMT_NAME_LAYER, name, vals, &nv) : NULL;
+}

@@ -22,22 +22,25 @@
 extern "C" {
 #endif
 
+/* Prefix of every per-layer name (a pattern taking the layer index). */
+#define FMT_NAME_LAYER "model.layers.%d."
+
 /* X(role, pattern, per-layer, per-expert, linear): the printf pattern takes the layer index
  * (per-layer roles) and then the expert index (per-expert roles). */
 #define FMT_NAME_LIST(X)                                                                        \
     X(FMT_N_EMBED, "model.embed_tokens.weight", false, false, false)                            \
     X(FMT_N_LM_HEAD, "lm_head.weight", false, false, false)                                     \
     X(FMT_N_FINAL_NORM, "model.norm.weight", false, false, false)                               \
-    X(FMT_N_ATTN_NORM, "model.layers.%d.input_layernorm.weight", true, false, false)            \
-    X(FMT_N_MLP_NORM, "model.layers.%d.post_attention_layernorm.weight", true, false, false)    \
-    X(FMT_N_QKV, "model.layers.%d.self_attn.qkv_proj", true, false, true)                       \
-    X(FMT_N_O, "model.layers.%d.self_attn.o_proj", true, false, true)                           \
-    X(FMT_N_GATE_UP, "model.layers.%d.mlp.gate_up_proj", true, false, true)                     \
-    X(FMT_N_DOWN, "model.layers.%d.mlp.down_proj", true, false, true)                           \
-    X(FMT_N_ROUTER, "model.layers.%d.block_sparse_moe.gate.weight", true, false, false)         \
-    X(FMT_N_EXPERT_GATE_UP, "model.layers.%d.block_sparse_moe.experts.%d.gate_up_proj", true,   \
+    X(FMT_N_ATTN_NORM, FMT_NAME_LAYER "input_layernorm.weight", true, false, false)             \
+    X(FMT_N_MLP_NORM, FMT_NAME_LAYER "post_attention_layernorm.weight", true, false, false)     \
+    X(FMT_N_QKV, FMT_NAME_LAYER "self_attn.qkv_proj", true, false, true)                        \
+    X(FMT_N_O, FMT_NAME_LAYER "self_attn.o_proj", true, false, true)                            \
+    X(FMT_N_GATE_UP, FMT_NAME_LAYER "mlp.gate_up_proj", true, false, true)                      \
+    X(FMT_N_DOWN, FMT_NAME_LAYER "mlp.down_proj", true, false, true)                            \
+    X(FMT_N_ROUTER, FMT_NAME_LAYER "block_sparse_moe.gate.weight", true, false, false)          \
+    X(FMT_N_EXPERT_GATE_UP, FMT_NAME_LAYER "block_sparse_moe.experts.%d.gate_up_proj", true,    \
       true, true)                                                                               \
-    X(FMT_N_EXPERT_DOWN, "model.layers.%d.block_sparse_moe.experts.%d.down_proj", true, true,   \
+    X(FMT_N_EXPERT_DOWN, FMT_NAME_LAYER "block_sparse_moe.experts.%d.down_proj", true, true,    \
       true)
 
 enum fmt_name {
@@ -71,6 +74,13 @@ bool fmt_name_is_linear(enum fmt_name role);
  */
 bool fmt_name_parse(const char *name, enum fmt_name *role, int *layer, int *expert,
                     const char **suffix_out);
+
+/*
+ * The part of a per-layer canonical name after its layer prefix FMT_NAME_LAYER
+ * ("model.layers.3.self_attn.o_proj.qweight" -> "self_attn.o_proj.qweight"), or NULL when
+ * `name` does not start with a layer prefix. The result points into `name`.
+ */
+const char *fmt_name_in_layer(const char *name);
 
 #ifdef __cplusplus
 }

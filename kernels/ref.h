@@ -25,7 +25,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "fmt.h" /* FMT_W4_TILE_K, FMT_W4_TILE_N, FMT_W4_TILE_BYTES */
+#include "fmt.h"     /* FMT_W4_TILE_K, FMT_W4_TILE_N, FMT_W4_TILE_BYTES */
+#include "qs_rope.h" /* struct qs_rope_scaling (ref_rope_inv_freq) */
 
 #ifdef __cplusplus
 extern "C" {
@@ -213,27 +214,18 @@ void ref_embed(float *out, const uint16_t *table, const int32_t *tokens, int M, 
 
 /* --- rotary position embedding (kernels/ref_rope.c) ------------------------------------------ */
 
-enum ref_rope_type { REF_ROPE_DEFAULT = 0, REF_ROPE_LINEAR = 1, REF_ROPE_LLAMA3 = 2 };
-
-struct ref_rope_scaling {
-    enum ref_rope_type type;
-    float factor;                        /* linear, llama3 */
-    float low_freq_factor;               /* llama3 */
-    float high_freq_factor;              /* llama3 */
-    float original_max_position_embeddings; /* llama3 ("L") */
-};
-
 /*
  * Inverse frequencies inv_freq[hd/2], in fp32 as transformers computes them
  * (modeling_rope_utils.py): default inv_freq[i] = 1 / theta^(2i/hd); linear: / factor;
  * llama3 (_compute_llama3_parameters): with L = original_max_position_embeddings and
  * wavelen = 2*pi / inv_freq: wavelen < L/high_freq_factor unchanged, wavelen > L/low_freq_factor
  * divided by factor, else smooth = (L/wavelen - low)/(high - low) and
- * inv_freq = (1 - smooth) * inv_freq / factor + smooth * inv_freq. scaling may be NULL (default).
- * hd must be even.
+ * inv_freq = (1 - smooth) * inv_freq / factor + smooth * inv_freq. scaling (format/qs_rope.h:
+ * the config's rope_scaling as parsed) may be NULL (default); its values are rounded to fp32
+ * where used. hd must be even.
  */
 void ref_rope_inv_freq(float *inv_freq, int hd, double rope_theta,
-                       const struct ref_rope_scaling *scaling);
+                       const struct qs_rope_scaling *scaling);
 
 /*
  * RoPE in transformers' rotate_half form (pairs i and i + hd/2), in place, on M rows of

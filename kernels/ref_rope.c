@@ -11,25 +11,28 @@
 #include "ref.h"
 
 void ref_rope_inv_freq(float *inv_freq, int hd, double rope_theta,
-                       const struct ref_rope_scaling *sc)
+                       const struct qs_rope_scaling *sc)
 {
     const float two_pi = (float)(2.0 * M_PI);
+    /* the config's values in fp32, as transformers uses them */
+    const float factor = sc ? (float)sc->factor : 1.0f;
+    const float low = sc ? (float)sc->low_freq_factor : 0.0f;
+    const float high = sc ? (float)sc->high_freq_factor : 0.0f;
+    const float L = sc ? (float)sc->original_max_position_embeddings : 0.0f;
     for (int i = 0; i < hd / 2; i++) {
         float e = (float)(2 * i) / (float)hd;
         float f = 1.0f / powf((float)rope_theta, e);
-        if (sc && sc->type == REF_ROPE_LINEAR) {
-            f = f / sc->factor;
-        } else if (sc && sc->type == REF_ROPE_LLAMA3) {
-            float L = sc->original_max_position_embeddings;
-            float low_wavelen = L / sc->low_freq_factor;
-            float high_wavelen = L / sc->high_freq_factor;
+        if (sc && sc->type == QS_ROPE_LINEAR) {
+            f = f / factor;
+        } else if (sc && sc->type == QS_ROPE_LLAMA3) {
+            float low_wavelen = L / low;
+            float high_wavelen = L / high;
             float wavelen = two_pi / f;
             if (wavelen > low_wavelen) {
-                f = f / sc->factor;
+                f = f / factor;
             } else if (!(wavelen < high_wavelen)) {
-                float s = (L / wavelen - sc->low_freq_factor) /
-                          (sc->high_freq_factor - sc->low_freq_factor);
-                f = (1.0f - s) * f / sc->factor + s * f;
+                float s = (L / wavelen - low) / (high - low);
+                f = (1.0f - s) * f / factor + s * f;
             }
         }
         inv_freq[i] = f;

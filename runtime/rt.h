@@ -36,7 +36,7 @@
 #include <stdint.h>
 
 #include "fmt.h"       /* struct fmt_shard */
-#include "ref.h"       /* struct ref_rope_scaling */
+#include "ref.h"       /* struct qs_rope_scaling */
 #include "rt_sample.h" /* struct rt_sample_params (struct rt_pick) */
 
 #ifdef __cplusplus
@@ -134,7 +134,7 @@ struct rt_config {
     int vocab_size_per_rank;        /* V_r = ceil(V / world_size) rows of embedding and lm_head */
     float rms_norm_eps;
     double rope_theta;
-    struct ref_rope_scaling rope_scaling; /* type REF_ROPE_DEFAULT when null */
+    struct qs_rope_scaling rope_scaling; /* type QS_ROPE_DEFAULT when null */
     int max_position_embeddings;
     bool tie_word_embeddings;       /* lm_head absent: the embedding is the output matrix */
     int sliding_window;             /* 0 = none; else keys with p - k < sliding_window */

@@ -12,70 +12,40 @@
 
 #include <cjson/cJSON.h> /* cJSON_ParseWithLength, cJSON_GetObjectItemCaseSensitive */
 
-#include "qs_log.h" /* qs_log_error */
+#include "qs_json.h" /* qs_json_int, qs_json_number, qs_json_bool, qs_json_eos_ids, ... */
+#include "qs_log.h"  /* qs_log_error */
 #include "rt.h"
 
-/* Integer key: required or defaulted; must be an integral number in [lo, hi]. */
-static enum rt_err get_int(const cJSON *o, const char *key, const char *where, bool required,
-                           long long lo, long long hi, int def, int *out)
+/* Config-section readers (format/qs_json.h), as error codes of this module. `j` names the file in
+ * messages ("<where>: config: ..."). */
+static enum rt_err from_json(enum qs_json_err e)
 {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v || cJSON_IsNull(v)) {
-        if (required) {
-            qs_log_error(__func__, "%s: config: missing key \"%s\"", where, key);
-            return RT_ERR_CONFIG;
-        }
-        *out = def;
-        return RT_ERR_NONE;
+    switch (e) {
+    case QS_JSON_OK: return RT_ERR_NONE;
+    case QS_JSON_ERR_UNSUPPORTED: return RT_ERR_UNSUPPORTED;
+    case QS_JSON_ERR_NOMEM: return RT_ERR_NOMEM;
+    case QS_JSON_ERR_SYNTAX:
+    case QS_JSON_ERR_VALUE: break;
     }
-    double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
-    if (!cJSON_IsNumber(v) || d != floor(d) || d < (double)lo || d > (double)hi) {
-        qs_log_error(__func__, "%s: config: \"%s\" must be an integer in [%lld, %lld]", where,
-                     key, lo, hi);
-        return RT_ERR_CONFIG;
-    }
-    *out = (int)d;
-    return RT_ERR_NONE;
+    return RT_ERR_CONFIG;
 }
 
-/* Positive finite number key (required unless def >= 0). */
-static enum rt_err get_pos(const cJSON *o, const char *key, const char *where, double def,
+/* Integer key in [lo, hi] (qs_json_int) into an int. */
+static enum rt_err get_int(const struct qs_json_ctx *j, const cJSON *o, const char *key,
+                           bool required, long long lo, long long hi, int def, int *out)
+{
+    int64_t v;
+    enum rt_err err = from_json(qs_json_int(j, o, key, required, def, lo, hi, &v));
+    if (!err)
+        *out = (int)v;
+    return err;
+}
+
+/* Positive number that stays positive and finite in fp32 (rms_norm_eps, rope_theta). */
+static enum rt_err get_pos(const struct qs_json_ctx *j, const cJSON *o, const char *key,
                            double *out)
 {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v || cJSON_IsNull(v)) {
-        if (def < 0) {
-            qs_log_error(__func__, "%s: config: missing key \"%s\"", where, key);
-            return RT_ERR_CONFIG;
-        }
-        *out = def;
-        return RT_ERR_NONE;
-    }
-    /* also representable as a positive fp32 (rms_norm_eps and rope factors are used as float) */
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble <= 0 ||
-        v->valuedouble > FLT_MAX || (float)v->valuedouble <= 0) {
-        qs_log_error(__func__, "%s: config: \"%s\" must be a positive number in fp32 range", where,
-                     key);
-        return RT_ERR_CONFIG;
-    }
-    *out = v->valuedouble;
-    return RT_ERR_NONE;
-}
-
-static enum rt_err get_bool(const cJSON *o, const char *key, const char *where, bool def,
-                            bool *out)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v || cJSON_IsNull(v)) {
-        *out = def;
-        return RT_ERR_NONE;
-    }
-    if (!cJSON_IsBool(v)) {
-        qs_log_error(__func__, "%s: config: \"%s\" must be true or false", where, key);
-        return RT_ERR_CONFIG;
-    }
-    *out = cJSON_IsTrue(v);
-    return RT_ERR_NONE;
+    return from_json(qs_json_number(j, o, key, true, 0, 0x1p-150, FLT_MAX, out));
 }
 
 #define TRY(expr)                        \
@@ -94,56 +64,10 @@ static enum rt_err get_bool(const cJSON *o, const char *key, const char *where, 
         goto out;                                       \
     } while (0)
 
-static enum rt_err parse_rope_scaling(const cJSON *root, const char *where, struct rt_config *c)
+static enum rt_err parse_tokens(const struct qs_json_ctx *j, const cJSON *root, const char *where,
+                                struct rt_config *c)
 {
-    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
-    c->rope_scaling.type = REF_ROPE_DEFAULT;
-    if (!rs || cJSON_IsNull(rs))
-        return RT_ERR_NONE;
-    if (!cJSON_IsObject(rs)) {
-        qs_log_error(__func__, "%s: config: \"rope_scaling\" must be null or an object", where);
-        return RT_ERR_CONFIG;
-    }
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
-    if (!t)
-        t = cJSON_GetObjectItemCaseSensitive(rs, "type");
-    if (!cJSON_IsString(t)) {
-        qs_log_error(__func__, "%s: config: rope_scaling needs a string \"rope_type\"", where);
-        return RT_ERR_CONFIG;
-    }
-    double f, lo, hi, L;
-    enum rt_err err = get_pos(rs, "factor", where, -1, &f);
-    if (err)
-        return err;
-    c->rope_scaling.factor = (float)f;
-    if (strcmp(t->valuestring, "linear") == 0) {
-        c->rope_scaling.type = REF_ROPE_LINEAR;
-        return RT_ERR_NONE;
-    }
-    if (strcmp(t->valuestring, "llama3") != 0) {
-        qs_log_error(__func__, "%s: config: rope_scaling type \"%s\" is not supported "
-                     "(supported: linear, llama3)", where, t->valuestring);
-        return RT_ERR_UNSUPPORTED;
-    }
-    if ((err = get_pos(rs, "low_freq_factor", where, -1, &lo)) ||
-        (err = get_pos(rs, "high_freq_factor", where, -1, &hi)) ||
-        (err = get_pos(rs, "original_max_position_embeddings", where, -1, &L)))
-        return err;
-    if (!(hi > lo)) {
-        qs_log_error(__func__, "%s: config: rope_scaling high_freq_factor %g must exceed "
-                     "low_freq_factor %g", where, hi, lo);
-        return RT_ERR_CONFIG;
-    }
-    c->rope_scaling.type = REF_ROPE_LLAMA3;
-    c->rope_scaling.low_freq_factor = (float)lo;
-    c->rope_scaling.high_freq_factor = (float)hi;
-    c->rope_scaling.original_max_position_embeddings = (float)L;
-    return RT_ERR_NONE;
-}
-
-static enum rt_err parse_tokens(const cJSON *root, const char *where, struct rt_config *c)
-{
-    enum rt_err err = get_int(root, "bos_token_id", where, false, 0, INT32_MAX, -1,
+    enum rt_err err = get_int(j, root, "bos_token_id", false, 0, INT32_MAX, -1,
                               &c->bos_token_id);
     if (err)
         return err;
@@ -152,44 +76,25 @@ static enum rt_err parse_tokens(const cJSON *root, const char *where, struct rt_
                      c->bos_token_id, c->vocab_size);
         return RT_ERR_CONFIG;
     }
-    const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id");
     c->n_eos = 0;
-    if (!e || cJSON_IsNull(e))
-        return RT_ERR_NONE;
-    const cJSON *it = e;
-    bool arr = cJSON_IsArray(e);
-    if (arr)
-        it = e->child;
-    for (; it; it = arr ? it->next : NULL) {
-        if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) ||
-            it->valuedouble < 0 || it->valuedouble >= c->vocab_size) {
-            qs_log_error(__func__, "%s: config: \"eos_token_id\" must be ids in [0, %d)", where,
-                         c->vocab_size);
-            return RT_ERR_CONFIG;
-        }
-        if (c->n_eos == RT_MAX_EOS) {
-            qs_log_error(__func__, "%s: config: more than %d eos_token_id values", where,
-                         RT_MAX_EOS);
-            return RT_ERR_CONFIG;
-        }
-        c->eos_token_ids[c->n_eos++] = (int)it->valuedouble;
-    }
-    return RT_ERR_NONE;
+    return from_json(qs_json_eos_ids(j, root, c->vocab_size, c->eos_token_ids, RT_MAX_EOS,
+                                     &c->n_eos));
 }
 
 /* The "tp" object and every relation DESIGN 5 derives from it. */
-static enum rt_err parse_tp(const cJSON *root, const char *where, struct rt_config *c)
+static enum rt_err parse_tp(const struct qs_json_ctx *j, const cJSON *root, const char *where,
+                            struct rt_config *c)
 {
     enum rt_err err = RT_ERR_NONE;
     const cJSON *tp = cJSON_GetObjectItemCaseSensitive(root, "tp");
     if (!cJSON_IsObject(tp))
         BAD("%s: config: missing object \"tp\"", where);
-    TRY(get_int(tp, "world_size", where, true, 1, FMT_MAX_WORLD_SIZE, 0, &c->world_size));
-    TRY(get_int(tp, "rank", where, true, 0, c->world_size - 1, 0, &c->rank));
-    TRY(get_int(tp, "heads_per_rank", where, true, 1, 1 << 20, 0, &c->heads_per_rank));
-    TRY(get_int(tp, "kv_heads_per_rank", where, true, 1, 1 << 20, 0, &c->kv_heads_per_rank));
-    TRY(get_int(tp, "kv_head_replicas", where, false, 1, 1 << 20, 1, &c->kv_head_replicas));
-    TRY(get_int(tp, "intermediate_per_rank", where, true, 1, 1 << 28, 0,
+    TRY(get_int(j, tp, "world_size", true, 1, FMT_MAX_WORLD_SIZE, 0, &c->world_size));
+    TRY(get_int(j, tp, "rank", true, 0, c->world_size - 1, 0, &c->rank));
+    TRY(get_int(j, tp, "heads_per_rank", true, 1, 1 << 20, 0, &c->heads_per_rank));
+    TRY(get_int(j, tp, "kv_heads_per_rank", true, 1, 1 << 20, 0, &c->kv_heads_per_rank));
+    TRY(get_int(j, tp, "kv_head_replicas", false, 1, 1 << 20, 1, &c->kv_head_replicas));
+    TRY(get_int(j, tp, "intermediate_per_rank", true, 1, 1 << 28, 0,
                 &c->intermediate_per_rank));
     int ws = c->world_size;
     if (c->n_heads % ws || c->heads_per_rank != c->n_heads / ws)
@@ -222,13 +127,14 @@ out:
     return err;
 }
 
-static enum rt_err parse_quant(const cJSON *root, const char *where, struct rt_config *c)
+static enum rt_err parse_quant(const struct qs_json_ctx *j, const cJSON *root, const char *where,
+                               struct rt_config *c)
 {
     enum rt_err err = RT_ERR_NONE;
     const cJSON *q = cJSON_GetObjectItemCaseSensitive(root, "quant");
     if (!cJSON_IsObject(q))
         BAD("%s: config: missing object \"quant\"", where);
-    TRY(get_int(q, "w_bit", where, true, 1, 64, 0, &c->w_bit));
+    TRY(get_int(j, q, "w_bit", true, 1, 64, 0, &c->w_bit));
     if (c->w_bit != 4) {
         qs_log_error(__func__, "%s: config: quant.w_bit %d: only 4-bit weights are supported",
                      where, c->w_bit);
@@ -236,11 +142,11 @@ static enum rt_err parse_quant(const cJSON *root, const char *where, struct rt_c
     }
     /* -1 = per-channel AWQ (one group spans each linear's whole K; the converter writes it as
      * the source config spells it); each linear's own group size comes from its scales tensor. */
-    TRY(get_int(q, "group_size", where, true, -1, 1 << 20, 0, &c->group_size));
+    TRY(get_int(j, q, "group_size", true, -1, 1 << 20, 0, &c->group_size));
     if (c->group_size != -1 && (c->group_size < 16 || c->group_size % 16))
         BAD("%s: config: quant.group_size %d: expected -1 (per-channel) or a multiple of 16",
             where, c->group_size);
-    TRY(get_bool(q, "zero_point", where, true, &c->zero_point));
+    TRY(from_json(qs_json_bool(j, q, "zero_point", true, &c->zero_point)));
 out:
     return err;
 }
@@ -250,6 +156,9 @@ enum rt_err rt_config_parse(const char *json, size_t len, const char *where,
 {
     enum rt_err err = RT_ERR_NONE;
     struct rt_config c;
+    char label[512];
+    snprintf(label, sizeof(label), "%s: config", where);
+    const struct qs_json_ctx jc = {"rt_config_parse", label, NULL}, *j = &jc;
     memset(&c, 0, sizeof(c));
     memset(out, 0, sizeof(*out));
     cJSON *root = cJSON_ParseWithLength(json, len);
@@ -257,7 +166,7 @@ enum rt_err rt_config_parse(const char *json, size_t len, const char *where,
         BAD("%s: config section is not a JSON object", where);
 
     int version;
-    TRY(get_int(root, "qshard_config_version", where, true, 0, INT32_MAX, 0, &version));
+    TRY(get_int(j, root, "qshard_config_version", true, 0, INT32_MAX, 0, &version));
     if (version != 1) {
         qs_log_error(__func__, "%s: config: qshard_config_version %d: this runtime reads 1",
                      where, version);
@@ -277,16 +186,16 @@ enum rt_err rt_config_parse(const char *json, size_t len, const char *where,
     snprintf(c.architecture, sizeof(c.architecture), "%s", arch->valuestring);
 
     const int BIG = 1 << 28;
-    TRY(get_int(root, "hidden_size", where, true, 1, 1 << 20, 0, &c.hidden_size));
-    TRY(get_int(root, "intermediate_size", where, true, 1, BIG, 0, &c.intermediate_size));
-    TRY(get_int(root, "intermediate_size_padded", where, true, c.intermediate_size, BIG, 0,
+    TRY(get_int(j, root, "hidden_size", true, 1, 1 << 20, 0, &c.hidden_size));
+    TRY(get_int(j, root, "intermediate_size", true, 1, BIG, 0, &c.intermediate_size));
+    TRY(get_int(j, root, "intermediate_size_padded", true, c.intermediate_size, BIG, 0,
                 &c.intermediate_size_padded));
-    TRY(get_int(root, "num_hidden_layers", where, true, 1, 100000, 0, &c.n_layers));
-    TRY(get_int(root, "num_attention_heads", where, true, 1, 1 << 16, 0, &c.n_heads));
-    TRY(get_int(root, "num_key_value_heads", where, true, 1, c.n_heads, 0, &c.n_kv_heads));
-    TRY(get_int(root, "head_dim", where, true, 2, 1 << 14, 0, &c.head_dim));
-    TRY(get_int(root, "vocab_size", where, true, 1, BIG, 0, &c.vocab_size));
-    TRY(get_int(root, "vocab_size_per_rank", where, true, 1, BIG, 0, &c.vocab_size_per_rank));
+    TRY(get_int(j, root, "num_hidden_layers", true, 1, 100000, 0, &c.n_layers));
+    TRY(get_int(j, root, "num_attention_heads", true, 1, 1 << 16, 0, &c.n_heads));
+    TRY(get_int(j, root, "num_key_value_heads", true, 1, c.n_heads, 0, &c.n_kv_heads));
+    TRY(get_int(j, root, "head_dim", true, 2, 1 << 14, 0, &c.head_dim));
+    TRY(get_int(j, root, "vocab_size", true, 1, BIG, 0, &c.vocab_size));
+    TRY(get_int(j, root, "vocab_size_per_rank", true, 1, BIG, 0, &c.vocab_size_per_rank));
     if (c.n_heads % c.n_kv_heads)
         BAD("%s: config: num_attention_heads %d not a multiple of num_key_value_heads %d", where,
             c.n_heads, c.n_kv_heads);
@@ -297,22 +206,22 @@ enum rt_err rt_config_parse(const char *json, size_t len, const char *where,
         BAD("%s: config: (num_attention_heads %d + 2 * num_key_value_heads %d) * head_dim %d "
             "exceeds 2^24", where, c.n_heads, c.n_kv_heads, c.head_dim);
     double eps, theta;
-    TRY(get_pos(root, "rms_norm_eps", where, -1, &eps));
-    TRY(get_pos(root, "rope_theta", where, -1, &theta));
+    TRY(get_pos(j, root, "rms_norm_eps", &eps));
+    TRY(get_pos(j, root, "rope_theta", &theta));
     c.rms_norm_eps = (float)eps;
     c.rope_theta = theta;
-    TRY(parse_rope_scaling(root, where, &c));
-    TRY(get_int(root, "max_position_embeddings", where, true, 1, INT32_MAX, 0,
+    TRY(from_json(qs_json_rope_scaling(j, root, &c.rope_scaling)));
+    TRY(get_int(j, root, "max_position_embeddings", true, 1, INT32_MAX, 0,
                 &c.max_position_embeddings));
-    TRY(get_bool(root, "tie_word_embeddings", where, false, &c.tie_word_embeddings));
-    TRY(get_int(root, "sliding_window", where, false, 1, INT32_MAX, 0, &c.sliding_window));
-    TRY(get_bool(root, "attention_bias", where, false, &c.attention_bias));
-    TRY(get_int(root, "num_local_experts", where, false, 0, 1 << 16, 0, &c.n_experts));
-    TRY(get_int(root, "num_experts_per_tok", where, false, 0, 1 << 16, 0,
+    TRY(from_json(qs_json_bool(j, root, "tie_word_embeddings", false, &c.tie_word_embeddings)));
+    TRY(get_int(j, root, "sliding_window", false, 1, INT32_MAX, 0, &c.sliding_window));
+    TRY(from_json(qs_json_bool(j, root, "attention_bias", false, &c.attention_bias)));
+    TRY(get_int(j, root, "num_local_experts", false, 0, 1 << 16, 0, &c.n_experts));
+    TRY(get_int(j, root, "num_experts_per_tok", false, 0, 1 << 16, 0,
                 &c.n_experts_per_tok));
-    TRY(parse_quant(root, where, &c));
-    TRY(parse_tokens(root, where, &c));
-    TRY(parse_tp(root, where, &c));
+    TRY(parse_quant(j, root, where, &c));
+    TRY(parse_tokens(j, root, where, &c));
+    TRY(parse_tp(j, root, where, &c));
     if (c.arch->check)
         TRY(c.arch->check(&c, where));
     *out = c;

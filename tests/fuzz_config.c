@@ -61,7 +61,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     if (cfg.hidden_size <= 0 || cfg.num_attention_heads <= 0 || cfg.num_key_value_heads <= 0 || cfg.head_dim <= 0 ||
         cfg.num_attention_heads % cfg.num_key_value_heads || cfg.vocab_size <= 0 || cfg.n_eos > CVT_MAX_EOS ||
-        !cfg.config_json || (cfg.quant.from && cfg.quant.w_bit != 4))
+        !cfg.config_json || (cfg.quant.from && cfg.quant.w_bit != 4) || !cfg.arch)
+        abort();
+    /* rope_scaling as format/qs_json.h promises: positive factors, llama3 high > low */
+    if (cfg.rope_scaling.type != QS_ROPE_DEFAULT &&
+        (!(cfg.rope_scaling.factor > 0) ||
+         (cfg.rope_scaling.type == QS_ROPE_LLAMA3 &&
+          (!(cfg.rope_scaling.high_freq_factor > cfg.rope_scaling.low_freq_factor) ||
+           !(cfg.rope_scaling.low_freq_factor > 0) ||
+           cfg.rope_scaling.original_max_position_embeddings < 1))))
         abort();
     for (int i = 0; i < cfg.n_eos; i++)
         if (cfg.eos_token_id[i] < 0 || cfg.eos_token_id[i] >= cfg.vocab_size)

@@ -109,8 +109,8 @@ static void test_silu_mul(void)
 
 static void test_rope(void)
 {
-    struct ref_rope_scaling l3 = {REF_ROPE_LLAMA3, 8.0f, 1.0f, 4.0f, 8192.0f};
-    struct { int M, nh, hd; double theta; const struct ref_rope_scaling *sc; } cases[] = {
+    struct qs_rope_scaling l3 = {QS_ROPE_LLAMA3, 8.0, 1.0, 4.0, 8192};
+    struct { int M, nh, hd; double theta; const struct qs_rope_scaling *sc; } cases[] = {
         {1, 48, 128, 10000.0, nullptr}, {19, 6, 128, 500000.0, &l3}, {5, 3, 64, 10000.0, nullptr},
         {2, 40, 128, 1000000.0, nullptr}};
     for (auto &c : cases) {

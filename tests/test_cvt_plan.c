@@ -20,33 +20,17 @@
 #include <string.h>
 
 #include "cvt.h"
+#include "fmt_names.h"
 #include "qs_log.h"
 #include "t.h"
+#include "t_file.h" /* t_slurp */
+
+/* q/k/v biases by config (cvt_dims.bias_roles) */
+#define QKV_BIAS(d) (((d)->bias_roles & CVT_ROLE_BIT(FMT_N_QKV)) != 0)
 
 #define CFG_DIR "tests/data/real-configs/"
 
 /* --- helpers ----------------------------------------------------------------------------- */
-
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf) {
-        buf[n] = '\0';
-        *len = (size_t)n;
-    }
-    return buf;
-}
 
 /* Parse tests/data/real-configs/<dir>/config.json into dims. */
 static bool load_dims(const char *dir, struct cvt_dims *d)
@@ -54,7 +38,7 @@ static bool load_dims(const char *dir, struct cvt_dims *d)
     char path[512];
     size_t len = 0;
     snprintf(path, sizeof(path), CFG_DIR "%s/config.json", dir);
-    char *json = slurp(path, &len);
+    char *json = t_slurp(path, &len);
     if (!json) {
         fprintf(stderr, "cannot read %s\n", path);
         return false;
@@ -199,13 +183,13 @@ static void check_dense_plan(const char *what, const struct cvt_dims *d, int tp)
         CHECK(d->tie_word_embeddings ? o == NULL : o != NULL);
         /* biases: Qwen2 q/k/v bias fused with the columns; none on o_proj */
         o = cvt_plan_find(p, r, "model.layers.0.self_attn.qkv_proj.bias");
-        CHECK(d->qkv_bias ? (o && o->cols == x.qkv_n && o->n_segs == 3) : o == NULL);
+        CHECK(QKV_BIAS(d) ? (o && o->cols == x.qkv_n && o->n_segs == 3) : o == NULL);
         CHECK(cvt_plan_find(p, r, "model.layers.0.self_attn.o_proj.bias") == NULL);
         /* per-rank data bytes, summed here from the DESIGN 5 table */
         long long bytes = x.V_r * H * 2 * (d->tie_word_embeddings ? 1 : 2) + H * 4;
         long long layer = 2 * H * 4 + w4_bytes(H, x.qkv_n, G) + w4_bytes(x.nq_r * hd, H, G_o) +
                           w4_bytes(H, 2 * x.I_r, G) + w4_bytes(x.I_r, H, G) +
-                          (d->qkv_bias ? x.qkv_n * 4 : 0);
+                          (QKV_BIAS(d) ? x.qkv_n * 4 : 0);
         bytes += layer * d->n_layers;
         CHECK_MSG((long long)p->ranks[r].data_bytes == bytes, "%s tp %d rank %d: %llu vs %lld",
                   what, tp, r, (unsigned long long)p->ranks[r].data_bytes, bytes);
@@ -302,7 +286,7 @@ static void test_qwen25_72b(void)
 {
     struct cvt_dims d;
     CHECK(load_dims("LDCC--Qwen2.5-72B-Instruct-ko-AWQ", &d));
-    CHECK(d.qkv_bias);
+    CHECK(QKV_BIAS(&d));
     CHECK_EQ_INT(d.intermediate, 29568);
     int tps[] = {1, 2, 4, 8};
     /* 29568 = 231 groups of 128, odd: every tp > 1 pads to 232 groups = 29696. */
@@ -367,7 +351,7 @@ static struct cvt_dims tiny(void)
 {
     struct cvt_dims d;
     memset(&d, 0, sizeof(d));
-    d.arch = CVT_ARCH_LLAMA;
+    d.arch = cvt_arch_find("llama");
     d.hidden = 256;
     d.intermediate = 1280;
     d.n_layers = 2;
@@ -437,10 +421,10 @@ static void model_names(const struct cvt_dims *d, struct names *l, bool emb, boo
         for (int j = 0; j < 4; j++) {
             snprintf(m, sizeof(m), "model.layers.%d.self_attn.%s", i, attn[j]);
             add_awq(l, m);
-            if (d->qkv_bias && j < 3)
+            if (QKV_BIAS(d) && j < 3)
                 add(l, "%s.bias", m);
         }
-        if (d->arch == CVT_ARCH_MIXTRAL) {
+        if (d->arch == cvt_arch_find("mixtral")) {
             add(l, "model.layers.%d.block_sparse_moe.gate.weight", i);
             for (int x = 0; x < d->n_experts; x++)
                 for (int w = 1; w <= 3; w++) {
@@ -464,6 +448,125 @@ static enum cvt_err plan_names(const struct cvt_dims *d, const struct names *l, 
     struct cvt_name_list nl = {l->n, (const char *const *)l->v};
     qs_log_clear();
     return cvt_plan_build(d, &nl, tp, p);
+}
+
+/* --- the architecture registry and a family defined here -------------------------------- */
+
+/* A family the converter does not ship, written the way docs/CONVERT.md section 4 says a new one
+ * is added: other HF names (GPT-style "transformer.h.%d", fused attention split into separate
+ * q/k/v modules called "attn.wq" ...), the same canonical outputs. */
+static const struct cvt_arch_linear toy_attn[2] = {
+    {FMT_N_QKV, FMT_SPLIT_COLUMN, 3,
+     {{"attn.wq", CVT_AXIS_HIDDEN, CVT_AXIS_Q},
+      {"attn.wk", CVT_AXIS_HIDDEN, CVT_AXIS_KV},
+      {"attn.wv", CVT_AXIS_HIDDEN, CVT_AXIS_KV}}},
+    {FMT_N_O, FMT_SPLIT_ROW, 1, {{"attn.wo", CVT_AXIS_Q, CVT_AXIS_HIDDEN}}},
+};
+static const struct cvt_arch_linear toy_mlp[2] = {
+    {FMT_N_GATE_UP, FMT_SPLIT_COLUMN, 2,
+     {{"ffn.w_in", CVT_AXIS_HIDDEN, CVT_AXIS_INTER}, {"ffn.w_gate", CVT_AXIS_HIDDEN,
+                                                       CVT_AXIS_INTER}}},
+    {FMT_N_DOWN, FMT_SPLIT_ROW, 1, {{"ffn.w_out", CVT_AXIS_INTER, CVT_AXIS_HIDDEN}}},
+};
+static const struct cvt_arch_step toy_layer[] = {
+    {CVT_ARCH_OP_NORM, FMT_N_ATTN_NORM, "ln_1.weight", false, 0, NULL},
+    {CVT_ARCH_OP_LINEARS, FMT_N_COUNT, NULL, false, 2, toy_attn},
+    {CVT_ARCH_OP_NORM, FMT_N_MLP_NORM, "ln_2.weight", false, 0, NULL},
+    {CVT_ARCH_OP_LINEARS, FMT_N_COUNT, NULL, false, 2, toy_mlp},
+};
+static const struct cvt_arch toy = {
+    "toy", "ToyForCausalLM", "toy", 10000.0, 2048, "silu", false, NULL,
+    "transformer.wte", "lm_head", "transformer.ln_f.weight", "transformer.h.%d",
+    4, toy_layer,
+};
+
+static void test_registry(void)
+{
+    /* every descriptor is found by each of its three names; the lists name them in order */
+    char cls[512], mt[512], want_cls[512] = "", want_mt[512] = "";
+    CHECK_EQ_INT(cvt_arch_count(), 4);
+    for (int i = 0; i < cvt_arch_count(); i++) {
+        const struct cvt_arch *a = cvt_arch_at(i);
+        CHECK(a && cvt_arch_find(a->name) == a && cvt_arch_by_hf_class(a->hf_class) == a &&
+              cvt_arch_by_model_type(a->model_type) == a);
+        snprintf(want_cls + strlen(want_cls), sizeof(want_cls) - strlen(want_cls), "%s%s",
+                 i ? ", " : "", a->hf_class);
+        snprintf(want_mt + strlen(want_mt), sizeof(want_mt) - strlen(want_mt), "%s%s",
+                 i ? ", " : "", a->model_type);
+        /* the descriptor's steps are well-formed: linear roles for linears, one row part */
+        for (int s = 0; s < a->n_steps; s++) {
+            const struct cvt_arch_step *st = &a->steps[s];
+            CHECK(st->hf || st->op == CVT_ARCH_OP_LINEARS);
+            if (st->op == CVT_ARCH_OP_NORM || st->op == CVT_ARCH_OP_ROUTER)
+                CHECK(!fmt_name_is_linear(st->role));
+            for (int j = 0; st->op == CVT_ARCH_OP_LINEARS && j < st->n_linears; j++) {
+                const struct cvt_arch_linear *l = &st->linears[j];
+                CHECK(fmt_name_is_linear(l->role));
+                CHECK(l->split == FMT_SPLIT_COLUMN || (l->split == FMT_SPLIT_ROW &&
+                                                       l->n_parts == 1));
+                CHECK(l->n_parts >= 1 && l->n_parts <= CVT_ARCH_MAX_PARTS);
+            }
+        }
+    }
+    CHECK(cvt_arch_at(-1) == NULL && cvt_arch_at(4) == NULL && cvt_arch_find("falcon") == NULL);
+    CHECK(cvt_arch_by_hf_class("llama") == NULL && cvt_arch_by_model_type(NULL) == NULL);
+    cvt_arch_list(true, cls, sizeof(cls));
+    cvt_arch_list(false, mt, sizeof(mt));
+    CHECK_EQ_STR(cls, want_cls);
+    CHECK_EQ_STR(mt, want_mt);
+    CHECK_EQ_STR(mt, "llama, mistral, qwen2, mixtral");
+
+    /* the toy family: HF names of its own in, the canonical outputs of the llama family out */
+    struct cvt_dims d = tiny();
+    d.arch = &toy;
+    struct names l = {0};
+    add(&l, "transformer.wte.weight");
+    add(&l, "lm_head.weight");
+    add(&l, "transformer.ln_f.weight");
+    static const char *const lin[] = {"attn.wq", "attn.wk", "attn.wv", "attn.wo",
+                                      "ffn.w_in", "ffn.w_gate", "ffn.w_out"};
+    for (int i = 0; i < d.n_layers; i++) {
+        add(&l, "transformer.h.%d.ln_1.weight", i);
+        add(&l, "transformer.h.%d.ln_2.weight", i);
+        for (int j = 0; j < 7; j++) {
+            char m[96];
+            snprintf(m, sizeof(m), "transformer.h.%d.%s", i, lin[j]);
+            add_awq(&l, m);
+        }
+    }
+    struct cvt_plan *p = NULL, *q = NULL;
+    CHECK_EQ_INT(plan_names(&d, &l, 2, &p), CVT_ERR_NONE);
+    struct cvt_dims dl = tiny();
+    struct names ll = {0};
+    model_names(&dl, &ll, true, true);
+    CHECK_EQ_INT(plan_names(&dl, &ll, 2, &q), CVT_ERR_NONE);
+    for (int r = 0; p && q && r < 2; r++) {
+        /* the same outputs as the llama plan, but for the order of the norms in a layer */
+        CHECK_EQ_INT(p->ranks[r].n_outs, q->ranks[r].n_outs);
+        for (int j = 0; j < p->ranks[r].n_outs; j++) {
+            const struct cvt_out *o = &p->ranks[r].outs[j];
+            const struct cvt_out *x = cvt_plan_find(q, r, o->name);
+            CHECK_MSG(x && x->kind == o->kind && x->split == o->split && x->rows == o->rows &&
+                          x->cols == o->cols && x->group == o->group && x->n_segs == o->n_segs,
+                      "toy output %s differs from the llama plan's", o->name);
+            CHECK_MSG(fmt_name_parse(o->name, NULL, NULL, NULL, NULL), "%s not canonical",
+                      o->name);
+            for (int k = 0; x && k < o->n_segs; k++)
+                CHECK(!memcmp(&o->segs[k].src_r0, &x->segs[k].src_r0, 6 * sizeof(int64_t)));
+        }
+        /* the gate part is "ffn.w_gate" here: it lands second in gate_up_proj */
+        const struct cvt_out *gu = cvt_plan_find(p, r, "model.layers.1.mlp.gate_up_proj");
+        CHECK(gu && gu->n_segs == 2 &&
+              !strcmp(p->srcs[gu->segs[1].src].name, "transformer.h.1.ffn.w_gate"));
+    }
+    cvt_plan_free(p);
+    cvt_plan_free(q);
+    p = NULL;
+    /* its own names are required: a llama checkpoint is unknown to it */
+    CHECK_EQ_INT(plan_names(&d, &ll, 1, &p), CVT_ERR_MISSING_TENSOR);
+    CHECK(strstr(qs_log_last(), "transformer.wte.weight") != NULL);
+    names_free(&l);
+    names_free(&ll);
 }
 
 static void test_ledger(void)
@@ -606,8 +709,8 @@ static void test_qwen2_bias_and_gqa(void)
     struct cvt_dims d = tiny();
     struct cvt_plan *p = NULL;
     struct names l = {0};
-    d.arch = CVT_ARCH_QWEN2;
-    d.qkv_bias = true;
+    d.arch = cvt_arch_find("qwen2");
+    d.bias_roles = CVT_ROLE_BIT(FMT_N_QKV);
     d.hidden = 512;
     d.n_heads = 8;
     d.n_kv_heads = 2;
@@ -663,7 +766,7 @@ static void test_mixtral(void)
     struct cvt_dims d = tiny();
     struct cvt_plan *p = NULL;
     struct names l = {0};
-    d.arch = CVT_ARCH_MIXTRAL;
+    d.arch = cvt_arch_find("mixtral");
     d.intermediate = 512;
     d.n_experts = 4;
     d.n_experts_per_tok = 2;
@@ -729,7 +832,7 @@ static void test_pitfall_groups(void)
     check_dense_plan("T-LLAMA g32", &d, 4);
     /* a hostile config cannot make the plan itself exhaust memory */
     d = tiny();
-    d.arch = CVT_ARCH_MIXTRAL;
+    d.arch = cvt_arch_find("mixtral");
     d.n_layers = 4096;
     d.n_experts = 1024;
     d.n_experts_per_tok = 2;
@@ -851,7 +954,7 @@ static void test_random_plans(void)
     long n_local = 0;
     for (int it = 0; it < 3000; it++) {
         struct cvt_dims d = tiny();
-        d.arch = prop_rand(4) == 0 ? CVT_ARCH_MIXTRAL : CVT_ARCH_LLAMA;
+        d.arch = prop_rand(4) == 0 ? cvt_arch_find("mixtral") : cvt_arch_find("llama");
         d.group_size = prop_rand(8) ? Gs[prop_rand(5)] : -1; /* some per-channel */
         d.head_dim = hds[prop_rand(4)];
         d.n_heads = 1 + prop_rand(16);
@@ -870,8 +973,8 @@ static void test_random_plans(void)
         d.vocab = 1 + prop_rand(3000);
         d.n_layers = 1 + prop_rand(3);
         d.tie_word_embeddings = prop_rand(2);
-        d.qkv_bias = prop_rand(3) == 0;
-        if (d.arch == CVT_ARCH_MIXTRAL) {
+        d.bias_roles = prop_rand(3) == 0 ? CVT_ROLE_BIT(FMT_N_QKV) : 0;
+        if (d.arch == cvt_arch_find("mixtral")) {
             d.n_experts = 1 + prop_rand(4);
             d.n_experts_per_tok = 1;
         }
@@ -942,8 +1045,8 @@ static void test_random_plans(void)
                 fprintf(stderr, "source %s covered %lld times, want %lld\n", ps->name, cover[i],
                         want);
         }
-        CHECK_MSG(ok, "iteration %d: arch %d H %d heads %d/%d hd %d I %d V %d G %d tp %d", it,
-                  (int)d.arch, d.hidden, d.n_heads, d.n_kv_heads, d.head_dim, d.intermediate,
+        CHECK_MSG(ok, "iteration %d: arch %s H %d heads %d/%d hd %d I %d V %d G %d tp %d", it,
+                  d.arch->name, d.hidden, d.n_heads, d.n_kv_heads, d.head_dim, d.intermediate,
                   d.vocab, d.group_size, tp);
         free(cover);
         cvt_plan_free(p);
@@ -962,6 +1065,7 @@ int main(void)
     test_qwen25_72b();
     test_mammoth_vocab();
     test_mistral_kv_replication();
+    test_registry();
     test_ledger();
     test_tied();
     test_qwen2_bias_and_gqa();

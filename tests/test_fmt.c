@@ -8,317 +8,17 @@
  *   3. a numbered list of corrupt files, each expecting its own fmt_err and a message naming the
  *      file (qs_log_last);
  *   4. manifest / multi-rank directories; 5. writer failure paths leave no files;
- *   6. the qshard binary's exit codes (QSHARD names it; default build/qshard); `verify`'s rule
- *      (2 = cannot be parsed, 5 = a check failed) per corrupted region, one error line per
- *      failure, per-file status and summary lines, directories with and without manifest.
+ *   6. canonical tensor names (format/fmt_names.h) and paths (format/qs_util.h).
+ * The qshard binary's inspect / verify are tests/test_fmt_cli.c; shared helpers tests/t_fmt.h.
  *
  * Run from the repository root: ./build/test_fmt (QSHARD_TEST_VERBOSE=1 prints the message of
  * every corrupt case). Extra modes (used to make committed data):
  *   ./build/test_fmt --write-spec-example FILE   the tiny file whose hex dump is in SPEC.md
  *   ./build/test_fmt --write-corpus DIR          seed corpus for tests/fuzz_fmt.c
  */
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <inttypes.h>
-#include <pthread.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <signal.h>
-#include <sys/resource.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-
-#include <cjson/cJSON.h> /* parse `inspect --json` output */
-#include <xxhash.h>      /* XXH3_64bits: the test's own encoder */
-#include <zlib.h>        /* compress2: the test's own tokenizer archive */
-
-#include "fmt.h"       /* reader, manifest */
-#include "fmt_write.h" /* writer */
-#include "qs_log.h"    /* qs_log_last, qs_log_set_quiet */
-#include "t.h"
-
-static char g_dir[256]; /* scratch directory, removed at the end */
-
-/* --- small utilities ----------------------------------------------------------------------- */
-
-static uint64_t g_rng;
-static uint64_t rnd(void)
-{
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return g_rng;
-}
-static void fill_random(uint8_t *p, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        p[i] = (uint8_t)(rnd() >> 24);
-}
-
-static void path_in(char *buf, size_t n, const char *name)
-{
-    snprintf(buf, n, "%s/%s", g_dir, name);
-}
-
-static uint8_t *read_file(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc(sz > 0 ? (size_t)sz : 1);
-    *n = fread(b, 1, (size_t)sz, f);
-    fclose(f);
-    return b;
-}
-
-static void write_file(const char *path, const void *data, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        fprintf(stderr, "cannot write %s: %s\n", path, strerror(errno));
-        return;
-    }
-    fwrite(data, 1, n, f);
-    fclose(f);
-}
-
-static bool exists(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0;
-}
-
-static void st32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> 8 * i); }
-static void st64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> 8 * i); }
-static uint32_t ld32(const uint8_t *p) { return p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24; }
-static uint64_t ld64(const uint8_t *p) { return ld32(p) | (uint64_t)ld32(p + 4) << 32; }
-
-/* --- an independent encoder, written from SPEC.md ------------------------------------------ */
-
-struct tt {
-    const char *name;
-    uint32_t dtype, layout, n_dims, split, axis;
-    uint64_t shape[4];
-    const uint8_t *data;
-    uint64_t size;
-};
-
-struct encopts {
-    uint16_t minor;
-    uint32_t sec_entry, tensor_entry; /* 32 / 96 in 1.0; bigger ones get 0xEE filler */
-    uint32_t extra_kind;              /* 0: none; else an extra section of this kind, last */
-    uint32_t rank, world;
-    uint8_t id[16];
-};
-
-static const struct encopts ENC_DEFAULT = {0, 32, 96, 0, 0, 1, {0}};
-
-/* SPEC.md 5.2 archive of n files, zlib level 6, prefixed with its u64 raw size. */
-static uint8_t *tok_section(const char *const *names, const char *const *datas, int n, size_t *out)
-{
-    size_t raw = 8;
-    for (int i = 0; i < n; i++)
-        raw += 16 + strlen(names[i]) + strlen(datas[i]);
-    uint8_t *a = calloc(1, raw), *p = a + 8;
-    st32(a, (uint32_t)n);
-    for (int i = 0; i < n; i++) {
-        size_t nl = strlen(names[i]), dl = strlen(datas[i]);
-        st32(p, (uint32_t)nl);
-        st64(p + 8, dl);
-        memcpy(p + 16, names[i], nl);
-        memcpy(p + 16 + nl, datas[i], dl);
-        p += 16 + nl + dl;
-    }
-    uLongf zl = compressBound(raw);
-    uint8_t *s = malloc(8 + zl);
-    compress2(s + 8, &zl, a, raw, 6);
-    st64(s, raw);
-    free(a);
-    *out = 8 + zl;
-    return s;
-}
-
-static uint8_t *encode(const struct encopts *o, const char *config, const char *gen,
-                       const uint8_t *tok, size_t tok_n, const struct tt *ts, uint32_t n,
-                       size_t *out_n)
-{
-    uint32_t nsec = o->extra_kind ? 5 : 4;
-    uint64_t names = 0;
-    for (uint32_t i = 0; i < n; i++)
-        names += strlen(ts[i].name) + 1;
-    uint64_t tsize = 16 + (uint64_t)n * o->tensor_entry + names;
-    const uint8_t *sdata[5] = {(const uint8_t *)config, (const uint8_t *)gen, tok, NULL,
-                               (const uint8_t *)"future!"};
-    uint64_t ssize[5] = {strlen(config), strlen(gen), tok_n, tsize, 7};
-    uint32_t kinds[5] = {1, 3, 2, 4, o->extra_kind};
-    uint64_t soff[5], pos = 256 + (uint64_t)nsec * o->sec_entry;
-    for (uint32_t i = 0; i < nsec; i++) {
-        pos = (pos + 7) / 8 * 8;
-        soff[i] = pos;
-        pos += ssize[i];
-    }
-    uint64_t meta = pos, toff[64];
-    for (uint32_t i = 0; i < n; i++) {
-        toff[i] = (pos + 4095) / 4096 * 4096;
-        pos = toff[i] + ts[i].size;
-    }
-    uint8_t *b = calloc(1, pos);
-    memcpy(b, "QSHARD\r\n", 8);
-    b[8] = 1;
-    b[10] = (uint8_t)o->minor;
-    st32(b + 12, 0x01020304);
-    st32(b + 16, 256);
-    st32(b + 24, o->rank);
-    st32(b + 28, o->world);
-    st64(b + 32, pos);
-    memcpy(b + 40, o->id, 16);
-    st64(b + 56, 256);
-    st32(b + 64, nsec);
-    st32(b + 68, o->sec_entry);
-    st64(b + 72, meta);
-    st32(b + 80, 1);
-    if (o->minor > 0)
-        b[100] = 0x5A; /* a field this reader does not know */
-    /* tensor table */
-    uint8_t *t = b + soff[3];
-    st32(t, n);
-    st32(t + 4, o->tensor_entry);
-    st64(t + 8, names);
-    uint8_t *pool = t + 16 + (uint64_t)n * o->tensor_entry;
-    uint32_t noff = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        uint8_t *e = t + 16 + (uint64_t)i * o->tensor_entry;
-        const struct tt *x = &ts[i];
-        uint32_t nl = (uint32_t)strlen(x->name);
-        st32(e, noff);
-        st32(e + 4, nl);
-        st32(e + 8, x->dtype);
-        st32(e + 12, x->layout);
-        st32(e + 16, x->n_dims);
-        st32(e + 20, x->split);
-        st32(e + 24, x->axis);
-        for (int d = 0; d < 4; d++)
-            st64(e + 32 + 8 * d, x->shape[d]);
-        st64(e + 64, toff[i]);
-        st64(e + 72, x->size);
-        st64(e + 80, XXH3_64bits(x->data, x->size));
-        memset(e + 96, 0xEE, o->tensor_entry - 96);
-        memcpy(pool + noff, x->name, nl + 1);
-        noff += nl + 1;
-        memcpy(b + toff[i], x->data, x->size);
-    }
-    for (uint32_t i = 0; i < nsec; i++) {
-        if (i != 3)
-            memcpy(b + soff[i], sdata[i], ssize[i]);
-        uint8_t *e = b + 256 + (uint64_t)i * o->sec_entry;
-        st32(e, kinds[i]);
-        st64(e + 8, soff[i]);
-        st64(e + 16, ssize[i]);
-        st64(e + 24, XXH3_64bits(b + soff[i], ssize[i]));
-        memset(e + 32, 0xEE, o->sec_entry - 32);
-    }
-    st64(b + 248, XXH3_64bits(b, 256)); /* field is still zero here */
-    *out_n = pos;
-    return b;
-}
-
-/* Recompute every section hash and the header hash of an encoded buffer after a mutation, so
- * the mutation reaches the check it targets instead of the checksum. */
-static void rehash(uint8_t *b, size_t n)
-{
-    uint32_t cnt = ld32(b + 64), es = ld32(b + 68);
-    for (uint32_t i = 0; i < cnt && 256 + (uint64_t)(i + 1) * es <= n; i++) {
-        uint8_t *e = b + 256 + (uint64_t)i * es;
-        uint64_t off = ld64(e + 8), sz = ld64(e + 16);
-        if (off <= n && sz <= n - off)
-            st64(e + 24, XXH3_64bits(b + off, sz));
-    }
-    memset(b + 248, 0, 8);
-    st64(b + 248, XXH3_64bits(b, 256));
-}
-
-/* Offset of the section of `kind` in an encoded buffer (section table at 256, 32-byte entries). */
-static uint64_t sec_off(const uint8_t *b, uint32_t kind, uint64_t *size)
-{
-    for (uint32_t i = 0; i < ld32(b + 64); i++) {
-        const uint8_t *e = b + 256 + i * 32;
-        if (ld32(e) == kind) {
-            if (size)
-                *size = ld64(e + 16);
-            return ld64(e + 8);
-        }
-    }
-    return 0;
-}
-/* Pointer to tensor entry i. */
-static uint8_t *tentry(uint8_t *b, uint32_t i) { return b + sec_off(b, 4, NULL) + 16 + 96 * i; }
-
-/* --- the base model used by the corrupt-file cases ----------------------------------------- */
-
-static uint8_t base_a[4 * 8 * 4], base_b[3 * 5 * 2], base_c[16 * 64 / 2];
-static struct tt base_t[3];
-static const char *TOK_NAMES[] = {"tokenizer.json", "tokenizer_config.json"};
-static const char *TOK_DATAS[] = {"{\"model\":{\"type\":\"BPE\"}}", "{\"bos_token\":\"<s>\"}"};
-static const char *BASE_CONFIG = "{\"qshard_config_version\":1,\"architecture\":\"llama\"}";
-static const char *BASE_GEN = "{\"temperature\":0.7}";
-
-static void base_init(void)
-{
-    fill_random(base_a, sizeof(base_a));
-    fill_random(base_b, sizeof(base_b));
-    fill_random(base_c, sizeof(base_c));
-    base_t[0] = (struct tt){"a.weight", FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR, 2, FMT_SPLIT_COLUMN, 0,
-                            {4, 8}, base_a, sizeof(base_a)};
-    base_t[1] = (struct tt){"b.weight", FMT_DTYPE_F16, FMT_LAYOUT_ROW_MAJOR, 2, FMT_SPLIT_NONE, 0,
-                            {3, 5}, base_b, sizeof(base_b)};
-    base_t[2] = (struct tt){"c.qweight", FMT_DTYPE_Q4, FMT_LAYOUT_W4_MMA_T16X64, 2, FMT_SPLIT_ROW,
-                            0, {16, 64}, base_c, sizeof(base_c)};
-}
-
-static uint8_t *base_encode(const struct encopts *o, size_t *n)
-{
-    size_t tn;
-    uint8_t *tok = tok_section(TOK_NAMES, TOK_DATAS, 2, &tn);
-    uint8_t *b = encode(o, BASE_CONFIG, BASE_GEN, tok, tn, base_t, 3, n);
-    free(tok);
-    return b;
-}
-
-/* Write the base model with the library writer, whole puts. */
-static enum fmt_err base_write(const char *path, uint32_t rank, uint32_t world, const uint8_t id[16])
-{
-    struct fmt_writer *w;
-    struct fmt_writer_opts o = {rank, world, {0}};
-    memcpy(o.model_id, id, 16);
-    FMT_TRY(fmt_writer_open(path, &o, &w));
-    size_t sizes[2] = {strlen(TOK_DATAS[0]), strlen(TOK_DATAS[1])};
-    enum fmt_err err = fmt_writer_set_section(w, FMT_SECTION_CONFIG, BASE_CONFIG, strlen(BASE_CONFIG));
-    if (!err)
-        err = fmt_writer_set_section(w, FMT_SECTION_GENERATION_CONFIG, BASE_GEN, strlen(BASE_GEN));
-    if (!err)
-        err = fmt_writer_set_tokenizer_files(w, TOK_NAMES, (const void *const *)TOK_DATAS, sizes, 2);
-    for (int i = 0; i < 3 && !err; i++)
-        err = fmt_writer_add_tensor(w, base_t[i].name, base_t[i].dtype, base_t[i].layout,
-                                    base_t[i].n_dims, base_t[i].shape, base_t[i].split,
-                                    base_t[i].axis, NULL);
-    if (!err)
-        err = fmt_writer_begin_data(w);
-    for (uint32_t i = 0; i < 3 && !err; i++)
-        err = fmt_writer_put_tensor(w, 2 - i, base_t[2 - i].data, base_t[2 - i].size);
-    if (err) {
-        fmt_writer_abort(w);
-        return err;
-    }
-    return fmt_writer_finish(w);
-}
+#include "fmt_names.h" /* fmt_name, fmt_name_parse, fmt_name_in_layer */
+#include "qs_util.h"   /* qs_path_join */
+#include "t_fmt.h"
 
 /* --- 1. round trip ------------------------------------------------------------------------- */
 
@@ -957,26 +657,6 @@ static void test_corrupt(void)
 
 /* --- 4. manifest and multi-rank directories ------------------------------------------------ */
 
-static void make_model_dir(const char *dir, uint32_t world, const uint8_t id[16])
-{
-    mkdir(dir, 0755);
-    char p[600], name[64];
-    for (uint32_t k = 0; k < world; k++) {
-        fmt_rank_file_name(name, sizeof(name), k, world);
-        snprintf(p, sizeof(p), "%s/%s", dir, name);
-        CHECK_EQ_INT(base_write(p, k, world, id), FMT_ERR_NONE);
-    }
-}
-
-static enum fmt_err model_open_err(const char *dir)
-{
-    struct fmt_model *m = NULL;
-    qs_log_clear();
-    enum fmt_err err = fmt_model_open(dir, &m);
-    fmt_model_close(m);
-    return err;
-}
-
 static void test_manifest(void)
 {
     char dir[400], p[600], p2[600];
@@ -1249,340 +929,59 @@ static void test_writer_failures(void)
     qs_log_set_quiet(false);
 }
 
-/* --- 6. the qshard binary ------------------------------------------------------------------ */
+/* --- 6. canonical names and paths ---------------------------------------------------------- */
 
-static int run_cli(const char *args, char *out, size_t out_n)
+/* Every role round-trips through fmt_name / fmt_name_parse with every suffix its kind takes; the
+ * patterns of DESIGN 5 as written there; malformed names are refused. */
+static void test_names(void)
 {
-    const char *bin = getenv("QSHARD") ? getenv("QSHARD") : "build/qshard";
-    char cmd[2048], of[600];
-    path_in(of, sizeof(of), "cli.out");
-    snprintf(cmd, sizeof(cmd), "%s %s >%s 2>&1", bin, args, of);
-    int st = system(cmd);
-    if (out) {
-        size_t n = 0;
-        uint8_t *b = read_file(of, &n);
-        n = n < out_n - 1 ? n : out_n - 1;
-        if (b)
-            memcpy(out, b, n);
-        out[n] = 0;
-        free(b);
-    }
-    unlink(of);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-static void test_cli(void)
-{
-    static char out[1 << 16];
-    char dir[400], args[1500], p[600];
-    uint8_t id[16];
-    fill_random(id, 16);
-    snprintf(dir, sizeof(dir), "%s/cli", g_dir);
-    make_model_dir(dir, 2, id);
-    CHECK_EQ_INT(fmt_manifest_write(dir, 2), FMT_ERR_NONE);
-    snprintf(p, sizeof(p), "%s/rank-0-of-2.qshard", dir);
-
-    CHECK_EQ_INT(run_cli("inspect", NULL, 0), 1);
-    CHECK_EQ_INT(run_cli("verify", NULL, 0), 1);
-    CHECK_EQ_INT(run_cli("inspect --help", NULL, 0), 0);
-    CHECK_EQ_INT(run_cli("verify --no-such-flag x", NULL, 0), 1);
-    snprintf(args, sizeof(args), "inspect --tensors %s", p);
-    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 0);
-    CHECK(strstr(out, "c.qweight") && strstr(out, "W4_MMA_T16X64") && strstr(out, "[16, 64]"));
-    snprintf(args, sizeof(args), "inspect --json %s", p);
-    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 0);
-    cJSON *j = cJSON_Parse(out);
-    CHECK_MSG(j != NULL, "inspect --json output is not JSON: %.200s", out);
-    if (j) {
-        const cJSON *files = cJSON_GetObjectItem(j, "files");
-        const cJSON *f0 = cJSON_GetArrayItem(files, 0);
-        const cJSON *tens = cJSON_GetObjectItem(f0, "tensors");
-        CHECK_EQ_INT(cJSON_GetArraySize(tens), 3);
-        const cJSON *t2 = cJSON_GetArrayItem(tens, 2);
-        CHECK_EQ_STR(cJSON_GetStringValue(cJSON_GetObjectItem(t2, "name")), "c.qweight");
-        CHECK_EQ_STR(cJSON_GetStringValue(cJSON_GetObjectItem(t2, "dtype")), "Q4");
-        cJSON_Delete(j);
-    }
-    snprintf(args, sizeof(args), "inspect %s", dir);
-    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 0);
-    CHECK(strstr(out, "rank-1-of-2.qshard") != NULL);
-    snprintf(args, sizeof(args), "verify %s", p);
-    CHECK_EQ_INT(run_cli(args, NULL, 0), 0);
-    snprintf(args, sizeof(args), "verify %s", dir);
-    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 0);
-    snprintf(args, sizeof(args), "verify %s/does-not-exist.qshard", dir);
-    CHECK_EQ_INT(run_cli(args, NULL, 0), 4);
-
-    /* a flipped tensor byte: inspect is fine (open does not read data), verify fails with 5 */
-    size_t n;
-    uint8_t *b = read_file(p, &n);
-    b[3 * 4096 + 7] ^= 0x10; /* inside c.qweight, the third tensor */
-    char bad[600];
-    snprintf(bad, sizeof(bad), "%s/bad.qshard", g_dir);
-    write_file(bad, b, n);
-    snprintf(args, sizeof(args), "inspect %s", bad);
-    CHECK_EQ_INT(run_cli(args, NULL, 0), 0);
-    snprintf(args, sizeof(args), "verify %s", bad);
-    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 5);
-    CHECK_MSG(strstr(out, "c.qweight") && strstr(out, "bad.qshard"), "verify output: %s", out);
-    snprintf(args, sizeof(args), "verify --tensor b.weight %s", bad); /* lazily: one tensor */
-    CHECK_EQ_INT(run_cli(args, NULL, 0), 0);
-    snprintf(args, sizeof(args), "verify -t c.qweight %s", bad);
-    CHECK_EQ_INT(run_cli(args, NULL, 0), 5);
-    snprintf(args, sizeof(args), "verify -t no.such.tensor %s", bad);
-    CHECK_EQ_INT(run_cli(args, NULL, 0), 2);
-    /* same corruption inside the model directory */
-    write_file(p, b, n);
-    snprintf(args, sizeof(args), "verify %s", dir);
-    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 5);
-    CHECK(strstr(out, "c.qweight") && strstr(out, "rank-0-of-2.qshard"));
-    /* a structural corruption: bad magic -> 2 for both */
-    b[0] = 'X';
-    write_file(bad, b, n);
-    snprintf(args, sizeof(args), "inspect %s", bad);
-    CHECK_EQ_INT(run_cli(args, NULL, 0), 2);
-    snprintf(args, sizeof(args), "verify %s", bad);
-    CHECK_EQ_INT(run_cli(args, NULL, 0), 2);
-    free(b);
-    /* missing rank in a directory -> 5 */
-    unlink(p);
-    snprintf(args, sizeof(args), "verify %s", dir);
-    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 5);
-    CHECK(strstr(out, "rank-0-of-2.qshard") != NULL);
-    unlink(bad);
-}
-
-/* Occurrences of `needle` in `hay`. */
-static int count_str(const char *hay, const char *needle)
-{
-    int c = 0;
-    for (const char *q = hay; (q = strstr(q, needle)); q += strlen(needle))
-        c++;
-    return c;
-}
-
-/* The last non-empty line of `s`, copied into buf. */
-static const char *last_line(const char *s, char *buf, size_t n)
-{
-    size_t e = strlen(s);
-    while (e > 0 && s[e - 1] == '\n')
-        e--;
-    size_t b = e;
-    while (b > 0 && s[b - 1] != '\n')
-        b--;
-    size_t l = e - b < n - 1 ? e - b : n - 1;
-    memcpy(buf, s + b, l);
-    buf[l] = 0;
-    return buf;
-}
-
-/* One corruption of a single rank file and the exit codes it must give. */
-struct vcase {
-    const char *what;
-    int verify_rc, inspect_rc;
-    const char *msg; /* in the one error line */
-};
-
-/* Apply case c to a copy of a good rank file (b, *n); returns the case. */
-static struct vcase vmutate(int c, uint8_t *b, size_t *n)
-{
-    uint64_t meta = ld64(b + 72);
-    switch (c) {
-    case 0:
-        b[20] ^= 0x01;
-        return (struct vcase){"header flags byte (offset 20)", 5, 2, "header checksum"};
-    case 1:
-        b[sec_off(b, 1, NULL) + 3] ^= 0x01;
-        return (struct vcase){"CONFIG section byte", 5, 2, "section CONFIG checksum"};
-    case 2:
-        tentry(b, 0)[80] ^= 0x01;
-        return (struct vcase){"tensor hash in the tensor table", 5, 2,
-                              "section TENSOR_TABLE checksum"};
-    case 3:
-        b[3 * 4096 + 7] ^= 0x10;
-        return (struct vcase){"tensor data byte", 5, 0, "c.qweight"};
-    case 4:
-        b[meta] = 0x5a;
-        return (struct vcase){"padding after the metadata", 5, 0, "padding"};
-    case 5:
-        *n -= 1;
-        return (struct vcase){"truncated by one byte", 2, 2, "truncated"};
-    case 6:
-        b[0] = 'X';
-        return (struct vcase){"bad magic", 2, 2, "magic"};
-    case 7:
-        st64(tentry(b, 2) + 64, 1ull << 40);
-        rehash(b, *n);
-        return (struct vcase){"tensor offset past the end", 2, 2, "c.qweight"};
-    default:
-        return (struct vcase){NULL, 0, 0, NULL};
-    }
-}
-
-/*
- * `verify`'s exit rule (2 = cannot be parsed, 5 = a check failed on a parsed file, whatever
- * part of the file the byte is in), one error line per failure (no second "FAILED: ... FMT_ERR_"
- * line), per-file status lines and an unambiguous summary, directories with and without
- * manifest.
- */
-static void test_cli_verify(void)
-{
-    static char out[1 << 16];
-    char dir[400], args[1500], p0[600], p1[600], f[600], man[600], line[512], want[700];
-    uint8_t id[16], id2[16];
-    fill_random(id, 16);
-    fill_random(id2, 16);
-    snprintf(dir, sizeof(dir), "%s/vfy", g_dir);
-    make_model_dir(dir, 2, id);
-    CHECK_EQ_INT(fmt_manifest_write(dir, 2), FMT_ERR_NONE);
-    snprintf(p0, sizeof(p0), "%s/rank-0-of-2.qshard", dir);
-    snprintf(p1, sizeof(p1), "%s/rank-1-of-2.qshard", dir);
-    snprintf(man, sizeof(man), "%s/%s", dir, FMT_MANIFEST_NAME);
-    snprintf(f, sizeof(f), "%s/one.qshard", g_dir);
-    size_t n0, n1;
-    uint8_t *good0 = read_file(p0, &n0), *good1 = read_file(p1, &n1);
-    if (!good0 || !good1) {
-        CHECK_MSG(0, "cannot read the model written to %s", dir);
-        goto out;
-    }
-    CHECK_MSG(ld64(good0 + 72) % 4096 != 0, "the padding case needs meta_size %% 4096 != 0");
-
-    /* a good directory: per-file lines in MiB/s, the manifest line says what it checked */
-    snprintf(args, sizeof(args), "verify %s", dir);
-    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 0);
-    CHECK_MSG(strstr(out, "2 ranks present") && strstr(out, "metadata digests match"), "%s", out);
-    CHECK_MSG(strstr(out, "MiB/s") && !strstr(out, "GB/s"), "%s", out);
-    CHECK_EQ_INT(count_str(out, ": error:"), 0);
-    CHECK_MSG(strncmp(last_line(out, line, sizeof(line)), "ok: all 2 files verified", 24) == 0,
-              "summary: %s", line);
-    snprintf(args, sizeof(args), "verify --help");
-    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 0);
-    CHECK_MSG(strstr(out, "2 a file cannot be parsed") && strstr(out, "5 verification failed"),
-              "verify --help does not state the exit rule: %s", out);
-
-    /* 1 + 3: single files, one case per check; exactly one error line, no FMT_ERR_ echo */
-    for (int c = 0;; c++) {
-        size_t n = n0;
-        uint8_t *b = malloc(n0);
-        memcpy(b, good0, n0);
-        struct vcase vc = vmutate(c, b, &n);
-        if (!vc.what) {
-            free(b);
-            break;
-        }
-        write_file(f, b, n);
-        free(b);
-        snprintf(args, sizeof(args), "verify %s", f);
-        int rc = run_cli(args, out, sizeof(out));
-        CHECK_MSG(rc == vc.verify_rc, "verify, %s: exit %d, expected %d", vc.what, rc,
-                  vc.verify_rc);
-        CHECK_MSG(count_str(out, ": error:") == 1 && !strstr(out, "FMT_ERR_"),
-                  "verify, %s: expected one error line: %s", vc.what, out);
-        CHECK_MSG(strstr(out, vc.msg) != NULL, "verify, %s: no \"%s\" in %s", vc.what, vc.msg, out);
-        snprintf(want, sizeof(want), "FAILED: %s\n", f);
-        CHECK_MSG(strstr(out, want) != NULL, "verify, %s: no status line: %s", vc.what, out);
-        CHECK_MSG(!strcmp(last_line(out, line, sizeof(line)), "FAILED: 1 of 1 file"),
-                  "verify, %s: summary: %s", vc.what, line);
-        snprintf(args, sizeof(args), "inspect %s", f);
-        rc = run_cli(args, out, sizeof(out));
-        CHECK_MSG(rc == vc.inspect_rc, "inspect, %s: exit %d, expected %d", vc.what, rc,
-                  vc.inspect_rc);
-        if (vc.inspect_rc)
-            CHECK_MSG(count_str(out, ": error:") == 1 && !strstr(out, "FMT_ERR_"),
-                      "inspect, %s: expected one error line: %s", vc.what, out);
-    }
-
-    /* 2: flipped tensor data in rank 0 of a directory: the manifest line does not vouch for the
-     * data, rank 1 is still verified, the summary counts files */
-    uint8_t *b = malloc(n0);
-    memcpy(b, good0, n0);
-    b[3 * 4096 + 7] ^= 0x10;
-    write_file(p0, b, n0);
-    snprintf(args, sizeof(args), "verify %s", dir);
-    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 5);
-    CHECK_MSG(strstr(out, "metadata digests match") && !strstr(out, "sizes and digests match"),
-              "%s", out);
-    snprintf(want, sizeof(want), "FAILED: %s\n", p0);
-    CHECK_MSG(strstr(out, want) != NULL, "%s", out);
-    snprintf(want, sizeof(want), "ok: %s: 3 tensors", p1);
-    CHECK_MSG(strstr(out, want) != NULL, "%s", out);
-    CHECK_EQ_INT(count_str(out, ": error:"), 1);
-    CHECK_MSG(!strcmp(last_line(out, line, sizeof(line)), "FAILED: 1 of 2 files"), "summary: %s",
-              line);
-    /* 1: a header byte of rank 0 in a directory: 5 as for a single file; rank 1 still checked,
-     * no "ok" for the manifest */
-    memcpy(b, good0, n0);
-    b[20] ^= 0x01;
-    write_file(p0, b, n0);
-    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 5);
-    CHECK_MSG(!strstr(out, "digests match") && strstr(out, want), "%s", out);
-    CHECK_EQ_INT(count_str(out, ": error:"), 1);
-    /* truncated rank 0: cannot be parsed, 2 */
-    write_file(p0, good0, n0 - 4096);
-    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 2);
-    CHECK_MSG(strstr(out, want) != NULL, "%s", out);
-    write_file(p0, good0, n0);
-    free(b);
-    /* manifest digest mismatch: rank 1 rewritten valid but different (generation config "0.7"
-     * -> "0.8", hashes recomputed) */
-    b = malloc(n1);
-    memcpy(b, good1, n1);
-    uint64_t gsz, goff = sec_off(b, 3, &gsz);
-    uint8_t *seven = memchr(b + goff, '7', gsz);
-    CHECK(seven != NULL);
-    if (seven)
-        *seven = '8';
-    rehash(b, n1);
-    write_file(p1, b, n1);
-    free(b);
-    snprintf(args, sizeof(args), "inspect %s", p1);
-    CHECK_EQ_INT(run_cli(args, NULL, 0), 0); /* the file itself is fine */
-    snprintf(args, sizeof(args), "verify %s", dir);
-    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 5);
-    CHECK_MSG(strstr(out, "manifest says") && count_str(out, ": error:") == 1, "%s", out);
-    snprintf(args, sizeof(args), "inspect %s", dir);
-    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 2);
-    CHECK_MSG(count_str(out, ": error:") == 1 && !strstr(out, "FMT_ERR_"), "%s", out);
-    /* a rank of another conversion: 5 */
-    CHECK_EQ_INT(base_write(p1, 1, 2, id2), FMT_ERR_NONE);
-    snprintf(args, sizeof(args), "verify %s", dir);
-    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 5);
-    write_file(p1, good1, n1);
-    CHECK_EQ_INT(run_cli(args, NULL, 0), 0);
-    /* a malformed manifest cannot be parsed: 2 */
-    write_file(man, "{\"format\":", 10);
-    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 2);
-    CHECK_MSG(count_str(out, ": error:") == 1 && !strstr(out, "FMT_ERR_"), "%s", out);
-    CHECK_MSG(strstr(last_line(out, line, sizeof(line)), "without a usable manifest.json") != NULL,
-              "summary: %s", line);
-
-    /* 4: no manifest: inspect shows the files, verify checks every file and then fails with 5 */
-    unlink(man);
-    snprintf(args, sizeof(args), "inspect %s", dir);
-    CHECK_EQ_INT(run_cli(args, NULL, 0), 0);
-    snprintf(args, sizeof(args), "verify %s", dir);
-    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 5);
-    CHECK_MSG(strstr(out, "no manifest.json: the set cannot be checked for completeness") &&
-              strstr(out, want), "%s", out);
-    snprintf(want, sizeof(want), "ok: %s: 3 tensors", p0);
-    CHECK_MSG(strstr(out, want) != NULL, "%s", out);
-    CHECK_MSG(strncmp(last_line(out, line, sizeof(line)), "FAILED: all 2 files passed", 26) == 0,
-              "summary: %s", line);
-    b = malloc(n0); /* ... and a corrupt file in it is still found */
-    memcpy(b, good0, n0);
-    b[3 * 4096 + 7] ^= 0x10;
-    write_file(p0, b, n0);
-    free(b);
-    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 5);
-    CHECK_MSG(strstr(out, "c.qweight") && strstr(out, "1 of 2 files failed"), "%s", out);
-    unlink(p0);
-    unlink(p1);
-    CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 2); /* nothing to verify at all */
-    CHECK_EQ_INT(count_str(out, ": error:"), 1);
-out:
-    unlink(f);
-    free(good0);
-    free(good1);
+    static const char *const sfx[] = {FMT_SUFFIX_QWEIGHT, FMT_SUFFIX_SCALES, FMT_SUFFIX_QZEROS,
+                                      FMT_SUFFIX_WEIGHT, FMT_SUFFIX_BIAS};
+    char buf[160];
+    for (int role = 0; role < FMT_N_COUNT; role++)
+        for (int layer = 0; layer < 12; layer += 11)
+            for (size_t k = 0; k <= 5; k++) {
+                const char *sf = k < 5 ? sfx[k] : NULL;
+                bool lin = fmt_name_is_linear((enum fmt_name)role);
+                if (sf && !lin)
+                    continue;
+                enum fmt_name r;
+                int l, e;
+                const char *rest;
+                CHECK(fmt_name(buf, sizeof(buf), (enum fmt_name)role, layer, 3, sf) == buf);
+                CHECK_MSG(fmt_name_parse(buf, &r, &l, &e, &rest), "%s does not parse", buf);
+                CHECK_EQ_INT(r, role);
+                CHECK(!strcmp(rest, sf ? sf : ""));
+                const char *in = fmt_name_in_layer(buf);
+                CHECK((l >= 0) == (in != NULL));
+                if (in) {
+                    char pre[32];
+                    snprintf(pre, sizeof(pre), "model.layers.%d.", layer);
+                    CHECK_EQ_INT(l, layer);
+                    CHECK(in == buf + strlen(pre) && !strncmp(buf, pre, strlen(pre)));
+                }
+            }
+    /* DESIGN 5, written out */
+    CHECK_EQ_STR(fmt_name(buf, sizeof(buf), FMT_N_QKV, 7, -1, FMT_SUFFIX_QWEIGHT),
+                 "model.layers.7.self_attn.qkv_proj.qweight");
+    CHECK_EQ_STR(fmt_name(buf, sizeof(buf), FMT_N_EXPERT_DOWN, 2, 5, NULL),
+                 "model.layers.2.block_sparse_moe.experts.5.down_proj");
+    CHECK_EQ_STR(fmt_name(buf, sizeof(buf), FMT_N_EMBED, -1, -1, NULL), "model.embed_tokens.weight");
+    CHECK_EQ_STR(fmt_name_in_layer("model.layers.10.mlp.gate_up_proj.scales"), "mlp.gate_up_proj.scales");
+    /* refused: negative index, too small a buffer, unknown role, malformed names */
+    CHECK(fmt_name(buf, sizeof(buf), FMT_N_O, -1, -1, NULL) == NULL);
+    CHECK(fmt_name(buf, 10, FMT_N_O, 1, -1, NULL) == NULL);
+    CHECK(fmt_name(buf, sizeof(buf), FMT_N_COUNT, 1, -1, NULL) == NULL);
+    static const char *const bad[] = {"model.layers.01.self_attn.o_proj", "model.layers.x.mlp.down_proj",
+                                      "model.layers.3.self_attn.o_proj.bogus", "lm_head.weight.bias",
+                                      "model.layers.3.mlp.up_proj", "", "model.layers.", NULL};
+    for (int i = 0; bad[i]; i++)
+        CHECK_MSG(!fmt_name_parse(bad[i], NULL, NULL, NULL, NULL), "%s parsed", bad[i]);
+    CHECK(fmt_name_in_layer("lm_head.weight") == NULL && fmt_name_in_layer(NULL) == NULL);
+    /* qs_path_join */
+    char *p = qs_path_join("a/b", "c.json");
+    CHECK_EQ_STR(p, "a/b/c.json");
+    free(p);
 }
 
 /* --- extra modes and main ------------------------------------------------------------------ */
@@ -1618,36 +1017,19 @@ static int write_corpus(const char *dir)
     return 0;
 }
 
-static void rm_rf(const char *dir)
-{
-    char cmd[600];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", dir);
-}
 
 int main(int argc, char **argv)
 {
-    T_INIT("fmt");
-    const char *seed_env = getenv("QSHARD_TEST_SEED");
-    g_rng = seed_env ? strtoull(seed_env, NULL, 0) : ((uint64_t)time(NULL) ^ (uint64_t)getpid() << 32);
-    if (!g_rng)
-        g_rng = 1;
-    uint64_t seed = g_rng;
-    base_init();
+    bool mode = argc == 3 && (!strcmp(argv[1], "--write-spec-example") ||
+                              !strcmp(argv[1], "--write-corpus"));
+    if (!t_fmt_init("fmt", !mode))
+        return 1;
     if (argc == 3 && !strcmp(argv[1], "--write-spec-example"))
         return write_spec_example(argv[2]) ? 1 : 0;
     if (argc == 3 && !strcmp(argv[1], "--write-corpus")) {
         g_rng = 42; /* deterministic corpus */
         base_init();
         return write_corpus(argv[2]);
-    }
-    printf("test_fmt: seed %" PRIu64 " (QSHARD_TEST_SEED=%" PRIu64 " to repeat)\n", seed, seed);
-    snprintf(g_dir, sizeof(g_dir), "%s/qshard-test-fmt-XXXXXX",
-             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(g_dir)) {
-        perror("mkdtemp");
-        return 1;
     }
     test_dtype_sizes();
     test_round_trip();
@@ -1656,8 +1038,7 @@ int main(int argc, char **argv)
     test_corrupt();
     test_manifest();
     test_writer_failures();
-    test_cli();
-    test_cli_verify();
+    test_names();
     rm_rf(g_dir);
     return t_done();
 }

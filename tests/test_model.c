@@ -251,7 +251,7 @@ static void test_config(void)
     CHECK_EQ_INT(c.intermediate_per_rank, 128);
     CHECK_EQ_INT(c.vocab_size_per_rank, 51);
     CHECK_EQ_INT(c.rank, 1);
-    CHECK_EQ_INT(c.rope_scaling.type, REF_ROPE_LLAMA3);
+    CHECK_EQ_INT(c.rope_scaling.type, QS_ROPE_LLAMA3);
     CHECK(c.rope_scaling.original_max_position_embeddings == 32.0f);
     CHECK_EQ_INT(c.n_eos, 1);
     CHECK_EQ_INT(c.eos_token_ids[0], 2);

@@ -780,7 +780,7 @@ static void test_rope(void)
     CHECK_EQ_INT(bad, 0);
 
     /* Llama 3.1 scaling, written out from Meta's apply_scaling description in double */
-    struct ref_rope_scaling l3 = {REF_ROPE_LLAMA3, 8.0f, 1.0f, 4.0f, 8192.0f};
+    struct qs_rope_scaling l3 = {QS_ROPE_LLAMA3, 8.0, 1.0, 4.0, 8192};
     ref_rope_inv_freq(inv_l3, 128, 500000.0, &l3);
     int n_low = 0, n_high = 0, n_mid = 0;
     bad = 0;
@@ -802,7 +802,7 @@ static void test_rope(void)
     CHECK(inv_l3[0] == inv[0]);
     CHECK(fabs(inv_l3[63] - inv[63] / 8) <= 1e-6 * inv[63]);
 
-    struct ref_rope_scaling lin = {REF_ROPE_LINEAR, 4.0f, 0, 0, 0};
+    struct qs_rope_scaling lin = {QS_ROPE_LINEAR, 4.0, 0, 0, 0};
     ref_rope_inv_freq(inv_lin, 128, 10000.0, &lin);
     ref_rope_inv_freq(inv, 128, 10000.0, NULL);
     bad = 0;

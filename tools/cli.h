@@ -85,7 +85,7 @@ struct cli_args {
     const char *tensor;
     /* convert */
     long tp, cvt_threads;
-    bool dry_run, no_check, quiet, force;
+    bool dry_run, no_check, quiet, force, no_fast_path;
     /* positional arguments, in order */
     const char *pos[CLI_MAX_POS];
     int n_pos;

@@ -227,6 +227,10 @@ const struct cli_opt cli_table[] = {
      .help = "replace an earlier conversion in OUT_DIR: it stays intact until the new one is "
              "complete, then its manifest and rank files (any tp) are replaced; other files "
              "are left alone"},
+    {.lng = "debug-no-fast-path", .kind = CLI_FLAG, .cmds = CLI_CONVERT, .sec = CLI_SEC_DEBUG,
+     .off = F(no_fast_path),
+     .help = "repack every linear through the generic AWQ decoder instead of the AutoAWQ GEMM "
+             "fast path (slower; the same bytes: an A/B check of the two paths)"},
     /* sampling */
     {.lng = "temp", .kind = CLI_FLOAT, .metavar = "T", .cmds = CLI_RUN, .sec = CLI_SEC_SAMPLING,
      .off = F(temp), .lo = 0, .hi = FLT_MAX, .def = "0.8", .must = "a number >= 0",

@@ -24,9 +24,10 @@ static const char k_usage[] =
     "\n"
     "options:\n";
 static const char k_trailer[] =
-    "exit codes: 0 ok, 1 usage, 2 bad input (unsupported or corrupt checkpoint, impossible\n"
-    "--tp), 3 out of memory or interrupted (nothing is left in OUT_DIR), 4 I/O error,\n"
-    "5 self-check failed\n"
+    "exit codes: 0 ok, 1 usage, 2 bad input (unsupported or corrupt checkpoint,\n"
+    "impossible --tp, incomplete or unloadable tokenizer files), 3 out of memory or\n"
+    "interrupted (nothing is left in OUT_DIR), 4 I/O error (also: another convert is\n"
+    "writing OUT_DIR), 5 self-check failed\n"
     "OUT_DIR must not be MODEL_DIR.\n";
 
 /* Exit code for a converter status: the input side's mapping plus the core's own codes. */
@@ -36,6 +37,7 @@ static int exit_code(enum cvt_err e)
     case CVT_ERR_SELF_CHECK: return QS_EXIT_VERIFY;
     case CVT_ERR_EXISTS: return QS_EXIT_USAGE;
     case CVT_ERR_SAME_DIR: return QS_EXIT_USAGE;
+    case CVT_ERR_LOCKED: return QS_EXIT_IO;
     case CVT_ERR_INTERRUPTED: return QS_EXIT_RUNTIME;
     default: return cvt_err_exit_code(e);
     }
@@ -62,19 +64,21 @@ int cmd_convert(int argc, char **argv)
     o.threads = (int)a.cvt_threads;
     o.quiet = a.quiet;
     o.force = a.force;
+    o.no_fast_path = a.no_fast_path;
     const int n_pos = a.n_pos;
     const int tp = (int)a.tp;
     o.model_dir = a.pos[0];
     o.out_dir = n_pos == 2 ? a.pos[1] : NULL;
     o.tp = tp;
-    /* test knob, not an option: working-memory budget in KiB (many small chunks per tensor) */
-    const char *kb = getenv("QSHARD_CVT_CHUNK_KB");
-    if (kb && atoi(kb) > 0)
-        o.chunk_bytes = (uint64_t)atoi(kb) << 10;
     enum cvt_err e = cvt_run(&o);
     if (e == CVT_ERR_TP)
         fprintf(stderr, "hint: run `qshard convert %s --tp 1 --dry-run` to see the model's "
                         "shapes\n",
+                o.model_dir);
+    if (e == CVT_ERR_TOKENIZER)
+        fprintf(stderr, "hint: the tokenizer files of %s are copied into every rank file and "
+                        "loaded by `qshard run`; complete or fix them, or remove them all to "
+                        "convert for token ids only\n",
                 o.model_dir);
     if (e == CVT_ERR_EXISTS)
         fprintf(stderr, "hint: pass --force to replace the earlier conversion (it stays intact "

@@ -1,0 +1,463 @@
+/*
+ * t_cvt_check.h - the converter tests' checker of one converted model against its source
+ * checkpoint (tests/test_cvt.c, test_cvt_built.c): every tensor of every rank, with the split
+ * rules of docs/DESIGN.md sections 4-5 restated here (not taken from the converter). Packed
+ * linears are unpacked with ref_dequant_w4 and compared bit for bit with cvt_awq_dequant_source
+ * (AWQ's own nibble orders) of the source slice computed here for that rank (column / row /
+ * kv-replication / intermediate-padding / vocab-padding rules); padding must be exactly +0.0;
+ * float tensors must equal the source converted to F16 / F32; every tensor of the rank must be
+ * accounted for. ck_twins: two conversions of twin checkpoints (same weights, other variant,
+ * container or config spelling) hold the same tensors, generation config, tokenizer and config
+ * but for quant.source_variant / quant.source_container. Test-only.
+ */
+#ifndef QS_T_CVT_CHECK_H
+#define QS_T_CVT_CHECK_H
+
+#include "cvt_src.h"
+#include "fmt.h"
+#include "ref.h"
+#include "t_cvt.h"
+
+struct model_ck {
+    const char *name;
+    struct cvt_source *src;
+    const struct cvt_hf_config *cfg;
+    long H, I, V, nq, nkv, hd, G, L, E;
+    int tp;
+    /* per-tp derived numbers (DESIGN 5, restated) */
+    long nq_r, nkv_r, rep, I_r, I_pad, V_r;
+    int n_checked;              /* tensors checked on the current rank */
+    int n_local;                /* packed linears seen with a local group size below G */
+};
+
+/* Largest common divisor of a and b, by counting down (not the converter's gcd). */
+static inline long gcd_slow(long a, long b)
+{
+    long g = a < b ? a : b;
+    while (a % g || b % g)
+        g--;
+    return g;
+}
+
+/* Can tp split this model (DESIGN 4 + 5, assuming every decoder linear is quantized)? The
+ * row-parallel o_proj's local group size gcd(G, K_r) must be a multiple of 16. */
+static inline bool tp_possible(const struct model_ck *m, int tp)
+{
+    if (m->nq % tp)
+        return false;
+    if (tp <= m->nkv ? m->nkv % tp : tp % m->nkv)
+        return false;
+    long nq_r = m->nq / tp, nkv_r = tp <= m->nkv ? m->nkv / tp : 1;
+    long o_K = nq_r * m->hd, qkv_N = (nq_r + 2 * nkv_r) * m->hd;
+    long G_o = m->G > 0 ? m->G : m->nq * m->hd; /* per-channel: G = K */
+    return gcd_slow(G_o, o_K) % 16 == 0 && o_K % 16 == 0 && qkv_N % 64 == 0 && m->H % 64 == 0;
+}
+
+static inline void ck_setup_tp(struct model_ck *m, int tp)
+{
+    m->tp = tp;
+    m->nq_r = m->nq / tp;
+    m->nkv_r = tp <= m->nkv ? m->nkv / tp : 1;
+    m->rep = tp <= m->nkv ? 1 : tp / m->nkv;
+    long U = m->G > 0 ? lcm_slow(m->G, 64) : 64;
+    m->I_pad = round_up_slow(m->I, U * tp);
+    m->I_r = m->I_pad / tp;
+    m->V_r = round_up_slow(m->V, tp) / tp;
+}
+
+static inline const struct fmt_tensor *find(const struct fmt_shard *s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static inline const struct fmt_tensor *find(const struct fmt_shard *s, const char *fmt, ...)
+{
+    char nm[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(nm, sizeof(nm), fmt, ap);
+    va_end(ap);
+    const struct fmt_tensor *t = fmt_shard_find(s, nm);
+    CHECK_MSG(t != NULL, "tensor %s missing", nm);
+    return t;
+}
+
+/* Dequantize packed linear `prefix` of a shard (its source has K_src input rows): returns [K][N]
+ * fp32 (malloc'ed) or NULL. Its scales / qzeros must have K / G_r rows, G_r = gcd(G, K) (DESIGN 4
+ * local group size; = G unless a row split leaves part of a group on a rank; per-channel
+ * G = K_src). */
+static inline float *deq_rank(struct model_ck *m, const struct fmt_shard *s, const char *prefix,
+                       long K_src, long *K_out, long *N_out)
+{
+    const struct fmt_tensor *q = find(s, "%s.qweight", prefix);
+    const struct fmt_tensor *sc = find(s, "%s.scales", prefix);
+    const struct fmt_tensor *z = find(s, "%s.qzeros", prefix);
+    if (!q || !sc || !z)
+        return NULL;
+    m->n_checked += 3;
+    long K = (long)q->shape[0], N = (long)q->shape[1];
+    CHECK(q->layout == FMT_LAYOUT_W4_MMA_T16X64 && sc->layout == FMT_LAYOUT_S_T64 &&
+          z->layout == FMT_LAYOUT_Z4_T64);
+    long G_src = m->G > 0 ? m->G : K_src, G_r = gcd_slow(G_src, K);
+    CHECK_MSG(sc->shape[0] == (uint64_t)(K / G_r) && sc->shape[1] == (uint64_t)N &&
+              z->shape[0] == sc->shape[0] && z->shape[1] == sc->shape[1],
+              "%s: scales [%llu, %llu], want [%ld, %ld]", prefix,
+              (unsigned long long)sc->shape[0], (unsigned long long)sc->shape[1], K / G_r, N);
+    m->n_local += G_r < G_src;
+    float *w = malloc((size_t)(K * N) * sizeof(float));
+    if (!w || ref_dequant_w4(q->data, z->data, sc->data, (int)K, (int)N, (int)G_r, w)) {
+        CHECK_MSG(0, "%s: ref_dequant_w4 failed", prefix);
+        free(w);
+        return NULL;
+    }
+    *K_out = K;
+    *N_out = N;
+    return w;
+}
+
+/* Full-source dequantization of linear `prefix` [K][N] (AWQ's own orders). */
+static inline float *deq_src(struct model_ck *m, const char *prefix, long K, long N)
+{
+    float *w = malloc((size_t)(K * N) * sizeof(float));
+    if (!w)
+        return NULL;
+    enum cvt_err e = cvt_awq_dequant_source(m->src, m->cfg, prefix, K, N, 0, K, 0, N, w);
+    CHECK_MSG(e == CVT_ERR_NONE, "%s: cvt_awq_dequant_source: %s", prefix, cvt_err_str(e));
+    if (e) {
+        free(w);
+        return NULL;
+    }
+    return w;
+}
+
+/* ours[r][dc + c] == src[src_r0 + r][src_c0 + c] bitwise for r < n_rows, c < n_cols. */
+static inline bool block_eq(const float *ours, long ours_N, long dr, long dc, const float *src,
+                     long src_N, long src_r0, long src_c0, long n_rows, long n_cols)
+{
+    for (long r = 0; r < n_rows; r++)
+        if (memcmp(ours + (dr + r) * ours_N + dc, src + (src_r0 + r) * src_N + src_c0,
+                   (size_t)n_cols * sizeof(float)))
+            return false;
+    return true;
+}
+
+/* ours[r][c] is +0.0 for every r in [r0, r1), c in [c0, c1). */
+static inline bool block_zero(const float *ours, long N, long r0, long r1, long c0, long c1)
+{
+    for (long r = r0; r < r1; r++)
+        for (long c = c0; c < c1; c++) {
+            uint32_t b;
+            memcpy(&b, &ours[r * N + c], 4);
+            if (b)
+                return false;
+        }
+    return true;
+}
+
+/* Source float tensor as fp32 (all elements), or NULL. */
+static inline float *src_f32(struct model_ck *m, const char *name, long *n)
+{
+    const struct cvt_src_tensor *t = cvt_source_find(m->src, name);
+    CHECK_MSG(t != NULL, "source tensor %s missing", name);
+    if (!t)
+        return NULL;
+    float *v = malloc((size_t)t->numel * sizeof(float));
+    if (v && cvt_source_read_f32(m->src, t, 0, (uint64_t)t->numel, v)) {
+        free(v);
+        v = NULL;
+    }
+    *n = (long)t->numel;
+    return v;
+}
+
+static inline uint16_t *src_f16(struct model_ck *m, const char *name, long *n)
+{
+    const struct cvt_src_tensor *t = cvt_source_find(m->src, name);
+    CHECK_MSG(t != NULL, "source tensor %s missing", name);
+    if (!t)
+        return NULL;
+    uint16_t *v = malloc((size_t)t->numel * sizeof(uint16_t));
+    if (v && cvt_source_read_f16(m->src, t, 0, (uint64_t)t->numel, v)) {
+        free(v);
+        v = NULL;
+    }
+    *n = (long)t->numel;
+    return v;
+}
+
+/* Replicated F32 tensor `name` equals the source converted to fp32. */
+static inline void ck_replicated(struct model_ck *m, const struct fmt_shard *s, const char *name)
+{
+    const struct fmt_tensor *t = find(s, "%s", name);
+    long n = 0;
+    float *v = src_f32(m, name, &n);
+    if (t && v) {
+        CHECK(t->dtype == FMT_DTYPE_F32 && t->numel == (uint64_t)n);
+        CHECK_MSG(t->numel == (uint64_t)n && !memcmp(t->data, v, (size_t)n * 4), "%s differs",
+                  name);
+        m->n_checked++;
+    }
+    free(v);
+}
+
+/* Vocab-parallel F16 table `out_name` of rank r vs source `src_name`. */
+static inline void ck_vocab(struct model_ck *m, const struct fmt_shard *s, int r, const char *out_name,
+                     const char *src_name)
+{
+    const struct fmt_tensor *t = find(s, "%s", out_name);
+    long n = 0;
+    uint16_t *v = src_f16(m, src_name, &n);
+    if (t && v) {
+        long lo = r * m->V_r, hi = (r + 1) * m->V_r < m->V ? (r + 1) * m->V_r : m->V;
+        long held = hi > lo ? hi - lo : 0;
+        CHECK(t->dtype == FMT_DTYPE_F16 && t->shape[0] == (uint64_t)m->V_r &&
+              t->shape[1] == (uint64_t)m->H);
+        const uint16_t *d = t->data;
+        CHECK_MSG(!memcmp(d, v + lo * m->H, (size_t)(held * m->H) * 2), "%s rank %d rows", out_name,
+                  r);
+        bool zero = true;
+        for (long i = held * m->H; i < m->V_r * m->H; i++)
+            zero &= d[i] == 0;
+        CHECK_MSG(zero, "%s rank %d: padding rows not zero", out_name, r);
+        m->n_checked++;
+    }
+    free(v);
+}
+
+/* Fused column-parallel q/k/v (+ bias) of layer i on rank r. */
+static inline void ck_attention(struct model_ck *m, const struct fmt_shard *s, int r, int i)
+{
+    char p[160];
+    long K, N, hd = m->hd, kv_head = m->tp <= m->nkv ? r * m->nkv_r : r / m->rep;
+    snprintf(p, sizeof(p), "model.layers.%d.self_attn.qkv_proj", i);
+    float *w = deq_rank(m, s, p, m->H, &K, &N);
+    static const char *const part[3] = {"q_proj", "k_proj", "v_proj"};
+    if (w) {
+        CHECK(K == m->H && N == (m->nq_r + 2 * m->nkv_r) * hd);
+        for (int j = 0; j < 3; j++) {
+            char sp[160];
+            snprintf(sp, sizeof(sp), "model.layers.%d.self_attn.%s", i, part[j]);
+            long Ns = (j == 0 ? m->nq : m->nkv) * hd;
+            float *src = deq_src(m, sp, m->H, Ns);
+            long c0 = j == 0 ? r * m->nq_r * hd : kv_head * hd;
+            long n = (j == 0 ? m->nq_r : m->nkv_r) * hd;
+            long dc = j == 0 ? 0 : (m->nq_r + (j - 1) * m->nkv_r) * hd;
+            if (src)
+                CHECK_MSG(block_eq(w, N, 0, dc, src, Ns, 0, c0, m->H, n),
+                          "%s rank %d: %s slice differs from the source", p, r, part[j]);
+            free(src);
+            /* bias (Qwen2): same columns */
+            char bn[200];
+            snprintf(bn, sizeof(bn), "%s.bias", sp);
+            if (cvt_source_find(m->src, bn)) {
+                long nb = 0;
+                float *b = src_f32(m, bn, &nb);
+                const struct fmt_tensor *t = find(s, "%s.bias", p);
+                if (b && t)
+                    CHECK_MSG(!memcmp((const float *)t->data + dc, b + c0, (size_t)n * 4),
+                              "%s.bias rank %d: %s part differs", p, r, part[j]);
+                if (j == 0 && t)
+                    m->n_checked++;
+                free(b);
+            }
+        }
+        free(w);
+    }
+    snprintf(p, sizeof(p), "model.layers.%d.self_attn.o_proj", i);
+    w = deq_rank(m, s, p, m->nq * hd, &K, &N);
+    if (w) {
+        float *src = deq_src(m, p, m->nq * hd, m->H);
+        CHECK(K == m->nq_r * hd && N == m->H);
+        if (src)
+            CHECK_MSG(block_eq(w, N, 0, 0, src, m->H, r * m->nq_r * hd, 0, K, N),
+                      "%s rank %d differs from the source rows", p, r);
+        free(src);
+        free(w);
+    }
+}
+
+/* Gated MLP (dense or one expert) on rank r: gate_up [H, 2 I_r], down [I_r, H]. */
+static inline void ck_mlp(struct model_ck *m, const struct fmt_shard *s, int r, const char *base,
+                   const char *gate, const char *up, const char *down)
+{
+    char p[200], sp[200];
+    long K, N, lo = r * m->I_r, hi = (r + 1) * m->I_r < m->I ? (r + 1) * m->I_r : m->I;
+    long held = hi > lo ? hi - lo : 0;
+    snprintf(p, sizeof(p), "%s.gate_up_proj", base);
+    float *w = deq_rank(m, s, p, m->H, &K, &N);
+    if (w) {
+        CHECK(K == m->H && N == 2 * m->I_r);
+        const char *parts[2] = {gate, up};
+        for (int j = 0; j < 2; j++) {
+            snprintf(sp, sizeof(sp), "%s.%s", base, parts[j]);
+            float *src = deq_src(m, sp, m->H, m->I);
+            if (src && held)
+                CHECK_MSG(block_eq(w, N, 0, j * m->I_r, src, m->I, 0, lo, m->H, held),
+                          "%s rank %d: %s columns differ", p, r, parts[j]);
+            CHECK_MSG(block_zero(w, N, 0, K, j * m->I_r + held, (j + 1) * m->I_r),
+                      "%s rank %d: padding columns of %s not zero", p, r, parts[j]);
+            free(src);
+        }
+        free(w);
+    }
+    snprintf(p, sizeof(p), "%s.down_proj", base);
+    w = deq_rank(m, s, p, m->I, &K, &N);
+    if (w) {
+        CHECK(K == m->I_r && N == m->H);
+        snprintf(sp, sizeof(sp), "%s.%s", base, down);
+        float *src = deq_src(m, sp, m->I, m->H);
+        if (src && held)
+            CHECK_MSG(block_eq(w, N, 0, 0, src, m->H, lo, 0, held, m->H),
+                      "%s rank %d: rows differ", p, r);
+        CHECK_MSG(block_zero(w, N, held, K, 0, N), "%s rank %d: padding rows not zero", p, r);
+        free(src);
+        free(w);
+    }
+}
+
+/* Config JSON of rank r: the tp block and padded sizes as DESIGN 6 / 5 say. */
+static inline void ck_config(struct model_ck *m, const struct fmt_shard *s, int r)
+{
+    const char *js;
+    size_t len;
+    CHECK(fmt_shard_config_json(s, &js, &len) == FMT_ERR_NONE);
+    cJSON *j = cJSON_ParseWithLength(js, len);
+    CHECK(j != NULL);
+    if (!j)
+        return;
+    cJSON *tp = cJSON_GetObjectItem(j, "tp");
+#define NUM(o, k) cJSON_GetNumberValue(cJSON_GetObjectItem((o), (k)))
+    CHECK_EQ_INT(NUM(tp, "world_size"), m->tp);
+    CHECK_EQ_INT(NUM(tp, "rank"), r);
+    CHECK_EQ_INT(NUM(tp, "heads_per_rank"), m->nq_r);
+    CHECK_EQ_INT(NUM(tp, "kv_heads_per_rank"), m->nkv_r);
+    CHECK_EQ_INT(NUM(tp, "kv_head_replicas"), m->rep);
+    CHECK_EQ_INT(NUM(tp, "intermediate_per_rank"), m->I_r);
+    CHECK_EQ_INT(NUM(j, "intermediate_size_padded"), m->I_pad);
+    CHECK_EQ_INT(NUM(j, "vocab_size_per_rank"), m->V_r);
+    CHECK_EQ_INT(NUM(j, "vocab_size"), m->V);
+    CHECK_EQ_INT(NUM(j, "hidden_size"), m->H);
+    CHECK_EQ_INT(NUM(cJSON_GetObjectItem(j, "quant"), "group_size"), m->G);
+    CHECK(cJSON_IsBool(cJSON_GetObjectItem(j, "tie_word_embeddings")));
+#undef NUM
+    cJSON_Delete(j);
+}
+
+/* Every tensor of every rank of out_dir vs the source. */
+static inline void ck_model(struct model_ck *m, const char *out_dir)
+{
+    struct fmt_model *fm = NULL;
+    enum fmt_err fe = fmt_model_open(out_dir, &fm);
+    CHECK_MSG(fe == FMT_ERR_NONE, "%s tp %d: fmt_model_open: %s", m->name, m->tp, qs_log_last());
+    if (!fm)
+        return;
+    CHECK_EQ_INT(fmt_model_world_size(fm), m->tp);
+    for (int r = 0; r < m->tp; r++) {
+        const struct fmt_shard *s = fmt_model_shard(fm, (uint32_t)r);
+        char base[160], nm[200];
+        m->n_checked = 0;
+        ck_config(m, s, r);
+        bool tie = m->cfg->tie_word_embeddings;
+        const char *emb = "model.embed_tokens.weight";
+        ck_vocab(m, s, r, emb, cvt_source_find(m->src, emb) ? emb : "lm_head.weight");
+        if (tie)
+            CHECK_MSG(fmt_shard_find(s, "lm_head.weight") == NULL, "%s: tied model has lm_head",
+                      m->name);
+        else
+            ck_vocab(m, s, r, "lm_head.weight", "lm_head.weight");
+        ck_replicated(m, s, "model.norm.weight");
+        for (int i = 0; i < m->L; i++) {
+            snprintf(nm, sizeof(nm), "model.layers.%d.input_layernorm.weight", i);
+            ck_replicated(m, s, nm);
+            snprintf(nm, sizeof(nm), "model.layers.%d.post_attention_layernorm.weight", i);
+            ck_replicated(m, s, nm);
+            ck_attention(m, s, r, i);
+            if (m->E) {
+                snprintf(nm, sizeof(nm), "model.layers.%d.block_sparse_moe.gate.weight", i);
+                ck_replicated(m, s, nm);
+                for (int e = 0; e < m->E; e++) {
+                    snprintf(base, sizeof(base), "model.layers.%d.block_sparse_moe.experts.%d", i,
+                             e);
+                    ck_mlp(m, s, r, base, "w1", "w3", "w2");
+                }
+            } else {
+                snprintf(base, sizeof(base), "model.layers.%d.mlp", i);
+                ck_mlp(m, s, r, base, "gate_proj", "up_proj", "down_proj");
+            }
+        }
+        /* nothing in the rank file that this test did not check */
+        CHECK_MSG(m->n_checked == (int)fmt_shard_n_tensors(s), "%s tp %d rank %d: %d tensors "
+                  "checked, file has %u", m->name, m->tp, r, m->n_checked,
+                  fmt_shard_n_tensors(s));
+    }
+    fmt_model_close(fm);
+}
+
+/* --- twins ------------------------------------------------------------------------------- */
+
+/* Config JSON without the two fields that name the source format. */
+static inline cJSON *config_sans_source(const struct fmt_shard *s)
+{
+    const char *js;
+    size_t len;
+    if (fmt_shard_config_json(s, &js, &len))
+        return NULL;
+    cJSON *j = cJSON_ParseWithLength(js, len);
+    cJSON *q = cJSON_GetObjectItem(j, "quant");
+    cJSON_DeleteItemFromObject(q, "source_variant");
+    cJSON_DeleteItemFromObject(q, "source_container");
+    return j;
+}
+
+struct tok_list {
+    int n;
+    char names[16][64];
+    uint64_t sizes[16];
+};
+
+static inline void tok_cb(void *ctx, const char *name, uint64_t size)
+{
+    struct tok_list *l = ctx;
+    if (l->n < 16) {
+        snprintf(l->names[l->n], sizeof(l->names[0]), "%s", name);
+        l->sizes[l->n++] = size;
+    }
+}
+
+static inline void ck_twins(const char *dir_a, const char *dir_b, const char *what)
+{
+    struct fmt_model *a = NULL, *b = NULL;
+    CHECK(fmt_model_open(dir_a, &a) == FMT_ERR_NONE);
+    CHECK(fmt_model_open(dir_b, &b) == FMT_ERR_NONE);
+    if (!a || !b)
+        goto out;
+    CHECK_EQ_INT(fmt_model_world_size(a), fmt_model_world_size(b));
+    for (uint32_t r = 0; r < fmt_model_world_size(a) && r < fmt_model_world_size(b); r++) {
+        const struct fmt_shard *sa = fmt_model_shard(a, r), *sb = fmt_model_shard(b, r);
+        uint32_t n = fmt_shard_n_tensors(sa);
+        CHECK_MSG(n == fmt_shard_n_tensors(sb), "%s rank %u: tensor counts differ", what, r);
+        for (uint32_t i = 0; i < n && i < fmt_shard_n_tensors(sb); i++) {
+            const struct fmt_tensor *ta = fmt_shard_tensor(sa, i), *tb = fmt_shard_tensor(sb, i);
+            bool same = !strcmp(ta->name, tb->name) && ta->dtype == tb->dtype &&
+                        ta->layout == tb->layout && ta->n_dims == tb->n_dims &&
+                        !memcmp(ta->shape, tb->shape, sizeof(ta->shape)) &&
+                        ta->split == tb->split && ta->size == tb->size && ta->xxh3 == tb->xxh3 &&
+                        !memcmp(ta->data, tb->data, ta->size);
+            CHECK_MSG(same, "%s rank %u: tensor %u (%s vs %s) differs", what, r, i, ta->name,
+                      tb->name);
+        }
+        cJSON *ca = config_sans_source(sa), *cb = config_sans_source(sb);
+        CHECK_MSG(ca && cb && cJSON_Compare(ca, cb, true), "%s rank %u: configs differ", what, r);
+        cJSON_Delete(ca);
+        cJSON_Delete(cb);
+        const char *ga, *gb;
+        size_t la, lb;
+        CHECK(!fmt_shard_generation_config_json(sa, &ga, &la) &&
+              !fmt_shard_generation_config_json(sb, &gb, &lb) && la == lb && !memcmp(ga, gb, la));
+        struct tok_list xa = {0}, xb = {0};
+        CHECK(!fmt_shard_tokenizer_list(sa, tok_cb, &xa) && !fmt_shard_tokenizer_list(sb, tok_cb, &xb));
+        CHECK(xa.n == xb.n && !memcmp(xa.sizes, xb.sizes, sizeof(xa.sizes)));
+    }
+out:
+    fmt_model_close(a);
+    fmt_model_close(b);
+}
+
+#endif /* QS_T_CVT_CHECK_H */

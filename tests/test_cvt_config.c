@@ -1,0 +1,470 @@
+/*
+ * test_cvt_config.c - the converter's config reader (convert/cvt_config.c through the
+ * architecture descriptors of convert/arch/) and the source directory: real configs from
+ * HuggingFace repos (tests/data/fuzz/fuzz_config/, provenance in tests/data/fuzz/README.md) and
+ * hand-written bad ones, each refused with its status and a message naming the key; every
+ * family's defaults against transformers' configuration classes; sharded indexes and directory
+ * layouts (mixed downloads, shards missing or extra, tensors in the wrong shard).
+ *
+ * Run: ./build/test_cvt_config (from the repo root). Builders: tests/t_cvt_src.h.
+ */
+#include "cvt_arch.h" /* cvt_arch_find, CVT_ROLE_BIT */
+#include "t_cvt_src.h"
+
+/* --- configs ---------------------------------------------------------------------------------------- */
+
+static enum cvt_err cfg_parse(const char *c, const char *q, const char *z, const char *g, struct cvt_hf_config *cfg)
+{
+    return cvt_config_parse("test", c, c ? strlen(c) : 0, q, q ? strlen(q) : 0, z, z ? strlen(z) : 0, g, g ? strlen(g) : 0,
+                            cfg);
+}
+
+static char *corpus_file(const char *name, size_t *n)
+{
+    char p[512];
+    snprintf(p, sizeof p, "tests/data/fuzz/fuzz_config/%s", name);
+    return t_slurp(p, n);
+}
+
+#define BASE_CFG "\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 4096, \"intermediate_size\": 11008, " \
+                 "\"num_hidden_layers\": 32, \"num_attention_heads\": 32, \"vocab_size\": 32000"
+
+static void test_configs(void)
+{
+    struct cvt_hf_config cfg;
+    size_t n;
+    /* Real configs (HuggingFace repos; see tests/data/fuzz/README.md). */
+    char *t = corpus_file("Llama-3.1-70B-Instruct-AWQ-INT4.config.json", &n);
+    CHECK(t != NULL);
+    if (t) {
+        CHECK_EQ_INT(cvt_config_parse("real", t, n, NULL, 0, NULL, 0, NULL, 0, &cfg), CVT_ERR_NONE);
+        CHECK_EQ_INT(cfg.arch, cvt_arch_find("llama"));
+        CHECK_EQ_INT(cfg.hidden_size, 8192);
+        CHECK_EQ_INT(cfg.num_key_value_heads, 8);
+        CHECK_EQ_INT(cfg.head_dim, 128);
+        CHECK_EQ_INT(cfg.rope_scaling.type, QS_ROPE_LLAMA3);
+        CHECK(cfg.rope_scaling.factor == 8.0 && cfg.rope_scaling.high_freq_factor == 4.0);
+        CHECK_EQ_INT(cfg.rope_scaling.original_max_position_embeddings, 8192);
+        CHECK(cfg.rope_theta == 500000.0);
+        CHECK_EQ_INT(cfg.n_eos, 3);
+        CHECK_EQ_INT(cfg.eos_token_id[2], 128009);
+        CHECK_EQ_INT(cfg.quant.from, CVT_QCFG_CONFIG_JSON);
+        CHECK_EQ_INT(cfg.quant.group_size, 128);
+        CHECK_EQ_INT(cfg.quant.variant_mask, CVT_VARIANT_BIT(CVT_VARIANT_GEMM));
+        CHECK(cfg.config_json_size == n && memcmp(cfg.config_json, t, n) == 0);
+        cvt_config_free(&cfg);
+        /* + generation_config with an eos list (casperhansen/llama-3-70b-instruct-awq) */
+        size_t gn;
+        char *g = corpus_file("llama-3-70b-instruct-awq.generation_config.json", &gn);
+        CHECK(g != NULL);
+        if (g) {
+            CHECK_EQ_INT(cvt_config_parse("real", t, n, NULL, 0, NULL, 0, g, gn, &cfg), CVT_ERR_NONE);
+            CHECK_EQ_INT(cfg.n_eos, 3); /* {128001, 128008, 128009} U {128001, 128009} */
+            CHECK_EQ_INT(cfg.bos_token_id, 128000);
+            CHECK(cfg.generation_config_json && cfg.generation_config_json_size == gn);
+            cvt_config_free(&cfg);
+            free(g);
+        }
+        free(t);
+    }
+    t = corpus_file("Qwen2.5-72B-Instruct-ko-AWQ.config.json", &n);
+    if (t) {
+        CHECK_EQ_INT(cvt_config_parse("real", t, n, NULL, 0, NULL, 0, NULL, 0, &cfg), CVT_ERR_NONE);
+        CHECK_EQ_INT(cfg.arch, cvt_arch_find("qwen2"));
+        CHECK(cfg.bias_roles == CVT_ROLE_BIT(FMT_N_QKV)); /* q/k/v, not o */
+        CHECK_EQ_INT(cfg.intermediate_size, 29568);
+        CHECK_EQ_INT(cfg.vocab_size, 152064);
+        CHECK_EQ_INT(cfg.sliding_window, 0);
+        cvt_config_free(&cfg);
+        free(t);
+    }
+    t = corpus_file("Mistral-7B-v0.1-AWQ.config.json", &n);
+    if (t) {
+        CHECK_EQ_INT(cvt_config_parse("real", t, n, NULL, 0, NULL, 0, NULL, 0, &cfg), CVT_ERR_NONE);
+        CHECK_EQ_INT(cfg.arch, cvt_arch_find("mistral"));
+        CHECK_EQ_INT(cfg.sliding_window, 4096);
+        CHECK_EQ_STR(cfg.torch_dtype, "bfloat16");
+        cvt_config_free(&cfg);
+        free(t);
+    }
+    t = corpus_file("mistral-7b-instruct-awq-gemv.config.json", &n);
+    if (t) {
+        CHECK_EQ_INT(cvt_config_parse("real", t, n, NULL, 0, NULL, 0, NULL, 0, &cfg), CVT_ERR_NONE);
+        CHECK_EQ_INT(cfg.quant.variant_mask, CVT_VARIANT_BIT(CVT_VARIANT_GEMV));
+        cvt_config_free(&cfg);
+        free(t);
+    }
+    t = corpus_file("LLaMA-30b-AWQ.quant_config.json", &n);
+    if (t) {
+        CHECK_EQ_INT(cfg_parse("{" BASE_CFG "}", t, NULL, NULL, &cfg), CVT_ERR_NONE);
+        CHECK_EQ_INT(cfg.quant.from, CVT_QCFG_QUANT_CONFIG_JSON);
+        CHECK_EQ_STR(cfg.quant.version, "gemm");
+        CHECK_EQ_INT(cfg.num_key_value_heads, 32);
+        CHECK_EQ_INT(cfg.head_dim, 128);
+        cvt_config_free(&cfg);
+        free(t);
+    }
+    t = corpus_file("Llama-2-7b-chat-hf-w4-g128-awq.quantize_config.json", &n);
+    if (t) {
+        CHECK_EQ_INT(cfg_parse("{" BASE_CFG "}", NULL, t, NULL, &cfg), CVT_ERR_NONE);
+        CHECK_EQ_INT(cfg.quant.from, CVT_QCFG_QUANTIZE_CONFIG_JSON);
+        CHECK_EQ_INT(cfg.quant.variant_mask, CVT_VARIANT_BIT(CVT_VARIANT_GEMM));
+        cvt_config_free(&cfg);
+        free(t);
+    }
+    /* Bad ones: each refused with its own code and a message naming the cause. */
+    qs_log_set_quiet(true);
+    static const struct {
+        const char *cfg, *qcfg, *want_msg;
+        enum cvt_err want;
+    } bad[] = {
+        {"{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"awq\", \"bits\": 8, \"group_size\": 128}}", NULL, "bits", CVT_ERR_UNSUPPORTED},
+        {"{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": 128, \"zero_point\": false}}", NULL, "zero_point", CVT_ERR_UNSUPPORTED},
+        {"{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128}}", NULL, "gptq", CVT_ERR_UNSUPPORTED},
+        {"{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": 128, \"version\": \"marlin\"}}", NULL, "marlin", CVT_ERR_UNSUPPORTED},
+        {"{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": 128, \"version\": \"gemm_v9\"}}", NULL, "gemm_v9", CVT_ERR_UNSUPPORTED},
+        {"{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": 128}}",
+         "{\"zero_point\": true, \"q_group_size\": 64, \"w_bit\": 4, \"version\": \"GEMM\"}", "disagree", CVT_ERR_CONFIG},
+        {"{" BASE_CFG ", \"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0}}", NULL, "dynamic", CVT_ERR_UNSUPPORTED},
+        {"{" BASE_CFG ", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 2.0}}", NULL, "yarn", CVT_ERR_UNSUPPORTED},
+        {"{\"architectures\": [\"FalconForCausalLM\"], \"hidden_size\": 4544}", NULL, "FalconForCausalLM", CVT_ERR_UNSUPPORTED},
+        {"{\"model_type\": \"mpt\"}", NULL, "mpt", CVT_ERR_UNSUPPORTED},
+        {"{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"mistral\", \"hidden_size\": 8}", NULL, "disagree", CVT_ERR_CONFIG},
+        {"[1, 2, 3]", NULL, "JSON object", CVT_ERR_JSON},
+        {"{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 4096", NULL, "JSON object", CVT_ERR_JSON},
+        {"{\"architectures\": [\"LlamaForCausalLM\"], \"intermediate_size\": 11008}", NULL, "hidden_size", CVT_ERR_CONFIG},
+        {"{" BASE_CFG ", \"num_key_value_heads\": 5}", NULL, "num_key_value_heads", CVT_ERR_CONFIG},
+        {"{" BASE_CFG ", \"rms_norm_eps\": -1}", NULL, "rms_norm_eps", CVT_ERR_CONFIG},
+        {"{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 4096, \"intermediate_size\": 11008, "
+         "\"num_hidden_layers\": 32, \"num_attention_heads\": 32, \"vocab_size\": 1e30}", NULL, "vocab_size", CVT_ERR_CONFIG},
+        {"{" BASE_CFG ", \"vocab_size\": 64}", NULL, "vocab_size", CVT_ERR_JSON}, /* duplicate key */
+        {"{" BASE_CFG ", \"eos_token_id\": [2, \"x\"]}", NULL, "eos_token_id", CVT_ERR_CONFIG},
+        {"{" BASE_CFG ", \"eos_token_id\": 99999}", NULL, "eos_token_id", CVT_ERR_CONFIG},
+        {"{" BASE_CFG ", \"hidden_act\": \"gelu\"}", NULL, "gelu", CVT_ERR_UNSUPPORTED},
+        {"{\"architectures\": [\"Qwen2ForCausalLM\"], \"hidden_size\": 64, \"intermediate_size\": 64, \"num_hidden_layers\": 4, "
+         "\"num_attention_heads\": 1, \"vocab_size\": 64, \"use_sliding_window\": true, \"max_window_layers\": 2}", NULL, "max_window_layers",
+         CVT_ERR_UNSUPPORTED},
+        {"{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"awq\", \"bits\": 4}}", NULL, "group", CVT_ERR_CONFIG},
+        {"{" BASE_CFG ", \"tie_word_embeddings\": \"yes\"}", NULL, "tie_word_embeddings", CVT_ERR_CONFIG},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        enum cvt_err e = cfg_parse(bad[i].cfg, bad[i].qcfg, NULL, NULL, &cfg);
+        CHECK_MSG(e == bad[i].want, "bad config %zu: got %s, want %s (%s)", i, cvt_err_str(e), cvt_err_str(bad[i].want),
+                  qs_log_last());
+        CHECK_MSG(strstr(qs_log_last(), bad[i].want_msg) != NULL, "bad config %zu: message '%s' lacks '%s'", i,
+                  qs_log_last(), bad[i].want_msg);
+        CHECK(cfg.config_json == NULL);
+    }
+    qs_log_set_quiet(false);
+}
+
+/* Quant config spellings: nested under text_config, GPTQ disguised, two agreeing files. */
+static void test_config_spellings(void)
+{
+    struct cvt_hf_config cfg;
+    /* quant config nested under text_config (VLM-style wrapper, PITFALLS P21 c) */
+    CHECK_EQ_INT(cfg_parse("{" BASE_CFG ", \"text_config\": {\"quantization_config\": {\"quant_method\": \"awq\", "
+                           "\"bits\": 4, \"group_size\": 64, \"version\": \"gemv\"}}}", NULL, NULL, NULL, &cfg),
+                 CVT_ERR_NONE);
+    CHECK_EQ_INT(cfg.quant.group_size, 64);
+    CHECK_EQ_INT(cfg.quant.variant_mask, CVT_VARIANT_BIT(CVT_VARIANT_GEMV));
+    cvt_config_free(&cfg);
+    /* quantize_config.json that is really GPTQ */
+    qs_log_set_quiet(true);
+    CHECK_EQ_INT(cfg_parse("{" BASE_CFG "}", NULL, "{\"bits\": 4, \"group_size\": 128, \"desc_act\": false, \"sym\": true}", NULL, &cfg),
+                 CVT_ERR_UNSUPPORTED);
+    qs_log_set_quiet(false);
+    /* defaults and two agreeing quant configs (AutoAWQ 0.1.6-0.1.8 wrote both) */
+    CHECK_EQ_INT(cfg_parse("{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": 128, "
+                           "\"version\": \"gemm\", \"modules_to_not_convert\": [\"gate\"]}}",
+                           "{\"zero_point\": true, \"q_group_size\": 128, \"w_bit\": 4, \"version\": \"GEMM\"}", NULL, NULL, &cfg),
+                 CVT_ERR_NONE);
+    CHECK_EQ_INT(cfg.quant.n_modules_to_not_convert, 1);
+    CHECK(cvt_config_skips_module(&cfg, "model.layers.0.block_sparse_moe.gate"));
+    CHECK(!cvt_config_skips_module(&cfg, "model.layers.0.self_attn.q_proj"));
+    CHECK(cfg.rms_norm_eps == 1e-6 && cfg.rope_theta == 10000.0);
+    CHECK_EQ_INT(cfg.max_position_embeddings, 2048);
+    cvt_config_free(&cfg);
+}
+
+/* Each family's defaults (descriptors, convert/arch/) against transformers' configuration
+ * classes (configuration_llama.py, _mistral.py, _qwen2.py, _mixtral.py): rope_theta,
+ * max_position_embeddings, sliding window, biases, experts, when config.json omits them. */
+static void test_arch_defaults(void)
+{
+    static const struct {
+        const char *cls;
+        double rope_theta;
+        int64_t max_pos, sliding_window, experts, top_k;
+        unsigned bias_roles;
+    } want[] = {
+        {"LlamaForCausalLM", 10000.0, 2048, 0, 0, 0, 0},
+        {"MistralForCausalLM", 10000.0, 4096 * 32, 0, 0, 0, 0},
+        {"Qwen2ForCausalLM", 10000.0, 32768, 0, 0, 0, CVT_ROLE_BIT(FMT_N_QKV)},
+        {"MixtralForCausalLM", 1e6, 4096 * 32, 0, 8, 2, 0},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        char c[512];
+        struct cvt_hf_config cfg;
+        snprintf(c, sizeof c, "{\"architectures\": [\"%s\"], \"hidden_size\": 256, \"intermediate_size\": "
+                 "512, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 64}", want[i].cls);
+        CHECK_EQ_INT(cfg_parse(c, NULL, NULL, NULL, &cfg), CVT_ERR_NONE);
+        CHECK(cfg.arch && cfg.arch == cvt_arch_by_hf_class(want[i].cls));
+        CHECK_MSG(cfg.rope_theta == want[i].rope_theta, "%s rope_theta %g", want[i].cls, cfg.rope_theta);
+        CHECK_EQ_INT(cfg.max_position_embeddings, want[i].max_pos);
+        CHECK_EQ_INT(cfg.sliding_window, want[i].sliding_window);
+        CHECK_EQ_INT(cfg.num_local_experts, want[i].experts);
+        CHECK_EQ_INT(cfg.num_experts_per_tok, want[i].top_k);
+        CHECK_EQ_INT(cfg.bias_roles, want[i].bias_roles);
+        CHECK_EQ_INT(cfg.head_dim, 64);
+        cvt_config_free(&cfg);
+    }
+    /* the family keys each descriptor reads */
+    struct cvt_hf_config cfg;
+    CHECK_EQ_INT(cfg_parse("{\"model_type\": \"llama\", \"hidden_size\": 256, \"intermediate_size\": 512, "
+                           "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 64, "
+                           "\"attention_bias\": true}", NULL, NULL, NULL, &cfg), CVT_ERR_NONE);
+    CHECK_EQ_INT(cfg.bias_roles, CVT_ROLE_BIT(FMT_N_QKV) | CVT_ROLE_BIT(FMT_N_O));
+    cvt_config_free(&cfg);
+    CHECK_EQ_INT(cfg_parse("{\"model_type\": \"mistral\", \"hidden_size\": 256, \"intermediate_size\": 512, "
+                           "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 64, "
+                           "\"sliding_window\": 4096}", NULL, NULL, NULL, &cfg), CVT_ERR_NONE);
+    CHECK_EQ_INT(cfg.sliding_window, 4096);
+    cvt_config_free(&cfg);
+    /* Qwen2: a window on every layer (max_window_layers 0), or on none (>= layers) */
+    CHECK_EQ_INT(cfg_parse("{\"model_type\": \"qwen2\", \"hidden_size\": 256, \"intermediate_size\": 512, "
+                           "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 64, "
+                           "\"use_sliding_window\": true, \"sliding_window\": 512, \"max_window_layers\": 0}",
+                           NULL, NULL, NULL, &cfg), CVT_ERR_NONE);
+    CHECK_EQ_INT(cfg.sliding_window, 512);
+    cvt_config_free(&cfg);
+    CHECK_EQ_INT(cfg_parse("{\"model_type\": \"qwen2\", \"hidden_size\": 256, \"intermediate_size\": 512, "
+                           "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 64, "
+                           "\"use_sliding_window\": true}", NULL, NULL, NULL, &cfg), CVT_ERR_NONE);
+    CHECK_EQ_INT(cfg.sliding_window, 0); /* max_window_layers 28 >= 2 layers: full attention */
+    cvt_config_free(&cfg);
+    qs_log_set_quiet(true);
+    CHECK_EQ_INT(cfg_parse("{\"model_type\": \"mixtral\", \"hidden_size\": 256, \"intermediate_size\": 512, "
+                           "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 64, "
+                           "\"num_local_experts\": 2, \"num_experts_per_tok\": 3}", NULL, NULL, NULL, &cfg),
+                 CVT_ERR_CONFIG);
+    CHECK(strstr(qs_log_last(), "num_experts_per_tok") != NULL);
+    CHECK_EQ_INT(cfg_parse("{\"model_type\": \"llama\", \"hidden_size\": 256, \"intermediate_size\": 512, "
+                           "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 64, "
+                           "\"mlp_bias\": true}", NULL, NULL, NULL, &cfg), CVT_ERR_UNSUPPORTED);
+    CHECK(strstr(qs_log_last(), "mlp_bias") != NULL);
+    /* the "supported" list comes from the registry */
+    CHECK_EQ_INT(cfg_parse("{\"architectures\": [\"GemmaForCausalLM\"]}", NULL, NULL, NULL, &cfg),
+                 CVT_ERR_UNSUPPORTED);
+    CHECK(strstr(qs_log_last(), "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM") != NULL);
+    qs_log_set_quiet(false);
+}
+
+/* --- directory level ------------------------------------------------------------------------------- */
+
+/* The tensors of the directory tests: a GEMM q_proj [256, 128] (G 128), an F32 embedding
+ * [64, 4] of i - 100 and a BF16 norm [4] of 1, 65536, 73728, NaN. */
+struct dir_model {
+    struct canon c;
+    struct st_tensor t[16];
+    void *keep[8];
+    int nkeep, nt;
+    float emb[64 * 4];
+    uint16_t bf[4];
+};
+
+static void dir_model_init(struct dir_model *m)
+{
+    static const uint16_t bf[4] = {0x3f80, 0x4780, 0x4790, 0x7fc0};
+    memset(m, 0, sizeof(*m));
+    canon_rand(&m->c, 256, 128, 128);
+    m->nt = pack_variant(&m->c, CVT_VARIANT_GEMM, "model.layers.0.self_attn.q_proj", false, false, m->t, m->keep,
+                         &m->nkeep);
+    for (int i = 0; i < 64 * 4; i++)
+        m->emb[i] = (float)i - 100.0f;
+    memcpy(m->bf, bf, sizeof(bf));
+    m->t[m->nt++] = (struct st_tensor){"model.embed_tokens.weight", "F32", 2, {64, 4}, m->emb, sizeof m->emb};
+    m->t[m->nt++] = (struct st_tensor){"model.norm.weight", "BF16", 1, {4}, m->bf, sizeof m->bf};
+}
+
+static void dir_model_free(struct dir_model *m)
+{
+    for (int i = 0; i < m->nkeep; i++)
+        free(m->keep[i]);
+    canon_free(&m->c);
+}
+
+static void test_directory(void)
+{
+    static struct dir_model m;
+    dir_model_init(&m);
+    const struct st_tensor *t = m.t;
+    const float *emb = m.emb;
+    int nt = m.nt;
+    char *d = mkdir_tmp("dir-single");
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", d);
+    write_config(dir, 128, "gemm", NULL);
+    struct buf b = st_build(t, nt);
+    write_file(dir, "model.safetensors", b.p, b.n);
+    free(b.p);
+    write_file(dir, "tokenizer.json", "{\"model\": {}}", 13);
+    struct cvt_source *src = NULL;
+    CHECK_EQ_INT(cvt_source_open(dir, &src), CVT_ERR_NONE);
+    if (src) {
+        CHECK_EQ_INT(cvt_source_container(src), CVT_CONTAINER_SAFETENSORS);
+        CHECK_EQ_INT(cvt_source_n_tensors(src), nt);
+        CHECK_EQ_INT(cvt_source_n_tokenizer_files(src), 1);
+        CHECK_EQ_STR(cvt_source_tokenizer_file(src, 0)->name, "tokenizer.json");
+        CHECK_EQ_INT(cvt_source_total_bytes(src), cvt_source_file(src, 0)->size);
+        const struct cvt_src_tensor *e = cvt_source_find(src, "model.embed_tokens.weight");
+        CHECK(e && e->dtype == CVT_DT_F32 && e->numel == 256);
+        CHECK(cvt_source_find(src, "model.embed_tokens") == NULL);
+        uint16_t h[256];
+        float f[256];
+        if (e) {
+            CHECK_EQ_INT(cvt_source_read_f16(src, e, 4, 8, h), CVT_ERR_NONE);
+            CHECK(h2f(h[0]) == -96.0f && h2f(h[7]) == -89.0f);
+            CHECK_EQ_INT(cvt_source_read_f32(src, e, 0, 256, f), CVT_ERR_NONE);
+            CHECK(f[255] == 155.0f);
+            CHECK_EQ_INT(cvt_source_read(src, e, f, sizeof f), CVT_ERR_NONE);
+            CHECK(memcmp(f, emb, sizeof m.emb) == 0);
+            qs_log_set_quiet(true);
+            CHECK_EQ_INT(cvt_source_read(src, e, f, 16), CVT_ERR_ARG);
+            CHECK_EQ_INT(cvt_source_read_f32(src, e, 250, 7, f), CVT_ERR_ARG);
+            qs_log_set_quiet(false);
+        }
+        const struct cvt_src_tensor *nw = cvt_source_find(src, "model.norm.weight");
+        if (nw) {
+            qs_log_set_quiet(true);
+            CHECK_EQ_INT(cvt_source_read_f16(src, nw, 0, 1, h), CVT_ERR_NONE);
+            CHECK_EQ_INT(h[0], 0x3c00);
+            CHECK_EQ_INT(cvt_source_read_f16(src, nw, 1, 1, h), CVT_ERR_RANGE); /* 65536 */
+            CHECK(strstr(qs_log_last(), "model.norm.weight") && strstr(qs_log_last(), "element 1"));
+            CHECK_EQ_INT(cvt_source_read_f32(src, nw, 0, 4, f), CVT_ERR_NAN);
+            CHECK(strstr(qs_log_last(), "element 3") != NULL);
+            const struct cvt_src_tensor *qw = cvt_source_find(src, "model.layers.0.self_attn.q_proj.qweight");
+            CHECK(qw && cvt_source_read_f32(src, qw, 0, 1, f) == CVT_ERR_DTYPE);
+            qs_log_set_quiet(false);
+        }
+        cvt_source_close(src);
+    }
+    qs_log_set_quiet(true);
+    /* qweight but no quant config */
+    static const char plain_cfg[] = "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 256, \"intermediate_size\": 512, "
+                                    "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"vocab_size\": 64}";
+    write_file(dir, "config.json", plain_cfg, strlen(plain_cfg));
+    CHECK_EQ_INT(cvt_source_open(dir, &src), CVT_ERR_CONFIG);
+    CHECK(src == NULL);
+    CHECK(strstr(qs_log_last(), "quant config") != NULL);
+    /* ... fixed by a quant_config.json */
+    static const char qc[] = "{\"zero_point\": true, \"q_group_size\": 128, \"w_bit\": 4, \"version\": \"GEMM\"}";
+    write_file(dir, "quant_config.json", qc, strlen(qc));
+    CHECK_EQ_INT(cvt_source_open(dir, &src), CVT_ERR_NONE);
+    cvt_source_close(src);
+    /* a second unindexed .safetensors */
+    write_file(dir, "extra.safetensors", "x", 1);
+    CHECK_EQ_INT(cvt_source_open(dir, &src), CVT_ERR_INDEX);
+    rm_file(dir, "extra.safetensors");
+    /* broken tokenizer JSON */
+    write_file(dir, "tokenizer_config.json", "{oops", 5);
+    CHECK_EQ_INT(cvt_source_open(dir, &src), CVT_ERR_JSON);
+    CHECK(strstr(qs_log_last(), "tokenizer_config.json") != NULL);
+    rm_file(dir, "tokenizer_config.json");
+    /* no weights at all; no config; not a directory */
+    rm_file(dir, "model.safetensors");
+    CHECK_EQ_INT(cvt_source_open(dir, &src), CVT_ERR_MISSING_TENSOR);
+    rm_file(dir, "config.json");
+    CHECK_EQ_INT(cvt_source_open(dir, &src), CVT_ERR_CONFIG);
+    CHECK_EQ_INT(cvt_source_open("/nonexistent/qshard-test", &src), CVT_ERR_IO);
+    qs_log_set_quiet(false);
+    dir_model_free(&m);
+}
+
+/* Sharded: an index naming two shards; then broken in each way. */
+static void test_index(void)
+{
+    static struct dir_model m;
+    dir_model_init(&m);
+    const struct st_tensor *t = m.t;
+    const struct canon c = m.c;
+    int nt = m.nt;
+    struct cvt_source *src = NULL;
+    qs_log_set_quiet(true);
+    char sd[512];
+    snprintf(sd, sizeof sd, "%s", mkdir_tmp("dir-sharded"));
+    write_config(sd, 128, "gemm", NULL);
+    struct buf s1 = st_build(t, 3), s2 = st_build(t + 3, nt - 3);
+    write_file(sd, "model-00001-of-00002.safetensors", s1.p, s1.n);
+    write_file(sd, "model-00002-of-00002.safetensors", s2.p, s2.n);
+    char idx[2048];
+#define IDX_FMT "{\"metadata\": {\"total_size\": 1}, \"weight_map\": {\"%s\": \"%s\", \"%s\": \"%s\", \"%s\": \"%s\", " \
+                "\"%s\": \"%s\", \"%s\": \"%s\"%s}}"
+    const char *f1 = "model-00001-of-00002.safetensors", *f2 = "model-00002-of-00002.safetensors";
+    snprintf(idx, sizeof idx, IDX_FMT, t[0].name, f1, t[1].name, f1, t[2].name, f1, t[3].name, f2, t[4].name, f2, "");
+    write_file(sd, "model.safetensors.index.json", idx, strlen(idx));
+    CHECK_EQ_INT(cvt_source_open(sd, &src), CVT_ERR_NONE);
+    if (src) {
+        CHECK_EQ_INT(cvt_source_container(src), CVT_CONTAINER_SAFETENSORS_SHARDED);
+        CHECK_EQ_INT(cvt_source_n_files(src), 2);
+        CHECK_EQ_INT(cvt_source_total_bytes(src), s1.n + s2.n);
+        struct cvt_awq_linear lin;
+        CHECK_EQ_INT(cvt_awq_load(src, cvt_source_config(src), "model.layers.0.self_attn.q_proj", 256, 128, 0, 256, 0, 128, &lin),
+                     CVT_ERR_NONE);
+        CHECK(lin.q && memcmp(lin.q, c.q, 256 * 128) == 0);
+        cvt_awq_linear_free(&lin);
+        cvt_source_close(src);
+    }
+    /* wrong shard */
+    snprintf(idx, sizeof idx, IDX_FMT, t[0].name, f1, t[1].name, f2, t[2].name, f1, t[3].name, f2, t[4].name, f2, "");
+    write_file(sd, "model.safetensors.index.json", idx, strlen(idx));
+    CHECK_EQ_INT(cvt_source_open(sd, &src), CVT_ERR_INDEX);
+    CHECK(strstr(qs_log_last(), t[1].name) != NULL);
+    /* tensor not listed */
+    snprintf(idx, sizeof idx, "{\"weight_map\": {\"%s\": \"%s\", \"%s\": \"%s\", \"%s\": \"%s\", \"%s\": \"%s\"}}", t[0].name, f1,
+             t[1].name, f1, t[2].name, f1, t[3].name, f2);
+    write_file(sd, "model.safetensors.index.json", idx, strlen(idx));
+    CHECK_EQ_INT(cvt_source_open(sd, &src), CVT_ERR_INDEX);
+    CHECK(strstr(qs_log_last(), t[4].name) != NULL);
+    /* listed but absent */
+    snprintf(idx, sizeof idx, IDX_FMT, t[0].name, f1, t[1].name, f1, t[2].name, f1, t[3].name, f2, t[4].name, f2,
+             ", \"ghost.weight\": \"model-00002-of-00002.safetensors\"");
+    write_file(sd, "model.safetensors.index.json", idx, strlen(idx));
+    CHECK_EQ_INT(cvt_source_open(sd, &src), CVT_ERR_INDEX);
+    CHECK(strstr(qs_log_last(), "ghost.weight") != NULL);
+    /* path traversal in a shard name */
+    snprintf(idx, sizeof idx, IDX_FMT, t[0].name, "../x.safetensors", t[1].name, f1, t[2].name, f1, t[3].name, f2, t[4].name, f2, "");
+    write_file(sd, "model.safetensors.index.json", idx, strlen(idx));
+    CHECK_EQ_INT(cvt_source_open(sd, &src), CVT_ERR_INDEX);
+    /* a shard the index does not name */
+    snprintf(idx, sizeof idx, IDX_FMT, t[0].name, f1, t[1].name, f1, t[2].name, f1, t[3].name, f2, t[4].name, f2, "");
+    write_file(sd, "model.safetensors.index.json", idx, strlen(idx));
+    write_file(sd, "model-00003-of-00002.safetensors", s2.p, s2.n);
+    CHECK_EQ_INT(cvt_source_open(sd, &src), CVT_ERR_INDEX);
+    CHECK(strstr(qs_log_last(), "model-00003-of-00002.safetensors") != NULL);
+    rm_file(sd, "model-00003-of-00002.safetensors");
+    /* missing shard */
+    rm_file(sd, f2);
+    CHECK_EQ_INT(cvt_source_open(sd, &src), CVT_ERR_INDEX);
+    CHECK(strstr(qs_log_last(), f2) != NULL);
+    /* index not JSON */
+    write_file(sd, "model.safetensors.index.json", "[]", 2);
+    CHECK_EQ_INT(cvt_source_open(sd, &src), CVT_ERR_JSON);
+    qs_log_set_quiet(false);
+    free(s1.p);
+    free(s2.p);
+    dir_model_free(&m);
+}
+
+int main(void)
+{
+    T_INIT("cvt_config");
+    if (!t_src_tmp("cvt-config"))
+        return 1;
+    test_configs();
+    test_config_spellings();
+    test_arch_defaults();
+    test_directory();
+    test_index();
+    return t_src_done();
+}
