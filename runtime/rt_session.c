@@ -20,6 +20,7 @@
 #include <cjson/cJSON.h> /* generation_config.json */
 
 #include "fmt.h"     /* fmt_manifest_open_rank, fmt_shard_tokenizer_file, ..._generation_config */
+#include "qs_json.h" /* qs_json_eos_ids */
 #include "qs_log.h"  /* qs_log_error, qs_log_debug */
 #include "qs_util.h" /* qs_path_join */
 
@@ -133,15 +134,17 @@ static void add_eos(struct rt_session *s, int32_t id)
 /* generation_config.json eos_token_id (an int or a list of ints) into the eos set; anything
  * else there is ignored (the converter validated the JSON when it embedded it). The one place
  * that reads it: format/qs_json.h's eos parser replaces it when it lands. */
-static void gen_config_eos(struct rt_session *s, const cJSON *root)
+/* eos_token_id of generation_config.json (an int or a list, format/qs_json.h) into the eos set.
+ * Errors: RT_ERR_CONFIG (an id that is not an integer in [0, vocab), reported there). */
+static enum rt_err gen_config_eos(struct rt_session *s, const cJSON *root, const char *where)
 {
-    const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id"), *it;
-    const cJSON *list = cJSON_IsArray(e) ? e : NULL;
-    cJSON_ArrayForEach(it, list)
-        if (cJSON_IsNumber(it) && it->valuedouble >= 0 && it->valuedouble < s->n_vocab)
-            add_eos(s, (int32_t)it->valuedouble);
-    if (cJSON_IsNumber(e) && e->valuedouble >= 0 && e->valuedouble < s->n_vocab)
-        add_eos(s, (int32_t)e->valuedouble);
+    const struct qs_json_ctx jc = {"rt_session_open", where, "generation_config.json"};
+    int ids[MAX_EOS], n = 0;
+    if (qs_json_eos_ids(&jc, root, s->n_vocab, ids, MAX_EOS, &n) != QS_JSON_OK)
+        return RT_ERR_CONFIG;
+    for (int i = 0; i < n; i++)
+        add_eos(s, ids[i]);
+    return RT_ERR_NONE;
 }
 
 /* One sampling default: a number within [lo, hi] (lo excluded when lo_open), else a warning. */
@@ -190,17 +193,22 @@ static void gen_config_sampling(struct rt_session *s, const cJSON *root)
     }
 }
 
-static void read_generation_config(struct rt_session *s, const struct fmt_shard *sh)
+/* The generation config embedded in rank 0 (optional): eos ids and sampling defaults. Errors:
+ * RT_ERR_CONFIG (its eos_token_id is not a valid id list; the converter checked it, so the file
+ * was changed since). */
+static enum rt_err read_generation_config(struct rt_session *s, const struct fmt_shard *sh)
 {
     const char *json;
     size_t len;
     s->gen_def = rt_sample_params_default();
     if (fmt_shard_generation_config_json(sh, &json, &len) != FMT_ERR_NONE)
-        return;
+        return RT_ERR_NONE;
     cJSON *root = cJSON_ParseWithLength(json, len);
-    gen_config_eos(s, root);
-    gen_config_sampling(s, root);
+    enum rt_err e = gen_config_eos(s, root, fmt_shard_path(sh));
+    if (!e)
+        gen_config_sampling(s, root);
     cJSON_Delete(root);
+    return e;
 }
 
 // --- open / close ------------------------------------------------------------------------------
@@ -240,8 +248,10 @@ static enum rt_err open_with_model(struct rt_session *s, const char *path)
     s->bos = cfg->bos_token_id;
     for (int i = 0; i < cfg->n_eos; i++)
         add_eos(s, cfg->eos_token_ids[i]);
-    read_generation_config(s, sh);
-    enum rt_err e = tok_from_shard(sh, &s->tok);
+    enum rt_err e = read_generation_config(s, sh);
+    if (e)
+        return e;
+    e = tok_from_shard(sh, &s->tok);
     if (e || !s->tok)
         return e;
     size_t n = 0;
