@@ -6,7 +6,7 @@
  * Entry points: cvt_awq_probe(), cvt_awq_load(), cvt_awq_linear_free(),
  * cvt_awq_dequant_source() (cvt_src.h).
  *
- * Layout facts (AWQ-FORMATS 0, 1.2-1.4, 3; restated in our notation, no third-party code):
+ * Layout facts (docs/FORMATS.md sections 2.2, 3-6; restated in our notation, no third-party code):
  *   GEMM      qweight I32 [K, N/8], word c of row k: column 8c+j in nibble REV[j],
  *             REV = {0,4,1,5,2,6,3,7} (the packer's ORDER = {0,2,4,6,1,3,5,7} inverted);
  *             qzeros I32 [K/G, N/8] same packing; scales F16 [K/G, N].
@@ -18,7 +18,7 @@
  *             x = 32*((k%64)/32) + 8*((t%8)/2) + 4*(t%2) + t/8; scales F16 [8*Wz, N];
  *             qzeros F16 [8*Wz, N] = -(s*z) (so z = round(-qz/s)).
  *   llm-awq gen-3: as GEMVFast, zeros named `scaled_zeros`, scales/zeros F16 or BF16.
- * BF16 scales (gen-3 with a bf16 model; other exporters, PITFALLS P15) are accepted in every
+ * BF16 scales (gen-3 with a bf16 model; other exporters, docs/FORMATS.md P15) are accepted in every
  * variant when each value converts to fp16 exactly; otherwise CVT_ERR_RANGE names the element.
  * Rows/columns past K/G in GEMV/GEMVFast scales and zeros are padding and are ignored.
  *
@@ -63,7 +63,7 @@ static bool is2(const struct cvt_src_tensor *t, int64_t a, int64_t b)
     return t && t->n_dims == 2 && t->shape[0] == a && t->shape[1] == b;
 }
 
-/* GEMV/GEMVFast zero width (AWQ-FORMATS 1.3 "calculate_zeros_width"); 0 if G impossible. */
+/* GEMV/GEMVFast zero width (docs/FORMATS.md 4.2, "calculate_zeros_width"); 0 if G impossible. */
 static int64_t zeros_width(int64_t K, int64_t G)
 {
     int64_t m = G >= 128 ? 1 : G == 64 ? 2 : G == 32 ? 4 : 0;
@@ -434,7 +434,7 @@ static enum cvt_err decode_gemv_fast(const struct cvt_source *src, const struct 
                   *sc = cvt_source_data(src, in->scales);
     const int64_t K = in->K, N = in->N, G = in->G, Ns = o->N;
     const int64_t k0 = o->k0, k1 = o->k0 + o->K, n0 = o->n0, n1 = o->n0 + o->N, kw = k1 - k0, ss = kw + STAGE_PAD;
-    /* Closed form (AWQ-FORMATS 1.4), per k%64: word offset (without the 16*r term) and shift. */
+    /* Closed form (docs/FORMATS.md 5.2), per k%64: word offset (without the 16*r term) and shift. */
     uint8_t wofs[64], sh[64];
     for (int kk = 0; kk < 64; kk++) {
         int t = kk % 32;

@@ -10,8 +10,8 @@
  * "model_type"; it gives the defaults of the common keys and reads the family's own keys
  * (sliding window, biases, experts). Keys are read through format/qs_json.h.
  *
- * Sources of the rules: AWQ-FORMATS section 2 (spellings: bits/w_bit, group_size/q_group_size,
- * version case, backend "llm-awq"), PITFALLS P13/P14 (w_bit, zero_point, version refused by
+ * Sources of the rules: docs/FORMATS.md section 8 (spellings: bits/w_bit, group_size/q_group_size,
+ * version case, backend "llm-awq"), its pitfalls (section 12) P13/P14 (w_bit, zero_point, version refused by
  * name), P21 (config locations; two quant configs that disagree are refused), P24 (eos lists).
  *
  * Tested by tests/test_cvt_src.c (the real configs under tests/data and hand-written bad ones)
@@ -130,7 +130,7 @@ struct qparams {
     const cJSON *skip;   /* modules_to_not_convert (borrowed from the tree) */
 };
 
-/* Read the spellings of one quant config object (AWQ-FORMATS 2.1, 2.2). */
+/* Read the spellings of one quant config object (docs/FORMATS.md 8.1, 8.2). */
 static enum cvt_err read_qparams(const struct qs_json_ctx *c, const cJSON *o, bool is_quantize_config,
                                  struct qparams *q)
 {
@@ -182,7 +182,7 @@ static enum cvt_err read_qparams(const struct qs_json_ctx *c, const cJSON *o, bo
     return CVT_ERR_NONE;
 }
 
-/* Which variants a version/format/backend string allows (AWQ-FORMATS 0.1, 2.2, 3). */
+/* Which variants a version/format/backend string allows (docs/FORMATS.md 2.1, 8.3, 6.3). */
 static enum cvt_err variant_mask(const struct qs_json_ctx *c, const struct qparams *q, enum cvt_qcfg_file from,
                                  unsigned *mask)
 {
@@ -194,7 +194,7 @@ static enum cvt_err variant_mask(const struct qs_json_ctx *c, const struct qpara
         return CVT_ERR_CONFIG;
     }
     if (strcmp(q->backend, "llm-awq") == 0 || strcmp(v, "llm-awq") == 0) {
-        /* llm-awq exports: gen-2 or gen-3 tensors whatever `version` says (AWQ-FORMATS 3). */
+        /* llm-awq exports: gen-2 or gen-3 tensors whatever `version` says (docs/FORMATS.md 6.3). */
         *mask = CVT_VARIANT_BIT(CVT_VARIANT_GEMV) | CVT_VARIANT_BIT(CVT_VARIANT_LLMAWQ_V3);
         return CVT_ERR_NONE;
     }
@@ -204,7 +204,7 @@ static enum cvt_err variant_mask(const struct qs_json_ctx *c, const struct qpara
     }
     if (!v[0] || strcmp(v, "gemm") == 0 || strcmp(v, "exllama") == 0 || strcmp(v, "exllama_v2") == 0 ||
         strcmp(v, "exllamav2") == 0 || strcmp(v, "ipex") == 0 || strcmp(v, "triton") == 0) {
-        *mask = CVT_VARIANT_BIT(CVT_VARIANT_GEMM); /* same on-disk layout (AWQ-FORMATS 1.2) */
+        *mask = CVT_VARIANT_BIT(CVT_VARIANT_GEMM); /* same on-disk layout (docs/FORMATS.md 3.4) */
         return CVT_ERR_NONE;
     }
     if (strcmp(v, "gemv") == 0) {
@@ -279,7 +279,7 @@ static enum cvt_err fill_quant(const struct qs_json_ctx *c, const struct qparams
     return CVT_ERR_NONE;
 }
 
-/* Two quant configs present: they must agree on what matters (PITFALLS P21 d). */
+/* Two quant configs present: they must agree on what matters (docs/FORMATS.md P21 d). */
 static enum cvt_err check_agree(const char *where, const struct qparams *a, const char *fa,
                                 const struct qparams *b, const char *fb)
 {
@@ -395,7 +395,7 @@ enum cvt_err cvt_config_parse(const char *where,
         goto out_err;
 
     const cJSON *qcj = cJSON_GetObjectItemCaseSensitive(jc, "quantization_config");
-    if (!qcj || cJSON_IsNull(qcj)) { /* VLM-style wrappers nest it (PITFALLS P21 c) */
+    if (!qcj || cJSON_IsNull(qcj)) { /* VLM-style wrappers nest it (docs/FORMATS.md P21 c) */
         const cJSON *tc = cJSON_GetObjectItemCaseSensitive(jc, "text_config");
         if (cJSON_IsObject(tc))
             qcj = cJSON_GetObjectItemCaseSensitive(tc, "quantization_config");

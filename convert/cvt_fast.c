@@ -10,7 +10,7 @@
  * bad value. Both paths give the same bytes: test_cvt compares every fixture conversion with
  * its twins in other variants, which only the generic path reads.
  *
- * Why it is fast: the AutoAWQ GEMM word (qweight I32 [K, N/8], AWQ-FORMATS 1.2: nibble i holds
+ * Why it is fast: the AutoAWQ GEMM word (qweight I32 [K, N/8], docs/FORMATS.md 3.2: nibble i holds
  * column 8c + ORDER[i], ORDER = {0,2,4,6,1,3,5,7}) and our tile word (DESIGN 4.1) are both
  * nibble permutations of the same codes. For thread t = 4m + p and word w of a tile, nibble i
  * of our word is column m of source row 2p + 8(i%2) + i/4, sub-tile 2w + (i/2)%2; with X_i that
@@ -51,7 +51,7 @@
 /* Source row bytes read between two releases of their pages (per segment). */
 #define CVT_FAST_KBLOCK_BYTES (1u << 20)
 
-/* nibble i of an AutoAWQ GEMM word holds column ORDER[i] of its 8 (AWQ-FORMATS 1.2) */
+/* nibble i of an AutoAWQ GEMM word holds column ORDER[i] of its 8 (docs/FORMATS.md 3.2) */
 static const int ORDER[8] = {0, 2, 4, 6, 1, 3, 5, 7};
 
 /* One segment of the output that overlaps the chunk, resolved against the source mapping. */

@@ -15,7 +15,7 @@
  * then per layer the descriptor's steps.
  *
  * Split rules (DESIGN 5; vLLM QKVParallelLinear / MergedColumnParallelLinear / RowParallelLinear,
- * AWQ-FORMATS.md section 5):
+ * docs/FORMATS.md section 11):
  *   column-parallel (q, k, v, gate, up, w1, w3): output columns; q/k/v fused [q_r | k_r | v_r],
  *     gate/up fused [gate_r | up_r]; kv heads replicated when tp > kv heads.
  *   row-parallel (o, down, w2): input rows; bias on rank 0 only. A rank holding part of a
@@ -816,7 +816,7 @@ static enum cvt_err plan_layer(struct builder *b, int i)
     return e;
 }
 
-/* Embedding, lm_head and tying (PITFALLS P08): the HF modules of the descriptor -> FMT_N_EMBED
+/* Embedding, lm_head and tying (docs/FORMATS.md P08): the HF modules of the descriptor -> FMT_N_EMBED
  * and FMT_N_LM_HEAD. */
 static enum cvt_err plan_vocab(struct builder *b)
 {

@@ -4,7 +4,7 @@
  * Entry points: cvt_safetensors_parse() (cvt_src.h), dtype tables cvt_dtype_str(),
  * cvt_dtype_size(), cvt_dtype_from_str(), cvt_tensor_list_free().
  *
- * Format (AWQ-FORMATS 7.1; huggingface/safetensors safetensors/src/tensor.rs): u64 LE header
+ * Format (docs/FORMATS.md 9.1; huggingface/safetensors safetensors/src/tensor.rs): u64 LE header
  * length N, N bytes of UTF-8 JSON object {name: {"dtype", "shape", "data_offsets": [b, e]}, ...,
  * "__metadata__": {str: str}}, then the data region; offsets relative to its start, end
  * exclusive; valid files tile the region exactly. We check all of it and report the first
@@ -21,7 +21,7 @@
 #include "cvt_src_int.h"
 #include "qs_log.h"        /* qs_log_error */
 
-#define ST_MAX_HEADER 100000000ull   /* safetensors library limit (AWQ-FORMATS 7.1) */
+#define ST_MAX_HEADER 100000000ull   /* safetensors library limit (docs/FORMATS.md 9.1) */
 #define ST_MAX_INT    9007199254740992.0 /* 2^53: larger JSON numbers are not exact doubles */
 
 static const struct {

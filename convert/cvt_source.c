@@ -6,7 +6,7 @@
  * Entry points: cvt_source_open/close and the getters and readers of cvt_src.h, cvt_err_str(),
  * cvt_err_exit_code(), cvt_container_str().
  *
- * Decisions (PITFALLS P8/P9/P17/P19/P21, issue 4 "Bad input"):
+ * Decisions (docs/FORMATS.md P08/P09/P17/P19/P21, issue 4 "Bad input"):
  *   - Which weights: `model.safetensors.index.json` (sharded) > `model.safetensors` > the only
  *     `*.safetensors` > `pytorch_model.bin.index.json` > `pytorch_model.bin` > the only `*.bin`
  *     (not training_args.bin) > the only `*.pt`. Safetensors win over torch files when both exist
@@ -661,7 +661,7 @@ static enum cvt_err load_tokenizer(struct cvt_source *src)
     return CVT_ERR_NONE;
 }
 
-/* AWQ checkpoint sanity: quantized tensors and a quant config go together (PITFALLS P20, P21 e). */
+/* AWQ checkpoint sanity: quantized tensors and a quant config go together (docs/FORMATS.md P20, P21 e). */
 static enum cvt_err check_quantized(const struct cvt_source *src)
 {
     const char *q = NULL;

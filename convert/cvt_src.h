@@ -8,7 +8,7 @@
  * What it does:
  *   - cvt_source_open(): find the weights in a directory (single or sharded safetensors with
  *     `model.safetensors.index.json`, `pytorch_model.bin` single or sharded, one llm-awq `*.pt`),
- *     validate every container against the hostile-input rules of AWQ-FORMATS section 7, build one
+ *     validate every container against the hostile-input rules of docs/FORMATS.md section 9, build one
  *     tensor catalog (name -> dtype, shape, file location), read and validate config.json + the
  *     quant config + generation_config.json into `struct cvt_hf_config`, and load the tokenizer
  *     files. Weight files are mmap'd read-only; nothing is read until asked.
@@ -148,7 +148,7 @@ struct cvt_src_tensor {
 struct cvt_arch; /* an architecture descriptor: convert/cvt_arch.h */
 
 
-/* Where the quantization parameters came from (AWQ-FORMATS section 2). */
+/* Where the quantization parameters came from (docs/FORMATS.md section 8.1). */
 enum cvt_qcfg_file {
     CVT_QCFG_NONE = 0,
     CVT_QCFG_CONFIG_JSON = 1,          /* config.json "quantization_config" (AutoAWQ >= 0.1.6) */
@@ -157,7 +157,7 @@ enum cvt_qcfg_file {
 };
 const char *cvt_qcfg_file_str(enum cvt_qcfg_file f);    /* the file name, "none" */
 
-/* AWQ on-disk variants (AWQ-FORMATS section 0 table). */
+/* AWQ on-disk variants (docs/FORMATS.md section 2.2 table). */
 enum cvt_variant {
     CVT_VARIANT_UNKNOWN = 0,
     CVT_VARIANT_GEMM = 1,       /* AutoAWQ GEMM, llm-awq gen-1: I32 [K, N/8] AWQ nibble order */
@@ -320,7 +320,7 @@ enum cvt_err cvt_source_read_range(const struct cvt_source *src, const struct cv
 /*
  * Pointer to element 0 of tensor t inside the read-only mapping, or NULL for a non-contiguous
  * tensor. NOT necessarily aligned to the element size (safetensors does not require it,
- * PITFALLS P19): read through memcpy. Call cvt_source_release() when done to drop the pages.
+ * docs/FORMATS.md P19): read through memcpy. Call cvt_source_release() when done to drop the pages.
  */
 const void *cvt_source_data(const struct cvt_source *src, const struct cvt_src_tensor *t);
 /* Advise the kernel that t's pages are no longer needed by this process (RSS stays bounded;
@@ -402,7 +402,7 @@ void cvt_awq_linear_free(struct cvt_awq_linear *lin);
  * computed straight from the source tensors for rows [k0, k1), columns [n0, n1) (same range
  * rules as cvt_awq_load). Written separately from the decoder: GEMM via the packing order
  * ORDER = [0,2,4,6,1,3,5,7] (nibble i -> column 8c + ORDER[i]), GEMV sequential, GEMVFast /
- * gen-3 by inverting the AWQ-FORMATS 1.4 interleave word by word, z = round(-qz/s).
+ * gen-3 by inverting the docs/FORMATS.md 5.2 interleave word by word, z = round(-qz/s).
  * `out` holds (k1-k0)*(n1-n0) floats. Errors as cvt_awq_load.
  */
 enum cvt_err cvt_awq_dequant_source(const struct cvt_source *src, const struct cvt_hf_config *cfg,
@@ -420,7 +420,7 @@ struct cvt_tensor_list {
 void cvt_tensor_list_free(struct cvt_tensor_list *l);
 
 /*
- * Parse and validate a whole safetensors file image (AWQ-FORMATS 7.1): header length <= 100 MB
+ * Parse and validate a whole safetensors file image (docs/FORMATS.md 9.1): header length <= 100 MB
  * and inside the file, UTF-8 JSON object, unique non-empty UTF-8 names, known dtypes, integral
  * shapes and offsets, end - begin == nbytes, offsets tiling the data region exactly (no holes, no
  * overlaps, nothing after the last tensor). `file_size` is the full file size; only the first
@@ -431,7 +431,7 @@ enum cvt_err cvt_safetensors_parse(const char *fname, const uint8_t *buf, size_t
                                    uint64_t file_size, struct cvt_tensor_list *out);
 
 /*
- * Parse a torch.save zip image held entirely in memory (AWQ-FORMATS 7.2): stored entries only,
+ * Parse a torch.save zip image held entirely in memory (docs/FORMATS.md 9.3): stored entries only,
  * ZIP64, local headers, `byteorder` little, restricted unpickler over data.pkl. Offsets in the
  * result are absolute in `buf`. Errors: CVT_ERR_ZIP, CVT_ERR_PICKLE, CVT_ERR_DTYPE,
  * CVT_ERR_SHAPE, CVT_ERR_UNSUPPORTED (legacy non-zip torch file), CVT_ERR_NOMEM.

@@ -17,7 +17,7 @@
 #error "qshard's converter reads little-endian files by plain loads: little-endian hosts only"
 #endif
 
-/* Unaligned little-endian loads (memcpy: never cast an unaligned pointer, PITFALLS P19). */
+/* Unaligned little-endian loads (memcpy: never cast an unaligned pointer, docs/FORMATS.md P19). */
 static inline uint16_t cvt_ld16(const void *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 static inline uint32_t cvt_ld32(const void *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static inline uint64_t cvt_ld64(const void *p) { uint64_t v; memcpy(&v, p, 8); return v; }

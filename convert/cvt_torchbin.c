@@ -5,7 +5,7 @@
  *
  * Entry points: cvt_torchzip_parse(), cvt_pickle_parse_only() (cvt_src.h).
  *
- * Facts (AWQ-FORMATS 7.2, observed with torch 2.11; reading recipe as llama.cpp's legacy
+ * Facts (docs/FORMATS.md 9.3, observed with torch 2.11; reading recipe as llama.cpp's legacy
  * convert.py `lazy_load_torch_file`): a plain ZIP (PKWARE APPNOTE 6.3: local header 0x04034b50,
  * central directory 0x02014b50, end record 0x06054b50, ZIP64 end record 0x06064b50 + locator
  * 0x07064b50, ZIP64 extra field id 0x0001) whose entries are all stored (method 0) under one top

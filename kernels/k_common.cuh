@@ -23,7 +23,7 @@
 /* --- checks ------------------------------------------------------------------------------- */
 
 /* Abort with the failing expression, function, file:line and device. CUDA API failures are not
- * recoverable statuses in qshard (STYLE 2.6); only shape/argument problems return k_err. */
+ * recoverable statuses in qshard (docs/DESIGN.md, "Errors"); only shape/argument problems return k_err. */
 #define K_CUDA_CHECK(expr)                                                              \
     do {                                                                                \
         cudaError_t k_e_ = (expr);                                                      \

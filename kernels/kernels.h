@@ -15,7 +15,7 @@
  *     through qs_log_error with the numbers) without launching; it never allocates and never
  *     synchronises with the host (except with `make DEBUG_SYNC=1`; k_allreduce_create is a
  *     set-up call that allocates). CUDA API/launch failures are not statuses:
- *     K_CUDA_CHECK aborts with the expression, file:line and device (STYLE 2.6).
+ *     K_CUDA_CHECK aborts with the expression, file:line and device (docs/DESIGN.md, "Errors").
  *   - Math sources: the plain-C references in kernels/ref.h are the definition; each launcher's
  *     comment names its reference.
  *

@@ -25,7 +25,7 @@ split N ways (convert exits 2 naming --tp) is reported as not applicable, not co
 
 Prints "e2e: N passed, N failed" (tests/run_gpu_tests.sh sums it). Needs numpy.
 --only S1,S2 keeps the fixtures whose name contains one of the S.
-  usage: QSHARD=build-gpu/qshard python3 tests/gpu_test_e2e.py [--quick] [--tp N] [--only S]
+  usage: QSHARD=build/qshard python3 tests/gpu_test_e2e.py [--quick] [--tp N] [--only S]
 """
 import json
 import os
@@ -37,7 +37,7 @@ import tempfile
 import numpy as np
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
-QSHARD = os.environ.get("QSHARD", "build-gpu/qshard")
+QSHARD = os.environ.get("QSHARD", "build/qshard")
 TOL = 1e-2
 MARGIN = 0.05
 passed = failed = 0

@@ -124,7 +124,7 @@ struct st_tensor {
     size_t      nbytes;
 };
 
-static bool st_no_pad; /* PITFALLS P19: data region at an unaligned offset */
+static bool st_no_pad; /* docs/FORMATS.md P19: data region at an unaligned offset */
 
 /* Header JSON (space-padded to 8 unless st_no_pad) + data, tensors in the given order. */
 static inline struct buf st_build(const struct st_tensor *t, int n)
@@ -381,7 +381,7 @@ static inline struct buf zip_finish(struct zipb *z)
     return out;
 }
 
-/* --- canonical linear and the four on-disk packings (forward, from AWQ-FORMATS) ------------- */
+/* --- canonical linear and the four on-disk packings (forward, from docs/FORMATS.md 3-6) ------------- */
 
 struct canon {
     int64_t   K, N, G;

@@ -22,7 +22,7 @@ struct st_entry {
     size_t size;
 };
 
-/* Write a safetensors file (AWQ-FORMATS 7.1): u64 header length, JSON header padded with spaces
+/* Write a safetensors file (docs/FORMATS.md 9.1): u64 header length, JSON header padded with spaces
  * to a multiple of 8, data back to back in entry order. */
 static bool write_safetensors(const char *path, const struct st_entry *e, int n)
 {

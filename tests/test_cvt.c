@@ -10,14 +10,14 @@
  * dequantize to the source rows bit for bit. Each converted model is opened with the format
  * reader (manifest, sizes, digests) and every tensor of every rank is checked against the
  * ORIGINAL checkpoint (tests/t_cvt_check.h). Twins (same weights, other variant, container or
- * config spelling: PITFALLS P03, P21) must give identical tensors, generation config, tokenizer
+ * config spelling: docs/FORMATS.md section 12, P03 and P21) must give identical tensors, generation config, tokenizer
  * and config (except quant.source_variant / quant.source_container).
  * Also: --threads 1, --no-check and a 64 KiB chunk budget give identical files; the GEMM fast
  * path and the generic path (--debug-no-fast-path) give identical files on every fixture; every
  * bad input exits as INDEX.json says, names what it promises, and leaves no file behind, also
  * inside a pre-existing directory; a NaN / Inf in an F16 tensor is named with its element.
  *
- * PITFALLS covered: P01/P02 (intermediate padding: llama3-gqa-i640 640 = 5 groups and qwen2 384 =
+ * Pitfalls of docs/FORMATS.md section 12 covered: P01/P02 (intermediate padding: llama3-gqa-i640 640 = 5 groups and qwen2 384 =
  * 3 groups at tp 2, mixtral 1 group at tp 2; llama3-gqa-i640 at tp 4: 5 groups on 4 ranks, and
  * half a group of o_proj rows per rank), P03 (GEMM/GEMV/GEMVFast twins), P05 (kv replication:
  * llama3 kv 1 at tp 2, mistral kv 2 at tp 4), P07 (vocab 509 at tp 2), P08 (tied embeddings, no

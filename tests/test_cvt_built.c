@@ -1,7 +1,7 @@
 /*
  * test_cvt_built.c - `qshard convert` on checkpoints this test builds from the fixtures, each
  * converted with the binary and checked tensor by tensor against its source (tests/t_cvt_check.h):
- *   - mixed precision (PITFALLS P09): layer 0's MLP as F32 .weight listed in
+ *   - mixed precision (docs/FORMATS.md section 12, P09): layer 0's MLP as F32 .weight listed in
  *     modules_to_not_convert must give F16 [N_r, K_r] linears equal to the source rounded to fp16;
  *     an o_proj bias must land on rank 0 only (row-parallel);
  *   - per-channel AWQ (group_size -1) at tp 1, 2, 4;
@@ -13,7 +13,7 @@
 #include "t_cvt_check.h"    /* model_ck, ck_model; t_cvt.h */
 #include "t_safetensors.h" /* st_entry, write_safetensors */
 
-/* --- a mixed-precision model built here (PITFALLS P09, row-parallel bias) ----------------- */
+/* --- a mixed-precision model built here (docs/FORMATS.md P09, row-parallel bias) ----------------- */
 
 static uint32_t rng_state = 12345u;
 static float rnd(void) /* uniform in [-0.5, 0.5), xorshift32 */
@@ -248,7 +248,7 @@ static void test_per_channel(void)
            n_conv, m.n_local);
     cvt_source_close(m.src);
 }
-/* PITFALLS P21 (d), (e) and P09 (b), end to end: each must exit 2, name the problem, leave
+/* docs/FORMATS.md P21 (d), (e) and P09 (b), end to end: each must exit 2, name the problem, leave
  * nothing. Built from llama-gqa-gemm (config.json:quantization_config, group 128). */
 static void test_config_pitfalls(void)
 {

@@ -162,7 +162,7 @@ static void test_configs(void)
 static void test_config_spellings(void)
 {
     struct cvt_hf_config cfg;
-    /* quant config nested under text_config (VLM-style wrapper, PITFALLS P21 c) */
+    /* quant config nested under text_config (VLM-style wrapper, docs/FORMATS.md P21 c) */
     CHECK_EQ_INT(cfg_parse("{" BASE_CFG ", \"text_config\": {\"quantization_config\": {\"quant_method\": \"awq\", "
                            "\"bits\": 4, \"group_size\": 64, \"version\": \"gemv\"}}}", NULL, NULL, NULL, &cfg),
                  CVT_ERR_NONE);

@@ -9,7 +9,7 @@
  * separate code (plain loops, not the plan's formulas), or written out by hand where the brief
  * fixes it (I_r 2816 / 1408, 29696).
  * Synthetic name lists cover the tensor ledger: unknown / missing tensors, rotary inv_freq,
- * tied embeddings in every on-disk form (PITFALLS P08), modules_to_not_convert (P09), the
+ * tied embeddings in every on-disk form (docs/FORMATS.md P08), modules_to_not_convert (P09), the
  * Mixtral router (P10), Qwen2 biases (P11), kv replication and its refusals (P05).
  *
  * Run: ./build/test_cvt_plan (from the repository root).

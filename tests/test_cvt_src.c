@@ -6,7 +6,7 @@
  *
  * Run: ./build/test_cvt_src (from the repo root)
  *
- * References we did not write: the AWQ-FORMATS worked example (GEMM word 0x75316420 for codes
+ * References we did not write: the worked example of docs/FORMATS.md 3.2 (GEMM word 0x75316420 for codes
  * 0..7), the fixture models under tests/data/models (packed by tools/fixtures from AutoAWQ's
  * formulas, with a separate unpacker check there) whose twins must decode to identical canonical
  * data, the bad-input fixtures under tests/data/bad (expected error and the strings the message
@@ -39,7 +39,7 @@ static void test_err_strings(void)
     CHECK_EQ_INT(cvt_dtype_size(CVT_DT_I16), 2);
 }
 
-/* The AWQ-FORMATS worked example: codes 0..7 in columns 0..7 -> GEMM word 0x75316420. */
+/* The worked example of docs/FORMATS.md 3.2: codes 0..7 in columns 0..7 -> GEMM word 0x75316420. */
 static void test_gemm_worked_example(void)
 {
     char *dir = mkdir_tmp("kat");
@@ -199,7 +199,7 @@ static void check_variant(const struct canon *c, int v, bool bf16, const char *c
     cvt_source_close(src);
 }
 
-/* PITFALLS P19: data region starting at an offset = 3 (mod 8) and an odd-length F16 tensor in
+/* docs/FORMATS.md P19: data region starting at an offset = 3 (mod 8) and an odd-length F16 tensor in
  * front of the I32 qweight: every tensor is misaligned; decoding (under UBSan) must not care. */
 static void test_unaligned(void)
 {
@@ -370,7 +370,7 @@ static void test_awq_errors(void)
     for (int i = 0; i < nkeep; i++)
         free(keep[i]);
     nkeep = 0;
-    /* GEMM with BF16 scales: one of them (7.0e4) has no fp16 value (PITFALLS P15) */
+    /* GEMM with BF16 scales: one of them (7.0e4) has no fp16 value (docs/FORMATS.md P15) */
     write_config(d2, 64, "gemm", NULL);
     nt = pack_variant(&c, CVT_VARIANT_GEMM, "model.layers.0.self_attn.q_proj", false, true, t, keep, &nkeep);
     ((uint16_t *)(uintptr_t)t[2].data)[130] = 0x4789; /* bf16 70144 */
@@ -424,7 +424,7 @@ static void test_awq_gemv_odd_group(void)
 
 /* --- fixtures ----------------------------------------------------------------------------------------- */
 
-/* Expected (K, N) of a linear from its name and the config (DESIGN.md section 5 / AWQ-FORMATS 8). */
+/* Expected (K, N) of a linear from its name and the config (DESIGN.md section 5 / docs/FORMATS.md section 10). */
 static bool linear_dims(const struct cvt_hf_config *c, const char *prefix, int64_t *K, int64_t *N)
 {
     const int64_t H = c->hidden_size, I = c->intermediate_size, q = c->num_attention_heads * c->head_dim,
