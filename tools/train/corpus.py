@@ -42,6 +42,8 @@ import re
 import subprocess
 import sys
 
+from util import write_bytes_atomic
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "data")
 SPLITS = ("train", "valid", "heldout")
@@ -112,15 +114,6 @@ def sha256(b):
     return hashlib.sha256(b).hexdigest()
 
 
-def write_atomic(path, data):
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def gzip_bytes(data):
     buf = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", fileobj=buf, compresslevel=9, mtime=0) as g:
@@ -140,7 +133,7 @@ def read_sums(data_dir=DATA):
 
 def write_sums(sums, data_dir=DATA):
     body = "".join("%s  %s\n" % (sums[k], k) for k in sorted(sums))
-    write_atomic(os.path.join(data_dir, "SHA256SUMS"), body.encode("ascii"))
+    write_bytes_atomic(os.path.join(data_dir, "SHA256SUMS"), body.encode("ascii"))
 
 
 def build(data_dir=DATA):
@@ -154,7 +147,7 @@ def build(data_dir=DATA):
     for s in SPLITS:
         raw = texts[s].encode("ascii")
         name = FILES[s]
-        write_atomic(os.path.join(data_dir, name), gzip_bytes(raw) if name.endswith(".gz") else raw)
+        write_bytes_atomic(os.path.join(data_dir, name), gzip_bytes(raw) if name.endswith(".gz") else raw)
         sums[name.replace(".gz", "")] = sha256(raw)
         print("%-8s %-18s %9d bytes %6d lines sha256 %s" % (s, name, len(raw), raw.count(b"\n"), sha256(raw)[:16]))
     write_sums(sums, data_dir)

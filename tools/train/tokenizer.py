@@ -25,7 +25,7 @@ import sys
 import tempfile
 
 import corpus
-from util import CheckFailed, log
+from util import CheckFailed, log, write_bytes_atomic
 
 TOKENIZER = os.path.join(corpus.DATA, "tokenizer.model")
 VOCAB = 4096
@@ -52,7 +52,7 @@ def train(data_dir=corpus.DATA):
         except FileNotFoundError:
             raise corpus.CorpusError("spm_train is missing: apt-get install -y sentencepiece")
         raw = open(os.path.join(tmp, "tokenizer.model"), "rb").read()
-    corpus.write_atomic(os.path.join(data_dir, "tokenizer.model"), raw)
+    write_bytes_atomic(os.path.join(data_dir, "tokenizer.model"), raw)
     sums = corpus.read_sums(data_dir)
     sums["tokenizer.model"] = corpus.sha256(raw)
     corpus.write_sums(sums, data_dir)

@@ -109,6 +109,17 @@ def valid_ppl(model, valid_ids, tc, device):
     return EV.evaluate({"m": fn}, [bos] + valid_ids, tc["seq_len"], bos, batch=16)["m"]["ppl"]
 
 
+def evaluate_step(model, valid_ids, tc, sp, device, step, t0, rep, best):
+    """Validation perplexity and a sample at this step; returns the (ppl, step, weights) best."""
+    model.eval()
+    v = valid_ppl(model, valid_ids, tc, device)
+    rep["evals"].append({"step": step, "valid_ppl": round(v, 4), "t": round(time.time() - t0, 1)})
+    s = sample(model, sp, device)
+    rep["samples"].append({"step": step, "text": s})
+    log("eval step %d: valid ppl %.3f%s | %s" % (step, v, " (best)" if v < best[0] else "", s))
+    return (v, step, copy.deepcopy(model.state_dict())) if v < best[0] else best
+
+
 def train(cfg, tc, train_ids, valid_ids, sp, device):
     """Train a fresh LlamaLM; returns (model with the best validation weights, in eval mode and
     fp32, report dict with the loss curve, evaluations, timings and throughput)."""
@@ -146,8 +157,10 @@ def train(cfg, tc, train_ids, valid_ids, sp, device):
         torch.nn.utils.clip_grad_norm_(model.parameters(), tc["grad_clip"])
         opt.step()
         step += 1
-        run_loss += float(loss)
+        run_loss = run_loss + loss.detach()      # a tensor: no GPU sync per step
         run_n += 1
+        if on_cuda and step in (10, tc["plan_after"]):
+            torch.cuda.synchronize()             # honest step times for the plan
         el = time.time() - t0
         if step == 10:
             t10 = el      # the first steps include CUDA start-up: time steps 11 .. plan_after
@@ -160,20 +173,14 @@ def train(cfg, tc, train_ids, valid_ids, sp, device):
                 log("  budget %.0f s: schedule shortened to %d steps" % (tc["train_seconds"], fit))
                 steps = max(fit, step + 1)
         if step % tc["log_every"] == 0 or step == steps:
-            rep["curve"].append({"step": step, "loss": round(run_loss / run_n, 4), "lr": lr, "t": round(el, 1)})
-            log("step %5d/%d loss %.4f lr %.2e  %.0f tok/s  %.0f s" % (step, steps, run_loss / run_n, lr,
-                                                                      step * tok_step / el, el))
+            mean = float(run_loss) / run_n
+            rep["curve"].append({"step": step, "loss": round(mean, 4), "lr": lr, "t": round(el, 1)})
+            log("step %5d/%d loss %.4f lr %.2e  %.0f tok/s  %.0f s" % (step, steps, mean, lr, step * tok_step / el, el))
             run_loss, run_n = 0.0, 0
-        if step % tc["eval_every"] == 0 or step == steps:
-            model.eval()
-            v = valid_ppl(model, valid_ids, tc, device)
-            rep["evals"].append({"step": step, "valid_ppl": round(v, 4), "t": round(time.time() - t0, 1)})
-            s = sample(model, sp, device)
-            rep["samples"].append({"step": step, "text": s})
-            log("eval step %d: valid ppl %.3f%s | %s" % (step, v, " (best)" if v < best[0] else "", s))
-            if v < best[0]:
-                best = (v, step, copy.deepcopy(model.state_dict()))
-        if time.time() - t0 > tc["train_seconds"]:
+        last = step == steps or time.time() - t0 > tc["train_seconds"]
+        if step % tc["eval_every"] == 0 or last:
+            best = evaluate_step(model, valid_ids, tc, sp, device, step, t0, rep, best)
+        if last and step < steps:
             log("time budget %.0f s reached at step %d of %d" % (tc["train_seconds"], step, steps))
             break
     dt = time.time() - t0
