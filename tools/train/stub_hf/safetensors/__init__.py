@@ -1,0 +1,2 @@
+"""Stand-in for the safetensors package (see ../README.md): only safetensors.numpy.save_file."""
+__version__ = "stub"
