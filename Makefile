@@ -200,7 +200,8 @@ lab: ## build the kernel experiments of kernels/lab/ into $(BUILD)/lab/ (needs n
 $(BUILD)/lab/%: kernels/lab/%.cu $(LIBQS)
 	@[ "$(V)" = 1 ] || echo "  NVCC  $<"
 	$(Q)mkdir -p $(BUILD)/lab
-	$(Q)$(NVCC) $(NVCCFLAGS) -o $@ $< $(LIBQS) $(DEP_LIBS) -lcublas -Xlinker -rpath,'$$ORIGIN/..'
+	$(Q)$(NVCC) $(NVCCFLAGS) $(INC_kernels) -Iruntime -o $@ $< $(LIBQS) $(DEP_LIBS) -lcublas \
+	    -Xlinker -rpath,'$$ORIGIN/..'
 
 lab-run: ## on the GPU machine: run every program of $(BUILD)/lab/ with --quick (PREBUILT=1 as for test-gpu)
 ifeq ($(PREBUILT),0)
