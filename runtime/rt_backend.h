@@ -21,6 +21,15 @@
 extern "C" {
 #endif
 
+/* Return the rt_err of expr unless it is RT_ERR_NONE (the runtime's files; the failing call has
+ * reported it). */
+#define RT_TRY(expr)                     \
+    do {                                 \
+        enum rt_err rt_try_err_ = (expr); \
+        if (rt_try_err_ != RT_ERR_NONE)  \
+            return rt_try_err_;          \
+    } while (0)
+
 /* --- communicator ------------------------------------------------------------------------------ */
 
 /* Element type of a collective's buffer. */

@@ -72,13 +72,6 @@ static enum rt_err barrier(struct group *g)
     return RT_ERR_NONE;
 }
 
-#define TRY(expr)                        \
-    do {                                 \
-        enum rt_err try_err_ = (expr);   \
-        if (try_err_ != RT_ERR_NONE)     \
-            return try_err_;             \
-    } while (0)
-
 /* --- host collectives (every backend) ---------------------------------------------------------- */
 
 static enum rt_err local_broadcast(struct rt_comm *c, void *buf, size_t bytes)
@@ -88,7 +81,7 @@ static enum rt_err local_broadcast(struct rt_comm *c, void *buf, size_t bytes)
         g->ptr[0] = buf;
         g->bytes = bytes;
     }
-    TRY(barrier(g));
+    RT_TRY(barrier(g));
     if (c->rank != 0) {
         if (g->bytes != bytes) {
             qs_log_error(__func__, "rank %d expected a broadcast of %zu bytes, rank 0 sent %zu",
@@ -161,7 +154,7 @@ static enum rt_err cpu_all_reduce(struct rt_comm *c, void *buf, size_t n, enum r
         g->tmp_cap[c->rank] = n;
     }
     g->ptr[c->rank] = buf;
-    TRY(barrier(g));
+    RT_TRY(barrier(g));
     /* every rank adds all buffers in rank order: the same bits everywhere */
     float *sum = g->tmp[c->rank];
     memcpy(sum, g->ptr[0], n * sizeof(float));
@@ -170,7 +163,7 @@ static enum rt_err cpu_all_reduce(struct rt_comm *c, void *buf, size_t n, enum r
         for (size_t i = 0; i < n; i++)
             sum[i] += b[i];
     }
-    TRY(barrier(g)); /* nobody writes its buffer while another rank still reads it */
+    RT_TRY(barrier(g)); /* nobody writes its buffer while another rank still reads it */
     memcpy(buf, sum, n * sizeof(float));
     return RT_ERR_NONE;
 }
@@ -187,7 +180,7 @@ static enum rt_err cpu_gather(struct rt_comm *c, const void *send, size_t bytes,
     (void)stream;
     struct group *g = G(c);
     g->ptr[c->rank] = send;
-    TRY(barrier(g));
+    RT_TRY(barrier(g));
     if (c->rank == 0)
         for (int r = 0; r < g->world; r++)
             memcpy((char *)recv + (size_t)r * bytes, g->ptr[r], bytes);
@@ -239,7 +232,7 @@ static enum rt_err cuda_gather(struct rt_comm *c, const void *send, size_t bytes
         return e;
     }
     g->ptr[c->rank] = send;
-    TRY(barrier(g));
+    RT_TRY(barrier(g));
     if (c->rank == 0) {
         for (int r = 0; r < g->world && !e; r++)
             e = rt_comm_cuda_copy_from(g->dev, (char *)recv + (size_t)r * bytes, g->ptr[r], r,

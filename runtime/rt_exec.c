@@ -22,13 +22,6 @@
 #include "qs_log.h"
 #include "rt_model_int.h"
 
-#define TRY(expr)                        \
-    do {                                 \
-        enum rt_err try_err_ = (expr);   \
-        if (try_err_ != RT_ERR_NONE)     \
-            return try_err_;             \
-    } while (0)
-
 enum cmd_kind { CMD_FORWARD = 1, CMD_CLEAR = 2, CMD_QUIT = 3 };
 
 /* What rank 0 broadcasts before each step (then, for CMD_FORWARD, the arrays). */
@@ -89,8 +82,8 @@ static enum rt_err open_rank(struct rank_slot *s)
     struct rt_comm *comm = e->world > 1 ? e->comm[s->rank] : NULL;
     struct rt_backend be = {NULL, NULL};
     if (e->factory)
-        TRY(e->factory(e->user, s->rank, e->world, comm, &be));
-    TRY(rt_model_open(e->path, s->rank, &e->opts, comm, be.ops ? &be : NULL, &s->m));
+        RT_TRY(e->factory(e->user, s->rank, e->world, comm, &be));
+    RT_TRY(rt_model_open(e->path, s->rank, &e->opts, comm, be.ops ? &be : NULL, &s->m));
     const int n_seqs = e->opts.n_seqs > 0 ? e->opts.n_seqs : 1;
     return rt_kv_create(s->m, n_seqs, rt_model_n_ctx(s->m), &s->kv);
 }
@@ -197,7 +190,7 @@ static enum rt_err open_verdict(struct rt_exec *e)
 
 static enum rt_err start_followers(struct rt_exec *e)
 {
-    TRY(rt_comm_local_create(e->world, e->opts.device == RT_DEVICE_AUTO
+    RT_TRY(rt_comm_local_create(e->world, e->opts.device == RT_DEVICE_AUTO
                                            ? (rt_cuda_available() ? RT_DEVICE_CUDA : RT_DEVICE_CPU)
                                            : e->opts.device,
                              e->opts.cuda_device, e->opts.p2p_allreduce != 0, e->comm));
@@ -243,7 +236,7 @@ static enum rt_err open_exec(const char *path, const struct rt_opts *opts,
 {
     *out = NULL;
     int world = 1;
-    TRY(peek_world(path, &world));
+    RT_TRY(peek_world(path, &world));
     struct rt_exec *e = calloc(1, sizeof(*e));
     if (!e || !(e->slots = calloc((size_t)world, sizeof(*e->slots))) || !(e->path = strdup(path))) {
         qs_log_error(__func__, "out of memory");
@@ -323,13 +316,13 @@ static enum rt_err run_step(struct rt_exec *e, const struct rt_batch *b, enum rt
         qs_log_error(__func__, "an earlier step failed: the model must be opened again");
         return RT_ERR_PEER;
     }
-    TRY(rt_model_check_batch(s0->m, s0->kv, b));
+    RT_TRY(rt_model_check_batch(s0->m, s0->kv, b));
     if (e->world > 1) {
         struct rt_comm *c = e->comm[0];
         const int n = b->n_tokens, has_seq = b->seq != NULL;
         const size_t words = (size_t)n * (has_seq ? 3 : 2) + (size_t)b->n_out;
         struct cmd_hdr h = {CMD_FORWARD, n, b->n_out, (int32_t)out, has_seq, 0};
-        TRY(grow_i32(&e->scratch, &e->scratch_cap, words));
+        RT_TRY(grow_i32(&e->scratch, &e->scratch_cap, words));
         memcpy(e->scratch, b->tokens, (size_t)n * sizeof(int32_t));
         memcpy(e->scratch + n, b->pos, (size_t)n * sizeof(int32_t));
         if (has_seq)
@@ -389,7 +382,7 @@ enum rt_err rt_exec_forward_pick(struct rt_exec *e, const struct rt_batch *b,
         return RT_ERR_ARG;
     }
     for (int i = 0; i < b->n_out; i++)
-        TRY(check_pick(e, &picks[i]));
+        RT_TRY(check_pick(e, &picks[i]));
     if (!rt_exec_can_pick(e)) {
         qs_log_error(__func__, "the %s backend cannot sample on the device",
                      e->slots[0].m->be.ops->name);
@@ -406,7 +399,7 @@ static enum rt_err seq_batch(struct rt_exec *e, int seq, const int32_t *tokens, 
         qs_log_error(__func__, "no tokens to run (n_tokens = %d)", n);
         return RT_ERR_ARG;
     }
-    TRY(grow_i32(&e->seqbuf, &e->seqbuf_cap, 3 * (size_t)n));
+    RT_TRY(grow_i32(&e->seqbuf, &e->seqbuf_cap, 3 * (size_t)n));
     int32_t *pos = e->seqbuf, *sq = pos + n, *out = sq + n;
     for (int i = 0; i < n; i++) {
         pos[i] = start_pos + i;
@@ -421,7 +414,7 @@ enum rt_err rt_exec_forward_seq(struct rt_exec *e, int seq, const int32_t *token
                                 int start_pos, float *logits, bool all_logits)
 {
     struct rt_batch b;
-    TRY(seq_batch(e, seq, tokens, n, start_pos, all_logits, &b));
+    RT_TRY(seq_batch(e, seq, tokens, n, start_pos, all_logits, &b));
     if (!logits)
         b.n_out = 0;
     return rt_exec_forward(e, &b, logits);
@@ -431,7 +424,7 @@ enum rt_err rt_exec_forward_seq_pick(struct rt_exec *e, int seq, const int32_t *
                                      int start_pos, const struct rt_pick *pick, int32_t *id)
 {
     struct rt_batch b;
-    TRY(seq_batch(e, seq, tokens, n, start_pos, false, &b));
+    RT_TRY(seq_batch(e, seq, tokens, n, start_pos, false, &b));
     return rt_exec_forward_pick(e, &b, pick, id);
 }
 

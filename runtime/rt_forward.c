@@ -26,16 +26,6 @@
 #include "ref.h" /* ref_moe_route */
 #include "rt_model_int.h"
 
-#define OPS (m->be.ops)
-#define BCTX (m->be.ctx)
-
-#define TRY(expr)                        \
-    do {                                 \
-        enum rt_err try_err_ = (expr);   \
-        if (try_err_ != RT_ERR_NONE)     \
-            return try_err_;             \
-    } while (0)
-
 // --- the batch ---------------------------------------------------------------------------------
 
 static int seq_of(const struct rt_batch *b, int i)
@@ -142,17 +132,17 @@ static enum rt_err attn_block(struct rt_model *m, struct rt_kv *kv, int l, int M
     const size_t stride = (size_t)(nq + 2 * nkv) * (size_t)hd;
     float *qacc = use_acc(m, &ly->qkv, M) ? m->acc : NULL;
 
-    TRY(linear(m, &ly->qkv, m->x, M, m->qkv, qacc));
+    RT_TRY(linear(m, &ly->qkv, m->x, M, m->qkv, qacc));
     for (int j = 0; j < n_runs; j++) {
         const struct rt_run *r = &m->runs[j];
-        TRY(OPS->rope_kv_store(BCTX, rt_act_at(m, m->qkv, (size_t)r->row0 * stride),
+        RT_TRY(OPS->rope_kv_store(BCTX, rt_act_at(m, m->qkv, (size_t)r->row0 * stride),
                                qacc ? qacc + (size_t)r->row0 * stride : NULL, r->n, nq, nkv, hd,
                                stride, m->pos + r->row0, m->inv_freq, rt_kv_slot(kv, l, r->seq, false),
                                rt_kv_slot(kv, l, r->seq, true), kv->n_ctx));
     }
     for (int j = 0; j < n_runs; j++) {
         const struct rt_run *r = &m->runs[j];
-        TRY(OPS->attention(BCTX, rt_act_at(m, m->att, (size_t)r->row0 * nq * hd),
+        RT_TRY(OPS->attention(BCTX, rt_act_at(m, m->att, (size_t)r->row0 * nq * hd),
                            (size_t)nq * hd, rt_act_at(m, m->qkv, (size_t)r->row0 * stride),
                            stride, rt_kv_slot(kv, l, r->seq, false),
                            rt_kv_slot(kv, l, r->seq, true), r->n, r->p0, m->pos + r->row0, nq,
@@ -168,8 +158,8 @@ static enum rt_err dense_mlp(struct rt_model *m, int l, int M, bool *deferred)
 {
     const struct rt_layer *ly = &m->layers[l];
     float *gacc = use_acc(m, &ly->gate_up, M) ? m->acc : NULL;
-    TRY(linear(m, &ly->gate_up, m->x, M, m->gu, gacc));
-    TRY(OPS->act_mul(BCTX, m->cfg.arch->act, m->act, m->gu, gacc, M,
+    RT_TRY(linear(m, &ly->gate_up, m->x, M, m->gu, gacc));
+    RT_TRY(OPS->act_mul(BCTX, m->cfg.arch->act, m->act, m->gu, gacc, M,
                      m->cfg.intermediate_per_rank));
     float *dacc = use_acc(m, &ly->down, M) ? m->acc : NULL;
     *deferred = dacc != NULL;
@@ -186,10 +176,10 @@ static enum rt_err moe(struct rt_model *m, int l, int M)
     const int E = c->n_experts, k = c->n_experts_per_tok, H = c->hidden_size;
     const struct rt_layer *ly = &m->layers[l];
 
-    TRY(OPS->router(BCTX, m->x, ly->router, M, H, E, m->router_logits));
-    TRY(OPS->download(BCTX, m->h_router, m->router_logits, (size_t)M * E * sizeof(float)));
+    RT_TRY(OPS->router(BCTX, m->x, ly->router, M, H, E, m->router_logits));
+    RT_TRY(OPS->download(BCTX, m->h_router, m->router_logits, (size_t)M * E * sizeof(float)));
     ref_moe_route(m->h_router, M, E, k, m->h_ids, m->h_w);
-    TRY(OPS->zero(BCTX, m->o, (size_t)M * H * OPS->act_size));
+    RT_TRY(OPS->zero(BCTX, m->o, (size_t)M * H * OPS->act_size));
     for (int e = 0; e < E; e++) {
         int n = 0;
         for (int t = 0; t < M; t++)
@@ -200,11 +190,11 @@ static enum rt_err moe(struct rt_model *m, int l, int M)
                 }
         if (n == 0)
             continue;
-        TRY(OPS->gather_rows(BCTX, m->xe, m->x, m->h_rows, n, H));
-        TRY(linear(m, &ly->expert_gate_up[e], m->xe, n, m->gu, NULL));
-        TRY(OPS->act_mul(BCTX, c->arch->act, m->act, m->gu, NULL, n, c->intermediate_per_rank));
-        TRY(linear(m, &ly->expert_down[e], m->act, n, m->ye, NULL));
-        TRY(OPS->scatter_add_rows(BCTX, m->o, m->ye, m->h_rows, m->h_roww, n, H));
+        RT_TRY(OPS->gather_rows(BCTX, m->xe, m->x, m->h_rows, n, H));
+        RT_TRY(linear(m, &ly->expert_gate_up[e], m->xe, n, m->gu, NULL));
+        RT_TRY(OPS->act_mul(BCTX, c->arch->act, m->act, m->gu, NULL, n, c->intermediate_per_rank));
+        RT_TRY(linear(m, &ly->expert_down[e], m->act, n, m->ye, NULL));
+        RT_TRY(OPS->scatter_add_rows(BCTX, m->o, m->ye, m->h_rows, m->h_roww, n, H));
     }
     return RT_ERR_NONE;
 }
@@ -219,31 +209,31 @@ static enum rt_err body(struct rt_model *m, struct rt_kv *kv, int M, int n_runs)
     const int H = c->hidden_size;
     const float eps = c->rms_norm_eps;
 
-    TRY(OPS->embed(BCTX, m->h, m->embed, m->tok, M, (int64_t)m->rank * c->vocab_size_per_rank,
+    RT_TRY(OPS->embed(BCTX, m->h, m->embed, m->tok, M, (int64_t)m->rank * c->vocab_size_per_rank,
                    c->vocab_size_per_rank, H));
-    TRY(OPS->all_reduce(BCTX, m->h, MH, RT_BUF_F32));
+    RT_TRY(OPS->all_reduce(BCTX, m->h, MH, RT_BUF_F32));
     bool prev_acc = false; /* whether the previous block's output is in acc (else in o) */
     for (int l = 0; l < c->n_layers; l++) {
         const struct rt_layer *ly = &m->layers[l];
         bool d;
         if (l == 0) /* h is the embedding: normalise it as it is */
-            TRY(OPS->norm(BCTX, nk, m->x, m->h, NULL, NULL, ly->attn_norm, M, H, eps));
+            RT_TRY(OPS->norm(BCTX, nk, m->x, m->h, NULL, NULL, ly->attn_norm, M, H, eps));
         else /* h += previous MLP output, then normalise */
-            TRY(OPS->norm(BCTX, nk, m->x, m->h, prev_acc ? NULL : m->o, prev_acc ? m->acc : NULL,
+            RT_TRY(OPS->norm(BCTX, nk, m->x, m->h, prev_acc ? NULL : m->o, prev_acc ? m->acc : NULL,
                           ly->attn_norm, M, H, eps));
-        TRY(attn_block(m, kv, l, M, n_runs, &d));
+        RT_TRY(attn_block(m, kv, l, M, n_runs, &d));
         if (!d)
-            TRY(OPS->all_reduce(BCTX, m->o, MH, RT_BUF_ACT));
-        TRY(OPS->norm(BCTX, nk, m->x, m->h, d ? NULL : m->o, d ? m->acc : NULL, ly->mlp_norm, M,
+            RT_TRY(OPS->all_reduce(BCTX, m->o, MH, RT_BUF_ACT));
+        RT_TRY(OPS->norm(BCTX, nk, m->x, m->h, d ? NULL : m->o, d ? m->acc : NULL, ly->mlp_norm, M,
                       H, eps));
         if (c->arch->moe) {
-            TRY(moe(m, l, M));
+            RT_TRY(moe(m, l, M));
             d = false;
         } else {
-            TRY(dense_mlp(m, l, M, &d));
+            RT_TRY(dense_mlp(m, l, M, &d));
         }
         if (!d)
-            TRY(OPS->all_reduce(BCTX, m->o, MH, RT_BUF_ACT));
+            RT_TRY(OPS->all_reduce(BCTX, m->o, MH, RT_BUF_ACT));
         prev_acc = d;
     }
     return OPS->norm(BCTX, nk, m->x, m->h, prev_acc ? NULL : m->o, prev_acc ? m->acc : NULL,
@@ -262,7 +252,7 @@ static enum rt_err lm_head_rows(struct rt_model *m, const int32_t *rows, int n)
         contiguous = rows[i] == rows[0] + i;
     const void *src = rt_act_at(m, m->x, (size_t)rows[0] * H);
     if (!contiguous) {
-        TRY(OPS->gather_rows(BCTX, m->xe, m->x, rows, n, H));
+        RT_TRY(OPS->gather_rows(BCTX, m->xe, m->x, rows, n, H));
         src = m->xe;
     }
     return OPS->lm_head(BCTX, src, m->lm_head, n, H, c->vocab_size_per_rank, m->logits);
@@ -278,7 +268,7 @@ static enum rt_err gather_logits(struct rt_model *m, int n, const float **out)
         *out = m->logits;
         return RT_ERR_NONE;
     }
-    TRY(OPS->gather(BCTX, m->logits, bytes, m->logits_all));
+    RT_TRY(OPS->gather(BCTX, m->logits, bytes, m->logits_all));
     if (m->rank == 0)
         *out = m->logits_all;
     return RT_ERR_NONE;
@@ -290,7 +280,7 @@ static enum rt_err download_logits(struct rt_model *m, const float *all, int n, 
 {
     const struct rt_config *c = &m->cfg;
     const int64_t Vr = c->vocab_size_per_rank, V = c->vocab_size;
-    TRY(OPS->download(BCTX, m->h_logits, all, (size_t)m->world * n * Vr * sizeof(float)));
+    RT_TRY(OPS->download(BCTX, m->h_logits, all, (size_t)m->world * n * Vr * sizeof(float)));
     for (int r = 0; r < m->world; r++) {
         const int64_t col0 = (int64_t)r * Vr, cols = V - col0 < Vr ? V - col0 : Vr;
         for (int i = 0; cols > 0 && i < n; i++)
@@ -307,7 +297,7 @@ static enum rt_err pick_row(struct rt_model *m, const float *row, const struct r
     const struct rt_config *c = &m->cfg;
     const int limit = pick->p.vocab_limit; /* rt_sample.h step 0: ids [0, limit) only */
     const int nv = limit > 0 && limit < c->vocab_size ? limit : c->vocab_size;
-    TRY(OPS->sample(BCTX, row, nv, pick, id));
+    RT_TRY(OPS->sample(BCTX, row, nv, pick, id));
     if (*id < 0 || *id >= nv) {
         qs_log_error(__func__, "no finite logit among the %d ids: the model computed NaN or "
                      "-inf everywhere", nv);
@@ -327,15 +317,15 @@ static enum rt_err outputs(struct rt_model *m, const int32_t *rows, int n, enum 
     for (int i = 0; i < n; i += per) {
         const int k = n - i < per ? n - i : per;
         if (!(head_done && i == 0))
-            TRY(lm_head_rows(m, rows + i, k));
+            RT_TRY(lm_head_rows(m, rows + i, k));
         const float *all;
-        TRY(gather_logits(m, k, &all));
+        RT_TRY(gather_logits(m, k, &all));
         if (m->rank != 0)
             continue;
         if (out == RT_OUT_PICK)
-            TRY(pick_row(m, all, &picks[i], &ids[i]));
+            RT_TRY(pick_row(m, all, &picks[i], &ids[i]));
         else
-            TRY(download_logits(m, all, k, logits + (size_t)i * V));
+            RT_TRY(download_logits(m, all, k, logits + (size_t)i * V));
     }
     return RT_ERR_NONE;
 }
@@ -379,7 +369,7 @@ static enum rt_err step_graph(struct rt_model *m, struct rt_kv *kv, bool *done)
         return RT_ERR_NONE;
     }
     bool ran = false;
-    TRY(OPS->graph_replay(BCTX, &ran));
+    RT_TRY(OPS->graph_replay(BCTX, &ran));
     if (!ran) { /* ready was checked just before: cannot happen */
         qs_log_error(__func__, "rank %d's decode graph went stale during the step", m->rank);
         return RT_ERR_DEVICE;
@@ -397,13 +387,13 @@ static enum rt_err chunk(struct rt_model *m, struct rt_kv *kv, const struct rt_b
                          const struct rt_pick *picks, int32_t *ids)
 {
     const int n_runs = make_runs(m, b, c0, M);
-    TRY(OPS->upload(BCTX, m->tok, b->tokens + c0, (size_t)M * sizeof(int32_t)));
-    TRY(OPS->upload(BCTX, m->pos, b->pos + c0, (size_t)M * sizeof(int32_t)));
+    RT_TRY(OPS->upload(BCTX, m->tok, b->tokens + c0, (size_t)M * sizeof(int32_t)));
+    RT_TRY(OPS->upload(BCTX, m->pos, b->pos + c0, (size_t)M * sizeof(int32_t)));
     bool head_done = false;
     if (M == 1 && n_rows == 1 && out != RT_OUT_NONE && m->graphs && m->graph_failures < 2)
-        TRY(step_graph(m, kv, &head_done));
+        RT_TRY(step_graph(m, kv, &head_done));
     if (!head_done)
-        TRY(body(m, kv, M, n_runs));
+        RT_TRY(body(m, kv, M, n_runs));
     for (int j = 0; j < n_runs; j++)
         kv->len[m->runs[j].seq] = m->runs[j].p0 + m->runs[j].n;
     if (out == RT_OUT_NONE || n_rows == 0)
@@ -425,7 +415,7 @@ enum rt_err rt_model_forward(struct rt_model *m, struct rt_kv *kv, const struct 
         for (int i = 0; i < n_rows; i++) /* relative to the chunk */
             m->h_out[i] = b->out[j + i] - c0;
         const bool r0 = m->rank == 0;
-        TRY(chunk(m, kv, b, c0, M, m->h_out, n_rows, out,
+        RT_TRY(chunk(m, kv, b, c0, M, m->h_out, n_rows, out,
                   r0 && logits ? logits + (size_t)j * V : NULL, r0 && picks ? picks + j : NULL,
                   r0 && ids ? ids + j : NULL));
         j += n_rows;

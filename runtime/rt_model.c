@@ -18,16 +18,6 @@
 #include "ref.h"       /* ref_rope_inv_freq, ref_w4_shape_ok */
 #include "rt_model_int.h"
 
-#define OPS (m->be.ops)
-#define BCTX (m->be.ctx)
-
-#define TRY(expr)                        \
-    do {                                 \
-        enum rt_err try_err_ = (expr);   \
-        if (try_err_ != RT_ERR_NONE)     \
-            return try_err_;             \
-    } while (0)
-
 // --- errors and options ---------------------------------------------------------------------
 
 const char *rt_err_str(enum rt_err e)
@@ -200,14 +190,14 @@ static enum rt_err bind_linear(struct rt_model *m, enum fmt_name role, int layer
                          "packed layout (K %% 16 and N %% 64 must be 0)", file, pre, K, N);
             return RT_ERR_SHAPE;
         }
-        TRY(linear_group(m, role, layer, expert, pre, K, &L->G));
-        TRY(bind_role(m, role, layer, expert, FMT_SUFFIX_QWEIGHT, FMT_DTYPE_Q4,
+        RT_TRY(linear_group(m, role, layer, expert, pre, K, &L->G));
+        RT_TRY(bind_role(m, role, layer, expert, FMT_SUFFIX_QWEIGHT, FMT_DTYPE_Q4,
                       FMT_LAYOUT_W4_MMA_T16X64, K, N, false, &p));
         L->qweight = p;
-        TRY(bind_role(m, role, layer, expert, FMT_SUFFIX_QZEROS, FMT_DTYPE_Q4, FMT_LAYOUT_Z4_T64,
+        RT_TRY(bind_role(m, role, layer, expert, FMT_SUFFIX_QZEROS, FMT_DTYPE_Q4, FMT_LAYOUT_Z4_T64,
                       K / L->G, N, false, &p));
         L->qzeros = p;
-        TRY(bind_role(m, role, layer, expert, FMT_SUFFIX_SCALES, FMT_DTYPE_F16, FMT_LAYOUT_S_T64,
+        RT_TRY(bind_role(m, role, layer, expert, FMT_SUFFIX_SCALES, FMT_DTYPE_F16, FMT_LAYOUT_S_T64,
                       K / L->G, N, false, &p));
         L->scales = p;
         L->acc_ok = OPS->linear_acc_ok && OPS->linear_acc_ok(BCTX, K, N, L->G);
@@ -218,11 +208,11 @@ static enum rt_err bind_linear(struct rt_model *m, enum fmt_name role, int layer
                          pre, pre, FMT_SUFFIX_QWEIGHT, pre, FMT_SUFFIX_WEIGHT);
             return RT_ERR_MISSING_TENSOR;
         }
-        TRY(bind_role(m, role, layer, expert, FMT_SUFFIX_WEIGHT, FMT_DTYPE_F16,
+        RT_TRY(bind_role(m, role, layer, expert, FMT_SUFFIX_WEIGHT, FMT_DTYPE_F16,
                       FMT_LAYOUT_ROW_MAJOR, N, K, false, &p));
         L->weight_f16 = p;
     }
-    TRY(bind_role(m, role, layer, expert, FMT_SUFFIX_BIAS, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR,
+    RT_TRY(bind_role(m, role, layer, expert, FMT_SUFFIX_BIAS, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR,
                   N, -1, !need_bias, &p));
     L->bias = p;
     return RT_ERR_NONE;
@@ -235,7 +225,7 @@ static enum rt_err bind_experts(struct rt_model *m, int l)
     struct rt_layer *ly = &m->layers[l];
     int E = c->n_experts, H = c->hidden_size, Ir = c->intermediate_per_rank;
     const void *p;
-    TRY(bind_role(m, FMT_N_ROUTER, l, -1, NULL, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR, E, H, false,
+    RT_TRY(bind_role(m, FMT_N_ROUTER, l, -1, NULL, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR, E, H, false,
                   &p));
     ly->router = p;
     ly->expert_gate_up = calloc((size_t)E, sizeof(struct rt_linear));
@@ -245,8 +235,8 @@ static enum rt_err bind_experts(struct rt_model *m, int l)
         return RT_ERR_NOMEM;
     }
     for (int e = 0; e < E; e++) {
-        TRY(bind_linear(m, FMT_N_EXPERT_GATE_UP, l, e, H, 2 * Ir, false, &ly->expert_gate_up[e]));
-        TRY(bind_linear(m, FMT_N_EXPERT_DOWN, l, e, Ir, H, false, &ly->expert_down[e]));
+        RT_TRY(bind_linear(m, FMT_N_EXPERT_GATE_UP, l, e, H, 2 * Ir, false, &ly->expert_gate_up[e]));
+        RT_TRY(bind_linear(m, FMT_N_EXPERT_DOWN, l, e, Ir, H, false, &ly->expert_down[e]));
         ly->expert_gate_up[e].acc_ok = ly->expert_down[e].acc_ok = false; /* read by scatter */
     }
     return RT_ERR_NONE;
@@ -260,17 +250,17 @@ static enum rt_err bind_layer(struct rt_model *m, int l)
     int nq = c->heads_per_rank, nkv = c->kv_heads_per_rank, Ir = c->intermediate_per_rank;
     const void *p;
 
-    TRY(bind_role(m, FMT_N_ATTN_NORM, l, -1, NULL, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR, H, -1,
+    RT_TRY(bind_role(m, FMT_N_ATTN_NORM, l, -1, NULL, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR, H, -1,
                   false, &p));
     ly->attn_norm = p;
-    TRY(bind_role(m, FMT_N_MLP_NORM, l, -1, NULL, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR, H, -1,
+    RT_TRY(bind_role(m, FMT_N_MLP_NORM, l, -1, NULL, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR, H, -1,
                   false, &p));
     ly->mlp_norm = p;
-    TRY(bind_linear(m, FMT_N_QKV, l, -1, H, (nq + 2 * nkv) * hd, c->attention_bias, &ly->qkv));
-    TRY(bind_linear(m, FMT_N_O, l, -1, nq * hd, H, false, &ly->o));
+    RT_TRY(bind_linear(m, FMT_N_QKV, l, -1, H, (nq + 2 * nkv) * hd, c->attention_bias, &ly->qkv));
+    RT_TRY(bind_linear(m, FMT_N_O, l, -1, nq * hd, H, false, &ly->o));
     if (c->arch->moe)
         return bind_experts(m, l);
-    TRY(bind_linear(m, FMT_N_GATE_UP, l, -1, H, 2 * Ir, false, &ly->gate_up));
+    RT_TRY(bind_linear(m, FMT_N_GATE_UP, l, -1, H, 2 * Ir, false, &ly->gate_up));
     return bind_linear(m, FMT_N_DOWN, l, -1, Ir, H, false, &ly->down);
 }
 
@@ -286,21 +276,21 @@ static enum rt_err bind_all(struct rt_model *m)
         qs_log_error(__func__, "out of memory for %d layers", c->n_layers);
         return RT_ERR_NOMEM;
     }
-    TRY(bind_role(m, FMT_N_EMBED, -1, -1, NULL, FMT_DTYPE_F16, FMT_LAYOUT_ROW_MAJOR,
+    RT_TRY(bind_role(m, FMT_N_EMBED, -1, -1, NULL, FMT_DTYPE_F16, FMT_LAYOUT_ROW_MAJOR,
                   c->vocab_size_per_rank, c->hidden_size, false, &p));
     m->embed = p;
     if (c->tie_word_embeddings) {
         m->lm_head = m->embed;
     } else {
-        TRY(bind_role(m, FMT_N_LM_HEAD, -1, -1, NULL, FMT_DTYPE_F16, FMT_LAYOUT_ROW_MAJOR,
+        RT_TRY(bind_role(m, FMT_N_LM_HEAD, -1, -1, NULL, FMT_DTYPE_F16, FMT_LAYOUT_ROW_MAJOR,
                       c->vocab_size_per_rank, c->hidden_size, false, &p));
         m->lm_head = p;
     }
-    TRY(bind_role(m, FMT_N_FINAL_NORM, -1, -1, NULL, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR,
+    RT_TRY(bind_role(m, FMT_N_FINAL_NORM, -1, -1, NULL, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR,
                   c->hidden_size, -1, false, &p));
     m->final_norm = p;
     for (int l = 0; l < c->n_layers; l++)
-        TRY(bind_layer(m, l));
+        RT_TRY(bind_layer(m, l));
     /* a tensor we do not use means a model feature we would silently ignore */
     for (uint32_t i = 0; i < nt; i++)
         if (!m->used[i]) {
@@ -358,26 +348,26 @@ static enum rt_err alloc_buffers(struct rt_model *m)
     size_t Ir = (size_t)c->intermediate_per_rank, A = OPS->act_size, F = sizeof(float);
     size_t Vr = (size_t)c->vocab_size_per_rank, LB = (size_t)m->logit_rows;
 
-    TRY(balloc(m, B * H * F, &m->h));
-    TRY(balloc(m, B * H * A, &m->x));
-    TRY(balloc(m, B * H * A, &m->o));
-    TRY(balloc(m, B * (nq + 2 * nkv) * hd * A, &m->qkv));
-    TRY(balloc(m, B * nq * hd * A, &m->att));
-    TRY(balloc(m, B * 2 * Ir * A, &m->gu));
-    TRY(balloc(m, B * Ir * A, &m->act));
-    TRY(balloc(m, B * H * A, &m->xe));
+    RT_TRY(balloc(m, B * H * F, &m->h));
+    RT_TRY(balloc(m, B * H * A, &m->x));
+    RT_TRY(balloc(m, B * H * A, &m->o));
+    RT_TRY(balloc(m, B * (nq + 2 * nkv) * hd * A, &m->qkv));
+    RT_TRY(balloc(m, B * nq * hd * A, &m->att));
+    RT_TRY(balloc(m, B * 2 * Ir * A, &m->gu));
+    RT_TRY(balloc(m, B * Ir * A, &m->act));
+    RT_TRY(balloc(m, B * H * A, &m->xe));
     if (c->arch->moe) {
-        TRY(balloc(m, B * H * A, &m->ye));
-        TRY(balloc(m, B * (size_t)c->n_experts * F, &m->router_logits));
+        RT_TRY(balloc(m, B * H * A, &m->ye));
+        RT_TRY(balloc(m, B * (size_t)c->n_experts * F, &m->router_logits));
     }
     if (m->defer_m > 0)
-        TRY(balloc(m, (size_t)m->defer_m * m->acc_cols * F, &m->acc));
-    TRY(balloc(m, LB * Vr * F, &m->logits));
+        RT_TRY(balloc(m, (size_t)m->defer_m * m->acc_cols * F, &m->acc));
+    RT_TRY(balloc(m, LB * Vr * F, &m->logits));
     if (m->rank == 0 && m->world > 1)
-        TRY(balloc(m, (size_t)m->world * LB * Vr * F, &m->logits_all));
-    TRY(balloc(m, hd / 2 * F, &m->inv_freq));
-    TRY(balloc(m, B * sizeof(int32_t), &m->tok));
-    TRY(balloc(m, B * sizeof(int32_t), &m->pos));
+        RT_TRY(balloc(m, (size_t)m->world * LB * Vr * F, &m->logits_all));
+    RT_TRY(balloc(m, hd / 2 * F, &m->inv_freq));
+    RT_TRY(balloc(m, B * sizeof(int32_t), &m->tok));
+    RT_TRY(balloc(m, B * sizeof(int32_t), &m->pos));
 
     float *inv = malloc(hd / 2 * sizeof(float));
     if (!inv) {
@@ -443,9 +433,9 @@ static enum rt_err open_file(struct rt_model *m, const char *path)
         return RT_ERR_IO;
     }
     if (S_ISDIR(st.st_mode)) {
-        TRY(from_fmt(fmt_manifest_open_rank(path, (uint32_t)m->rank, &m->shard)));
+        RT_TRY(from_fmt(fmt_manifest_open_rank(path, (uint32_t)m->rank, &m->shard)));
     } else {
-        TRY(from_fmt(fmt_shard_open(path, &m->shard)));
+        RT_TRY(from_fmt(fmt_shard_open(path, &m->shard)));
         const struct fmt_header *hd = fmt_shard_header(m->shard);
         if (hd->world_size != 1) {
             qs_log_error(__func__, "%s is rank %u of a TP-%u set: open the directory that holds "
@@ -456,8 +446,8 @@ static enum rt_err open_file(struct rt_model *m, const char *path)
     }
     const char *json;
     size_t len;
-    TRY(from_fmt(fmt_shard_config_json(m->shard, &json, &len)));
-    TRY(rt_config_parse(json, len, fmt_shard_path(m->shard), &m->cfg));
+    RT_TRY(from_fmt(fmt_shard_config_json(m->shard, &json, &len)));
+    RT_TRY(rt_config_parse(json, len, fmt_shard_path(m->shard), &m->cfg));
     const struct fmt_header *hd = fmt_shard_header(m->shard);
     if (m->cfg.world_size != m->world || m->cfg.rank != m->rank || (int)hd->tp_rank != m->rank ||
         (int)hd->world_size != m->world) {
@@ -506,15 +496,15 @@ static enum rt_err size_model(struct rt_model *m)
 
 static enum rt_err model_open(struct rt_model *m, const char *path)
 {
-    TRY(open_file(m, path));
+    RT_TRY(open_file(m, path));
     if (!m->be.ops)
-        TRY(create_backend(m));
-    TRY(size_model(m));
-    TRY(OPS->load_weights(BCTX, m->shard));
-    TRY(bind_all(m));
+        RT_TRY(create_backend(m));
+    RT_TRY(size_model(m));
+    RT_TRY(OPS->load_weights(BCTX, m->shard));
+    RT_TRY(bind_all(m));
     plan_defer(m);
-    TRY(alloc_buffers(m));
-    TRY(alloc_host(m));
+    RT_TRY(alloc_buffers(m));
+    RT_TRY(alloc_host(m));
     m->graphs = !m->opts.no_graph && OPS->graph_begin && OPS->graph_end && OPS->graph_ready &&
                 OPS->graph_replay && !m->cfg.arch->moe;
     const struct rt_config *c = &m->cfg;

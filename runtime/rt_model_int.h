@@ -100,6 +100,10 @@ struct rt_kv {
     void **k, **v;             /* owned [n_layers] backend buffers [n_seqs][nkv][n_ctx][hd] */
 };
 
+/* The model's backend table and context (in rt_model.c and rt_forward.c, where `m` is the model). */
+#define OPS (m->be.ops)
+#define BCTX (m->be.ctx)
+
 /* Backend address of activation element `elems` of buffer p (whole rows or heads only). */
 static inline void *rt_act_at(const struct rt_model *m, void *p, size_t elems)
 {

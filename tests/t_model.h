@@ -1163,4 +1163,17 @@ T_FN float *emu_logits(const char *dir, const int32_t *tok, int T, int V, int ma
     return lg;
 }
 
+/* The start of every model test program: its area name for t_done, warnings only (no start-up
+ * info lines between the results), a fresh tmp_root; the synthetic cases in *cases[*n]. false
+ * when the temp directory cannot be made (reported). */
+T_FN bool t_model_begin(const char *area, const char *prog, const struct t_case **cases, int *n)
+{
+    T_INIT(area);
+    qs_log_set_level(QS_LOG_WARN);
+    if (!t_tmp_root(prog))
+        return false;
+    *cases = t_cases(n);
+    return true;
+}
+
 #endif /* QS_T_MODEL_H */

@@ -371,13 +371,11 @@ static void bench_cpu(void)
 
 int main(void)
 {
-    T_INIT("model");
-    qs_log_set_level(QS_LOG_WARN); /* no start-up info lines between the results */
-    if (!t_tmp_root("test-model"))
+    int n;
+    const struct t_case *cs;
+    if (!t_model_begin("model", "test-model", &cs, &n))
         return 1;
     test_config();
-    int n;
-    const struct t_case *cs = t_cases(&n);
     for (int i = 0; i < n; i++)
         test_synthetic(cs[i].label, &cs[i].sp, cs[i].tps, cs[i].n_tp);
     test_errors();

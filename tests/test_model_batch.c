@@ -267,12 +267,10 @@ static void test_rank_failure(const char *dir_tp2, int V)
 
 int main(void)
 {
-    T_INIT("model_batch");
-    qs_log_set_level(QS_LOG_WARN);
-    if (!t_tmp_root("test-model-batch"))
-        return 1;
     int n;
-    const struct t_case *cs = t_cases(&n);
+    const struct t_case *cs;
+    if (!t_model_begin("model_batch", "test-model-batch", &cs, &n))
+        return 1;
     for (int i = 0; i < n; i++) {
         const struct t_case *c = &cs[i];
         struct syn_model m;

@@ -305,12 +305,10 @@ static void test_graph_fallback(const char *dir, const int32_t *tok, int V, int 
 
 int main(void)
 {
-    T_INIT("model_emu");
-    qs_log_set_level(QS_LOG_WARN);
-    if (!t_tmp_root("test-model-emu"))
-        return 1;
     int n;
-    const struct t_case *cs = t_cases(&n);
+    const struct t_case *cs;
+    if (!t_model_begin("model_emu", "test-model-emu", &cs, &n))
+        return 1;
     for (int i = 0; i < n; i++) {
         const struct t_case *c = &cs[i];
         struct syn_model m;

@@ -20,6 +20,7 @@
 #include <cjson/cJSON.h> /* the vector file */
 #include <zlib.h>        /* gz tokenizer.json */
 
+#include "qs_util.h" /* qs_now_s */
 #include "qs_log.h"
 #include "rt_tok.h"
 #include "t.h"
@@ -50,13 +51,6 @@ static char *read_all(const char *path, size_t *len)
     return b;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Load a tokenizer from files under TOKDIR (NULL names are skipped). */
 static struct rt_tok *load(const char *json, const char *model, const char *config,
                            const char *special_map)
@@ -82,9 +76,9 @@ static struct rt_tok *load(const char *json, const char *model, const char *conf
     struct rt_tok_files f = {bj, lj, (const unsigned char *)bm, lm, bc, lc, special_map,
                              special_map ? strlen(special_map) : 0};
     struct rt_tok *tok = NULL;
-    double t0 = now_s();
+    double t0 = qs_now_s();
     enum rt_tok_err err = rt_tok_load(&f, &tok);
-    double t1 = now_s();
+    double t1 = qs_now_s();
     CHECK_MSG(err == RT_TOK_ERR_NONE && tok, "load %s %s: %s (%s)", json ? json : "", model ? model : "",
               rt_tok_err_str(err), qs_log_last());
     printf("  loaded %s%s%s in %.0f ms\n", json ? json : "", model ? model : "",
@@ -1021,9 +1015,9 @@ static void test_long(const struct rt_tok *l3, const struct rt_tok *l2m, const s
     for (size_t r = 0; r < 3; r++) {
         int32_t *ids = NULL;
         size_t n = 0;
-        double t0 = now_s();
+        double t0 = qs_now_s();
         CHECK(rt_tok_encode(runs[r].tok, text, tl, runs[r].flags, &ids, &n) == RT_TOK_ERR_NONE);
-        double dt = now_s() - t0;
+        double dt = qs_now_s() - t0;
         const cJSON *want = cJSON_GetObjectItem(root, runs[r].key);
         bool eq = ids && ids_equal(ids, n, want);
         CHECK_MSG(eq, "long text (%s): %zu ids, reference %d", runs[r].key, n, cJSON_GetArraySize(want));
@@ -1107,9 +1101,9 @@ static void test_speed(const struct rt_tok *tok, const char *name, const char *u
     big[len] = '\0';
     int32_t *ids = NULL;
     size_t n = 0;
-    double t0 = now_s();
+    double t0 = qs_now_s();
     encode_ok(tok, big, 0, &ids, &n);
-    double dt = now_s() - t0;
+    double dt = qs_now_s() - t0;
     printf("  %s: encoded %zu bytes -> %zu tokens in %.1f ms (%.2f MB/s)\n", name, len, n,
            1e3 * dt, (double)len / dt / 1e6);
     CHECK(n > reps);
