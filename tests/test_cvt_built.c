@@ -11,6 +11,7 @@
  * Run from the repository root: ./build/test_cvt_built (QSHARD names the binary).
  */
 #include "t_cvt_check.h"    /* model_ck, ck_model; t_cvt.h */
+#include "t_perchan.h"
 #include "t_safetensors.h" /* st_entry, write_safetensors */
 
 /* --- a mixed-precision model built here (docs/FORMATS.md P09, row-parallel bias) ----------------- */
@@ -173,29 +174,9 @@ static void test_per_channel(void)
     CHECK(cvt_source_open(base, &src) == CVT_ERR_NONE);
     if (!src)
         return;
-    size_t n_src = cvt_source_n_tensors(src), n = 0;
-    struct st_entry *e = calloc(n_src, sizeof(*e));
-    int n_q = 0;
-    for (size_t i = 0; e && i < n_src; i++) {
-        const struct cvt_src_tensor *t = cvt_source_tensor(src, i);
-        struct st_entry *x = &e[n++];
-        snprintf(x->name, sizeof(x->name), "%s", t->name);
-        x->dtype = cvt_dtype_str(t->dtype);
-        x->n_dims = t->n_dims;
-        for (int d = 0; d < t->n_dims && d < 2; d++)
-            x->shape[d] = t->shape[d];
-        x->size = (size_t)t->nbytes;
-        x->data = malloc(x->size);
-        CHECK(x->data && cvt_source_read(src, t, x->data, x->size) == CVT_ERR_NONE);
-        size_t L = strlen(t->name);
-        bool zs = (L > 7 && !strcmp(t->name + L - 7, ".qzeros")) ||
-                  (L > 7 && !strcmp(t->name + L - 7, ".scales"));
-        if (zs && t->n_dims == 2) { /* keep row 0 (group 0) only: [1, cols] */
-            x->size = x->size / (size_t)t->shape[0];
-            x->shape[0] = 1;
-            n_q++;
-        }
-    }
+    int n = 0, n_q = 0;
+    struct st_entry *e = perchan_entries(src, &n, &n_q);
+    CHECK(e != NULL);
     CHECK(n_q >= 2 * 7 * 2); /* 7 linears x 2 layers, scales and qzeros each */
     snprintf(path, sizeof(path), "%s/model.safetensors", dir);
     CHECK(e && write_safetensors(path, e, (int)n));
@@ -211,7 +192,7 @@ static void test_per_channel(void)
         fclose(f);
     free(cjs);
     cJSON_Delete(cj);
-    for (size_t i = 0; e && i < n; i++)
+    for (int i = 0; e && i < n; i++)
         free(e[i].data);
     free(e);
     cvt_source_close(src);

@@ -23,6 +23,7 @@
 #include "cvt_src.h" /* reading the llama-gqa-gemm fixture for the per-channel test */
 #include "rt_io.h"   /* rt_npy_read_f32, rt_file_read */
 #include "t_model.h"
+#include "t_perchan.h"      /* perchan_entries */
 #include "t_safetensors.h" /* st_entry, write_safetensors (per-channel test) */
 
 // --- part 2: fixtures through the real converter vs transformers goldens -------------------------
@@ -353,30 +354,12 @@ static bool pc_write_checkpoint(const char *base, const char *dir, struct st_ent
                           (int)cfg->vocab_size, (int)cfg->num_hidden_layers,
                           (int)cfg->num_attention_heads, (int)cfg->num_key_value_heads,
                           (int)cfg->head_dim, cfg->rope_theta, false};
-    size_t n_src = cvt_source_n_tensors(src);
     int n = 0, n_q = 0;
-    struct st_entry *e = xcalloc(n_src, sizeof(*e));
-    for (size_t i = 0; i < n_src; i++) {
-        const struct cvt_src_tensor *t = cvt_source_tensor(src, i);
-        struct st_entry *x = &e[n++];
-        snprintf(x->name, sizeof(x->name), "%s", t->name);
-        x->dtype = cvt_dtype_str(t->dtype);
-        x->n_dims = t->n_dims;
-        for (int k = 0; k < t->n_dims && k < 2; k++)
-            x->shape[k] = t->shape[k];
-        x->size = (size_t)t->nbytes;
-        x->data = xcalloc(x->size, 1);
-        CHECK(cvt_source_read(src, t, x->data, x->size) == CVT_ERR_NONE);
-        size_t len = strlen(t->name);
-        bool zs = len > 7 && (!strcmp(t->name + len - 7, ".qzeros") ||
-                              !strcmp(t->name + len - 7, ".scales"));
-        if (zs && t->n_dims == 2 && t->shape[0] > 1) { /* keep group 0 only: [1, cols] */
-            x->size /= (size_t)t->shape[0];
-            x->shape[0] = 1;
-            n_q++;
-        }
-    }
+    struct st_entry *e = perchan_entries(src, &n, &n_q);
+    CHECK_MSG(e != NULL, "per-channel: reading %s failed", base);
     cvt_source_close(src);
+    if (!e)
+        return false;
     *out = e, *n_out = n;
     CHECK_MSG(n_q == 2 * 7 * d->L, "per-channel: %d grouped scales/qzeros, want %d", n_q, 14 * d->L);
     snprintf(path, sizeof(path), "%s/model.safetensors", dir);
