@@ -1,7 +1,7 @@
 /*
  * cvt.h - the converter core: tensor-parallel plan (cvt_plan.c) and conversion driver (cvt_run.c).
  *
- * Who calls it: convert/cvt_main.c (`qshard convert`), tests/test_cvt_plan.c, tests/test_cvt.c.
+ * Who calls it: tools/cmd_convert.c (`qshard convert`), tests/test_cvt_plan.c, tests/test_cvt*.c.
  * The input side (reading HF directories, decoding AWQ variants) is convert/cvt_src.h; the file
  * writer is format/fmt_write.h; the packed int4 layout and its references are kernels/ref.h.
  *

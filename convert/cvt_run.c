@@ -1,7 +1,7 @@
 /*
  * cvt_run.c - the conversion driver: HF AWQ directory -> OUT_DIR/rank-K-of-N.qshard + manifest.
  *
- * Entry point: cvt_run() (cvt.h), called by `qshard convert` (cvt_main.c) and the tests.
+ * Entry point: cvt_run() (cvt.h), called by `qshard convert` (tools/cmd_convert.c) and the tests.
  *
  * Steps (docs/CONVERT.md section 2; the files named do the work, cvt_run_int.h joins them):
  *   1. open the source (cvt_src.h), check its tokenizer (cvt_tok.c), normalise the config, build

@@ -2,7 +2,7 @@
  * cvt_src.h - the input side of `qshard convert`: read a HuggingFace AWQ model directory as
  * downloaded and yield validated, canonical per-linear data.
  *
- * Who calls it: the converter core (TP plan, split, repack, rank-file writer; cvt_main.c and
+ * Who calls it: the converter core (TP plan, split, repack, rank-file writer; cvt_run.c and
  * friends), the fuzz targets (tests/fuzz_*.c) and tests/test_cvt_src.c.
  *
  * What it does:
