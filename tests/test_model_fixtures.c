@@ -345,38 +345,32 @@ static bool pc_write_checkpoint(const char *base, const char *dir, struct st_ent
     struct cvt_source *src = NULL;
     qs_log_set_level(QS_LOG_ERROR); /* the fixture has no tokenizer: expected, not news */
     CHECK(cvt_source_open(base, &src) == CVT_ERR_NONE);
+    struct st_entry *e = NULL;
+    int n = 0, n_q = 0;
+    CHECK(st_read_model(base, &e, &n));
     qs_log_set_level(QS_LOG_WARN);
-    if (!src)
+    if (!src || !e) {
+        cvt_source_close(src);
+        st_free(e, n);
         return false;
+    }
     const struct cvt_hf_config *cfg = cvt_source_config(src);
     *d = (struct pc_dims){(int)cfg->hidden_size, (int)cfg->intermediate_size,
                           (int)cfg->vocab_size, (int)cfg->num_hidden_layers,
                           (int)cfg->num_attention_heads, (int)cfg->num_key_value_heads,
                           (int)cfg->head_dim, cfg->rope_theta, false};
-    size_t n_src = cvt_source_n_tensors(src);
-    int n = 0, n_q = 0;
-    struct st_entry *e = xcalloc(n_src, sizeof(*e));
-    for (size_t i = 0; i < n_src; i++) {
-        const struct cvt_src_tensor *t = cvt_source_tensor(src, i);
-        struct st_entry *x = &e[n++];
-        snprintf(x->name, sizeof(x->name), "%s", t->name);
-        x->dtype = cvt_dtype_str(t->dtype);
-        x->n_dims = t->n_dims;
-        for (int k = 0; k < t->n_dims && k < 2; k++)
-            x->shape[k] = t->shape[k];
-        x->size = (size_t)t->nbytes;
-        x->data = xcalloc(x->size, 1);
-        CHECK(cvt_source_read(src, t, x->data, x->size) == CVT_ERR_NONE);
-        size_t len = strlen(t->name);
-        bool zs = len > 7 && (!strcmp(t->name + len - 7, ".qzeros") ||
-                              !strcmp(t->name + len - 7, ".scales"));
-        if (zs && t->n_dims == 2 && t->shape[0] > 1) { /* keep group 0 only: [1, cols] */
-            x->size /= (size_t)t->shape[0];
+    cvt_source_close(src);
+    for (int i = 0; i < n; i++) {
+        struct st_entry *x = &e[i];
+        size_t len = strlen(x->name);
+        bool zs = len > 7 && (!strcmp(x->name + len - 7, ".qzeros") ||
+                              !strcmp(x->name + len - 7, ".scales"));
+        if (zs && x->n_dims == 2 && x->shape[0] > 1) { /* keep group 0 only: [1, cols] */
+            x->size /= (size_t)x->shape[0];
             x->shape[0] = 1;
             n_q++;
         }
     }
-    cvt_source_close(src);
     *out = e, *n_out = n;
     CHECK_MSG(n_q == 2 * 7 * d->L, "per-channel: %d grouped scales/qzeros, want %d", n_q, 14 * d->L);
     snprintf(path, sizeof(path), "%s/model.safetensors", dir);
@@ -443,9 +437,7 @@ static bool pc_reference(struct st_entry *e, int n, const struct pc_dims *d, str
             m->lm_head[i] = ref_f32_to_f16(hd32[i]);
         free(hd32);
     }
-    for (int i = 0; i < n; i++)
-        free(e[i].data);
-    free(e);
+    st_free(e, n);
     return ok;
 }
 
