@@ -105,4 +105,37 @@ static inline bool st_read_model(const char *dir, struct st_entry **out, int *n_
     return true;
 }
 
+/* Remove (and free) the entries whose name starts with prefix; returns the new count. */
+static inline int st_drop(struct st_entry *e, int n, const char *prefix)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        if (!strncmp(e[i].name, prefix, strlen(prefix)))
+            free(e[i].data);
+        else
+            e[k++] = e[i];
+    }
+    return k;
+}
+
+/* A grouped AWQ checkpoint made per-channel (group_size -1): every 2-D `.qzeros` / `.scales`
+ * entry cut to its first row (group 0's zeros and scales then serve all K rows). Returns how
+ * many entries were cut. */
+static inline int st_per_channel(struct st_entry *e, int n)
+{
+    int n_cut = 0;
+    for (int i = 0; i < n; i++) {
+        struct st_entry *x = &e[i];
+        size_t len = strlen(x->name);
+        bool zs = len > 7 && (!strcmp(x->name + len - 7, ".qzeros") ||
+                              !strcmp(x->name + len - 7, ".scales"));
+        if (zs && x->n_dims == 2 && x->shape[0] > 0) {
+            x->size /= (size_t)x->shape[0];
+            x->shape[0] = 1;
+            n_cut++;
+        }
+    }
+    return n_cut;
+}
+
 #endif /* QS_T_SAFETENSORS_H */

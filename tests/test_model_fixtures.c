@@ -6,7 +6,9 @@
  * converter (`$QSHARD convert`) at TP 1, 2 and 4 into a temp dir and its logits compared with
  * the transformers goldens (tests/data/golden/<group>/, relative L2 <= 5e-3, greedy 16-token
  * continuation identical; the fp16-activation emulation within 1e-2) and TP-N with TP-1
- * (relative L2 <= 1e-5). TP-3 of a 4-head model must be refused (exit 2).
+ * (relative L2 <= 1e-5). TP-3 of a 4-head model must be refused (exit 2). Later members of a
+ * twin group run at TP 1 only: test_cvt.c checks that their conversions equal the first
+ * member's tensor for tensor at every TP.
  *
  * Part 2, per-channel AWQ (group_size -1): llama-gqa-gemm rewritten here with one group per
  * linear (group 0's zeros/scales for all K rows), converted at TP 1..4 (TP-3 must be refused with
@@ -120,7 +122,9 @@ static bool tp_possible(int nh, int nkv, int hd, int G, int tp)
     return kr % 16 == 0 && gcd_i(G, kr) % 16 == 0 && (nh / tp + 2 * nkv_r) * hd % 64 == 0;
 }
 
-static void test_fixture(const cJSON *model, const char *qshard)
+/* One fixture at TP 1, 2, 3, 4; a later twin (tp_all false) at TP 1 only: its conversions are
+ * the first twin's files (test_cvt.c compares them at every TP). */
+static void test_fixture(const cJSON *model, const char *qshard, bool tp_all)
 {
     const cJSON *jn = cJSON_GetObjectItemCaseSensitive(model, "name");
     const cJSON *jp = cJSON_GetObjectItemCaseSensitive(model, "path");
@@ -145,7 +149,7 @@ static void test_fixture(const cJSON *model, const char *qshard)
     int n_prompts = cJSON_GetArraySize(prompts);
     if (n_prompts > 8)
         n_prompts = 8;
-    for (size_t ti = 0; ti < sizeof(tps) / sizeof(tps[0]); ti++) {
+    for (size_t ti = 0; ti < (tp_all ? sizeof(tps) / sizeof(tps[0]) : 1); ti++) {
         int tp = tps[ti];
         snprintf(out, sizeof(out), "%s/fx-%s-tp%d", tmp_root, name, tp);
         snprintf(cmd, sizeof(cmd), "'%s' convert '%s' '%s' --tp %d -q 2>'%s.log'", qshard, src,
@@ -243,7 +247,11 @@ static void test_fixtures(void)
     const cJSON *m;
     cJSON_ArrayForEach(m, models)
     {
-        test_fixture(m, qshard);
+        const cJSON *g = cJSON_GetObjectItemCaseSensitive(m, "twin_group");
+        bool first = true; /* of its twin group */
+        for (const cJSON *e = models->child; cJSON_IsString(g) && e != m; e = e->next)
+            first = first && !cJSON_Compare(g, cJSON_GetObjectItemCaseSensitive(e, "twin_group"), 1);
+        test_fixture(m, qshard, first);
     }
     cJSON_Delete(root);
     free(buf);
@@ -346,7 +354,7 @@ static bool pc_write_checkpoint(const char *base, const char *dir, struct st_ent
     qs_log_set_level(QS_LOG_ERROR); /* the fixture has no tokenizer: expected, not news */
     CHECK(cvt_source_open(base, &src) == CVT_ERR_NONE);
     struct st_entry *e = NULL;
-    int n = 0, n_q = 0;
+    int n = 0, n_q;
     CHECK(st_read_model(base, &e, &n));
     qs_log_set_level(QS_LOG_WARN);
     if (!src || !e) {
@@ -360,17 +368,7 @@ static bool pc_write_checkpoint(const char *base, const char *dir, struct st_ent
                           (int)cfg->num_attention_heads, (int)cfg->num_key_value_heads,
                           (int)cfg->head_dim, cfg->rope_theta, false};
     cvt_source_close(src);
-    for (int i = 0; i < n; i++) {
-        struct st_entry *x = &e[i];
-        size_t len = strlen(x->name);
-        bool zs = len > 7 && (!strcmp(x->name + len - 7, ".qzeros") ||
-                              !strcmp(x->name + len - 7, ".scales"));
-        if (zs && x->n_dims == 2 && x->shape[0] > 1) { /* keep group 0 only: [1, cols] */
-            x->size /= (size_t)x->shape[0];
-            x->shape[0] = 1;
-            n_q++;
-        }
-    }
+    n_q = st_per_channel(e, n);
     *out = e, *n_out = n;
     CHECK_MSG(n_q == 2 * 7 * d->L, "per-channel: %d grouped scales/qzeros, want %d", n_q, 14 * d->L);
     snprintf(path, sizeof(path), "%s/model.safetensors", dir);
