@@ -28,6 +28,7 @@
 #include "rt.h"    /* rt_cuda_available */
 #include "rt_io.h"
 #include "t.h"
+#include "t_safetensors.h" /* cli_llama2_model */
 
 #define DATA "tests/data/"
 #define REL_L2_MAX 5e-3
@@ -291,22 +292,6 @@ static inline long utf8_bad_at(const unsigned char *p, size_t n)
     return -1;
 }
 
-/* Is the fixture's tokenizer.json the Llama-2 one whose real vectors we hold? */
-static inline bool has_llama2_tokenizer(const cJSON *m)
-{
-    char path[512], *a = NULL, *b = NULL;
-    size_t la = 0, lb = 0;
-    snprintf(path, sizeof(path), DATA "%s/tokenizer.json", jstr(m, "path"));
-    qs_log_set_quiet(true);
-    bool same = !rt_file_read(path, 1 << 26, &a, &la) &&
-                !rt_file_read(DATA "tokenizers/llama2/tokenizer.json", 1 << 26, &b, &lb) &&
-                la == lb && !memcmp(a, b, la);
-    qs_log_set_quiet(false);
-    free(a);
-    free(b);
-    return same;
-}
-
 /* log P(id) of a logits row [V] (log-softmax in double): the reference the checks compute. */
 static inline double cli_log_softmax(const float *row, int64_t V, int id)
 {
@@ -364,6 +349,97 @@ static inline const char *cli_write_tmp(const char *name, const char *text, char
         fclose(f);
     }
     return path;
+}
+
+/* Write len bytes to path; false on any error. */
+static inline bool cli_write_file(const char *path, const void *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    bool ok = f && fwrite(data, 1, len, f) == len;
+    return f ? fclose(f) == 0 && ok : false;
+}
+
+/* tests/data/bad/control-valid's config.json with vocab_size 32000, into dir. */
+static inline bool cli_llama2_config(const char *dir)
+{
+    char path[700], *buf = NULL;
+    size_t len = 0;
+    if (rt_file_read(DATA "bad/control-valid/config.json", 1 << 20, &buf, &len))
+        return false;
+    cJSON *c = cJSON_ParseWithLength(buf, len);
+    free(buf);
+    bool ok = c && cJSON_ReplaceItemInObject(c, "vocab_size", cJSON_CreateNumber(32000));
+    char *js = ok ? cJSON_Print(c) : NULL;
+    cJSON_Delete(c);
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    ok = js && cli_write_file(path, js, strlen(js));
+    free(js);
+    return ok;
+}
+
+/*
+ * A converted model carrying the real Llama-2 tokenizer, for the checks that need its ids (the
+ * vectors of tests/data/tokenizer-test-vectors.json "llama2_spm" and tokenizers/decode-vectors.json
+ * "hf_llama2"): the tiny random bad/control-valid (hidden 64, 1 layer, tied embedding) with the
+ * embedding grown to 32000 rows (row r = row r mod 64) and vocab_size 32000, plus
+ * tests/data/tokenizers/llama2/tokenizer.json and the tokenizer_config.json /
+ * special_tokens_map.json keys of meta-llama/Llama-2-7b-hf (LlamaTokenizer, add_bos_token true,
+ * <s> / </s> / <unk>). Written to g_tmp/llama2-src and converted to g_tmp/llama2 at TP 1.
+ * Returns the converted directory (the caller frees it) or NULL after a failed check.
+ */
+static inline char *cli_llama2_model(void)
+{
+    enum { V = 32000 };
+    static const char tok_config[] =
+        "{\"add_bos_token\": true, \"add_eos_token\": false, \"bos_token\": \"<s>\", "
+        "\"clean_up_tokenization_spaces\": false, \"eos_token\": \"</s>\", \"legacy\": false, "
+        "\"model_max_length\": 4096, \"pad_token\": null, \"padding_side\": \"right\", "
+        "\"sp_model_kwargs\": {}, \"tokenizer_class\": \"LlamaTokenizer\", \"unk_token\": \"<unk>\"}\n";
+    static const char special[] =
+        "{\"bos_token\": \"<s>\", \"eos_token\": \"</s>\", \"unk_token\": \"<unk>\"}\n";
+    char src[512], path[700], *tok = NULL;
+    char *out = malloc(512);
+    size_t tok_len = 0;
+    snprintf(src, sizeof(src), "%s/llama2-src", g_tmp);
+    snprintf(out, 512, "%s/llama2", g_tmp);
+    struct st_entry *e = NULL;
+    int n = 0;
+    bool ok = mkdir(src, 0777) == 0 && st_read_model(DATA "bad/control-valid", &e, &n);
+    for (int i = 0; ok && i < n; i++) {
+        struct st_entry *x = &e[i];
+        if (strcmp(x->name, "model.embed_tokens.weight"))
+            continue;
+        size_t row = x->size / (size_t)x->shape[0];
+        uint8_t *big = malloc((size_t)V * row);
+        ok = big != NULL;
+        for (int r = 0; ok && r < V; r++)
+            memcpy(big + (size_t)r * row, (uint8_t *)x->data + (size_t)(r % x->shape[0]) * row,
+                   row);
+        free(x->data);
+        x->data = big, x->shape[0] = V, x->size = (size_t)V * row;
+    }
+    snprintf(path, sizeof(path), "%s/model.safetensors", src);
+    ok = ok && write_safetensors(path, e, n) && cli_llama2_config(src);
+    st_free(e, n);
+    ok = ok && !rt_file_read(DATA "tokenizers/llama2/tokenizer.json", 1 << 26, &tok, &tok_len);
+    snprintf(path, sizeof(path), "%s/tokenizer.json", src);
+    ok = ok && cli_write_file(path, tok, tok_len);
+    free(tok);
+    snprintf(path, sizeof(path), "%s/tokenizer_config.json", src);
+    ok = ok && cli_write_file(path, tok_config, strlen(tok_config));
+    snprintf(path, sizeof(path), "%s/special_tokens_map.json", src);
+    ok = ok && cli_write_file(path, special, strlen(special));
+    CHECK_MSG(ok, "cannot write the Llama-2-tokenizer model into %s", src);
+    struct proc p = ok ? run("convert", src, out, "--tp", "1", NULL) : (struct proc){.code = -1};
+    if (ok)
+        CHECK_EXIT(p, 0, "convert the Llama-2-tokenizer model");
+    ok = ok && p.code == 0;
+    proc_free(&p);
+    if (!ok) {
+        free(out);
+        return NULL;
+    }
+    return out;
 }
 
 #endif /* QS_T_CLI_H */

@@ -11,7 +11,10 @@
  *     rank: DESIGN 4 local group size), logits also vs the TP-1 conversion within 1e-5;
  *   - `perplexity` equals the perplexity computed here from the golden logits with llama.cpp's
  *     method (second half of the chunk scored), and over several chunks from `logits` of each
- *     chunk (BOS replacement, running estimates, the +/- term);
+ *     chunk (BOS replacement, running estimates, the +/- term), on a model built around the
+ *     real Llama-2 tokenizer (tests/t_cli.h cli_llama2_model) and its vector texts;
+ *   - `perplexity --file` of the trained KJV model's held-out text: as many tokens as
+ *     transformers, and transformers' running perplexity within 0.1 % (issue 21);
  *   - eos: greedy generation stops at the golden step whose id generation_config lists, also
  *     for a rewritten generation_config eos list;
  *   - `bench model`: one row per test, the tg test's greedy ids equal `run`'s, -d, usage
@@ -515,7 +518,8 @@ static void check_bench_json(const char *model)
     proc_free(&p);
 }
 
-/* The longest Llama-2 vector text drives the multi-chunk perplexity check. */
+/* The longest Llama-2 vector text drives the multi-chunk perplexity check (on the model built
+ * around the Llama-2 tokenizer: tests/t_cli.h cli_llama2_model). */
 static void check_perplexity_vectors(const char *model)
 {
     cJSON *root = cli_read_json("tokenizer-test-vectors.json");
@@ -531,6 +535,70 @@ static void check_perplexity_vectors(const char *model)
                                 cJSON_GetArrayItem(ids, 0)->valueint);
     }
     cJSON_Delete(root);
+}
+
+/*
+ * Issue 21's perplexity check, for a fixture whose INDEX entry names a perplexity golden (the
+ * trained KJV model: transformers fp32 on the dequantized AWQ weights, with `qshard perplexity`'s
+ * chunking, tools/train/run_all.py): `perplexity --file <held-out text> --ctx <ctx> --chunks N`
+ * tokenizes the whole file into as many tokens as transformers did, and each running estimate
+ * [1]..[N] and the final one equal the golden's running values within 0.1 %. N is 4 (1020 scored
+ * tokens; all 56 chunks take ~40 s on the CPU, ten times that under ASan), or
+ * QSHARD_PPL_CHUNKS; run_all.py --qshard compares all of them.
+ */
+static void check_perplexity_golden(const char *model, const char *name, const cJSON *m)
+{
+    const cJSON *pp = cJSON_GetObjectItemCaseSensitive(m, "perplexity");
+    if (!pp)
+        return;
+    cJSON *g = cli_read_json(jstr(pp, "golden") ? jstr(pp, "golden") : "");
+    const cJSON *awq = cJSON_GetObjectItemCaseSensitive(g, "awq");
+    const cJSON *running = cJSON_GetObjectItemCaseSensitive(awq, "running");
+    const cJSON *tokens = cJSON_GetObjectItemCaseSensitive(g, "tokens");
+    const cJSON *ctx = cJSON_GetObjectItemCaseSensitive(pp, "ctx");
+    const char *text = jstr(pp, "text");
+    CHECK_MSG(cJSON_IsArray(running) && cJSON_IsNumber(tokens) && cJSON_IsNumber(ctx) && text,
+              "%s: perplexity golden %s unreadable or incomplete", name, jstr(pp, "golden"));
+    int n = getenv("QSHARD_PPL_CHUNKS") ? atoi(getenv("QSHARD_PPL_CHUNKS")) : 4;
+    if (n < 1 || n > cJSON_GetArraySize(running))
+        n = cJSON_GetArraySize(running);
+    if (!cJSON_IsArray(running) || !cJSON_IsNumber(tokens) || !cJSON_IsNumber(ctx) || !text) {
+        cJSON_Delete(g);
+        return;
+    }
+    char file[512], ctxs[16], chunks[16], count[64];
+    snprintf(file, sizeof(file), DATA "%s", text);
+    snprintf(ctxs, sizeof(ctxs), "%d", ctx->valueint);
+    snprintf(chunks, sizeof(chunks), "%d", n);
+    snprintf(count, sizeof(count), ", %d tokens: %d chunks of %d", tokens->valueint, n,
+             ctx->valueint);
+    struct proc p = run("perplexity", model, "--file", file, "--ctx", ctxs, "--chunks", chunks,
+                        "--device", g_device, NULL);
+    CHECK_EXIT(p, 0, name);
+    CHECK_MSG(strstr(p.err, count) != NULL, "%s: held-out text not tokenized as transformers "
+              "(\"%s\" expected): %.400s", name, count, p.err);
+    const char *q = p.out;
+    double v = 0, worst = 0;
+    for (int k = 0; k < n; k++) {
+        int idx = 0, used = 0;
+        const double want = cJSON_GetArrayItem(running, k)->valuedouble;
+        bool ok = sscanf(q, "[%d]%lf,%n", &idx, &v, &used) == 2 && idx == k + 1 && used > 0;
+        CHECK_MSG(ok && fabs(v - want) <= 1e-3 * want, "%s: running perplexity [%d] %.6g, "
+                  "transformers %.6g (output \"%.60s\")", name, k + 1, v, want, q);
+        worst = fmax(worst, fabs(v - want) / want);
+        if (!ok)
+            break;
+        q += used;
+    }
+    const double want = cJSON_GetArrayItem(running, n - 1)->valuedouble;
+    const char *fin = strstr(p.out, "Final estimate: PPL = ");
+    v = fin ? strtod(fin + strlen("Final estimate: PPL = "), NULL) : 0;
+    CHECK_MSG(fin && fabs(v - want) <= 1e-3 * want, "%s: final PPL %.6g after %d chunks, "
+              "transformers %.6g", name, v, n, want);
+    printf("cli_model: %s: held-out perplexity after %d chunks %.4f, transformers %.4f (worst "
+           "running rel diff %.1e)\n", name, n, v, want, worst);
+    proc_free(&p);
+    cJSON_Delete(g);
 }
 
 /* TP-N conversions of one model: greedy and logits vs the goldens (and vs TP-1 for TP-4). */
@@ -599,8 +667,7 @@ int main(void)
             check_bench_json(dir);
             done_bench = true;
         }
-        if (has_tok && has_llama2_tokenizer(m))
-            check_perplexity_vectors(dir);
+        check_perplexity_golden(dir, name, m);
         /* TP-2 for two models of different twin groups (twins convert to identical files, so
          * mixing their ranks would not be a mismatch) */
         const char *tg = jstr(m, "twin_group");
@@ -614,6 +681,10 @@ int main(void)
     }
     if (n_tp2 == 2)
         check_rank_mismatch(tp2[0], tp2[1]);
+    char *l2 = cli_llama2_model();
+    if (l2)
+        check_perplexity_vectors(l2);
+    free(l2);
     CHECK_MSG(done_eos_list, "no fixture prompt has a greedy run with a new id after step 2: "
               "eos-list check not run");
     free(tp2[0]);

@@ -11,8 +11,7 @@
  * Run from the repository root: ./build/test_cvt_built (QSHARD names the binary).
  */
 #include "t_cvt_check.h"    /* model_ck, ck_model; t_cvt.h */
-#include "t_perchan.h"
-#include "t_safetensors.h" /* st_entry, write_safetensors */
+#include "t_safetensors.h" /* st_read_model, st_per_channel, write_safetensors */
 
 /* --- a mixed-precision model built here (docs/FORMATS.md P09, row-parallel bias) ----------------- */
 
@@ -41,25 +40,19 @@ static void test_mixed_precision(void)
         return;
     const struct cvt_hf_config *cfg = cvt_source_config(src);
     int64_t H = cfg->hidden_size, I = cfg->intermediate_size;
-    size_t n_src = cvt_source_n_tensors(src), n = 0;
-    struct st_entry *e = calloc(n_src + 8, sizeof(*e));
+    struct st_entry *e = NULL;
+    int n = 0;
+    CHECK(st_read_model(base, &e, &n));
+    n = st_drop(e, n, "model.layers.0.mlp."); /* replaced below */
+    struct st_entry *grown = e ? realloc(e, (size_t)(n + 4) * sizeof(*e)) : NULL;
+    if (!grown)
+        st_free(e, n);
+    else
+        memset(grown + n, 0, 4 * sizeof(*grown));
+    e = grown;
     static const char *const mlp[3] = {"gate_proj", "up_proj", "down_proj"};
     float *w32[3] = {NULL, NULL, NULL};
     uint16_t *obias = NULL;
-    for (size_t i = 0; e && i < n_src; i++) {
-        const struct cvt_src_tensor *t = cvt_source_tensor(src, i);
-        if (!strncmp(t->name, "model.layers.0.mlp.", 19))
-            continue; /* replaced below */
-        struct st_entry *x = &e[n++];
-        snprintf(x->name, sizeof(x->name), "%s", t->name);
-        x->dtype = cvt_dtype_str(t->dtype);
-        x->n_dims = t->n_dims;
-        for (int d = 0; d < t->n_dims && d < 2; d++)
-            x->shape[d] = t->shape[d];
-        x->size = (size_t)t->nbytes;
-        x->data = malloc(x->size);
-        CHECK(x->data && cvt_source_read(src, t, x->data, x->size) == CVT_ERR_NONE);
-    }
     for (int j = 0; e && j < 3; j++) {
         struct st_entry *x = &e[n++];
         int64_t N = j < 2 ? I : H, K = j < 2 ? H : I; /* nn.Linear weight [N, K] */
@@ -85,7 +78,7 @@ static void test_mixed_precision(void)
             obias[i] = ref_f32_to_f16(1.0f + rnd());
     }
     snprintf(path, sizeof(path), "%s/model.safetensors", dir);
-    CHECK(e && write_safetensors(path, e, (int)n));
+    CHECK(e && write_safetensors(path, e, n));
     /* config: the fixture's, with modules_to_not_convert = ["layers.0.mlp"] */
     snprintf(path, sizeof(path), "%s/config.json", base);
     cJSON *cj = load_json(path);
@@ -151,9 +144,7 @@ static void test_mixed_precision(void)
         }
         fmt_model_close(fm);
     }
-    for (size_t i = 0; e && i < n; i++)
-        free(e[i].data);
-    free(e);
+    st_free(e, n);
     cvt_source_close(src);
 }
 
@@ -166,20 +157,17 @@ static void test_per_channel(void)
 {
     const char *base = DATA "models/llama-gqa-gemm";
     char dir[512], path[600], out[512];
-    struct cvt_source *src = NULL;
     snprintf(path, sizeof(path), "%s/perchan", g_tmp);
     snprintf(dir, sizeof(dir), "%s/perchan/model", g_tmp);
     mkdir(path, 0777);
     mkdir(dir, 0777);
-    CHECK(cvt_source_open(base, &src) == CVT_ERR_NONE);
-    if (!src)
-        return;
-    int n = 0, n_q = 0;
-    struct st_entry *e = perchan_entries(src, &n, &n_q);
-    CHECK(e != NULL);
+    struct st_entry *e = NULL;
+    int n = 0;
+    CHECK(st_read_model(base, &e, &n));
+    int n_q = st_per_channel(e, n);
     CHECK(n_q >= 2 * 7 * 2); /* 7 linears x 2 layers, scales and qzeros each */
     snprintf(path, sizeof(path), "%s/model.safetensors", dir);
-    CHECK(e && write_safetensors(path, e, (int)n));
+    CHECK(e && write_safetensors(path, e, n));
     snprintf(path, sizeof(path), "%s/config.json", base);
     cJSON *cj = load_json(path);
     cJSON *qc = cJSON_GetObjectItem(cj, "quantization_config");
@@ -192,10 +180,7 @@ static void test_per_channel(void)
         fclose(f);
     free(cjs);
     cJSON_Delete(cj);
-    for (int i = 0; e && i < n; i++)
-        free(e[i].data);
-    free(e);
-    cvt_source_close(src);
+    st_free(e, n);
 
     struct model_ck m;
     memset(&m, 0, sizeof(m));
@@ -289,27 +274,13 @@ static void test_config_pitfalls(void)
         snprintf(d2, sizeof(d2), "%s/p09b", g_tmp);
         mkdir(d2, 0777);
         /* rewrite the mixed model without layer 0's down_proj.weight */
-        struct cvt_source *src = NULL;
+        struct st_entry *e = NULL;
+        int n = 0;
         snprintf(e2, sizeof(e2), "%s/mixed/model", g_tmp);
-        CHECK(cvt_source_open(e2, &src) == CVT_ERR_NONE);
-        size_t n_src = src ? cvt_source_n_tensors(src) : 0, n = 0;
-        struct st_entry *e = calloc(n_src + 1, sizeof(*e));
-        for (size_t i = 0; e && i < n_src; i++) {
-            const struct cvt_src_tensor *t = cvt_source_tensor(src, i);
-            if (!strcmp(t->name, "model.layers.0.mlp.down_proj.weight"))
-                continue;
-            struct st_entry *x = &e[n++];
-            snprintf(x->name, sizeof(x->name), "%s", t->name);
-            x->dtype = cvt_dtype_str(t->dtype);
-            x->n_dims = t->n_dims;
-            for (int d = 0; d < t->n_dims && d < 2; d++)
-                x->shape[d] = t->shape[d];
-            x->size = (size_t)t->nbytes;
-            x->data = malloc(x->size);
-            CHECK(x->data && cvt_source_read(src, t, x->data, x->size) == CVT_ERR_NONE);
-        }
+        CHECK(st_read_model(e2, &e, &n));
+        n = st_drop(e, n, "model.layers.0.mlp.down_proj.weight");
         snprintf(e2, sizeof(e2), "%s/model.safetensors", d2);
-        CHECK(e && write_safetensors(e2, e, (int)n));
+        CHECK(e && write_safetensors(e2, e, n));
         snprintf(a, sizeof(a), "%s/mixed/model/config.json", g_tmp);
         snprintf(e2, sizeof(e2), "%s/config.json", d2);
         CHECK(copy_file(a, e2));
@@ -317,10 +288,7 @@ static void test_config_pitfalls(void)
         CHECK_MSG(err && strstr(err, "model.layers.0.mlp.down_proj"), "P09 (b): %s",
                   err ? err : "");
         free(err);
-        for (size_t i = 0; e && i < n; i++)
-            free(e[i].data);
-        free(e);
-        cvt_source_close(src);
+        st_free(e, n);
     }
     cJSON_Delete(cj);
 }

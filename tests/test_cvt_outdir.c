@@ -137,7 +137,7 @@ static void ck_intact(const char *out_dir, const char *want, const char *rank_fi
  * other files kept); an early signal is reported with exit 3 and leaves nothing. */
 static void test_replace(void)
 {
-    const char *model = DATA "models/llama2-tok-demo";
+    const char *model = DATA "models/kjv-llama-awq-gemm";
     char out[512], fresh[512], f[700], g[700], *err = NULL;
     snprintf(out, sizeof(out), "%s/replace/out", g_tmp);
     snprintf(fresh, sizeof(fresh), "%s/replace/fresh", g_tmp);
@@ -241,7 +241,7 @@ static void test_same_dir(void)
     char m[512], link[512], cmd[1200], *err = NULL;
     snprintf(m, sizeof(m), "%s/samedir/model", g_tmp);
     snprintf(link, sizeof(link), "%s/samedir/link", g_tmp);
-    snprintf(cmd, sizeof(cmd), "mkdir -p '%s/samedir' && cp -r " DATA "models/llama2-tok-demo '%s'",
+    snprintf(cmd, sizeof(cmd), "mkdir -p '%s/samedir' && cp -r " DATA "models/kjv-llama-awq-gemm '%s'",
              g_tmp, m);
     CHECK_EQ_INT(system(cmd), 0);
     CHECK(symlink("model", link) == 0);
@@ -359,8 +359,9 @@ static void test_lock(void)
 
 /* --- tokenizer files ------------------------------------------------------------------------ */
 
-/* Copy fixture `fixture` to g_tmp/tok/<name>, then apply: remove file `rm` (or NULL), write
- * `text` to file `wr` (or NULL). Returns the copy's path (static buffer). */
+/* Copy fixture `fixture` to g_tmp/tok/<name>, then apply: remove the files `rm` names (separated
+ * by single spaces; or NULL), write `text` to file `wr` (or NULL). Returns the copy's path
+ * (static buffer). */
 static const char *tok_case(const char *name, const char *fixture, const char *rm,
                             const char *wr, const char *text)
 {
@@ -370,9 +371,9 @@ static const char *tok_case(const char *name, const char *fixture, const char *r
     snprintf(cmd, sizeof(cmd), "mkdir -p '%s/tok' && cp -r " DATA "models/%s '%s'", g_tmp,
              fixture, dir);
     CHECK_EQ_INT(system(cmd), 0);
-    if (rm) {
-        snprintf(f, sizeof(f), "%s/%s", dir, rm);
-        CHECK(unlink(f) == 0);
+    for (const char *r = rm; r && *r; r += strcspn(r, " "), r += *r == ' ') {
+        snprintf(f, sizeof(f), "%s/%.*s", dir, (int)strcspn(r, " "), r);
+        CHECK_MSG(unlink(f) == 0, "tok_case %s: cannot remove %s", name, f);
     }
     if (wr) {
         snprintf(f, sizeof(f), "%s/%s", dir, wr);
@@ -389,14 +390,14 @@ static void test_tokenizer(void)
         const char *needle; /* in stderr */
     } cases[] = {
         /* incomplete: tokenizer_config.json / special_tokens_map.json without the model file */
-        {"no-model-file", "llama2-tok-demo", "tokenizer.json", NULL, NULL, 2,
+        {"no-model-file", "kjv-llama-awq-gemm", "tokenizer.json tokenizer.model", NULL, NULL, 2,
          "incomplete tokenizer"},
         /* JSON, but not a tokenizer the runtime's loader takes */
-        {"not-a-tokenizer", "llama2-tok-demo", NULL, "tokenizer.json", "{\"model\": {}}", 2,
+        {"not-a-tokenizer", "kjv-llama-awq-gemm", NULL, "tokenizer.json", "{\"model\": {}}", 2,
          "hint: the tokenizer files"},
-        {"unsupported", "llama2-tok-demo", NULL, "tokenizer.json",
+        {"unsupported", "kjv-llama-awq-gemm", NULL, "tokenizer.json",
          "{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}", 2, "hint: the tokenizer files"},
-        {"not-json", "llama2-tok-demo", NULL, "tokenizer.json", "{\"model\": ", 2,
+        {"not-json", "kjv-llama-awq-gemm", NULL, "tokenizer.json", "{\"model\": ", 2,
          "not valid JSON"},
         /* more ids than vocab_size: the 32000-id tokenizer next to a 128-id model */
         {"too-large", "llama-gqa-gemm", NULL, NULL, NULL, 2,
@@ -415,7 +416,7 @@ static void test_tokenizer(void)
         char out[600], *err = NULL, f[700];
         if (!strcmp(cases[i].name, "too-large")) {
             snprintf(f, sizeof(f), "%s/tokenizer.json", dir);
-            CHECK(copy_file(DATA "models/llama2-tok-demo/tokenizer.json", f));
+            CHECK(copy_file(DATA "tokenizers/llama2/tokenizer.json", f));
         }
         snprintf(out, sizeof(out), "%s.out", dir);
         int rc = run(&err, NULL, "convert %s %s --tp 1", dir, out);

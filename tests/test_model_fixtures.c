@@ -6,7 +6,9 @@
  * converter (`$QSHARD convert`) at TP 1, 2 and 4 into a temp dir and its logits compared with
  * the transformers goldens (tests/data/golden/<group>/, relative L2 <= 5e-3, greedy 16-token
  * continuation identical; the fp16-activation emulation within 1e-2) and TP-N with TP-1
- * (relative L2 <= 1e-5). TP-3 of a 4-head model must be refused (exit 2).
+ * (relative L2 <= 1e-5). TP-3 of a 4-head model must be refused (exit 2). Later members of a
+ * twin group run at TP 1 only: test_cvt.c checks that their conversions equal the first
+ * member's tensor for tensor at every TP.
  *
  * Part 2, per-channel AWQ (group_size -1): llama-gqa-gemm rewritten here with one group per
  * linear (group 0's zeros/scales for all K rows), converted at TP 1..4 (TP-3 must be refused with
@@ -23,7 +25,6 @@
 #include "cvt_src.h" /* reading the llama-gqa-gemm fixture for the per-channel test */
 #include "rt_io.h"   /* rt_npy_read_f32, rt_file_read */
 #include "t_model.h"
-#include "t_perchan.h"      /* perchan_entries */
 #include "t_safetensors.h" /* st_entry, write_safetensors (per-channel test) */
 
 // --- part 2: fixtures through the real converter vs transformers goldens -------------------------
@@ -121,7 +122,9 @@ static bool tp_possible(int nh, int nkv, int hd, int G, int tp)
     return kr % 16 == 0 && gcd_i(G, kr) % 16 == 0 && (nh / tp + 2 * nkv_r) * hd % 64 == 0;
 }
 
-static void test_fixture(const cJSON *model, const char *qshard)
+/* One fixture at TP 1, 2, 3, 4; a later twin (tp_all false) at TP 1 only: its conversions are
+ * the first twin's files (test_cvt.c compares them at every TP). */
+static void test_fixture(const cJSON *model, const char *qshard, bool tp_all)
 {
     const cJSON *jn = cJSON_GetObjectItemCaseSensitive(model, "name");
     const cJSON *jp = cJSON_GetObjectItemCaseSensitive(model, "path");
@@ -146,7 +149,7 @@ static void test_fixture(const cJSON *model, const char *qshard)
     int n_prompts = cJSON_GetArraySize(prompts);
     if (n_prompts > 8)
         n_prompts = 8;
-    for (size_t ti = 0; ti < sizeof(tps) / sizeof(tps[0]); ti++) {
+    for (size_t ti = 0; ti < (tp_all ? sizeof(tps) / sizeof(tps[0]) : 1); ti++) {
         int tp = tps[ti];
         snprintf(out, sizeof(out), "%s/fx-%s-tp%d", tmp_root, name, tp);
         snprintf(cmd, sizeof(cmd), "'%s' convert '%s' '%s' --tp %d -q 2>'%s.log'", qshard, src,
@@ -244,7 +247,11 @@ static void test_fixtures(void)
     const cJSON *m;
     cJSON_ArrayForEach(m, models)
     {
-        test_fixture(m, qshard);
+        const cJSON *g = cJSON_GetObjectItemCaseSensitive(m, "twin_group");
+        bool first = true; /* of its twin group */
+        for (const cJSON *e = models->child; cJSON_IsString(g) && e != m; e = e->next)
+            first = first && !cJSON_Compare(g, cJSON_GetObjectItemCaseSensitive(e, "twin_group"), 1);
+        test_fixture(m, qshard, first);
     }
     cJSON_Delete(root);
     free(buf);
@@ -346,20 +353,22 @@ static bool pc_write_checkpoint(const char *base, const char *dir, struct st_ent
     struct cvt_source *src = NULL;
     qs_log_set_level(QS_LOG_ERROR); /* the fixture has no tokenizer: expected, not news */
     CHECK(cvt_source_open(base, &src) == CVT_ERR_NONE);
+    struct st_entry *e = NULL;
+    int n = 0, n_q;
+    CHECK(st_read_model(base, &e, &n));
     qs_log_set_level(QS_LOG_WARN);
-    if (!src)
+    if (!src || !e) {
+        cvt_source_close(src);
+        st_free(e, n);
         return false;
+    }
     const struct cvt_hf_config *cfg = cvt_source_config(src);
     *d = (struct pc_dims){(int)cfg->hidden_size, (int)cfg->intermediate_size,
                           (int)cfg->vocab_size, (int)cfg->num_hidden_layers,
                           (int)cfg->num_attention_heads, (int)cfg->num_key_value_heads,
                           (int)cfg->head_dim, cfg->rope_theta, false};
-    int n = 0, n_q = 0;
-    struct st_entry *e = perchan_entries(src, &n, &n_q);
-    CHECK_MSG(e != NULL, "per-channel: reading %s failed", base);
     cvt_source_close(src);
-    if (!e)
-        return false;
+    n_q = st_per_channel(e, n);
     *out = e, *n_out = n;
     CHECK_MSG(n_q == 2 * 7 * d->L, "per-channel: %d grouped scales/qzeros, want %d", n_q, 14 * d->L);
     snprintf(path, sizeof(path), "%s/model.safetensors", dir);
@@ -426,9 +435,7 @@ static bool pc_reference(struct st_entry *e, int n, const struct pc_dims *d, str
             m->lm_head[i] = ref_f32_to_f16(hd32[i]);
         free(hd32);
     }
-    for (int i = 0; i < n; i++)
-        free(e[i].data);
-    free(e);
+    st_free(e, n);
     return ok;
 }
 

@@ -1,21 +1,22 @@
 #!/bin/sh
 # demo.sh - what `make demo` runs: convert the bundled demo model and generate text from it.
 #
-# The demo model is tests/data/models/llama2-tok-demo: a tiny LLaMA (hidden 256, 2 layers,
-# random weights, AWQ GEMM 4-bit) carrying the real Llama-2 tokenizer (tests/data/models/INDEX.json
-# lists it with "tokenizer": true). Its weights are random, so the text is gibberish made of
-# real Llama-2 tokens; the point is the whole path: convert -> map -> tokenize -> forward ->
-# sample -> stream. Runs on the CPU, or on CUDA where the binary has it and a GPU is present
-# (`qshard run` picks the device; DEVICE=cpu|cuda forces one).
+# The demo model is tests/data/models/kjv-llama-awq-gemm: a small LLaMA (13.9M parameters:
+# hidden 512, 5 layers, 8 query / 4 kv heads) trained here on the King James Bible (public
+# domain) with its own 4096-piece SentencePiece tokenizer, then 4-bit AWQ-quantized (group 128,
+# AutoAWQ GEMM layout); docs/QUALITY.md says how it was made and what the quantization costs.
+# It writes KJV-style sentences, so the whole path shows: convert -> map -> tokenize ->
+# forward -> sample -> stream. Runs on the CPU, or on CUDA where the binary has it and a GPU is
+# present (`qshard run` picks the device; DEVICE=cpu|cuda forces one).
 #
 # Usage: sh tools/demo.sh            (after `make`; QSHARD names the binary, default build/qshard)
 # Every command is printed before it runs.
 set -eu
 
 QSHARD=${QSHARD:-build/qshard}
-MODEL=${MODEL:-tests/data/models/llama2-tok-demo}
+MODEL=${MODEL:-tests/data/models/kjv-llama-awq-gemm}
 OUT=${OUT:-build/demo}
-PROMPT=${PROMPT:-The capital of France is}
+PROMPT=${PROMPT:-And God said}
 
 if [ ! -x "$QSHARD" ]; then
     echo "demo: $QSHARD not found: run make first" >&2

@@ -38,6 +38,10 @@ s_X of a v channel is the mean of s_X over the o channels it feeds.
 Calibration: n_samples windows of seq_len tokens (BOS first, as in training) drawn with a fixed
 seed from the training split only. The inputs of layer i + 1 are the float layer i outputs.
 RTN: step 5 alone on the same float model.
+
+Per-channel (group_size -1, as AutoAWQ's q_group_size -1): every function takes the group size;
+with -1 a group is a whole input row of K channels (one scale and zero per output channel), the
+clipping bound is searched per output row, and the checkpoint says group_size -1.
 """
 import math
 
@@ -55,10 +59,17 @@ LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_att
            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
 
+def group_of(g, k):
+    """Input channels per quantization group of a K-input linear: g, or K when g is -1."""
+    return k if g == -1 else g
+
+
 def fake_quant(w, g=GROUP):
-    """Dequantized group-g 4-bit zero-point quantization of w [N, K] (fp32 torch): exactly
-    awq_quant.quantize followed by dequantize (the fp16 rounding of the scale included)."""
+    """Dequantized group-g 4-bit zero-point quantization of w [N, K] (fp32 torch; g -1: per
+    channel): exactly awq_quant.quantize followed by dequantize (the fp16 rounding of the scale
+    included)."""
     n, k = w.shape
+    g = group_of(g, k)
     wg = w.reshape(n, k // g, g)
     mx = wg.amax(-1, keepdim=True)
     mn = wg.amin(-1, keepdim=True)
@@ -105,9 +116,9 @@ def capture(layer, x, cos, sin, chunk):
     return dict(zip(("qkv", "o", "gate_up", "down", "out"), torch.split(y, sizes, dim=-1)))
 
 
-def search_scale(x, linears, block, x_mean, chunk):
-    """Grid search of alpha for linears sharing input x; block(x) uses their current weights.
-    Returns (best scales [K], best alpha, errors per alpha)."""
+def search_scale(x, linears, block, x_mean, chunk, g):
+    """Grid search of alpha for linears sharing input x; block(x) uses their current weights; g:
+    group size. Returns (best scales [K], best alpha, errors per alpha)."""
     orig = [lin.weight.data.clone() for lin in linears]
     with torch.no_grad():
         ref = _chunked(block, x, chunk)
@@ -117,7 +128,7 @@ def search_scale(x, linears, block, x_mean, chunk):
             s = x_mean.pow(alpha).clamp(min=1e-4)
             s = s / (s.max() * s.min()).sqrt()
             for lin, w in zip(linears, orig):
-                lin.weight.data = fake_quant(w * s) / s
+                lin.weight.data = fake_quant(w * s, g) / s
             e = _mse(block, x, ref, chunk)
             errs.append(e)
             if e < best[0]:
@@ -127,13 +138,15 @@ def search_scale(x, linears, block, x_mean, chunk):
     return best[2], best[1], errs
 
 
-def search_clip(w, x):
-    """Per (row, group) clipping bound of w [N, K] against calibration inputs x [tokens, K]."""
+def search_clip(w, x, g):
+    """Per (row, group) clipping bound [N, K / G, 1] of w [N, K] against calibration inputs
+    x [tokens, K]; g: group size."""
     n, k = w.shape
-    ng = k // GROUP
+    g = group_of(g, k)
+    ng = k // g
     step = max(1, x.shape[0] // CLIP_TOKENS)
-    xs = x[::step][:CLIP_TOKENS].reshape(-1, ng, GROUP)
-    wg = w.reshape(n, ng, GROUP)
+    xs = x[::step][:CLIP_TOKENS].reshape(-1, ng, g)
+    wg = w.reshape(n, ng, g)
     org_max = wg.abs().amax(-1, keepdim=True)
     org = torch.einsum("tgk,ngk->ntg", xs, wg)
     best_err = torch.full((n, ng), math.inf, device=w.device, dtype=torch.float64)
@@ -141,7 +154,7 @@ def search_clip(w, x):
     for i in range(CLIP_STEPS):
         m = org_max * (1 - i / N_GRID)
         cw = torch.max(torch.min(wg, m), -m)
-        qw = fake_quant(cw.reshape(n, k)).reshape(n, ng, GROUP)
+        qw = fake_quant(cw.reshape(n, k), g).reshape(n, ng, g)
         err = (torch.einsum("tgk,ngk->ntg", xs, qw) - org).double().pow(2).mean(1)
         better = err < best_err
         best_err[better] = err[better]
@@ -175,8 +188,9 @@ def _tied_o_mean(o_in, at):
     return m.expand(at.n_kv, rep, at.hd).reshape(-1)
 
 
-def awq_layer(layer, x, cos, sin, chunk):
-    """AWQ steps 1-4 on one layer (in place). Returns (float output for the next layer, report)."""
+def awq_layer(layer, x, cos, sin, chunk, g):
+    """AWQ steps 1-4 on one layer (in place), group size g. Returns (float output for the next
+    layer, report)."""
     feats = capture(layer, x, cos, sin, chunk)
     at, mlp = layer.self_attn, layer.mlp
     groups = {
@@ -189,7 +203,7 @@ def awq_layer(layer, x, cos, sin, chunk):
     for name, (lins, block) in groups.items():
         xin = feats[name]
         xm = _tied_o_mean(xin, at) if name == "o" else xin.abs().reshape(-1, xin.shape[-1]).mean(0)
-        s, alpha, errs = search_scale(xin, lins, block, xm, chunk)
+        s, alpha, errs = search_scale(xin, lins, block, xm, chunk, g)
         scales[name] = s
         rep[name] = {"alpha": alpha, "mse_best": errs[int(round(alpha * N_GRID))], "mse_rtn": errs[0]}
     _fold(layer, scales)
@@ -207,17 +221,19 @@ def awq_layer(layer, x, cos, sin, chunk):
         with torch.no_grad():
             xin = feats[src].reshape(-1, feats[src].shape[-1])
             w = lin.weight.data
-            m = search_clip(w, xin)
+            m = search_clip(w, xin, g)
             n, k = w.shape
-            lin.weight.data = torch.max(torch.min(w.view(n, -1, GROUP), m), -m).reshape(n, k)
-            clipped[name] = round(float((m < w.view(n, -1, GROUP).abs().amax(-1, keepdim=True)).float().mean()), 4)
+            wg = w.view(n, -1, group_of(g, k))
+            lin.weight.data = torch.max(torch.min(wg, m), -m).reshape(n, k)
+            clipped[name] = round(float((m < wg.abs().amax(-1, keepdim=True)).float().mean()), 4)
     rep["clip_fraction_shrunk"] = clipped
     return feats["out"], rep
 
 
-def finish(model, extra):
-    """Canonical quantized form of every linear (numpy, awq_quant.quantize) plus the float
-    tensors rounded to fp16 (what the checkpoint stores), with the torch/numpy agreement check."""
+def finish(model, extra, g=GROUP):
+    """Canonical quantized form of every linear (numpy, awq_quant.quantize, group size g) plus the
+    float tensors rounded to fp16 (what the checkpoint stores), with the torch/numpy agreement
+    check."""
     lin, flt = {}, {}
     for name, p in model.named_parameters():
         w = p.detach().float().cpu()
@@ -225,24 +241,25 @@ def finish(model, extra):
             continue
         prefix = name[:-len(".weight")]
         if prefix.endswith(LINEARS):
-            q, z, s = AQ.quantize(w.numpy(), GROUP)
-            deq = AQ.dequantize(q, z, s, GROUP).T
-            check(np.array_equal(deq, fake_quant(w).numpy()), "%s: torch fake_quant and awq_quant disagree" % name)
+            q, z, s = AQ.quantize(w.numpy(), g)
+            deq = AQ.dequantize(q, z, s, g).T
+            check(np.array_equal(deq, fake_quant(w, g).numpy()), "%s: torch fake_quant and awq_quant disagree" % name)
             lin[prefix] = (q, z, s)
         else:
             flt[name] = w.numpy().astype(np.float16).astype(np.float32)
-    return {"linears": lin, "floats": flt, "group_size": GROUP, "report": extra}
+    return {"linears": lin, "floats": flt, "group_size": g, "report": extra}
 
 
-def awq(model, calib, device, chunk=16):
-    """AWQ-quantize a copy-safe float LlamaLM in place (fp32 on device). Returns finish()."""
+def awq(model, calib, device, chunk=16, g=GROUP):
+    """AWQ-quantize a copy-safe float LlamaLM in place (fp32 on device), group size g (-1: per
+    channel). Returns finish()."""
     model.to(device).eval()
     cos, sin = model.rope(calib.shape[1], device)
     with torch.no_grad():
         x = _chunked(lambda c: model.model.embed_tokens(c.to(device)), calib, chunk)
     layers = []
     for i, layer in enumerate(model.model.layers):
-        x, rep = awq_layer(layer, x, cos, sin, chunk)
+        x, rep = awq_layer(layer, x, cos, sin, chunk, g)
         layers.append(rep)
         log("  awq layer %d: alpha qkv %.2f o %.2f gate/up %.2f down %.2f; block mse / rtn mse: %s; "
             "fold rel err %.1e" % (i, rep["qkv"]["alpha"], rep["o"]["alpha"], rep["gate_up"]["alpha"],
@@ -250,12 +267,12 @@ def awq(model, calib, device, chunk=16):
                                        "%.3f" % (rep[g]["mse_best"] / rep[g]["mse_rtn"]) if rep[g]["mse_rtn"] else "-"
                                        for g in ("qkv", "o", "gate_up", "down")), rep["fold_rel_err"]))
     return finish(model, {"layers": layers, "calib_shape": list(calib.shape), "n_grid": N_GRID,
-                          "clip_steps": CLIP_STEPS, "clip_tokens": CLIP_TOKENS})
+                          "clip_steps": CLIP_STEPS, "clip_tokens": CLIP_TOKENS, "group_size": g}, g)
 
 
-def rtn(model):
+def rtn(model, g=GROUP):
     """Round-to-nearest of the same float model: finish() without scaling or clipping."""
-    return finish(model, {"method": "rtn"})
+    return finish(model, {"method": "rtn", "group_size": g}, g)
 
 
 def dequant_state_dict(qm):

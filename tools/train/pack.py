@@ -23,7 +23,7 @@ LINEAR_ORDER = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "sel
                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
 
-def spec_of(cfg, variant="gemm"):
+def spec_of(cfg, variant="gemm", group_size=128):
     """Our config -> the fixture spec that gen_fixtures.hf_config / quant_config_block read."""
     return {"arch": "llama", "bos": cfg["bos_token_id"], "eos": cfg["eos_token_id"], "hidden": cfg["hidden_size"],
             "inter": cfg["intermediate_size"], "max_pos": cfg["max_position_embeddings"],
@@ -31,7 +31,7 @@ def spec_of(cfg, variant="gemm"):
             "head_dim": cfg["head_dim"], "layers": cfg["num_hidden_layers"], "eps": cfg["rms_norm_eps"],
             "rope_theta": cfg["rope_theta"], "rope_scaling": None, "tie": cfg["tie_word_embeddings"],
             "float_dtype": "F16", "vocab": cfg["vocab_size"], "features": ["explicit_head_dim"],
-            "variant": variant, "group_size": 128, "modules_to_not_convert": None,
+            "variant": variant, "group_size": group_size, "modules_to_not_convert": None,
             "spelling": "config.json:quantization_config", "tokenizer": "llama2"}
 
 
@@ -44,8 +44,8 @@ def config_from_hf(c):
     return out
 
 
-def _common_files(d, cfg, tok_dir, quant):
-    s = spec_of(cfg, quant or "gemm")
+def _common_files(d, cfg, tok_dir, quant, group_size=128):
+    s = spec_of(cfg, quant or "gemm", group_size)
     AP.write_json(os.path.join(d, "config.json"), GF._sorted(GF.hf_config(s, quant is not None)))
     gen = dict(GF.generation_config(s), max_length=cfg["max_position_embeddings"])
     AP.write_json(os.path.join(d, "generation_config.json"), GF._sorted(gen))
@@ -84,7 +84,7 @@ def write_quantized(d, cfg, qm, variant, tok_dir):
             tensors.append((p + n, AP.T("F16", qm["floats"][p + n])))
     tensors.append(("model.norm.weight", AP.T("F16", qm["floats"]["model.norm.weight"])))
     AP.write_safetensors(os.path.join(d, "model.safetensors"), tensors)
-    _common_files(d, cfg, tok_dir, variant)
+    _common_files(d, cfg, tok_dir, variant, qm["group_size"])
 
 
 def verify_quantized(d, qm, variant):

@@ -33,6 +33,14 @@ Stages (each timed and logged; the first failed check stops the run with exit 1)
              0.5 % (cuda) of ours, `qshard tokenize` ids equal to sentencepiece's
 $OUT gets: run.log, quality.json (rewritten after every stage), float.tgz (or float.tgz.00, .01:
 join with cat), kjv-llama-awq-gemm.tgz, kjv-llama-awq-gemv.tgz, golden.tgz.
+
+Per-channel experiment (docs/QUALITY.md section 10; < 2 minutes on one H200): the saved float
+checkpoint (cat float.tgz.* | tar xz) quantized with one scale per output channel
+(group_size -1) by AWQ and by RTN, the same table, no goldens; GEMM checkpoints only (kept in
+--work, not in $OUT), converted and measured by qshard with --qshard:
+
+    python3 tools/train/run_all.py --from-float kjv-llama-fp16 --per-channel --out "$OUT" \
+        --qshard build-dev/qshard --qshard-device cuda
 """
 import argparse
 import copy
@@ -75,6 +83,8 @@ def parse_args(argv):
     ap.add_argument("--batch", type=int, default=None, help="training batch (default: the recipe's)")
     ap.add_argument("--train-seconds", type=float, default=None, help="training wall-clock budget")
     ap.add_argument("--from-float", default=None, help="skip training: start from this float checkpoint dir")
+    ap.add_argument("--per-channel", action="store_true",
+                    help="quantize per output channel (group_size -1): AWQ and RTN GEMM only, no goldens")
     return ap.parse_args(argv)
 
 
@@ -164,9 +174,13 @@ def stage_export(r):
     fm = M.LlamaLM(r.cfg)
     fm.load_hf_state_dict(r.sd16)
     r.fmodel = fm.to(r.device).eval()
-    names = U.write_pieces(os.path.join(r.out, "float.tgz"), U.tar_gz(r.float_dir, "kjv-llama-fp16"), PIECE)
+    if r.a.from_float:   # the caller has it already
+        names = []
+        log("  float checkpoint %.1f MB (from --from-float, not copied to $OUT)" % (P.du(r.float_dir) / 1e6))
+    else:
+        names = U.write_pieces(os.path.join(r.out, "float.tgz"), U.tar_gz(r.float_dir, "kjv-llama-fp16"), PIECE)
+        log("  float checkpoint %.1f MB -> $OUT/%s" % (P.du(r.float_dir) / 1e6, ", ".join(names)))
     r.report["float_checkpoint"] = {"dir": "kjv-llama-fp16", "files": names, "bytes": P.du(r.float_dir)}
-    log("  float checkpoint %.1f MB -> $OUT/%s" % (P.du(r.float_dir) / 1e6, ", ".join(names)))
 
 
 def ours_fn(model, device):
@@ -190,18 +204,28 @@ def stage_quantize(r):
     import awq as A
     n, t = CALIB_TINY if r.a.tiny else CALIB
     calib = A.calibration(r.ids["train"], n, t, r.cfg["bos_token_id"], r.tc["seed"] + 2)
-    r.q = {"rtn": A.rtn(r.fmodel)}
-    r.q["awq"] = A.awq(copy.deepcopy(r.fmodel), calib, r.device)
+    r.q = {"rtn": A.rtn(r.fmodel, r.group)}
+    r.q["awq"] = A.awq(copy.deepcopy(r.fmodel), calib, r.device, g=r.group)
     r.report["awq"] = r.q["awq"]["report"]
     r.passed("AWQ scale folding keeps every float layer output (rel < 1e-4); torch and numpy quantizers agree")
+
+
+def checkpoint_names(r):
+    """(method, variant, name) of the checkpoints this run writes; AWQ's first."""
+    if r.a.per_channel:   # the converter and awq_pack take group_size -1 in the GEMM layout
+        return [(m, "gemm", "kjv-llama-%s-pc-gemm" % m) for m in ("awq", "rtn")]
+    return [(m, v, "kjv-llama-%s-%s" % (m, v)) for m, v in (("awq", "gemm"), ("awq", "gemv"), ("rtn", "gemm"))]
+
+
+def awq_names(r):
+    return [name for m, _v, name in checkpoint_names(r) if m == "awq"]
 
 
 def stage_pack(r):
     import awq as A
     import pack as P
     r.qdirs, r.qsd = {}, {}
-    for method, variant in (("awq", "gemm"), ("awq", "gemv"), ("rtn", "gemm")):
-        name = "kjv-llama-%s-%s" % (method, variant)
+    for method, variant, name in checkpoint_names(r):
         d = r.path(name)
         P.write_quantized(d, r.cfg, r.q[method], variant, r.tok_dir)
         sd = P.verify_quantized(d, r.q[method], variant)
@@ -210,11 +234,12 @@ def stage_pack(r):
         r.qdirs[name], r.qsd[method] = d, sd
         r.report.setdefault("checkpoints", {})[name] = {"bytes": P.du(d), "files": sorted(os.listdir(d))}
         log("  %s: %.2f MB, read back bit-exactly" % (name, P.du(d) / 1e6))
-        if method == "awq":
+        if method == "awq" and not r.a.per_channel:
             U.write_pieces(os.path.join(r.out, name + ".tgz"), U.tar_gz(d, name), PIECE)
-    pair = sum(P.du(r.qdirs["kjv-llama-awq-" + v]) for v in ("gemm", "gemv"))
+    pair = sum(P.du(r.qdirs[n]) for n in awq_names(r))
     r.report["awq_pair_bytes"] = pair
-    r.passed("AWQ GEMM + GEMV + RTN checkpoints decode bit-exactly (awq_unpack); GEMM + GEMV = %.2f MB" % (pair / 1e6))
+    r.passed("%s checkpoints decode bit-exactly (awq_unpack); AWQ %s = %.2f MB" % (
+        " + ".join(n for _m, _v, n in checkpoint_names(r)), " + ".join(awq_names(r)), pair / 1e6))
 
 
 def same_bits(a, b):
@@ -235,7 +260,7 @@ def quant_models(r):
 def stage_ref_check(r):
     import numpy as np
     import ref_forward as RF
-    cfg = json.load(open(os.path.join(r.qdirs["kjv-llama-awq-gemm"], "config.json")))
+    cfg = json.load(open(os.path.join(r.qdirs[awq_names(r)[0]], "config.json")))
     m = quant_models(r)["awq"]
     worst = 0.0
     for p in PROMPTS[:2]:
@@ -276,7 +301,7 @@ def stage_quality(r):
     gen_fns = ours
     if r.tf is not None:
         tmp = r.path("hf-tmp")
-        cfg_q = json.load(open(os.path.join(r.qdirs["kjv-llama-awq-gemm"], "config.json")))
+        cfg_q = json.load(open(os.path.join(r.qdirs[awq_names(r)[0]], "config.json")))
         hfm = {"fp16": r.hf_float}
         for method in ("awq", "rtn"):
             hfm[method] = H.load_dequant(r.torch, r.tf, cfg_q, r.qsd[method], os.path.join(tmp, method), r.device)
@@ -287,6 +312,7 @@ def stage_quality(r):
             d = abs(hres[k]["ppl"] / res[k]["ppl"] - 1)
             check(d < 1e-4, "%s: transformers ppl %.6f vs ours %.6f" % (k, hres[k]["ppl"], res[k]["ppl"]))
         r.passed("transformers perplexities = ours within 1e-4 (fp16, AWQ, RTN)")
+    if r.tf is not None and not r.a.per_channel:   # the goldens are those of the group-128 twins
         gdir = r.path("golden")
         gold = H.goldens(r.torch, r.tf, "kjv-llama", [r.qdirs["kjv-llama-awq-gemm"], r.qdirs["kjv-llama-awq-gemv"]],
                          PROMPTS, r.device, gdir, tmp)
@@ -322,7 +348,7 @@ def stage_qshard(r):
     binary = os.path.abspath(r.a.qshard)
     tol = 1e-3 if r.a.qshard_device == "cpu" else 5e-3
     res = {}
-    for name in ("kjv-llama-awq-gemm", "kjv-llama-awq-gemv"):
+    for name in awq_names(r):
         out_dir, ppl, dt = qshard_ppl(r, binary, r.qdirs[name])
         rel = abs(ppl / r.ppl_ours["awq"] - 1)
         res[name] = {"ppl": ppl, "ours": r.ppl_ours["awq"], "rel": rel, "seconds": round(dt, 1)}
@@ -332,7 +358,7 @@ def stage_qshard(r):
     # tokenizer.json (what the checkpoints' qshard files use) and tokenizer.model alone
     spm_only = r.path("tok-model-only")
     shutil.rmtree(spm_only, ignore_errors=True)
-    shutil.copytree(r.qdirs["kjv-llama-awq-gemm"], spm_only)
+    shutil.copytree(r.qdirs[awq_names(r)[0]], spm_only)
     os.remove(os.path.join(spm_only, "tokenizer.json"))
     cp = subprocess.run([binary, "convert", spm_only, spm_only + ".qshard", "--tp", "1"], capture_output=True, text=True)
     check(cp.returncode == 0, "qshard convert (tokenizer.model only) failed: %s" % cp.stderr[-500:])
@@ -344,14 +370,16 @@ def stage_qshard(r):
             label, len(ids), len(r.heldout_ids)))
     res["tokenize_equal"] = True
     r.report["qshard"] = res
-    r.passed("qshard perplexity (GEMM, GEMV; %s) within %.1f %% of ours; qshard tokenize (tokenizer.json and "
-             "tokenizer.model) = sentencepiece on the held-out text" % (r.a.qshard_device, tol * 100))
+    r.passed("qshard perplexity (%s; %s) within %.1f %% of ours; qshard tokenize (tokenizer.json and "
+             "tokenizer.model) = sentencepiece on the held-out text" % (", ".join(awq_names(r)), r.a.qshard_device,
+                                                                         tol * 100))
 
 
 def summary(r, ok, err):
     rep = r.report
-    lines = ["", "=" * 100, "SUMMARY  (%s; device %s; %s)" % ("tiny dry run" if r.a.tiny else "demo model",
-                                                              r.device, "ALL CHECKS PASSED" if ok else "FAILED")]
+    lines = ["", "=" * 100, "SUMMARY  (%s; device %s; %s; %s)" % (
+        "tiny dry run" if r.a.tiny else "demo model", r.device,
+        "per-channel (group_size -1)" if r.a.per_channel else "group 128", "ALL CHECKS PASSED" if ok else "FAILED")]
     c = r.cfg
     lines.append("model: hidden %d, %d layers, %d q / %d kv heads of %d, intermediate %d, vocab %d, tied; ctx %d" % (
         c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"],
@@ -378,7 +406,7 @@ def summary(r, ok, err):
         lines.append("qshard: " + ", ".join("%s %.4f (rel %.1e)" % (k, v["ppl"], v["rel"])
                                             for k, v in rep["qshard"].items() if isinstance(v, dict)))
     if "awq_pair_bytes" in rep:
-        lines.append("AWQ GEMM + GEMV checkpoints: %.2f MB" % (rep["awq_pair_bytes"] / 1e6))
+        lines.append("AWQ checkpoints (%s): %.2f MB" % (", ".join(awq_names(r)), rep["awq_pair_bytes"] / 1e6))
     lines.append("stage seconds: " + ", ".join("%s %.1f" % kv for kv in r.times.items()))
     lines.append("checks passed: %d%s" % (len(rep["checks"]), "" if ok else "; FAILED: " + err))
     lines.append("$OUT: " + ", ".join(sorted(os.listdir(r.out))))
@@ -401,6 +429,8 @@ def main(argv):
         if v is not None:
             r.tc[k] = v
     r.ctx = r.cfg["max_position_embeddings"]
+    import awq as A
+    r.group = -1 if a.per_channel else A.GROUP
     log("qshard demo-model pipeline: torch %s, device %s, work %s, out %s" % (torch.__version__, r.device,
                                                                              r.work, r.out))
     if r.device.startswith("cuda"):
