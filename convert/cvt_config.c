@@ -7,15 +7,19 @@
  * helpers for qcfg-file / variant (cvt_src.h).
  *
  * The architecture is a descriptor (convert/cvt_arch.h) found from "architectures" /
- * "model_type"; it gives the defaults of the common keys and reads the family's own keys
- * (sliding window, biases, experts). Keys are read through format/qs_json.h.
+ * "model_type"; it gives the defaults of absent keys (its transformers configuration class's)
+ * and reads the family's own keys (sliding window, biases, experts). RoPE is read in both
+ * transformers spellings, 4's rope_theta / rope_scaling and 5's rope_parameters (parse_rope).
+ * Keys are read through format/qs_json.h.
  *
  * Sources of the rules: docs/FORMATS.md section 8 (spellings: bits/w_bit, group_size/q_group_size,
- * version case, backend "llm-awq"), its pitfalls (section 12) P13/P14 (w_bit, zero_point, version refused by
+ * version case, backend "llm-awq"), section 10.1 (defaults per family, null vs absent, the RoPE
+ * spellings), its pitfalls (section 12) P13/P14 (w_bit, zero_point, version refused by
  * name), P21 (config locations; two quant configs that disagree are refused), P24 (eos lists).
  *
- * Tested by tests/test_cvt_src.c (the real configs under tests/data and hand-written bad ones)
- * and fuzzed by tests/fuzz_config.c.
+ * Tested by tests/test_cvt_config.c (the real configs under tests/data, their transformers 5
+ * spellings and hand-written bad ones), tests/test_cvt.c (a fixture in transformers 5's
+ * spelling end to end) and fuzzed by tests/fuzz_config.c.
  */
 #include <ctype.h>
 #include <stdio.h>
@@ -380,7 +384,8 @@ static bool same_scaling(const struct qs_rope_scaling *a, const struct qs_rope_s
  * naming both. Per-layer-type dicts and unsupported types: CVT_ERR_UNSUPPORTED
  * (qs_json_rope_object).
  */
-static enum cvt_err parse_rope(const struct qs_json_ctx *c, const cJSON *o, struct cvt_hf_config *cfg)
+static enum cvt_err parse_rope(const struct qs_json_ctx *c, const cJSON *o,
+                               struct cvt_hf_config *cfg)
 {
     struct qs_rope_object rs, rp;
     double theta_top, prf_top, prf, theta;
@@ -395,9 +400,10 @@ static enum cvt_err parse_rope(const struct qs_json_ctx *c, const cJSON *o, stru
     const struct spelling thetas[] = {{"rope_parameters.rope_theta", rp.rope_theta},
                                       {"rope_scaling.rope_theta", rs.rope_theta},
                                       {"rope_theta", theta_top}};
-    const struct spelling prfs[] = {{"rope_parameters.partial_rotary_factor", rp.partial_rotary_factor},
-                                    {"rope_scaling.partial_rotary_factor", rs.partial_rotary_factor},
-                                    {"partial_rotary_factor", prf_top}};
+    const struct spelling prfs[] = {
+        {"rope_parameters.partial_rotary_factor", rp.partial_rotary_factor},
+        {"rope_scaling.partial_rotary_factor", rs.partial_rotary_factor},
+        {"partial_rotary_factor", prf_top}};
     CVT_TRY(agree(c, thetas, 3, &theta));
     CVT_TRY(agree(c, prfs, 3, &prf));
     if (prf != 0 && prf != 1.0) {
@@ -422,12 +428,15 @@ static enum cvt_err parse_rope(const struct qs_json_ctx *c, const cJSON *o, stru
 
 /* num_key_value_heads: absent = the family's default (cfg->arch), null = num_attention_heads
  * (every class's "for backward compatibility" branch); it must divide the query heads. */
-static enum cvt_err parse_kv_heads(const struct qs_json_ctx *c, const cJSON *o, struct cvt_hf_config *cfg)
+static enum cvt_err parse_kv_heads(const struct qs_json_ctx *c, const cJSON *o,
+                                   struct cvt_hf_config *cfg)
 {
     const int64_t nq = cfg->num_attention_heads;
     const bool absent = !cJSON_GetObjectItemCaseSensitive(o, "num_key_value_heads");
-    const int64_t def = absent && cfg->arch->num_key_value_heads ? cfg->arch->num_key_value_heads : nq;
-    CVT_TRY_JSON(qs_json_int(c, o, "num_key_value_heads", false, def, 1, 65536, &cfg->num_key_value_heads));
+    const int64_t def = absent && cfg->arch->num_key_value_heads ? cfg->arch->num_key_value_heads
+                                                                   : nq;
+    CVT_TRY_JSON(qs_json_int(c, o, "num_key_value_heads", false, def, 1, 65536,
+                             &cfg->num_key_value_heads));
     if (nq % cfg->num_key_value_heads != 0) {
         qs_log_error(c->fn, "%s/%s: num_attention_heads %lld is not a multiple of num_key_value_heads %lld%s%s%s",
                      c->where, c->file, (long long)nq, (long long)cfg->num_key_value_heads,

@@ -314,7 +314,7 @@ enum qs_json_err qs_json_rope_object(const struct qs_json_ctx *c, const cJSON *o
     const struct qs_json_ctx rc = {c->fn, c->file ? c->where : file, c->file ? file : NULL};
     struct qs_rope_object r;
     memset(&r, 0, sizeof(r));
-    r.given = true;
+    r.given = rs->child != NULL; /* {} says nothing (transformers 5: an empty dict is falsy) */
     r.scaling.type = QS_ROPE_DEFAULT;
     enum qs_json_err e = rope_object(c, &rc, rs, key, &r);
     if (e)

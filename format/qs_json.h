@@ -102,7 +102,8 @@ enum qs_json_err qs_json_eos_ids(const struct qs_json_ctx *c, const struct cJSON
 /* One RoPE object of a config, as written and before any default: transformers 4's and the rank
  * file's "rope_scaling", transformers 5's "rope_parameters" (docs/FORMATS.md 10.1). */
 struct qs_rope_object {
-    bool given;                     /* false: the key is absent or null (all below zero) */
+    bool given;                     /* false: the key is absent, null or {} (transformers 5
+                                     * treats an empty dict as none); all below zero then */
     struct qs_rope_scaling scaling; /* type and factors; original_max_position_embeddings 0 when
                                      * the object does not give it */
     double rope_theta;              /* "rope_theta" inside the object (transformers 5); 0: absent */

@@ -423,6 +423,9 @@ static void test_rope_spellings(void)
          QS_ROPE_LINEAR, 2.0, 0},
         {"LlamaForCausalLM", ", \"rope_scaling\": {\"rope_type\": \"default\"}, \"rope_parameters\": {\"rope_theta\": 1e6}", 1e6,
          QS_ROPE_DEFAULT, 0, 0},
+        /* an empty rope_scaling says nothing (transformers 5: `rope_scaling or rope_parameters`) */
+        {"LlamaForCausalLM", ", \"rope_scaling\": {}, \"rope_parameters\": {\"type\": \"linear\", \"factor\": 2.0}", 10000.0,
+         QS_ROPE_LINEAR, 2.0, 0},
         /* rope_theta inside transformers 4's dict (a transformers 5 alias written back) */
         {"LlamaForCausalLM", ", \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 4.0, \"rope_theta\": 1e6}", 1e6,
          QS_ROPE_LINEAR, 4.0, 0},

@@ -5,8 +5,8 @@
  * eos merger across two objects (duplicates, the cap, nothing changed on error); rope_scaling in
  * the spellings transformers writes (rope_type / type, "default", upper case) and the refusals
  * the converter and the runtime both rely on; transformers 5's rope_parameters keys
- * (qs_json_rope_object) and null told from absent (qs_json_is_null); object parsing against duplicate keys, trailing
- * garbage and every truncation of a valid object.
+ * (qs_json_rope_object) and null told from absent (qs_json_is_null); object parsing against
+ * duplicate keys, trailing garbage and every truncation of a valid object.
  *
  * Run from the repository root: ./build/test_json.
  */
@@ -307,7 +307,8 @@ static void test_rope_object(void)
 {
     cJSON *o = obj("{\"rope_parameters\": {\"rope_theta\": 500000.0, \"rope_type\": \"llama3\", "
                    "\"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
-                   "\"partial_rotary_factor\": 1.0, \"attention_factor\": 3.0}, \"n\": null, \"z\": 0}");
+                   "\"partial_rotary_factor\": 1.0, \"attention_factor\": 3.0}, \"n\": null, "
+                   "\"z\": 0, \"e\": {}}");
     struct qs_rope_object r;
     CHECK_EQ_INT(qs_json_rope_object(&C, o, "rope_parameters", &r), QS_JSON_OK);
     CHECK(r.given && r.rope_theta == 500000.0 && r.partial_rotary_factor == 1.0);
@@ -319,6 +320,8 @@ static void test_rope_object(void)
     CHECK(!r.given && r.rope_theta == 0 && r.scaling.type == QS_ROPE_DEFAULT);
     CHECK_EQ_INT(qs_json_rope_object(&C, o, "n", &r), QS_JSON_OK);
     CHECK(!r.given);
+    CHECK_EQ_INT(qs_json_rope_object(&C, o, "e", &r), QS_JSON_OK); /* {} says nothing */
+    CHECK(!r.given && r.scaling.type == QS_ROPE_DEFAULT);
     CHECK(qs_json_is_null(o, "n") && !qs_json_is_null(o, "absent") && !qs_json_is_null(o, "z"));
     cJSON_Delete(o);
     /* rope_scaling keeps requiring original_max_position_embeddings for llama3 */
@@ -337,14 +340,16 @@ static void test_rope_object(void)
         enum qs_json_err want;
         const char *needle;
     } bad[] = {
-        {"{\"full_attention\": {\"rope_type\": \"default\"}, \"sliding_attention\": {\"rope_type\": "
-         "\"default\"}}", QS_JSON_ERR_UNSUPPORTED, "per-layer-type"},
+        {"{\"full_attention\": {\"rope_type\": \"default\"}, \"sliding_attention\": "
+         "{\"rope_type\": \"default\"}}", QS_JSON_ERR_UNSUPPORTED, "per-layer-type"},
         {"{\"rope_theta\": 1e6, \"x\": {}}", QS_JSON_ERR_UNSUPPORTED, "object under \"x\""},
         {"{\"rope_theta\": -1}", QS_JSON_ERR_VALUE, "rope_parameters: \"rope_theta\" must be"},
         {"{\"rope_theta\": 2e12}", QS_JSON_ERR_VALUE, "\"rope_theta\" must be"},
-        {"{\"partial_rotary_factor\": 1.5}", QS_JSON_ERR_VALUE, "\"partial_rotary_factor\" must be"},
+        {"{\"partial_rotary_factor\": 1.5}", QS_JSON_ERR_VALUE,
+         "\"partial_rotary_factor\" must be"},
         {"{\"partial_rotary_factor\": 0}", QS_JSON_ERR_VALUE, "\"partial_rotary_factor\" must be"},
-        {"{\"rope_type\": \"longrope\"}", QS_JSON_ERR_UNSUPPORTED, "rope_parameters type \"longrope\""},
+        {"{\"rope_type\": \"longrope\"}", QS_JSON_ERR_UNSUPPORTED,
+         "rope_parameters type \"longrope\""},
         {"{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
          "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 0}", QS_JSON_ERR_VALUE,
          "\"original_max_position_embeddings\" must be"},
