@@ -3,8 +3,11 @@
  * architecture descriptors of convert/arch/) and the source directory: real configs from
  * HuggingFace repos (tests/data/fuzz/fuzz_config/, provenance in tests/data/fuzz/README.md) and
  * hand-written bad ones, each refused with its status and a message naming the key; every
- * family's defaults against transformers' configuration classes; sharded indexes and directory
- * layouts (mixed downloads, shards missing or extra, tensors in the wrong shard).
+ * family's defaults against transformers' configuration classes (absent vs null keys) and its
+ * own keys; the RoPE spellings of transformers 4 and 5 (rope_theta / rope_scaling /
+ * rope_parameters: real configs in both spellings read alike, disagreements and unsupported
+ * RoPE refused); sharded indexes and directory layouts (mixed downloads, shards missing or
+ * extra, tensors in the wrong shard).
  *
  * Run: ./build/test_cvt_config (from the repo root). Builders: tests/t_cvt_src.h.
  */
@@ -197,6 +200,29 @@ static enum cvt_err fam_parse(const char *cls, const char *extra, struct cvt_hf_
     return cfg_parse(c, NULL, NULL, NULL, cfg);
 }
 
+/* A config of family cls with keys extra that must be refused with `want` and a message naming
+ * needle and needle2. */
+struct refusal {
+    const char *cls, *extra, *needle, *needle2;
+    enum cvt_err want;
+};
+
+static void check_refusals(const char *what, const struct refusal *r, size_t n)
+{
+    struct cvt_hf_config cfg;
+    qs_log_set_quiet(true);
+    for (size_t i = 0; i < n; i++) {
+        enum cvt_err e = fam_parse(r[i].cls, r[i].extra, &cfg);
+        CHECK_MSG(e == r[i].want, "%s case %zu: got %s, want %s (%s)", what, i, cvt_err_str(e),
+                  cvt_err_str(r[i].want), qs_log_last());
+        CHECK_MSG(strstr(qs_log_last(), r[i].needle) && strstr(qs_log_last(), r[i].needle2),
+                  "%s case %zu: message '%s' lacks '%s' or '%s'", what, i, qs_log_last(), r[i].needle,
+                  r[i].needle2);
+        CHECK(cfg.config_json == NULL);
+    }
+    qs_log_set_quiet(false);
+}
+
 /* Each family's defaults (descriptors, convert/arch/) against transformers' configuration
  * classes, when config.json omits the key: LlamaConfig (configuration_llama.py:
  * num_key_value_heads None -> num_attention_heads, rms_norm_eps 1e-6, max_position_embeddings
@@ -298,31 +324,23 @@ static void test_family_keys(void)
     CHECK_EQ_INT(fam_parse("MixtralForCausalLM", ", \"num_experts\": 4, \"num_local_experts\": 4", &cfg), CVT_ERR_NONE);
     CHECK_EQ_INT(cfg.num_local_experts, 4);
     cvt_config_free(&cfg);
-    qs_log_set_quiet(true);
-    static const struct {
-        const char *cls, *extra, *needle;
-        enum cvt_err want;
-    } bad[] = {
-        {"MixtralForCausalLM", ", \"num_local_experts\": 2, \"num_experts_per_tok\": 3", "num_experts_per_tok", CVT_ERR_CONFIG},
-        {"MixtralForCausalLM", ", \"num_experts\": 4, \"num_local_experts\": 8", "num_experts 4 and num_local_experts 8", CVT_ERR_CONFIG},
-        {"LlamaForCausalLM", ", \"mlp_bias\": true", "mlp_bias", CVT_ERR_UNSUPPORTED},
-        {"Qwen2ForCausalLM", ", \"use_sliding_window\": true, \"layer_types\": [\"full_attention\", \"sliding_attention\"]",
-         "1 of 2 layers (by layer_types", CVT_ERR_UNSUPPORTED},
-        {"Qwen2ForCausalLM", ", \"use_sliding_window\": false, \"layer_types\": [\"sliding_attention\", \"sliding_attention\"]",
-         "no window", CVT_ERR_CONFIG},
-        {"Qwen2ForCausalLM", ", \"layer_types\": [\"full_attention\"]", "\"layer_types\" must be a list of num_hidden_layers (2)",
+    static const struct refusal bad[] = {
+        {"MixtralForCausalLM", ", \"num_local_experts\": 2, \"num_experts_per_tok\": 3", "num_experts_per_tok", "3",
          CVT_ERR_CONFIG},
+        {"MixtralForCausalLM", ", \"num_experts\": 4, \"num_local_experts\": 8", "num_experts 4 and num_local_experts 8",
+         "disagree", CVT_ERR_CONFIG},
+        {"LlamaForCausalLM", ", \"mlp_bias\": true", "mlp_bias", "not supported", CVT_ERR_UNSUPPORTED},
+        {"Qwen2ForCausalLM", ", \"use_sliding_window\": true, \"layer_types\": [\"full_attention\", \"sliding_attention\"]",
+         "1 of 2 layers (by layer_types", "not supported", CVT_ERR_UNSUPPORTED},
+        {"Qwen2ForCausalLM", ", \"use_sliding_window\": false, \"layer_types\": [\"sliding_attention\", \"sliding_attention\"]",
+         "no window", "use_sliding_window false", CVT_ERR_CONFIG},
+        {"Qwen2ForCausalLM", ", \"layer_types\": [\"full_attention\"]", "\"layer_types\" must be a list of num_hidden_layers (2)",
+         "config.json", CVT_ERR_CONFIG},
         {"Qwen2ForCausalLM", ", \"layer_types\": [\"full_attention\", \"chunked_attention\"]", "layer_types[1]",
-         CVT_ERR_UNSUPPORTED},
+         "sliding_attention", CVT_ERR_UNSUPPORTED},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        enum cvt_err e = fam_parse(bad[i].cls, bad[i].extra, &cfg);
-        CHECK_MSG(e == bad[i].want, "family case %zu: got %s, want %s (%s)", i, cvt_err_str(e), cvt_err_str(bad[i].want),
-                  qs_log_last());
-        CHECK_MSG(strstr(qs_log_last(), bad[i].needle) != NULL, "family case %zu: message '%s' lacks '%s'", i,
-                  qs_log_last(), bad[i].needle);
-        CHECK(cfg.config_json == NULL);
-    }
+    check_refusals("family", bad, sizeof bad / sizeof bad[0]);
+    qs_log_set_quiet(true);
     /* the "supported" list comes from the registry */
     CHECK_EQ_INT(cfg_parse("{\"architectures\": [\"GemmaForCausalLM\"]}", NULL, NULL, NULL, &cfg),
                  CVT_ERR_UNSUPPORTED);
@@ -454,51 +472,41 @@ static void test_rope_spellings(void)
                   (long long)cfg.rope_scaling.original_max_position_embeddings);
         cvt_config_free(&cfg);
     }
-    qs_log_set_quiet(true);
-    static const struct {
-        const char *extra, *needle, *needle2;
-        enum cvt_err want;
-    } bad[] = {
-        {", \"rope_theta\": 10000.0, \"rope_parameters\": {\"rope_theta\": 500000.0}", "rope_parameters.rope_theta 500000",
+#define LL "LlamaForCausalLM"
+    static const struct refusal bad[] = {
+        {LL, ", \"rope_theta\": 10000.0, \"rope_parameters\": {\"rope_theta\": 500000.0}", "rope_parameters.rope_theta 500000",
          "rope_theta 10000 disagree", CVT_ERR_CONFIG},
-        {", \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2.0, \"rope_theta\": 1e6}, \"rope_parameters\": "
+        {LL, ", \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2.0, \"rope_theta\": 1e6}, \"rope_parameters\": "
          "{\"rope_type\": \"linear\", \"factor\": 2.0, \"rope_theta\": 5e5}", "rope_parameters.rope_theta", "rope_scaling.rope_theta",
          CVT_ERR_CONFIG},
-        {", \"rope_scaling\": {" L3 ", \"original_max_position_embeddings\": 8192}, \"rope_parameters\": "
+        {LL, ", \"rope_scaling\": {" L3 ", \"original_max_position_embeddings\": 8192}, \"rope_parameters\": "
          "{\"rope_type\": \"default\", \"rope_theta\": 500000.0}", "rope_scaling (llama3 factor 8", "rope_parameters (default)",
          CVT_ERR_CONFIG},
-        {", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}, \"rope_parameters\": {\"type\": \"linear\", \"factor\": 4.0}",
+        {LL, ", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}, \"rope_parameters\": {\"type\": \"linear\", \"factor\": 4.0}",
          "linear factor 2", "linear factor 4", CVT_ERR_CONFIG},
-        {", \"original_max_position_embeddings\": 4096, \"rope_parameters\": {" L3 ", \"original_max_position_embeddings\": 8192}",
+        {LL, ", \"original_max_position_embeddings\": 4096, \"rope_parameters\": {" L3 ", \"original_max_position_embeddings\": 8192}",
          "rope_parameters.original_max_position_embeddings 8192", "original_max_position_embeddings 4096", CVT_ERR_CONFIG},
-        {", \"rope_parameters\": {\"rope_type\": \"linear\", \"type\": \"llama3\", \"factor\": 2.0}", "rope_parameters rope_type",
+        {LL, ", \"rope_parameters\": {\"rope_type\": \"linear\", \"type\": \"llama3\", \"factor\": 2.0}", "rope_parameters rope_type",
          "disagree", CVT_ERR_CONFIG},
-        {", \"rope_parameters\": {\"full_attention\": {\"rope_type\": \"default\", \"rope_theta\": 1e6}, "
+        {LL, ", \"rope_parameters\": {\"full_attention\": {\"rope_type\": \"default\", \"rope_theta\": 1e6}, "
          "\"sliding_attention\": {\"rope_type\": \"default\", \"rope_theta\": 1e4}}", "per-layer-type", "full_attention",
          CVT_ERR_UNSUPPORTED},
-        {", \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1e6, \"partial_rotary_factor\": 0.5}",
+        {LL, ", \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1e6, \"partial_rotary_factor\": 0.5}",
          "partial_rotary_factor 0.5", "not supported", CVT_ERR_UNSUPPORTED},
-        {", \"partial_rotary_factor\": 0.25", "partial_rotary_factor 0.25", "not supported", CVT_ERR_UNSUPPORTED},
-        {", \"partial_rotary_factor\": 1.0, \"rope_parameters\": {\"partial_rotary_factor\": 0.5}", "partial_rotary_factor 0.5",
+        {LL, ", \"partial_rotary_factor\": 0.25", "partial_rotary_factor 0.25", "not supported", CVT_ERR_UNSUPPORTED},
+        {LL, ", \"partial_rotary_factor\": 1.0, \"rope_parameters\": {\"partial_rotary_factor\": 0.5}", "partial_rotary_factor 0.5",
          "disagree", CVT_ERR_CONFIG},
-        {", \"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 4.0, \"rope_theta\": 1e6}", "rope_parameters type \"yarn\"",
+        {LL, ", \"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 4.0, \"rope_theta\": 1e6}", "rope_parameters type \"yarn\"",
          "not supported", CVT_ERR_UNSUPPORTED},
-        {", \"rope_parameters\": {\"rope_type\": \"linear\"}", "rope_parameters: required key \"factor\"", "config.json",
+        {LL, ", \"rope_parameters\": {\"rope_type\": \"linear\"}", "rope_parameters: required key \"factor\"", "config.json",
          CVT_ERR_CONFIG},
-        {", \"rope_parameters\": {\"rope_theta\": \"1e6\"}", "rope_parameters: \"rope_theta\" must be", "got \"1e6\"",
+        {LL, ", \"rope_parameters\": {\"rope_theta\": \"1e6\"}", "rope_parameters: \"rope_theta\" must be", "got \"1e6\"",
          CVT_ERR_CONFIG},
-        {", \"rope_parameters\": [1]", "\"rope_parameters\" must be null or an object", "config.json", CVT_ERR_CONFIG},
-        {", \"rope_parameters\": {\"rope_theta\": 0}", "\"rope_theta\" must be a number in (0", "got 0", CVT_ERR_CONFIG},
+        {LL, ", \"rope_parameters\": [1]", "\"rope_parameters\" must be null or an object", "config.json", CVT_ERR_CONFIG},
+        {LL, ", \"rope_parameters\": {\"rope_theta\": 0}", "\"rope_theta\" must be a number in (0", "got 0", CVT_ERR_CONFIG},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        enum cvt_err e = fam_parse("LlamaForCausalLM", bad[i].extra, &cfg);
-        CHECK_MSG(e == bad[i].want, "bad rope %zu: got %s, want %s (%s)", i, cvt_err_str(e), cvt_err_str(bad[i].want),
-                  qs_log_last());
-        CHECK_MSG(strstr(qs_log_last(), bad[i].needle) && strstr(qs_log_last(), bad[i].needle2),
-                  "bad rope %zu: message '%s' lacks '%s' or '%s'", i, qs_log_last(), bad[i].needle, bad[i].needle2);
-        CHECK(cfg.config_json == NULL);
-    }
-    qs_log_set_quiet(false);
+    check_refusals("rope", bad, sizeof bad / sizeof bad[0]);
+#undef LL
 #undef L3
 }
 
