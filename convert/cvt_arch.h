@@ -5,8 +5,9 @@
  * docs/DESIGN.md section 5 (format/fmt_names.h roles): which tensors fuse into one output and how
  * each output is split across tensor-parallel ranks. The registry (convert/cvt_arch.c) lists the
  * descriptors; everything else in convert/ is generic and reads them:
- *   - cvt_config.c: architectures[0] / model_type -> descriptor; common keys with the
- *     descriptor's defaults; the descriptor's read_keys for the family's own keys;
+ *   - cvt_config.c: architectures[0] / model_type -> descriptor; common keys (heads, kv heads,
+ *     rms_norm_eps, RoPE, ...) with the descriptor's defaults; the descriptor's read_keys for the
+ *     family's own keys;
  *   - cvt_plan.c: the plan of every output of every rank from the descriptor's tensor lists;
  *   - cvt_write.c: the config section's "architecture" is the descriptor's name (the runtime's
  *     descriptor of that name reads the file).
@@ -94,9 +95,18 @@ struct cvt_arch {
     const char *name;          /* "llama": the config section's "architecture" (DESIGN 6) */
     const char *hf_class;      /* config.json "architectures": ["LlamaForCausalLM"] */
     const char *model_type;    /* config.json "model_type": "llama" */
-    /* config keys: transformers' defaults of the family's configuration class */
-    double rope_theta;                 /* when "rope_theta" is absent */
-    int64_t max_position_embeddings;   /* when "max_position_embeddings" is absent */
+    /* config keys: the defaults of the family's transformers configuration class
+     * (configuration_<family>.py), used when config.json lacks the key; an explicit JSON null is
+     * Python's None, which the classes treat as said per field (docs/FORMATS.md 10.1) */
+    double rope_theta;                 /* no theta in any RoPE spelling: the class's
+                                        * default_theta (cvt_config.c parse_rope) */
+    int64_t max_position_embeddings;   /* absent or null */
+    int64_t num_key_value_heads;       /* absent: this, 0 = num_attention_heads (LlamaConfig);
+                                        * null: num_attention_heads in every class */
+    double rms_norm_eps;               /* absent or null */
+    int64_t sliding_window;            /* absent: this window length, 0 = none; null: none. Read
+                                        * by the family's read_keys (Mistral's always, Qwen2's only
+                                        * with use_sliding_window) */
     const char *hidden_act;            /* the only "hidden_act" accepted (absent = this one) */
     bool moe;                          /* experts: num_local_experts > 0 after read_keys */
     /* The family's own keys (sliding window, biases, experts), read after the common ones into
@@ -131,8 +141,8 @@ void cvt_arch_list(bool hf_class, char *buf, size_t cap);
 /* The LLaMA family's attention (q/k/v -> qkv_proj column-parallel, o_proj row-parallel), which
  * Mixtral shares (convert/arch/cvt_arch_llama.c). */
 extern const struct cvt_arch_linear cvt_arch_llama_attention[2];
-/* MistralConfig's sliding_window (null or a length) into cfg->sliding_window: Mistral's
- * read_keys, which Mixtral's calls first. */
+/* MistralConfig's sliding_window into cfg->sliding_window: a length, null (no window) or absent
+ * (cfg->arch->sliding_window). Mistral's read_keys, which Mixtral's calls first. */
 enum cvt_err cvt_arch_mistral_keys(const struct qs_json_ctx *c, const struct cJSON *o,
                                    struct cvt_hf_config *cfg);
 

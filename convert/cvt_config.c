@@ -7,15 +7,19 @@
  * helpers for qcfg-file / variant (cvt_src.h).
  *
  * The architecture is a descriptor (convert/cvt_arch.h) found from "architectures" /
- * "model_type"; it gives the defaults of the common keys and reads the family's own keys
- * (sliding window, biases, experts). Keys are read through format/qs_json.h.
+ * "model_type"; it gives the defaults of absent keys (its transformers configuration class's)
+ * and reads the family's own keys (sliding window, biases, experts). RoPE is read in both
+ * transformers spellings, 4's rope_theta / rope_scaling and 5's rope_parameters (parse_rope).
+ * Keys are read through format/qs_json.h.
  *
  * Sources of the rules: docs/FORMATS.md section 8 (spellings: bits/w_bit, group_size/q_group_size,
- * version case, backend "llm-awq"), its pitfalls (section 12) P13/P14 (w_bit, zero_point, version refused by
+ * version case, backend "llm-awq"), section 10.1 (defaults per family, null vs absent, the RoPE
+ * spellings), its pitfalls (section 12) P13/P14 (w_bit, zero_point, version refused by
  * name), P21 (config locations; two quant configs that disagree are refused), P24 (eos lists).
  *
- * Tested by tests/test_cvt_src.c (the real configs under tests/data and hand-written bad ones)
- * and fuzzed by tests/fuzz_config.c.
+ * Tested by tests/test_cvt_config.c (the real configs under tests/data, their transformers 5
+ * spellings and hand-written bad ones), tests/test_cvt.c (a fixture in transformers 5's
+ * spelling end to end) and fuzzed by tests/fuzz_config.c.
  */
 #include <ctype.h>
 #include <stdio.h>
@@ -294,6 +298,155 @@ static enum cvt_err check_agree(const char *where, const struct qparams *a, cons
     return CVT_ERR_NONE;
 }
 
+/* --- RoPE ---------------------------------------------------------------------------------- */
+
+/* One spelling of a value: its name in messages and the value (0: not given). */
+struct spelling {
+    const char *name;
+    double v;
+};
+
+/* The value the given spellings of one key say into *out (0 when none says one); two that differ
+ * are refused, naming both. */
+static enum cvt_err agree(const struct qs_json_ctx *c, const struct spelling *s, int n, double *out)
+{
+    *out = 0;
+    for (int i = 0; i < n; i++) {
+        if (s[i].v == 0)
+            continue;
+        for (int j = i + 1; j < n; j++)
+            if (s[j].v != 0 && s[j].v != s[i].v) {
+                qs_log_error(c->fn, "%s/%s: %s %g and %s %g disagree: refusing to guess", c->where,
+                             c->file, s[i].name, s[i].v, s[j].name, s[j].v);
+                return CVT_ERR_CONFIG;
+            }
+        *out = s[i].v;
+        return CVT_ERR_NONE;
+    }
+    return CVT_ERR_NONE;
+}
+
+/* A llama3 object's original_max_position_embeddings: its own, else config.json's top-level key
+ * (transformers 5 lets the top-level one win: both given must agree), else
+ * max_position_embeddings (standardize_rope_params). */
+static enum cvt_err resolve_omax(const struct qs_json_ctx *c, const char *key, int64_t top,
+                                 struct qs_rope_object *r, int64_t max_pos)
+{
+    char name[64];
+    double v;
+    if (r->scaling.type != QS_ROPE_LLAMA3)
+        return CVT_ERR_NONE;
+    snprintf(name, sizeof name, "%s.original_max_position_embeddings", key);
+    const struct spelling s[] = {{name, (double)r->scaling.original_max_position_embeddings},
+                                 {"original_max_position_embeddings", (double)top}};
+    CVT_TRY(agree(c, s, 2, &v));
+    r->scaling.original_max_position_embeddings = v != 0 ? (int64_t)v : max_pos;
+    return CVT_ERR_NONE;
+}
+
+/* "llama3 factor 8 low_freq_factor 1 high_freq_factor 4 original_max_position_embeddings 8192"
+ * into buf[cap]: a scaling as messages name it. */
+static const char *scaling_str(const struct qs_rope_scaling *r, char *buf, size_t cap)
+{
+    if (r->type == QS_ROPE_LLAMA3)
+        snprintf(buf, cap, "llama3 factor %g low_freq_factor %g high_freq_factor %g "
+                 "original_max_position_embeddings %lld", r->factor, r->low_freq_factor,
+                 r->high_freq_factor, (long long)r->original_max_position_embeddings);
+    else if (r->type == QS_ROPE_LINEAR)
+        snprintf(buf, cap, "linear factor %g", r->factor);
+    else
+        snprintf(buf, cap, "%s", qs_rope_type_name(r->type));
+    return buf;
+}
+
+static bool same_scaling(const struct qs_rope_scaling *a, const struct qs_rope_scaling *b)
+{
+    return a->type == b->type && a->factor == b->factor &&
+           a->low_freq_factor == b->low_freq_factor && a->high_freq_factor == b->high_freq_factor &&
+           a->original_max_position_embeddings == b->original_max_position_embeddings;
+}
+
+/*
+ * RoPE of config.json into cfg->rope_theta and cfg->rope_scaling (docs/FORMATS.md 10.1), from
+ * transformers 4's spellings (top-level "rope_theta", "rope_scaling") and transformers 5's
+ * ("rope_parameters": one dict holding rope_theta and the scaling keys, which transformers 5
+ * saves in place of both), standardised as transformers 5 does (modeling_rope_utils.py,
+ * RotaryEmbeddingConfigMixin.convert_rope_params_to_dict and standardize_rope_params):
+ *   - theta: "rope_parameters".rope_theta, "rope_scaling".rope_theta or the top-level key; none
+ *     of them: the family's default_theta (cfg->arch->rope_theta);
+ *   - scaling: "rope_scaling" or "rope_parameters" (rope_type "default" = none); llama3's
+ *     original_max_position_embeddings as resolve_omax says; cfg->max_position_embeddings must
+ *     be read before;
+ *   - partial_rotary_factor (top level or in either dict): 1 only (the runtime rotates whole
+ *     heads), else CVT_ERR_UNSUPPORTED.
+ * Where transformers silently takes one of two spellings (rope_scaling over rope_parameters,
+ * rope_parameters' theta over the top-level one), both given must agree, else CVT_ERR_CONFIG
+ * naming both. Per-layer-type dicts and unsupported types: CVT_ERR_UNSUPPORTED
+ * (qs_json_rope_object).
+ */
+static enum cvt_err parse_rope(const struct qs_json_ctx *c, const cJSON *o,
+                               struct cvt_hf_config *cfg)
+{
+    struct qs_rope_object rs, rp;
+    double theta_top, prf_top, prf, theta;
+    int64_t omax_top;
+    char b1[160], b2[160];
+    CVT_TRY_JSON(qs_json_rope_object(c, o, "rope_scaling", &rs));
+    CVT_TRY_JSON(qs_json_rope_object(c, o, "rope_parameters", &rp));
+    CVT_TRY_JSON(qs_json_number(c, o, "rope_theta", false, 0, 0.0, 1e12, &theta_top));
+    CVT_TRY_JSON(qs_json_number(c, o, "partial_rotary_factor", false, 0, 0.0, 1.0, &prf_top));
+    CVT_TRY_JSON(qs_json_int(c, o, "original_max_position_embeddings", false, 0, 1, 1ll << 30,
+                             &omax_top));
+    const struct spelling thetas[] = {{"rope_parameters.rope_theta", rp.rope_theta},
+                                      {"rope_scaling.rope_theta", rs.rope_theta},
+                                      {"rope_theta", theta_top}};
+    const struct spelling prfs[] = {
+        {"rope_parameters.partial_rotary_factor", rp.partial_rotary_factor},
+        {"rope_scaling.partial_rotary_factor", rs.partial_rotary_factor},
+        {"partial_rotary_factor", prf_top}};
+    CVT_TRY(agree(c, thetas, 3, &theta));
+    CVT_TRY(agree(c, prfs, 3, &prf));
+    if (prf != 0 && prf != 1.0) {
+        qs_log_error(c->fn, "%s/%s: partial_rotary_factor %g (RoPE on part of each head) is not supported: only 1",
+                     c->where, c->file, prf);
+        return CVT_ERR_UNSUPPORTED;
+    }
+    CVT_TRY(resolve_omax(c, "rope_scaling", omax_top, &rs, cfg->max_position_embeddings));
+    CVT_TRY(resolve_omax(c, "rope_parameters", omax_top, &rp, cfg->max_position_embeddings));
+    if (rs.given && rp.given && !same_scaling(&rs.scaling, &rp.scaling)) {
+        qs_log_error(c->fn, "%s/%s: rope_scaling (%s) and rope_parameters (%s) disagree: refusing to guess",
+                     c->where, c->file, scaling_str(&rs.scaling, b1, sizeof b1),
+                     scaling_str(&rp.scaling, b2, sizeof b2));
+        return CVT_ERR_CONFIG;
+    }
+    cfg->rope_theta = theta != 0 ? theta : cfg->arch->rope_theta;
+    cfg->rope_scaling = rs.given ? rs.scaling : rp.scaling;
+    return CVT_ERR_NONE;
+}
+
+/* --- model keys ----------------------------------------------------------------------------- */
+
+/* num_key_value_heads: absent = the family's default (cfg->arch), null = num_attention_heads
+ * (every class's "for backward compatibility" branch); it must divide the query heads. */
+static enum cvt_err parse_kv_heads(const struct qs_json_ctx *c, const cJSON *o,
+                                   struct cvt_hf_config *cfg)
+{
+    const int64_t nq = cfg->num_attention_heads;
+    const bool absent = !cJSON_GetObjectItemCaseSensitive(o, "num_key_value_heads");
+    const int64_t def = absent && cfg->arch->num_key_value_heads ? cfg->arch->num_key_value_heads
+                                                                   : nq;
+    CVT_TRY_JSON(qs_json_int(c, o, "num_key_value_heads", false, def, 1, 65536,
+                             &cfg->num_key_value_heads));
+    if (nq % cfg->num_key_value_heads != 0) {
+        qs_log_error(c->fn, "%s/%s: num_attention_heads %lld is not a multiple of num_key_value_heads %lld%s%s%s",
+                     c->where, c->file, (long long)nq, (long long)cfg->num_key_value_heads,
+                     absent ? " (config.json has no num_key_value_heads: the default of " : "",
+                     absent ? cfg->arch->hf_class : "", absent ? "'s configuration class)" : "");
+        return CVT_ERR_CONFIG;
+    }
+    return CVT_ERR_NONE;
+}
+
 static enum cvt_err parse_model(const struct qs_json_ctx *c, const cJSON *o, struct cvt_hf_config *cfg)
 {
     CVT_TRY(parse_arch(c, o, cfg));
@@ -302,10 +455,9 @@ static enum cvt_err parse_model(const struct qs_json_ctx *c, const cJSON *o, str
     CVT_TRY_JSON(qs_json_int(c, o, "intermediate_size", true, 0, 1, CFG_MAX_DIM, &cfg->intermediate_size));
     CVT_TRY_JSON(qs_json_int(c, o, "num_hidden_layers", true, 0, 1, 4096, &cfg->num_hidden_layers));
     CVT_TRY_JSON(qs_json_int(c, o, "num_attention_heads", true, 0, 1, 65536, &cfg->num_attention_heads));
-    CVT_TRY_JSON(qs_json_int(c, o, "num_key_value_heads", false, cfg->num_attention_heads, 1, 65536,
-                    &cfg->num_key_value_heads));
+    CVT_TRY(parse_kv_heads(c, o, cfg));
     CVT_TRY_JSON(qs_json_int(c, o, "vocab_size", true, 0, 1, CFG_MAX_VOCAB, &cfg->vocab_size));
-    const int64_t H = cfg->hidden_size, nq = cfg->num_attention_heads, nkv = cfg->num_key_value_heads;
+    const int64_t H = cfg->hidden_size, nq = cfg->num_attention_heads;
     int64_t hd_def = H % nq == 0 ? H / nq : 0;
     CVT_TRY_JSON(qs_json_int(c, o, "head_dim", false, hd_def, 1, 65536, &cfg->head_dim));
     if (cfg->head_dim == 0) {
@@ -313,20 +465,14 @@ static enum cvt_err parse_model(const struct qs_json_ctx *c, const cJSON *o, str
                      c->where, c->file, (long long)H, (long long)nq);
         return CVT_ERR_CONFIG;
     }
-    if (nq % nkv != 0) {
-        qs_log_error("cvt_config_parse", "%s/%s: num_attention_heads %lld is not a multiple of num_key_value_heads %lld",
-                     c->where, c->file, (long long)nq, (long long)nkv);
-        return CVT_ERR_CONFIG;
-    }
     if (cfg->head_dim % 2 != 0) {
         qs_log_error("cvt_config_parse", "%s/%s: head_dim %lld is odd (rotary embedding needs pairs)", c->where,
                      c->file, (long long)cfg->head_dim);
         return CVT_ERR_CONFIG;
     }
-    CVT_TRY_JSON(qs_json_number(c, o, "rms_norm_eps", false, 1e-6, 0.0, 1.0, &cfg->rms_norm_eps));
-    CVT_TRY_JSON(qs_json_number(c, o, "rope_theta", false, a->rope_theta, 0.0, 1e12, &cfg->rope_theta));
-    CVT_TRY_JSON(qs_json_rope_scaling(c, o, &cfg->rope_scaling));
+    CVT_TRY_JSON(qs_json_number(c, o, "rms_norm_eps", false, a->rms_norm_eps, 0.0, 1.0, &cfg->rms_norm_eps));
     CVT_TRY_JSON(qs_json_int(c, o, "max_position_embeddings", false, a->max_position_embeddings, 1, 1ll << 30, &cfg->max_position_embeddings));
+    CVT_TRY(parse_rope(c, o, cfg));
     CVT_TRY_JSON(qs_json_bool(c, o, "tie_word_embeddings", false, &cfg->tie_word_embeddings));
 
     /* hidden_act: the family's activation only */

@@ -63,6 +63,11 @@ static const cJSON *given(const cJSON *o, const char *key)
     return v && !cJSON_IsNull(v) ? v : NULL;
 }
 
+bool qs_json_is_null(const cJSON *o, const char *key)
+{
+    return cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(o, key));
+}
+
 enum qs_json_err qs_json_parse_object(const struct qs_json_ctx *c, const char *text, size_t size,
                                       cJSON **out)
 {
@@ -213,8 +218,9 @@ const char *qs_rope_type_name(enum qs_rope_type t)
     return "?";
 }
 
-/* The rope type of a rope_scaling object: "rope_type" or the older "type", lower-cased. */
-static enum qs_json_err rope_type(const struct qs_json_ctx *c, const cJSON *rs, char type[32])
+/* The rope type of a RoPE object: "rope_type" or the older "type", lower-cased. */
+static enum qs_json_err rope_type(const struct qs_json_ctx *c, const cJSON *rs, const char *key,
+                                  char type[32])
 {
     char lb[LABEL_CAP], type2[32];
     enum qs_json_err e;
@@ -224,65 +230,115 @@ static enum qs_json_err rope_type(const struct qs_json_ctx *c, const cJSON *rs, 
     if (!type[0]) {
         memcpy(type, type2, sizeof(type2));
     } else if (type2[0] && strcmp(type, type2) != 0) {
-        qs_log_error(c->fn, "%s: rope_scaling rope_type \"%s\" and type \"%s\" disagree",
-                     label(c, lb), type, type2);
+        qs_log_error(c->fn, "%s: %s rope_type \"%s\" and type \"%s\" disagree", label(c, lb),
+                     key, type, type2);
         return QS_JSON_ERR_VALUE;
     }
+    return QS_JSON_OK;
+}
+
+/* The factors of a linear or llama3 object into *r (original_max_position_embeddings 0 when
+ * absent); rc labels the keys inside the object. */
+static enum qs_json_err rope_factors(const struct qs_json_ctx *c, const struct qs_json_ctx *rc,
+                                     const cJSON *rs, const char *key, struct qs_rope_scaling *r)
+{
+    char lb[LABEL_CAP];
+    const double lo = FLT_MIN, hi = 1e6;
+    enum qs_json_err e;
+    if ((e = qs_json_number(rc, rs, "factor", true, 0, lo, hi, &r->factor)) ||
+        r->type == QS_ROPE_LINEAR)
+        return e;
+    if ((e = qs_json_number(rc, rs, "low_freq_factor", true, 0, lo, hi, &r->low_freq_factor)) ||
+        (e = qs_json_number(rc, rs, "high_freq_factor", true, 0, lo, hi,
+                            &r->high_freq_factor)) ||
+        (e = qs_json_int(rc, rs, "original_max_position_embeddings", false, 0, 1, 1ll << 30,
+                         &r->original_max_position_embeddings)))
+        return e;
+    if (!(r->high_freq_factor > r->low_freq_factor)) {
+        qs_log_error(c->fn, "%s: llama3 %s needs high_freq_factor > low_freq_factor (got %g, %g)",
+                     label(c, lb), key, r->high_freq_factor, r->low_freq_factor);
+        return QS_JSON_ERR_VALUE;
+    }
+    return QS_JSON_OK;
+}
+
+/* The body of qs_json_rope_object: rs is the object under `key`; rc labels its keys. */
+static enum qs_json_err rope_object(const struct qs_json_ctx *c, const struct qs_json_ctx *rc,
+                                    const cJSON *rs, const char *key, struct qs_rope_object *r)
+{
+    char lb[LABEL_CAP], type[32];
+    enum qs_json_err e;
+    for (const cJSON *m = rs->child; m; m = m->next)
+        if (cJSON_IsObject(m)) {
+            qs_log_error(c->fn, "%s: \"%s\" holds an object under \"%.60s\": per-layer-type RoPE "
+                                "parameters are not supported (one RoPE for every layer only)",
+                         label(c, lb), key, m->string);
+            return QS_JSON_ERR_UNSUPPORTED;
+        }
+    if ((e = rope_type(c, rs, key, type)) ||
+        (e = qs_json_number(rc, rs, "rope_theta", false, 0, 0.0, 1e12, &r->rope_theta)) ||
+        (e = qs_json_number(rc, rs, "partial_rotary_factor", false, 0, 0.0, 1.0,
+                            &r->partial_rotary_factor)))
+        return e;
+    if (!type[0] || strcmp(type, "default") == 0)
+        return QS_JSON_OK;
+    if (strcmp(type, "linear") == 0)
+        r->scaling.type = QS_ROPE_LINEAR;
+    else if (strcmp(type, "llama3") == 0)
+        r->scaling.type = QS_ROPE_LLAMA3;
+    else {
+        qs_log_error(c->fn, "%s: %s type \"%s\" is not supported (supported: default, linear, "
+                            "llama3)",
+                     label(c, lb), key, type);
+        return QS_JSON_ERR_UNSUPPORTED;
+    }
+    return rope_factors(c, rc, rs, key, &r->scaling);
+}
+
+enum qs_json_err qs_json_rope_object(const struct qs_json_ctx *c, const cJSON *o,
+                                     const char *key, struct qs_rope_object *out)
+{
+    char lb[LABEL_CAP], file[LABEL_CAP];
+    const cJSON *rs = given(o, key);
+    memset(out, 0, sizeof(*out));
+    out->scaling.type = QS_ROPE_DEFAULT;
+    if (!rs)
+        return QS_JSON_OK;
+    if (!cJSON_IsObject(rs)) {
+        qs_log_error(c->fn, "%s: \"%s\" must be null or an object", label(c, lb), key);
+        return QS_JSON_ERR_VALUE;
+    }
+    /* keys inside are reported as "<where>/<file> <key>: ..." */
+    snprintf(file, sizeof(file), "%.280s %.60s", c->file ? c->file : c->where ? c->where : "?",
+             key);
+    const struct qs_json_ctx rc = {c->fn, c->file ? c->where : file, c->file ? file : NULL};
+    struct qs_rope_object r;
+    memset(&r, 0, sizeof(r));
+    r.given = rs->child != NULL; /* {} says nothing (transformers 5: an empty dict is falsy) */
+    r.scaling.type = QS_ROPE_DEFAULT;
+    enum qs_json_err e = rope_object(c, &rc, rs, key, &r);
+    if (e)
+        return e;
+    *out = r;
     return QS_JSON_OK;
 }
 
 enum qs_json_err qs_json_rope_scaling(const struct qs_json_ctx *c, const cJSON *o,
                                       struct qs_rope_scaling *out)
 {
-    char lb[LABEL_CAP], type[32], file[LABEL_CAP];
-    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(o, "rope_scaling");
-    enum qs_json_err e;
+    char lb[LABEL_CAP];
+    struct qs_rope_object r;
     memset(out, 0, sizeof(*out));
     out->type = QS_ROPE_DEFAULT;
-    if (!rs || cJSON_IsNull(rs))
-        return QS_JSON_OK;
-    if (!cJSON_IsObject(rs)) {
-        qs_log_error(c->fn, "%s: \"rope_scaling\" must be null or an object",
+    enum qs_json_err e = qs_json_rope_object(c, o, "rope_scaling", &r);
+    if (e)
+        return e;
+    if (r.scaling.type == QS_ROPE_LLAMA3 && r.scaling.original_max_position_embeddings == 0) {
+        qs_log_error(c->fn, "%s rope_scaling: required key \"original_max_position_embeddings\" "
+                            "is missing",
                      label(c, lb));
         return QS_JSON_ERR_VALUE;
     }
-    /* keys inside are reported as "<where>/<file> rope_scaling: ..." */
-    snprintf(file, sizeof(file), "%.280s rope_scaling",
-             c->file ? c->file : c->where ? c->where : "?");
-    const struct qs_json_ctx rc = {c->fn, c->file ? c->where : file, c->file ? file : NULL};
-    if ((e = rope_type(&rc, rs, type)))
-        return e;
-    if (!type[0] || strcmp(type, "default") == 0)
-        return QS_JSON_OK;
-    const double lo = FLT_MIN, hi = 1e6;
-    struct qs_rope_scaling r = {QS_ROPE_DEFAULT, 0, 0, 0, 0};
-    if (strcmp(type, "linear") == 0) {
-        r.type = QS_ROPE_LINEAR;
-        if ((e = qs_json_number(&rc, rs, "factor", true, 0, lo, hi, &r.factor)))
-            return e;
-        *out = r;
-        return QS_JSON_OK;
-    }
-    if (strcmp(type, "llama3") != 0) {
-        qs_log_error(c->fn, "%s: rope_scaling type \"%s\" is not supported (supported: "
-                            "linear, llama3)",
-                     label(c, lb), type);
-        return QS_JSON_ERR_UNSUPPORTED;
-    }
-    r.type = QS_ROPE_LLAMA3;
-    if ((e = qs_json_number(&rc, rs, "factor", true, 0, lo, hi, &r.factor)) ||
-        (e = qs_json_number(&rc, rs, "low_freq_factor", true, 0, lo, hi, &r.low_freq_factor)) ||
-        (e = qs_json_number(&rc, rs, "high_freq_factor", true, 0, lo, hi,
-                            &r.high_freq_factor)) ||
-        (e = qs_json_int(&rc, rs, "original_max_position_embeddings", true, 0, 1, 1ll << 30,
-                         &r.original_max_position_embeddings)))
-        return e;
-    if (!(r.high_freq_factor > r.low_freq_factor)) {
-        qs_log_error(c->fn, "%s: llama3 rope_scaling needs high_freq_factor > low_freq_factor "
-                            "(got %g, %g)",
-                     label(c, lb), r.high_freq_factor, r.low_freq_factor);
-        return QS_JSON_ERR_VALUE;
-    }
-    *out = r;
+    *out = r.scaling;
     return QS_JSON_OK;
 }

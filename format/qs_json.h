@@ -9,7 +9,9 @@
  * the status to their own module's error code and forward it. The caller owns every cJSON tree
  * (qs_json_parse_object hands it one to cJSON_Delete); readers only borrow.
  *
- * Absent keys and JSON null are the same thing ("not given") for every reader.
+ * Absent keys and JSON null are the same thing ("not given") for every reader; qs_json_is_null()
+ * tells them apart for the few keys whose transformers default differs between the two (an
+ * absent key takes the configuration class's default, an explicit null is Python's None).
  * Test: ./build/test_json. Fuzzed through tests/fuzz_config.c and tests/fuzz_rt_config.c.
  */
 #ifndef QS_JSON_H
@@ -77,6 +79,10 @@ enum qs_json_err qs_json_number(const struct qs_json_ctx *c, const struct cJSON 
 enum qs_json_err qs_json_bool(const struct qs_json_ctx *c, const struct cJSON *o, const char *key,
                               bool def, bool *out);
 
+/* Whether key is in object o with the value JSON null (absent or any other value: false).
+ * MistralConfig's sliding_window is one such key: absent = 4096, null = no window. */
+bool qs_json_is_null(const struct cJSON *o, const char *key);
+
 /* String key copied into buf[cap] (lower-cased ASCII when `lower`); not given: "". Refused: not a
  * string, or cap bytes or longer. */
 enum qs_json_err qs_json_string(const struct qs_json_ctx *c, const struct cJSON *o,
@@ -93,6 +99,33 @@ enum qs_json_err qs_json_string(const struct qs_json_ctx *c, const struct cJSON 
 enum qs_json_err qs_json_eos_ids(const struct qs_json_ctx *c, const struct cJSON *o,
                                  int64_t max_id, int *ids, int cap, int *n);
 
+/* One RoPE object of a config, as written and before any default: transformers 4's and the rank
+ * file's "rope_scaling", transformers 5's "rope_parameters" (docs/FORMATS.md 10.1). */
+struct qs_rope_object {
+    bool given;                     /* false: the key is absent, null or {} (transformers 5
+                                     * treats an empty dict as none); all below zero then */
+    struct qs_rope_scaling scaling; /* type and factors; original_max_position_embeddings 0 when
+                                     * the object does not give it */
+    double rope_theta;              /* "rope_theta" inside the object (transformers 5); 0: absent */
+    double partial_rotary_factor;   /* "partial_rotary_factor" inside it; 0: absent */
+};
+
+/*
+ * The object under `key` of object o read as one flat RoPE dict: the type ("rope_type" or the
+ * older "type", compared case-insensitively; both given must agree; absent = "default"), the
+ * factors of that type as qs_json_rope_scaling reads them except that
+ * original_max_position_embeddings may be absent (left 0: the caller applies its default), and
+ * the two keys transformers 5 also keeps there: rope_theta, a number in (0, 1e12], and
+ * partial_rotary_factor, in (0, 1]. A member that is itself an object, as in
+ * {"full_attention": {...}, "sliding_attention": {...}} (per-layer-type parameters,
+ * transformers 5 modeling_rope_utils.py standardize_rope_params), is QS_JSON_ERR_UNSUPPORTED,
+ * as is a type other than default, linear and llama3. Keys inside are reported as
+ * "<where>/<file> <key>: ...". Errors: QS_JSON_ERR_VALUE (not null or an object, a bad value),
+ * QS_JSON_ERR_UNSUPPORTED. *out is zeroed (not given, DEFAULT) first and on every error.
+ */
+enum qs_json_err qs_json_rope_object(const struct qs_json_ctx *c, const struct cJSON *o,
+                                     const char *key, struct qs_rope_object *out);
+
 /*
  * The "rope_scaling" key of object o (transformers' spelling, docs/DESIGN.md section 6):
  *   null / absent / {"rope_type": "default"}          -> QS_ROPE_DEFAULT
@@ -101,7 +134,9 @@ enum qs_json_err qs_json_eos_ids(const struct qs_json_ctx *c, const struct cJSON
  *    "original_max_position_embeddings"}              -> QS_ROPE_LLAMA3
  * The type is compared case-insensitively; when both "rope_type" and "type" are given they must
  * agree. Factors are finite, in (FLT_MIN, 1e6]; llama3 needs high_freq_factor > low_freq_factor
- * and an integer original_max_position_embeddings in [1, 2^30]. Keys other types use are ignored.
+ * and an integer original_max_position_embeddings in [1, 2^30] (required here). Keys other
+ * types use are ignored. This is qs_json_rope_object(c, o, "rope_scaling") keeping the scaling:
+ * its per-layer refusal and its checks of rope_theta / partial_rotary_factor apply too.
  * Errors: QS_JSON_ERR_VALUE (not an object, missing or bad factor, disagreeing type keys),
  * QS_JSON_ERR_UNSUPPORTED (another type: "dynamic", "yarn", ...). *out is zeroed (DEFAULT) first.
  */

@@ -15,7 +15,8 @@
  * Also: --threads 1, --no-check and a 64 KiB chunk budget give identical files; the GEMM fast
  * path and the generic path (--debug-no-fast-path) give identical files on every fixture; every
  * bad input exits as INDEX.json says, names what it promises, and leaves no file behind, also
- * inside a pre-existing directory; a NaN / Inf in an F16 tensor is named with its element.
+ * inside a pre-existing directory; a NaN / Inf in an F16 tensor is named with its element; a
+ * fixture config in transformers 5's spelling (rope_parameters) converts as the original.
  *
  * Pitfalls of docs/FORMATS.md section 12 covered: P01/P02 (intermediate padding: llama3-gqa-i640 640 = 5 groups and qwen2 384 =
  * 3 groups at tp 2, mixtral 1 group at tp 2; llama3-gqa-i640 at tp 4: 5 groups on 4 ranks, and
@@ -328,6 +329,74 @@ static void test_f16_nonfinite(void)
     cJSON_Delete(h);
     free(st);
 }
+/* The "files" of `qshard inspect --json DIR` (NULL after a failed check). */
+static cJSON *inspect_files(const char *dir)
+{
+    char *out = NULL;
+    int rc = run(NULL, &out, "inspect --json %s", dir);
+    cJSON *j = rc == 0 && out ? cJSON_Parse(out) : NULL;
+    CHECK_MSG(j != NULL, "inspect --json %s: exit %d", dir, rc);
+    free(out);
+    return j;
+}
+
+/* transformers 5's config spelling end to end: llama3-gqa-i640 (rope_theta 500000, llama3
+ * scaling) with its config.json re-spelled as transformers 5 saves it (rope_theta and
+ * rope_scaling folded into rope_parameters, dtype for torch_dtype; docs/FORMATS.md 10.1)
+ * converts at tp 2 to the same config sections and the same tensors (names, layouts, data
+ * hashes) as the original, whose logits tests/test_model_fixtures.c holds to the transformers
+ * golden. (The rank files differ in the model id: a hash of the config text.) */
+static void test_t5_spelling(void)
+{
+    static const char *const files[] = {"config.json", "generation_config.json",
+                                        "model-00001-of-00002.safetensors",
+                                        "model-00002-of-00002.safetensors",
+                                        "model.safetensors.index.json"};
+    char dir[300], src[512], dst[512], o4[300], o5[300];
+    snprintf(dir, sizeof(dir), "%s/t5-llama3", g_tmp);
+    CHECK(mkdir(dir, 0777) == 0);
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+        snprintf(src, sizeof(src), DATA "models/llama3-gqa-i640/%s", files[i]);
+        snprintf(dst, sizeof(dst), "%s/%s", dir, files[i]);
+        CHECK_MSG(copy_file(src, dst), "copy %s", src);
+    }
+    snprintf(dst, sizeof(dst), "%s/config.json", dir);
+    cJSON *c = load_json(dst);
+    CHECK(c != NULL);
+    if (!c)
+        return;
+    cJSON *rs = cJSON_DetachItemFromObject(c, "rope_scaling");
+    cJSON *th = cJSON_DetachItemFromObject(c, "rope_theta");
+    CHECK(cJSON_IsObject(rs) && cJSON_IsNumber(th));
+    cJSON_AddItemToObject(rs, "rope_theta", th);
+    cJSON_AddItemToObject(c, "rope_parameters", rs);
+    cJSON *dt = cJSON_DetachItemFromObject(c, "torch_dtype");
+    if (dt)
+        cJSON_AddItemToObject(c, "dtype", dt);
+    char *text = cJSON_Print(c);
+    CHECK(text && write_text(dst, text));
+    free(text);
+    cJSON_Delete(c);
+    snprintf(o4, sizeof(o4), "%s/t5-out-t4", g_tmp);
+    snprintf(o5, sizeof(o5), "%s/t5-out-t5", g_tmp);
+    CHECK_EQ_INT(run(NULL, NULL, "convert " DATA "models/llama3-gqa-i640 %s --tp 2 -q", o4), 0);
+    CHECK_EQ_INT(run(NULL, NULL, "convert %s %s --tp 2 -q", dir, o5), 0);
+    cJSON *j4 = inspect_files(o4), *j5 = inspect_files(o5);
+    cJSON *f4 = cJSON_GetObjectItem(j4, "files"), *f5 = cJSON_GetObjectItem(j5, "files");
+    CHECK(cJSON_GetArraySize(f4) == 2 && cJSON_GetArraySize(f5) == 2);
+    for (int r = 0; r < cJSON_GetArraySize(f4) && r < cJSON_GetArraySize(f5); r++) {
+        const cJSON *a = cJSON_GetArrayItem(f4, r), *b = cJSON_GetArrayItem(f5, r);
+        const cJSON *ca = cJSON_GetObjectItem(a, "config"), *cb = cJSON_GetObjectItem(b, "config");
+        CHECK_MSG(ca && cJSON_Compare(ca, cb, true), "rank %d: config sections differ", r);
+        CHECK(cJSON_GetNumberValue(cJSON_GetObjectItem(ca, "rope_theta")) == 500000.0);
+        CHECK_MSG(cJSON_Compare(cJSON_GetObjectItem(a, "tensors"), cJSON_GetObjectItem(b, "tensors"),
+                                true),
+                  "rank %d: tensor tables differ", r);
+    }
+    cJSON_Delete(j4);
+    cJSON_Delete(j5);
+}
+
 int main(void)
 {
     if (!t_cvt_init("cvt"))
@@ -337,5 +406,6 @@ int main(void)
     test_determinism();
     test_bad_inputs();
     test_f16_nonfinite();
+    test_t5_spelling();
     return t_cvt_done();
 }

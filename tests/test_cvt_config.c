@@ -3,8 +3,11 @@
  * architecture descriptors of convert/arch/) and the source directory: real configs from
  * HuggingFace repos (tests/data/fuzz/fuzz_config/, provenance in tests/data/fuzz/README.md) and
  * hand-written bad ones, each refused with its status and a message naming the key; every
- * family's defaults against transformers' configuration classes; sharded indexes and directory
- * layouts (mixed downloads, shards missing or extra, tensors in the wrong shard).
+ * family's defaults against transformers' configuration classes (absent vs null keys) and its
+ * own keys; the RoPE spellings of transformers 4 and 5 (rope_theta / rope_scaling /
+ * rope_parameters: real configs in both spellings read alike, disagreements and unsupported
+ * RoPE refused); sharded indexes and directory layouts (mixed downloads, shards missing or
+ * extra, tensors in the wrong shard).
  *
  * Run: ./build/test_cvt_config (from the repo root). Builders: tests/t_cvt_src.h.
  */
@@ -142,7 +145,7 @@ static void test_configs(void)
         {"{" BASE_CFG ", \"eos_token_id\": 99999}", NULL, "eos_token_id", CVT_ERR_CONFIG},
         {"{" BASE_CFG ", \"hidden_act\": \"gelu\"}", NULL, "gelu", CVT_ERR_UNSUPPORTED},
         {"{\"architectures\": [\"Qwen2ForCausalLM\"], \"hidden_size\": 64, \"intermediate_size\": 64, \"num_hidden_layers\": 4, "
-         "\"num_attention_heads\": 1, \"vocab_size\": 64, \"use_sliding_window\": true, \"max_window_layers\": 2}", NULL, "max_window_layers",
+         "\"num_attention_heads\": 1, \"num_key_value_heads\": 1, \"vocab_size\": 64, \"use_sliding_window\": true, \"max_window_layers\": 2}", NULL, "max_window_layers",
          CVT_ERR_UNSUPPORTED},
         {"{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"awq\", \"bits\": 4}}", NULL, "group", CVT_ERR_CONFIG},
         {"{" BASE_CFG ", \"tie_word_embeddings\": \"yes\"}", NULL, "tie_word_embeddings", CVT_ERR_CONFIG},
@@ -187,77 +190,324 @@ static void test_config_spellings(void)
     cvt_config_free(&cfg);
 }
 
+/* A config of family `cls` (a HF class) with 32 heads of 128 and `extra` keys (",\"k\": v..."
+ * or ""), parsed into *cfg; the status. */
+static enum cvt_err fam_parse(const char *cls, const char *extra, struct cvt_hf_config *cfg)
+{
+    char c[2048];
+    snprintf(c, sizeof c, "{\"architectures\": [\"%s\"], \"hidden_size\": 4096, \"intermediate_size\": 512, "
+             "\"num_hidden_layers\": 2, \"num_attention_heads\": 32, \"vocab_size\": 64%s}", cls, extra);
+    return cfg_parse(c, NULL, NULL, NULL, cfg);
+}
+
+/* A config of family cls with keys extra that must be refused with `want` and a message naming
+ * needle and needle2. */
+struct refusal {
+    const char *cls, *extra, *needle, *needle2;
+    enum cvt_err want;
+};
+
+static void check_refusals(const char *what, const struct refusal *r, size_t n)
+{
+    struct cvt_hf_config cfg;
+    qs_log_set_quiet(true);
+    for (size_t i = 0; i < n; i++) {
+        enum cvt_err e = fam_parse(r[i].cls, r[i].extra, &cfg);
+        CHECK_MSG(e == r[i].want, "%s case %zu: got %s, want %s (%s)", what, i, cvt_err_str(e),
+                  cvt_err_str(r[i].want), qs_log_last());
+        CHECK_MSG(strstr(qs_log_last(), r[i].needle) && strstr(qs_log_last(), r[i].needle2),
+                  "%s case %zu: message '%s' lacks '%s' or '%s'", what, i, qs_log_last(), r[i].needle,
+                  r[i].needle2);
+        CHECK(cfg.config_json == NULL);
+    }
+    qs_log_set_quiet(false);
+}
+
 /* Each family's defaults (descriptors, convert/arch/) against transformers' configuration
- * classes (configuration_llama.py, _mistral.py, _qwen2.py, _mixtral.py): rope_theta,
- * max_position_embeddings, sliding window, biases, experts, when config.json omits them. */
+ * classes, when config.json omits the key: LlamaConfig (configuration_llama.py:
+ * num_key_value_heads None -> num_attention_heads, rms_norm_eps 1e-6, max_position_embeddings
+ * 2048), MistralConfig (num_key_value_heads 8, rms_norm_eps 1e-6, sliding_window 4096,
+ * max_position_embeddings 4096 * 32), Qwen2Config (num_key_value_heads 32, rms_norm_eps 1e-6,
+ * 32768, a window only with use_sliding_window), MixtralConfig (num_key_value_heads 8,
+ * rms_norm_eps 1e-5, sliding_window None, 4096 * 32, 8 experts, top 2); rope_theta is each
+ * class's default_theta (10000; Mixtral 1e6). An explicit null num_key_value_heads is
+ * num_attention_heads in every class, a null window none. */
 static void test_arch_defaults(void)
 {
     static const struct {
         const char *cls;
-        double rope_theta;
-        int64_t max_pos, sliding_window, experts, top_k;
+        double rope_theta, eps;
+        int64_t max_pos, kv, sliding_window, experts, top_k;
         unsigned bias_roles;
     } want[] = {
-        {"LlamaForCausalLM", 10000.0, 2048, 0, 0, 0, 0},
-        {"MistralForCausalLM", 10000.0, 4096 * 32, 0, 0, 0, 0},
-        {"Qwen2ForCausalLM", 10000.0, 32768, 0, 0, 0, CVT_ROLE_BIT(FMT_N_QKV)},
-        {"MixtralForCausalLM", 1e6, 4096 * 32, 0, 8, 2, 0},
+        {"LlamaForCausalLM", 10000.0, 1e-6, 2048, 32, 0, 0, 0, 0},
+        {"MistralForCausalLM", 10000.0, 1e-6, 4096 * 32, 8, 4096, 0, 0, 0},
+        {"Qwen2ForCausalLM", 10000.0, 1e-6, 32768, 32, 0, 0, 0, CVT_ROLE_BIT(FMT_N_QKV)},
+        {"MixtralForCausalLM", 1e6, 1e-5, 4096 * 32, 8, 0, 8, 2, 0},
     };
+    struct cvt_hf_config cfg;
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-        char c[512];
-        struct cvt_hf_config cfg;
-        snprintf(c, sizeof c, "{\"architectures\": [\"%s\"], \"hidden_size\": 256, \"intermediate_size\": "
-                 "512, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 64}", want[i].cls);
-        CHECK_EQ_INT(cfg_parse(c, NULL, NULL, NULL, &cfg), CVT_ERR_NONE);
+        CHECK_EQ_INT(fam_parse(want[i].cls, "", &cfg), CVT_ERR_NONE);
         CHECK(cfg.arch && cfg.arch == cvt_arch_by_hf_class(want[i].cls));
         CHECK_MSG(cfg.rope_theta == want[i].rope_theta, "%s rope_theta %g", want[i].cls, cfg.rope_theta);
+        CHECK_MSG(cfg.rms_norm_eps == want[i].eps, "%s rms_norm_eps %g", want[i].cls, cfg.rms_norm_eps);
+        CHECK_EQ_INT(cfg.rope_scaling.type, QS_ROPE_DEFAULT);
         CHECK_EQ_INT(cfg.max_position_embeddings, want[i].max_pos);
+        CHECK_EQ_INT(cfg.num_key_value_heads, want[i].kv);
         CHECK_EQ_INT(cfg.sliding_window, want[i].sliding_window);
         CHECK_EQ_INT(cfg.num_local_experts, want[i].experts);
         CHECK_EQ_INT(cfg.num_experts_per_tok, want[i].top_k);
         CHECK_EQ_INT(cfg.bias_roles, want[i].bias_roles);
-        CHECK_EQ_INT(cfg.head_dim, 64);
+        CHECK_EQ_INT(cfg.head_dim, 128);
+        cvt_config_free(&cfg);
+        /* null: None, which every class turns into num_attention_heads / no window */
+        CHECK_EQ_INT(fam_parse(want[i].cls, ", \"num_key_value_heads\": null, \"sliding_window\": null", &cfg),
+                     CVT_ERR_NONE);
+        CHECK_EQ_INT(cfg.num_key_value_heads, 32);
+        CHECK_EQ_INT(cfg.sliding_window, 0);
+        cvt_config_free(&cfg);
+        /* given: as given */
+        CHECK_EQ_INT(fam_parse(want[i].cls, ", \"num_key_value_heads\": 4, \"rms_norm_eps\": 1e-5, \"sliding_window\": 64, "
+                               "\"use_sliding_window\": true, \"max_window_layers\": 0", &cfg), CVT_ERR_NONE);
+        CHECK_EQ_INT(cfg.num_key_value_heads, 4);
+        CHECK(cfg.rms_norm_eps == 1e-5);
+        CHECK_EQ_INT(cfg.sliding_window, strcmp(want[i].cls, "LlamaForCausalLM") ? 64 : 0); /* no window in llama */
         cvt_config_free(&cfg);
     }
-    /* the family keys each descriptor reads */
+    /* a default that does not fit the heads is refused and the message says it was a default */
+    qs_log_set_quiet(true);
+    CHECK_EQ_INT(cfg_parse("{\"architectures\": [\"MistralForCausalLM\"], \"hidden_size\": 256, \"intermediate_size\": 512, "
+                           "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 64}", NULL, NULL, NULL, &cfg),
+                 CVT_ERR_CONFIG);
+    CHECK(strstr(qs_log_last(), "num_key_value_heads 8") && strstr(qs_log_last(), "no num_key_value_heads") &&
+          strstr(qs_log_last(), "MistralForCausalLM"));
+    qs_log_set_quiet(false);
+}
+
+/* The family keys each descriptor reads: biases, windows (Qwen2's use_sliding_window,
+ * max_window_layers and layer_types), experts. */
+static void test_family_keys(void)
+{
     struct cvt_hf_config cfg;
-    CHECK_EQ_INT(cfg_parse("{\"model_type\": \"llama\", \"hidden_size\": 256, \"intermediate_size\": 512, "
-                           "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 64, "
-                           "\"attention_bias\": true}", NULL, NULL, NULL, &cfg), CVT_ERR_NONE);
+    CHECK_EQ_INT(fam_parse("LlamaForCausalLM", ", \"attention_bias\": true", &cfg), CVT_ERR_NONE);
     CHECK_EQ_INT(cfg.bias_roles, CVT_ROLE_BIT(FMT_N_QKV) | CVT_ROLE_BIT(FMT_N_O));
     cvt_config_free(&cfg);
-    CHECK_EQ_INT(cfg_parse("{\"model_type\": \"mistral\", \"hidden_size\": 256, \"intermediate_size\": 512, "
-                           "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 64, "
-                           "\"sliding_window\": 4096}", NULL, NULL, NULL, &cfg), CVT_ERR_NONE);
-    CHECK_EQ_INT(cfg.sliding_window, 4096);
+    /* Qwen2: a window on every layer (max_window_layers 0), or on none (>= layers); absent
+     * sliding_window with use_sliding_window is 4096, null is none */
+    static const struct {
+        const char *extra;
+        int64_t want;
+    } qw[] = {
+        {", \"use_sliding_window\": true, \"sliding_window\": 512, \"max_window_layers\": 0", 512},
+        {", \"use_sliding_window\": true, \"max_window_layers\": 0", 4096},
+        {", \"use_sliding_window\": true, \"sliding_window\": null, \"max_window_layers\": 0", 0},
+        {", \"use_sliding_window\": true", 0}, /* max_window_layers 28 >= 2 layers: full attention */
+        {", \"use_sliding_window\": false, \"sliding_window\": 512, \"max_window_layers\": 0", 0},
+        /* layer_types (transformers >= 4.53) wins over max_window_layers */
+        {", \"use_sliding_window\": true, \"sliding_window\": 512, \"max_window_layers\": 28, "
+         "\"layer_types\": [\"sliding_attention\", \"sliding_attention\"]", 512},
+        {", \"use_sliding_window\": true, \"sliding_window\": 512, \"max_window_layers\": 0, "
+         "\"layer_types\": [\"full_attention\", \"full_attention\"]", 0},
+        {", \"use_sliding_window\": false, \"layer_types\": [\"full_attention\", \"full_attention\"]", 0},
+    };
+    for (size_t i = 0; i < sizeof qw / sizeof qw[0]; i++) {
+        CHECK_MSG(fam_parse("Qwen2ForCausalLM", qw[i].extra, &cfg) == CVT_ERR_NONE, "qwen2 case %zu: %s", i,
+                  qs_log_last());
+        CHECK_MSG(cfg.sliding_window == qw[i].want, "qwen2 case %zu: window %lld, want %lld", i,
+                  (long long)cfg.sliding_window, (long long)qw[i].want);
+        cvt_config_free(&cfg);
+    }
+    /* Mixtral: num_experts is MixtralConfig's other name of num_local_experts */
+    CHECK_EQ_INT(fam_parse("MixtralForCausalLM", ", \"num_experts\": 4", &cfg), CVT_ERR_NONE);
+    CHECK_EQ_INT(cfg.num_local_experts, 4);
     cvt_config_free(&cfg);
-    /* Qwen2: a window on every layer (max_window_layers 0), or on none (>= layers) */
-    CHECK_EQ_INT(cfg_parse("{\"model_type\": \"qwen2\", \"hidden_size\": 256, \"intermediate_size\": 512, "
-                           "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 64, "
-                           "\"use_sliding_window\": true, \"sliding_window\": 512, \"max_window_layers\": 0}",
-                           NULL, NULL, NULL, &cfg), CVT_ERR_NONE);
-    CHECK_EQ_INT(cfg.sliding_window, 512);
+    CHECK_EQ_INT(fam_parse("MixtralForCausalLM", ", \"num_experts\": 4, \"num_local_experts\": 4", &cfg), CVT_ERR_NONE);
+    CHECK_EQ_INT(cfg.num_local_experts, 4);
     cvt_config_free(&cfg);
-    CHECK_EQ_INT(cfg_parse("{\"model_type\": \"qwen2\", \"hidden_size\": 256, \"intermediate_size\": 512, "
-                           "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 64, "
-                           "\"use_sliding_window\": true}", NULL, NULL, NULL, &cfg), CVT_ERR_NONE);
-    CHECK_EQ_INT(cfg.sliding_window, 0); /* max_window_layers 28 >= 2 layers: full attention */
-    cvt_config_free(&cfg);
+    static const struct refusal bad[] = {
+        {"MixtralForCausalLM", ", \"num_local_experts\": 2, \"num_experts_per_tok\": 3", "num_experts_per_tok", "3",
+         CVT_ERR_CONFIG},
+        {"MixtralForCausalLM", ", \"num_experts\": 4, \"num_local_experts\": 8", "num_experts 4 and num_local_experts 8",
+         "disagree", CVT_ERR_CONFIG},
+        {"LlamaForCausalLM", ", \"mlp_bias\": true", "mlp_bias", "not supported", CVT_ERR_UNSUPPORTED},
+        {"Qwen2ForCausalLM", ", \"use_sliding_window\": true, \"layer_types\": [\"full_attention\", \"sliding_attention\"]",
+         "1 of 2 layers (by layer_types", "not supported", CVT_ERR_UNSUPPORTED},
+        {"Qwen2ForCausalLM", ", \"use_sliding_window\": false, \"layer_types\": [\"sliding_attention\", \"sliding_attention\"]",
+         "no window", "use_sliding_window false", CVT_ERR_CONFIG},
+        {"Qwen2ForCausalLM", ", \"layer_types\": [\"full_attention\"]", "\"layer_types\" must be a list of num_hidden_layers (2)",
+         "config.json", CVT_ERR_CONFIG},
+        {"Qwen2ForCausalLM", ", \"layer_types\": [\"full_attention\", \"chunked_attention\"]", "layer_types[1]",
+         "sliding_attention", CVT_ERR_UNSUPPORTED},
+    };
+    check_refusals("family", bad, sizeof bad / sizeof bad[0]);
     qs_log_set_quiet(true);
-    CHECK_EQ_INT(cfg_parse("{\"model_type\": \"mixtral\", \"hidden_size\": 256, \"intermediate_size\": 512, "
-                           "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 64, "
-                           "\"num_local_experts\": 2, \"num_experts_per_tok\": 3}", NULL, NULL, NULL, &cfg),
-                 CVT_ERR_CONFIG);
-    CHECK(strstr(qs_log_last(), "num_experts_per_tok") != NULL);
-    CHECK_EQ_INT(cfg_parse("{\"model_type\": \"llama\", \"hidden_size\": 256, \"intermediate_size\": 512, "
-                           "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 64, "
-                           "\"mlp_bias\": true}", NULL, NULL, NULL, &cfg), CVT_ERR_UNSUPPORTED);
-    CHECK(strstr(qs_log_last(), "mlp_bias") != NULL);
     /* the "supported" list comes from the registry */
     CHECK_EQ_INT(cfg_parse("{\"architectures\": [\"GemmaForCausalLM\"]}", NULL, NULL, NULL, &cfg),
                  CVT_ERR_UNSUPPORTED);
     CHECK(strstr(qs_log_last(), "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM") != NULL);
     qs_log_set_quiet(false);
+}
+
+/* Everything a config says about the model, as parsed (not the saved text, nor torch_dtype,
+ * which transformers 5 spells "dtype"): equal for the same model in two spellings. */
+static void check_same_model(const char *what, const struct cvt_hf_config *a, const struct cvt_hf_config *b)
+{
+    CHECK_MSG(a->arch == b->arch && a->hidden_size == b->hidden_size && a->intermediate_size == b->intermediate_size &&
+                  a->num_hidden_layers == b->num_hidden_layers && a->num_attention_heads == b->num_attention_heads &&
+                  a->num_key_value_heads == b->num_key_value_heads && a->head_dim == b->head_dim &&
+                  a->vocab_size == b->vocab_size && a->max_position_embeddings == b->max_position_embeddings &&
+                  a->tie_word_embeddings == b->tie_word_embeddings && a->sliding_window == b->sliding_window &&
+                  a->bias_roles == b->bias_roles && a->rms_norm_eps == b->rms_norm_eps,
+              "%s: dimensions differ between the spellings", what);
+    CHECK_MSG(a->rope_theta == b->rope_theta, "%s: rope_theta %g vs %g", what, a->rope_theta, b->rope_theta);
+    CHECK_MSG(a->rope_scaling.type == b->rope_scaling.type && a->rope_scaling.factor == b->rope_scaling.factor &&
+                  a->rope_scaling.low_freq_factor == b->rope_scaling.low_freq_factor &&
+                  a->rope_scaling.high_freq_factor == b->rope_scaling.high_freq_factor &&
+                  a->rope_scaling.original_max_position_embeddings == b->rope_scaling.original_max_position_embeddings,
+              "%s: rope_scaling differs between the spellings", what);
+    CHECK_MSG(a->n_eos == b->n_eos && a->bos_token_id == b->bos_token_id && a->quant.group_size == b->quant.group_size &&
+                  a->quant.variant_mask == b->quant.variant_mask, "%s: tokens or quant config differ", what);
+}
+
+/* transformers 5's RoPE spelling: real configs (tests/data/fuzz/fuzz_config/) re-spelled the
+ * way transformers 5 saves them ("t5-*": rope_theta and rope_scaling folded into
+ * rope_parameters, dtype for torch_dtype; provenance in tests/data/fuzz/README.md) read exactly
+ * as their transformers 4 originals. */
+static void test_rope_t5_files(void)
+{
+    static const char *const names[] = {"Llama-3.1-70B-Instruct-AWQ-INT4", "Mistral-7B-Instruct-v0.2-AWQ-4bit",
+                                        "Qwen2.5-72B-Instruct-ko-AWQ"};
+    static const double theta[] = {500000.0, 1e6, 1e6};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char f4[256], f5[256];
+        size_t n4, n5;
+        snprintf(f4, sizeof f4, "%s.config.json", names[i]);
+        snprintf(f5, sizeof f5, "t5-%s.config.json", names[i]);
+        char *t4 = corpus_file(f4, &n4), *t5 = corpus_file(f5, &n5);
+        CHECK_MSG(t4 && t5, "corpus files of %s missing", names[i]);
+        struct cvt_hf_config c4, c5;
+        /* the t5 file has transformers 5's spelling only, the original transformers 4's only */
+        cJSON *j4 = t4 ? cJSON_ParseWithLength(t4, n4) : NULL, *j5 = t5 ? cJSON_ParseWithLength(t5, n5) : NULL;
+        CHECK(j4 && j5 && cJSON_GetObjectItem(j5, "rope_parameters") && !cJSON_GetObjectItem(j5, "rope_theta") &&
+              !cJSON_GetObjectItem(j5, "rope_scaling") && cJSON_GetObjectItem(j4, "rope_theta") &&
+              !cJSON_GetObjectItem(j4, "rope_parameters"));
+        cJSON_Delete(j4);
+        cJSON_Delete(j5);
+        if (t4 && t5) {
+            CHECK_EQ_INT(cvt_config_parse("real", t4, n4, NULL, 0, NULL, 0, NULL, 0, &c4), CVT_ERR_NONE);
+            CHECK_EQ_INT(cvt_config_parse("t5", t5, n5, NULL, 0, NULL, 0, NULL, 0, &c5), CVT_ERR_NONE);
+            check_same_model(names[i], &c4, &c5);
+            CHECK_MSG(c5.rope_theta == theta[i], "%s: rope_theta %g, want %g", names[i], c5.rope_theta, theta[i]);
+            CHECK_EQ_STR(c5.torch_dtype, "float16");
+            if (i == 0) {
+                CHECK_EQ_INT(c5.rope_scaling.type, QS_ROPE_LLAMA3);
+                CHECK(c5.rope_scaling.factor == 8.0 && c5.rope_scaling.low_freq_factor == 1.0 &&
+                      c5.rope_scaling.high_freq_factor == 4.0);
+                CHECK_EQ_INT(c5.rope_scaling.original_max_position_embeddings, 8192);
+            }
+            cvt_config_free(&c4);
+            cvt_config_free(&c5);
+        }
+        free(t4);
+        free(t5);
+    }
+}
+
+/* The RoPE spellings one at a time (convert/cvt_config.c parse_rope; transformers 5
+ * modeling_rope_utils.py RotaryEmbeddingConfigMixin): what each gives, and the refusals when two
+ * spellings disagree or a RoPE the runtime does not run is asked for. */
+static void test_rope_spellings(void)
+{
+#define L3 "\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0"
+    static const struct {
+        const char *cls, *extra;
+        double theta;
+        enum qs_rope_type type;
+        double factor;
+        int64_t omax;
+    } ok[] = {
+        /* the bug this reads: only rope_parameters, as transformers 5 saves a Llama-3 config */
+        {"LlamaForCausalLM", ", \"rope_parameters\": {\"rope_theta\": 500000.0, \"rope_type\": \"default\"}", 500000.0,
+         QS_ROPE_DEFAULT, 0, 0},
+        /* no theta anywhere: the class's default_theta */
+        {"LlamaForCausalLM", ", \"rope_parameters\": {\"rope_type\": \"default\"}", 10000.0, QS_ROPE_DEFAULT, 0, 0},
+        {"MixtralForCausalLM", ", \"rope_parameters\": {\"rope_type\": \"default\"}", 1e6, QS_ROPE_DEFAULT, 0, 0},
+        /* both spellings agreeing */
+        {"LlamaForCausalLM", ", \"rope_theta\": 500000.0, \"rope_parameters\": {\"rope_theta\": 500000.0}", 500000.0,
+         QS_ROPE_DEFAULT, 0, 0},
+        {"LlamaForCausalLM", ", \"rope_scaling\": {" L3 ", \"original_max_position_embeddings\": 8192}, \"rope_parameters\": {"
+         L3 ", \"original_max_position_embeddings\": 8192, \"rope_theta\": 500000.0}", 500000.0, QS_ROPE_LLAMA3, 8.0, 8192},
+        {"LlamaForCausalLM", ", \"rope_scaling\": null, \"rope_parameters\": {\"type\": \"linear\", \"factor\": 2.0}", 10000.0,
+         QS_ROPE_LINEAR, 2.0, 0},
+        {"LlamaForCausalLM", ", \"rope_scaling\": {\"rope_type\": \"default\"}, \"rope_parameters\": {\"rope_theta\": 1e6}", 1e6,
+         QS_ROPE_DEFAULT, 0, 0},
+        /* an empty rope_scaling says nothing (transformers 5: `rope_scaling or rope_parameters`) */
+        {"LlamaForCausalLM", ", \"rope_scaling\": {}, \"rope_parameters\": {\"type\": \"linear\", \"factor\": 2.0}", 10000.0,
+         QS_ROPE_LINEAR, 2.0, 0},
+        /* rope_theta inside transformers 4's dict (a transformers 5 alias written back) */
+        {"LlamaForCausalLM", ", \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 4.0, \"rope_theta\": 1e6}", 1e6,
+         QS_ROPE_LINEAR, 4.0, 0},
+        /* llama3 without original_max_position_embeddings: the top-level key, else
+         * max_position_embeddings (standardize_rope_params) */
+        {"LlamaForCausalLM", ", \"max_position_embeddings\": 131072, \"rope_parameters\": {" L3 "}", 10000.0, QS_ROPE_LLAMA3,
+         8.0, 131072},
+        {"LlamaForCausalLM", ", \"original_max_position_embeddings\": 8192, \"rope_parameters\": {" L3 "}", 10000.0,
+         QS_ROPE_LLAMA3, 8.0, 8192},
+        {"LlamaForCausalLM", ", \"original_max_position_embeddings\": 8192, \"rope_scaling\": {" L3
+         ", \"original_max_position_embeddings\": 8192}", 10000.0, QS_ROPE_LLAMA3, 8.0, 8192},
+        /* partial_rotary_factor 1 is plain RoPE */
+        {"Qwen2ForCausalLM", ", \"partial_rotary_factor\": 1.0, \"rope_parameters\": {\"partial_rotary_factor\": 1.0, "
+         "\"rope_theta\": 1e6}", 1e6, QS_ROPE_DEFAULT, 0, 0},
+    };
+    struct cvt_hf_config cfg;
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        enum cvt_err e = fam_parse(ok[i].cls, ok[i].extra, &cfg);
+        CHECK_MSG(e == CVT_ERR_NONE, "rope case %zu refused: %s", i, qs_log_last());
+        if (e)
+            continue;
+        CHECK_MSG(cfg.rope_theta == ok[i].theta, "rope case %zu: theta %g, want %g", i, cfg.rope_theta, ok[i].theta);
+        CHECK_MSG(cfg.rope_scaling.type == ok[i].type && cfg.rope_scaling.factor == ok[i].factor &&
+                      cfg.rope_scaling.original_max_position_embeddings == ok[i].omax,
+                  "rope case %zu: type %d factor %g L %lld", i, (int)cfg.rope_scaling.type, cfg.rope_scaling.factor,
+                  (long long)cfg.rope_scaling.original_max_position_embeddings);
+        cvt_config_free(&cfg);
+    }
+#define LL "LlamaForCausalLM"
+    static const struct refusal bad[] = {
+        {LL, ", \"rope_theta\": 10000.0, \"rope_parameters\": {\"rope_theta\": 500000.0}", "rope_parameters.rope_theta 500000",
+         "rope_theta 10000 disagree", CVT_ERR_CONFIG},
+        {LL, ", \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2.0, \"rope_theta\": 1e6}, \"rope_parameters\": "
+         "{\"rope_type\": \"linear\", \"factor\": 2.0, \"rope_theta\": 5e5}", "rope_parameters.rope_theta", "rope_scaling.rope_theta",
+         CVT_ERR_CONFIG},
+        {LL, ", \"rope_scaling\": {" L3 ", \"original_max_position_embeddings\": 8192}, \"rope_parameters\": "
+         "{\"rope_type\": \"default\", \"rope_theta\": 500000.0}", "rope_scaling (llama3 factor 8", "rope_parameters (default)",
+         CVT_ERR_CONFIG},
+        {LL, ", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}, \"rope_parameters\": {\"type\": \"linear\", \"factor\": 4.0}",
+         "linear factor 2", "linear factor 4", CVT_ERR_CONFIG},
+        {LL, ", \"original_max_position_embeddings\": 4096, \"rope_parameters\": {" L3 ", \"original_max_position_embeddings\": 8192}",
+         "rope_parameters.original_max_position_embeddings 8192", "original_max_position_embeddings 4096", CVT_ERR_CONFIG},
+        {LL, ", \"rope_parameters\": {\"rope_type\": \"linear\", \"type\": \"llama3\", \"factor\": 2.0}", "rope_parameters rope_type",
+         "disagree", CVT_ERR_CONFIG},
+        {LL, ", \"rope_parameters\": {\"full_attention\": {\"rope_type\": \"default\", \"rope_theta\": 1e6}, "
+         "\"sliding_attention\": {\"rope_type\": \"default\", \"rope_theta\": 1e4}}", "per-layer-type", "full_attention",
+         CVT_ERR_UNSUPPORTED},
+        {LL, ", \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1e6, \"partial_rotary_factor\": 0.5}",
+         "partial_rotary_factor 0.5", "not supported", CVT_ERR_UNSUPPORTED},
+        {LL, ", \"partial_rotary_factor\": 0.25", "partial_rotary_factor 0.25", "not supported", CVT_ERR_UNSUPPORTED},
+        {LL, ", \"partial_rotary_factor\": 1.0, \"rope_parameters\": {\"partial_rotary_factor\": 0.5}", "partial_rotary_factor 0.5",
+         "disagree", CVT_ERR_CONFIG},
+        {LL, ", \"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 4.0, \"rope_theta\": 1e6}", "rope_parameters type \"yarn\"",
+         "not supported", CVT_ERR_UNSUPPORTED},
+        {LL, ", \"rope_parameters\": {\"rope_type\": \"linear\"}", "rope_parameters: required key \"factor\"", "config.json",
+         CVT_ERR_CONFIG},
+        {LL, ", \"rope_parameters\": {\"rope_theta\": \"1e6\"}", "rope_parameters: \"rope_theta\" must be", "got \"1e6\"",
+         CVT_ERR_CONFIG},
+        {LL, ", \"rope_parameters\": [1]", "\"rope_parameters\" must be null or an object", "config.json", CVT_ERR_CONFIG},
+        {LL, ", \"rope_parameters\": {\"rope_theta\": 0}", "\"rope_theta\" must be a number in (0", "got 0", CVT_ERR_CONFIG},
+    };
+    check_refusals("rope", bad, sizeof bad / sizeof bad[0]);
+#undef LL
+#undef L3
 }
 
 /* --- directory level ------------------------------------------------------------------------------- */
@@ -464,6 +714,9 @@ int main(void)
     test_configs();
     test_config_spellings();
     test_arch_defaults();
+    test_family_keys();
+    test_rope_t5_files();
+    test_rope_spellings();
     test_directory();
     test_index();
     return t_src_done();

@@ -475,9 +475,11 @@ static const struct cvt_arch_step toy_layer[] = {
     {CVT_ARCH_OP_LINEARS, FMT_N_COUNT, NULL, false, 2, toy_mlp},
 };
 static const struct cvt_arch toy = {
-    "toy", "ToyForCausalLM", "toy", 10000.0, 2048, "silu", false, NULL,
-    "transformer.wte", "lm_head", "transformer.ln_f.weight", "transformer.h.%d",
-    4, toy_layer,
+    .name = "toy", .hf_class = "ToyForCausalLM", .model_type = "toy", .rope_theta = 10000.0,
+    .max_position_embeddings = 2048, .rms_norm_eps = 1e-6, .hidden_act = "silu",
+    .hf_embed = "transformer.wte", .hf_lm_head = "lm_head",
+    .hf_final_norm = "transformer.ln_f.weight", .hf_layer = "transformer.h.%d", .n_steps = 4,
+    .steps = toy_layer,
 };
 
 static void test_registry(void)

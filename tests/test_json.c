@@ -4,8 +4,9 @@
  * null), each refusal with its status and a message naming the file, the key and the value; the
  * eos merger across two objects (duplicates, the cap, nothing changed on error); rope_scaling in
  * the spellings transformers writes (rope_type / type, "default", upper case) and the refusals
- * the converter and the runtime both rely on; object parsing against duplicate keys, trailing
- * garbage and every truncation of a valid object.
+ * the converter and the runtime both rely on; transformers 5's rope_parameters keys
+ * (qs_json_rope_object) and null told from absent (qs_json_is_null); object parsing against
+ * duplicate keys, trailing garbage and every truncation of a valid object.
  *
  * Run from the repository root: ./build/test_json.
  */
@@ -299,6 +300,76 @@ static void test_rope(void)
     CHECK(strstr(qs_json_err_str((enum qs_json_err)77), "unknown"));
 }
 
+/* qs_json_rope_object: transformers 5's rope_parameters keys read from one flat dict, optional
+ * original_max_position_embeddings, per-layer-type dicts refused, *out zeroed on error; and
+ * qs_json_is_null, which tells a null key from an absent one. */
+static void test_rope_object(void)
+{
+    cJSON *o = obj("{\"rope_parameters\": {\"rope_theta\": 500000.0, \"rope_type\": \"llama3\", "
+                   "\"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
+                   "\"partial_rotary_factor\": 1.0, \"attention_factor\": 3.0}, \"n\": null, "
+                   "\"z\": 0, \"e\": {}}");
+    struct qs_rope_object r;
+    CHECK_EQ_INT(qs_json_rope_object(&C, o, "rope_parameters", &r), QS_JSON_OK);
+    CHECK(r.given && r.rope_theta == 500000.0 && r.partial_rotary_factor == 1.0);
+    CHECK(r.scaling.type == QS_ROPE_LLAMA3 && r.scaling.factor == 8.0 &&
+          r.scaling.low_freq_factor == 1.0 && r.scaling.high_freq_factor == 4.0);
+    CHECK_EQ_INT(r.scaling.original_max_position_embeddings, 0); /* optional here */
+    /* absent and null: not given */
+    CHECK_EQ_INT(qs_json_rope_object(&C, o, "rope_scaling", &r), QS_JSON_OK);
+    CHECK(!r.given && r.rope_theta == 0 && r.scaling.type == QS_ROPE_DEFAULT);
+    CHECK_EQ_INT(qs_json_rope_object(&C, o, "n", &r), QS_JSON_OK);
+    CHECK(!r.given);
+    CHECK_EQ_INT(qs_json_rope_object(&C, o, "e", &r), QS_JSON_OK); /* {} says nothing */
+    CHECK(!r.given && r.scaling.type == QS_ROPE_DEFAULT);
+    CHECK(qs_json_is_null(o, "n") && !qs_json_is_null(o, "absent") && !qs_json_is_null(o, "z"));
+    cJSON_Delete(o);
+    /* rope_scaling keeps requiring original_max_position_embeddings for llama3 */
+    o = obj("{\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": "
+            "1.0, \"high_freq_factor\": 4.0, \"rope_theta\": 1e6}}");
+    struct qs_rope_scaling sc;
+    CHECK_EQ_INT(qs_json_rope_scaling(&C, o, &sc), QS_JSON_ERR_VALUE);
+    const char *req[] = {"dir/config.json rope_scaling: required key "
+                         "\"original_max_position_embeddings\" is missing", NULL};
+    says("rope_scaling omax", req);
+    CHECK_EQ_INT(qs_json_rope_object(&C, o, "rope_scaling", &r), QS_JSON_OK);
+    CHECK(r.given && r.rope_theta == 1e6);
+    cJSON_Delete(o);
+    static const struct {
+        const char *rp; /* the value of "rope_parameters" */
+        enum qs_json_err want;
+        const char *needle;
+    } bad[] = {
+        {"{\"full_attention\": {\"rope_type\": \"default\"}, \"sliding_attention\": "
+         "{\"rope_type\": \"default\"}}", QS_JSON_ERR_UNSUPPORTED, "per-layer-type"},
+        {"{\"rope_theta\": 1e6, \"x\": {}}", QS_JSON_ERR_UNSUPPORTED, "object under \"x\""},
+        {"{\"rope_theta\": -1}", QS_JSON_ERR_VALUE, "rope_parameters: \"rope_theta\" must be"},
+        {"{\"rope_theta\": 2e12}", QS_JSON_ERR_VALUE, "\"rope_theta\" must be"},
+        {"{\"partial_rotary_factor\": 1.5}", QS_JSON_ERR_VALUE,
+         "\"partial_rotary_factor\" must be"},
+        {"{\"partial_rotary_factor\": 0}", QS_JSON_ERR_VALUE, "\"partial_rotary_factor\" must be"},
+        {"{\"rope_type\": \"longrope\"}", QS_JSON_ERR_UNSUPPORTED,
+         "rope_parameters type \"longrope\""},
+        {"{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+         "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 0}", QS_JSON_ERR_VALUE,
+         "\"original_max_position_embeddings\" must be"},
+        {"\"default\"", QS_JSON_ERR_VALUE, "\"rope_parameters\" must be null or an object"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char text[512];
+        snprintf(text, sizeof(text), "{\"rope_parameters\": %s}", bad[i].rp);
+        o = obj(text);
+        memset(&r, 0x5a, sizeof(r));
+        enum qs_json_err e = qs_json_rope_object(&C, o, "rope_parameters", &r);
+        CHECK_MSG(e == bad[i].want, "rope_parameters case %zu (%s): %s", i, bad[i].rp,
+                  qs_json_err_str(e));
+        CHECK(!r.given && r.rope_theta == 0 && r.scaling.type == QS_ROPE_DEFAULT); /* zeroed */
+        const char *frags[] = {"dir/config.json", bad[i].needle, NULL};
+        says(bad[i].rp, frags);
+        cJSON_Delete(o);
+    }
+}
+
 int main(void)
 {
     T_INIT("json");
@@ -308,5 +379,6 @@ int main(void)
     test_number_bool_string();
     test_eos();
     test_rope();
+    test_rope_object();
     return t_done();
 }
