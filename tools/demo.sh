@@ -15,7 +15,8 @@ set -eu
 
 QSHARD=${QSHARD:-build/qshard}
 MODEL=${MODEL:-tests/data/models/kjv-llama-awq-gemm}
-OUT=${OUT:-build/demo}
+# DEMO_OUT: where the converted model goes (removed and rewritten on every run)
+DEMO_OUT=${DEMO_OUT:-build/demo}
 PROMPT=${PROMPT:-And God said}
 
 if [ ! -x "$QSHARD" ]; then
@@ -45,10 +46,10 @@ if [ -n "${DEVICE:-}" ]; then
     DEV="--device $DEVICE"
 fi
 
-rm -rf "$OUT"
-show "$QSHARD" convert "$MODEL" "$OUT" --tp 1
-show "$QSHARD" tokenize "$OUT" --text "$PROMPT"
+rm -rf "$DEMO_OUT"
+show "$QSHARD" convert "$MODEL" "$DEMO_OUT" --tp 1
+show "$QSHARD" tokenize "$DEMO_OUT" --text "$PROMPT"
 # shellcheck disable=SC2086 # DEV is empty or two words
-show "$QSHARD" run "$OUT" -p "$PROMPT" -n 32 --temp 0 $DEV
+show "$QSHARD" run "$DEMO_OUT" -p "$PROMPT" -n 32 --temp 0 $DEV
 # shellcheck disable=SC2086
-show "$QSHARD" run "$OUT" -p "$PROMPT" -n 32 --temp 0.8 --top-k 40 --top-p 0.95 --seed 42 $DEV
+show "$QSHARD" run "$DEMO_OUT" -p "$PROMPT" -n 32 --temp 0.8 --top-k 40 --top-p 0.95 --seed 42 $DEV
