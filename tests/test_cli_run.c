@@ -530,7 +530,7 @@ static void check_gen_defaults(const cJSON *models)
     /* an option wins over the file: top-k 0 samples at the file's temperature 0.7 */
     int differ = 0;
     for (int s = 1; s <= 4; s++) {
-        char seed[8];
+        char seed[16];
         snprintf(seed, sizeof(seed), "%d", s);
         a = run("run", out, "--tokens", "1,5,6", "-n", "12", "--top-k", "0", "--temp", "2",
                 "--seed", seed, "--print-ids", "--ignore-eos", NULL);
