@@ -39,7 +39,8 @@ const struct cvt_arch *cvt_arch_at(int i)
 static const struct cvt_arch *find_by(size_t off, const char *s)
 {
     for (int i = 0; s && i < N_REGISTRY; i++) {
-        const char *v = *(const char *const *)((const char *)registry[i] + off);
+        const char *v;
+        memcpy(&v, (const char *)registry[i] + off, sizeof(v)); /* the field, without a cast */
         if (strcmp(v, s) == 0)
             return registry[i];
     }
