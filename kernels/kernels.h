@@ -480,6 +480,71 @@ int k_attention_at(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q
                    const int32_t *start_pos_dev, int n_heads, int n_kv_heads, int hd, int T_cap,
                    int sliding_window, void *ws, size_t ws_bytes, struct CUstream_st *stream);
 
+/* --- paged KV cache (kernels/k_attention.cu, k_rope.cu) ------------------------------------- */
+
+/*
+ * The paged layout of kernels/ref.h ("paged KV cache"): per layer a pool
+ * [n_blocks][n_kv_heads][block_size][hd] fp16; flat cache row (slot) s = block * block_size +
+ * row; a sequence's block table [>= ceil(len / block_size)] int32 lists its blocks in position
+ * order. All index arrays are int32 in device memory, read at run time, so one captured CUDA
+ * graph serves every decode step of a batch size (the runtime uploads them before each step).
+ */
+
+/* k_rope_kv_store with the store going to the paged pool: the rotated k heads and the v heads of
+ * row m go to pool row slots[m] (rows with slots[m] < 0 are rotated but not stored: batch
+ * padding). Same math and bits as k_rope_kv_store. Errors: K_ERR_SHAPE (as k_rope_kv_store,
+ * block_size < 1), K_ERR_ARG (NULL). */
+int k_rope_kv_store_paged(uint16_t *x, float *acc, int M, int nq, int nkv, int hd,
+                          size_t row_stride, const int32_t *pos, const float *inv_freq,
+                          uint16_t *k_pool, uint16_t *v_pool, const int32_t *slots,
+                          int block_size, struct CUstream_st *stream);
+
+/* k_kv_store into the paged pool: pool row (slots[m], h) = k[m*row_stride + h*hd ..] (v
+ * likewise), slots[m] < 0 skipped (reference ref_kv_store_paged). Errors: K_ERR_SHAPE (M, hd,
+ * n_kv_heads, block_size < 1, row_stride < n_kv_heads*hd), K_ERR_ARG (NULL). */
+int k_kv_store_paged(uint16_t *k_pool, uint16_t *v_pool, const uint16_t *k, const uint16_t *v,
+                     size_t row_stride, int M, const int32_t *slots, int n_kv_heads, int hd,
+                     int block_size, struct CUstream_st *stream);
+
+/*
+ * Attention of M query rows, each of its own sequence and position (decode steps of many
+ * sequences at once, and short prompt chunks): row m is at position pos[m] of the sequence whose
+ * block table is tables + row_table[m] * table_stride (row_table NULL: table row m) and attends
+ * to its keys [max(0, pos[m] - sliding_window + 1), pos[m]] (reference ref_attention_paged;
+ * fp32 math as k_attention's v1: one block per (row, head, key split)). max_keys: a host bound
+ * >= pos[m] + 1 for every row (the context size in a graph), which sizes the split-KV grid; the
+ * chunking of a row follows its own key count on the device. ws / ws_bytes: as k_attention
+ * (k_attention_workspace_bytes(M, n_heads, hd, max_keys)). On the device a position < 0 is
+ * clamped to 0 and one past the table to its last entry (the caller checks positions; this
+ * only keeps reads in bounds). Errors: K_ERR_SHAPE (hd not 64/128/256, n_heads % n_kv_heads,
+ * M outside [1, 65535], block_size or table_stride < 1, max_keys < 1), K_ERR_ARG (NULL, ws
+ * misaligned), K_ERR_WORKSPACE.
+ */
+int k_attention_paged(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q_stride,
+                      const uint16_t *k_pool, const uint16_t *v_pool, int M, const int32_t *pos,
+                      const int32_t *tables, int table_stride, const int32_t *row_table,
+                      int n_heads, int n_kv_heads, int hd, int block_size, int max_keys,
+                      int sliding_window, void *ws, size_t ws_bytes, struct CUstream_st *stream);
+
+/*
+ * Attention of M consecutive query rows of one sequence at positions start_pos .. start_pos +
+ * M - 1 (a prompt chunk) over its block table `table` (device, >= ceil((start_pos + M) /
+ * block_size) entries): k_attention's v2 (FlashAttention-2 on tensor cores) when M >= 16, hd 64
+ * or 128 and the buffers aligned as k_attention needs, else v1 as k_attention_paged. Same math
+ * and bits as k_attention over a contiguous copy of the sequence's cache. Errors: as
+ * k_attention (start_pos < 0), K_ERR_SHAPE also for block_size < 1.
+ */
+int k_attention_paged_prefill(uint16_t *out, size_t out_stride, const uint16_t *q,
+                              size_t q_stride, const uint16_t *k_pool, const uint16_t *v_pool,
+                              int M, int start_pos, const int32_t *table, int n_heads,
+                              int n_kv_heads, int hd, int block_size, int sliding_window,
+                              void *ws, size_t ws_bytes, struct CUstream_st *stream);
+
+/* dst block of both pools = src block (copy-on-write of a shared block): block_elems =
+ * n_kv_heads * block_size * hd fp16 per pool. Errors: K_ERR_ARG (NULL), K_ERR_SHAPE. */
+int k_kv_copy_block(uint16_t *k_pool, uint16_t *v_pool, int src, int dst, size_t block_elems,
+                    struct CUstream_st *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -255,6 +255,49 @@ enum ref_err ref_attention(float *out, size_t out_stride, const float *q, size_t
                            int n_heads, int n_kv_heads, int hd, int T_cap, int sliding_window,
                            struct ref_pool *pool);
 
+/* --- paged KV cache (kernels/ref_attention.c) ------------------------------------------------ */
+
+/*
+ * The paged KV cache (docs/DESIGN.md section 7, vLLM's PagedAttention: Kwon et al., "Efficient
+ * Memory Management for Large Language Model Serving with PagedAttention", SOSP 2023): per layer
+ * one pool of n_blocks blocks of block_size (bs) token rows, [n_blocks][n_kv_heads][bs][hd], so
+ * the rows of one kv head in one block are contiguous. A sequence's block table lists its
+ * blocks in position order: position t lives in block table[t / bs] at row t % bs. A flat cache
+ * row ("slot") s = block * bs + row names one token row of the pool. The contiguous cache
+ * [n_kv_heads][T_cap][hd] of ref_attention is the pool of a single block of bs = T_cap rows.
+ * Offset in elements of (slot s, kv head h):
+ */
+static inline size_t ref_kv_offset(int64_t slot, int h, int n_kv_heads, int block_size, int hd)
+{
+    return (((size_t)(slot / block_size) * (size_t)n_kv_heads + (size_t)h) * (size_t)block_size +
+            (size_t)(slot % block_size)) * (size_t)hd;
+}
+
+/*
+ * Store M rows of keys and values into the pool: for each row m with slots[m] >= 0 and each kv
+ * head h < n_kv_heads, pool row (slots[m], h) = k[m*row_stride + h*hd .. + hd] (v likewise);
+ * rows with slots[m] < 0 (batch padding) are skipped. The caller keeps slots inside the pool.
+ */
+void ref_kv_store_paged(float *k_pool, float *v_pool, const float *k, const float *v,
+                        size_t row_stride, int M, const int32_t *slots, int n_kv_heads, int hd,
+                        int block_size);
+
+/*
+ * ref_attention over block tables, each query row with its own sequence and position: row m
+ * sits at position pos[m] of the sequence whose block table is tables + row_table[m] *
+ * table_stride (row_table NULL: table row m), and attends to that sequence's keys
+ * [max(0, pos[m] - sliding_window + 1), pos[m]], key t in pool block table[t / bs]. Same math
+ * as ref_attention (fp32 scores, max subtracted, sum of softmax * v in key order), so a row gets
+ * the same bits here as in ref_attention over a contiguous copy of its sequence's cache.
+ * Errors: REF_ERR_SHAPE (M < 1, heads, n_heads % n_kv_heads, hd, block_size < 1, a position
+ * < 0, a table entry < 0 for a key that is read), REF_ERR_NOMEM.
+ */
+enum ref_err ref_attention_paged(float *out, size_t out_stride, const float *q, size_t q_stride,
+                                 const float *k_pool, const float *v_pool, int M,
+                                 const int32_t *pos, const int32_t *tables, int table_stride,
+                                 const int32_t *row_table, int n_heads, int n_kv_heads, int hd,
+                                 int block_size, int sliding_window, struct ref_pool *pool);
+
 /* --- mixture of experts (kernels/ref_moe_route.c) ------------------------------------------- */
 
 /*
