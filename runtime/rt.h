@@ -13,8 +13,10 @@
  *             activations, its backend (rt_backend.h: CPU references or CUDA kernels) and the
  *             communicator (rt_backend.h struct rt_comm) through which its collectives go
  *             (all-reduce of the row-parallel partial sums, gather of the vocab-parallel logits).
- *   rt_kv     the KV cache of one rank: an object the model is given with each forward, holding
- *             `n_seqs` sequence slots of `n_ctx` positions each (contiguous per slot today).
+ *   rt_kv     the KV cache of one rank: paged pools of fixed-size blocks the model is given
+ *             with each forward, with the block tables of the batch's sequences; the tables,
+ *             reference counts and prefix cache live on rank 0 (rt_blocks.c, in the executor),
+ *             which sends each step's tables along with the batch.
  *
  * Math (transformers modeling_llama.py, modeling_qwen2.py, modeling_mixtral.py; the per-layer
  * choices come from the architecture descriptor, struct rt_arch): h = embed(tokens); per layer
@@ -66,7 +68,8 @@ extern "C" {
     X(RT_ERR_NUMERIC, 16, 3, "the model computed no finite logit")                         \
     X(RT_ERR_TOKENIZER, 17, 2, "tokenizer missing, malformed, or text it cannot encode")  \
     X(RT_ERR_CANCELLED, 18, 3, "interrupted (a signal set the cancel flag)")                \
-    X(RT_ERR_PEER, 19, 3, "another rank failed")
+    X(RT_ERR_PEER, 19, 3, "another rank failed")                                        \
+    X(RT_ERR_KV_FULL, 20, 3, "the KV cache has no free block left")
 
 enum rt_err {
 #define RT_X_ENUM(name, val, code, msg) name = val,
@@ -174,6 +177,8 @@ bool rt_config_same(const struct rt_config *a, const char *where_a, const struct
 
 /* --- options -------------------------------------------------------------------------------- */
 
+#define RT_DEFAULT_BLOCK_SIZE 16 /* tokens per KV-cache block (docs/BENCHMARKS.md "KV block size") */
+
 enum rt_device { RT_DEVICE_AUTO = 0, RT_DEVICE_CPU = 1, RT_DEVICE_CUDA = 2 };
 
 /* How to open and run a model. The bool switches turn one optimisation off for A/B
@@ -183,7 +188,14 @@ struct rt_opts {
     int n_threads;          /* CPU worker threads of all ranks together; <= 0: one per core */
     int n_ctx;              /* positions per sequence slot of the KV cache; <= 0:
                                min(max_position_embeddings, 4096). Must be <= max_position_embeddings. */
-    int n_seqs;             /* sequence slots of the KV cache; <= 0: 1 */
+    int n_seqs;             /* sequence slots (sequences at once); <= 0: 1 */
+    int block_size;         /* tokens per KV-cache block; <= 0: 16 */
+    int kv_blocks;          /* blocks in the pool; <= 0: from kv_cache_bytes, else enough for
+                               every slot at n_ctx */
+    double kv_cache_bytes;  /* pool size per rank when kv_blocks <= 0 (bytes; <= 0: unset) */
+    double kv_mem_fraction; /* CUDA, when neither is set and > 0: this share of the GPU memory
+                               free after weights and activations (the engine's default 0.9) */
+    bool no_prefix_cache;   /* full blocks are not registered for reuse by later prompts */
     int max_batch;          /* most tokens per internal forward step (activation buffers);
                                <= 0: the backend's default_batch (CUDA 2048, CPU 512), at
                                most n_ctx. Longer batches are run in chunks. */
@@ -251,7 +263,9 @@ struct rt_comm;    /* rt_backend.h */
  * conversion is opened by its own thread (rank 0 by the caller's): rt_model_open of rank r's
  * file only (checked against the manifest), its backend created there (CUDA: GPU cuda_device +
  * r), its weights loaded; the ranks' configs are compared (rt_config_same); each rank's KV cache
- * gets opts->n_seqs slots of opts->n_ctx positions. opts may be NULL (rt_opts_default()).
+ * pool is sized from opts (kv_blocks, kv_cache_bytes, kv_mem_fraction, else n_seqs * n_ctx
+ * positions; the smallest over the ranks is used) and rank 0 gets the block manager of
+ * opts->n_seqs slots. opts may be NULL (rt_opts_default()).
  * Errors: those of rt_model_open from any rank (the first reported), RT_ERR_THREAD,
  * RT_ERR_RANK_MISMATCH (configs differ; a single rank file of a TP-N set). On failure *out is
  * NULL and nothing leaks.
@@ -273,7 +287,8 @@ enum rt_err rt_exec_open_with(const char *path_or_dir, const struct rt_opts *opt
  * columns dropped, so ids >= vocab_size never appear), or NULL (prefill whose logits are not
  * needed; n_out is then ignored). Checked before anything runs: RT_ERR_ARG (shape of the batch:
  * empty, sequence slots, positions, out rows; names the index), RT_ERR_TOKEN (an id outside
- * the vocabulary; names index and id), RT_ERR_CONTEXT (a sequence past n_ctx). Then backend
+ * the vocabulary; names index and id), RT_ERR_CONTEXT (a sequence past n_ctx), RT_ERR_KV_FULL
+ * (the pool has too few free blocks for the batch: nothing ran; rt_exec_blocks_needed). Then backend
  * errors (RT_ERR_NOMEM, RT_ERR_DEVICE) or RT_ERR_PEER (another rank failed and reported it);
  * after a backend error or RT_ERR_PEER the executor is unusable (free it).
  */
@@ -304,7 +319,8 @@ enum rt_err rt_exec_forward_seq_pick(struct rt_exec *e, int seq, const int32_t *
 
 /* Positions cached for slot `seq` (0 after open or clear). */
 int rt_exec_seq_len(const struct rt_exec *e, int seq);
-/* Forget slot `seq`'s cached positions (every rank). */
+/* Forget slot `seq`'s cached positions and free its blocks (full ones stay in the prefix
+ * cache). */
 void rt_exec_seq_clear(struct rt_exec *e, int seq);
 
 /* Stop the other ranks' threads and free everything; NULL is fine. */
@@ -314,6 +330,19 @@ const struct rt_config *rt_exec_config(const struct rt_exec *e); /* rank 0's con
 int rt_exec_world_size(const struct rt_exec *e);
 int rt_exec_n_ctx(const struct rt_exec *e);       /* positions per sequence slot */
 int rt_exec_n_seqs(const struct rt_exec *e);
+
+/* The paged KV cache seen from rank 0 (runtime/rt_blocks.h): block size, usable blocks, blocks
+ * that can still be taken (free or cached but unused), blocks held by sequences, and the new
+ * blocks a write of positions [p0, p0 + n) into slot `seq` would take. */
+int rt_exec_block_size(const struct rt_exec *e);
+int rt_exec_blocks_total(const struct rt_exec *e);
+int rt_exec_blocks_available(const struct rt_exec *e);
+int rt_exec_blocks_used(const struct rt_exec *e);
+int rt_exec_blocks_needed(const struct rt_exec *e, int seq, int p0, int n);
+/* An empty slot `seq` about to hold prompt tokens[n]: takes the cached blocks of its longest
+ * cached prefix of whole blocks; returns the positions it now holds (< n; 0 when none or the
+ * prefix cache is off). */
+int rt_exec_seq_match_prefix(struct rt_exec *e, int seq, const int32_t *tokens, int n);
 enum rt_device rt_exec_device(const struct rt_exec *e); /* CPU or CUDA after AUTO resolved */
 /* Rank 0's open shard (borrowed): tokenizer files, generation config. */
 const struct fmt_shard *rt_exec_shard(const struct rt_exec *e);
@@ -348,22 +377,35 @@ int rt_model_n_ctx(const struct rt_model *m);  /* the n_ctx the model was opened
 bool rt_model_can_pick(const struct rt_model *m);
 
 /*
- * The KV cache of this rank: n_seqs slots of n_ctx positions (1 <= n_ctx <= the model's
- * n_ctx), [n_kv_heads_per_rank][n_ctx][head_dim] per layer and slot, in backend memory.
- * Errors: RT_ERR_ARG, RT_ERR_NOMEM (says how much).
+ * The KV cache of this rank: paged pools of n_blocks blocks of block_size tokens per layer and
+ * kind ([n_blocks][n_kv_heads_per_rank][block_size][head_dim], kernels/ref.h "paged KV cache"),
+ * in backend memory; which blocks a sequence holds comes with every forward (struct
+ * rt_kv_step). Errors: RT_ERR_ARG, RT_ERR_NOMEM (says how much).
  */
-enum rt_err rt_kv_create(struct rt_model *m, int n_seqs, int n_ctx, struct rt_kv **out);
+enum rt_err rt_kv_create(struct rt_model *m, int n_blocks, int block_size, struct rt_kv **out);
 void rt_kv_free(struct rt_kv *kv); /* NULL is fine; before its model is freed */
-int rt_kv_n_seqs(const struct rt_kv *kv);
-int rt_kv_n_ctx(const struct rt_kv *kv);
-int rt_kv_len(const struct rt_kv *kv, int seq); /* positions cached for slot seq */
-void rt_kv_clear(struct rt_kv *kv, int seq);
+int rt_kv_n_blocks(const struct rt_kv *kv);
+int rt_kv_block_size(const struct rt_kv *kv);
+/* Bytes of one block of every layer, keys and values, on this rank. */
+size_t rt_kv_block_bytes(const struct rt_model *m, int block_size);
+
+/* The block tables of one forward (host, borrowed; rt_exec fills it from its block manager):
+ * row j of tables is the table of the j-th sequence of the batch (in order of appearance),
+ * table_stride entries per row (>= ceil(positions / block_size) used); before the step, block
+ * copy[2i] is copied to copy[2i + 1] in every layer (copy-on-write), i < n_copy. */
+struct rt_kv_step {
+    const int32_t *tables;
+    int table_stride;
+    int n_copy;
+    const int32_t *copy;
+};
 
 /*
- * Check a batch against the model and cache (the checks of rt_exec_forward: the same on every
- * rank, so ranks run it before any collective and agree). Reports the first problem.
+ * Check a batch against the model and the positions each slot holds (len[n_seqs]) in a context
+ * of n_ctx positions: the checks of rt_exec_forward, the same on every rank. Reports the first
+ * problem.
  */
-enum rt_err rt_model_check_batch(const struct rt_model *m, const struct rt_kv *kv,
+enum rt_err rt_model_check_batch(const struct rt_model *m, const int *len, int n_seqs, int n_ctx,
                                  const struct rt_batch *b);
 
 /* What a forward returns (every rank of a TP set must be given the same). */
@@ -375,16 +417,16 @@ enum rt_out {
 
 /*
  * This rank's part of one forward (the batch already checked): runs every op on its weights,
- * the collectives through its communicator (every rank must call it with the same batch and
- * `out`), and appends the keys/values to kv. Rank 0 (the gather root) receives the result:
+ * the collectives through its communicator (every rank must call it with the same batch, block
+ * tables and `out`), and writes the keys/values into kv's blocks that ks names. Rank 0 (the gather root) receives the result:
  * RT_OUT_LOGITS: host fp32 logits [n_out][vocab_size]; RT_OUT_PICK: ids[n_out] chosen on its
  * device with picks[n_out] (rt_model_can_pick). Other ranks pass NULL for logits, picks, ids.
  * Errors: backend errors, RT_ERR_PEER (a collective failed because another rank did),
  * RT_ERR_NUMERIC (a pick with no finite logit).
  */
 enum rt_err rt_model_forward(struct rt_model *m, struct rt_kv *kv, const struct rt_batch *b,
-                             enum rt_out out, float *logits, const struct rt_pick *picks,
-                             int32_t *ids);
+                             const struct rt_kv_step *ks, enum rt_out out, float *logits,
+                             const struct rt_pick *picks, int32_t *ids);
 
 /* --- backends ------------------------------------------------------------------------------- */
 

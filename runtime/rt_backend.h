@@ -21,6 +21,8 @@
 extern "C" {
 #endif
 
+#define RT_MAX_GRAPHS 16 /* decode-graph keys per backend */
+
 /* Return the rt_err of expr unless it is RT_ERR_NONE (the runtime's files; the failing call has
  * reported it). */
 #define RT_TRY(expr)                     \
@@ -103,7 +105,8 @@ enum rt_err rt_comm_local_create(int world, enum rt_device device, int first_gpu
  *         logits [M][E], lm_head logits [M][V_r], inv_freq: always fp32 (float *).
  *   i32   token ids and positions of the batch (uploaded by the model before the ops that read
  *         them, so a recorded graph reads them at replay).
- *   kv    KV cache [n_kv_heads][T_cap][hd] per layer and slot: kv_size bytes per element.
+ *   kv    KV cache pools [n_blocks][n_kv_heads][block_size][hd] per layer (kernels/ref.h
+ *         "paged KV cache"): kv_size bytes per element.
  * Row strides are in elements.
  *
  * Deferred split-K ("acc" arguments): a W4A16 linear given acc (fp32 [M][N], zero on entry) adds
@@ -113,6 +116,25 @@ enum rt_err rt_comm_local_create(int world, enum rt_device device, int first_gpu
  * that of the plain ops without the fp16 rounding of the linear's output.
  */
 enum rt_buf_type { RT_BUF_F32 = 0, RT_BUF_ACT = 1 };
+
+/* A run of consecutive batch rows of one sequence (host). */
+struct rt_attn_run {
+    int row0, n; /* rows [row0, row0 + n) of the chunk */
+    int p0;      /* position of row0 */
+    int table;   /* its block table: row `table` of rt_attn_rows.tables */
+};
+
+/* The paged view of one chunk's attention: per row its position and block table (backend i32
+ * arrays, uploaded by the model before the ops that read them), and the runs on the host. */
+struct rt_attn_rows {
+    const int32_t *pos;       /* [M] */
+    const int32_t *row_table; /* [M] table row of each row */
+    const int32_t *tables;    /* [n_tables][table_stride] block ids */
+    int table_stride, block_size;
+    int max_keys;             /* >= pos + 1 of every row (host bound; the context when recording) */
+    const struct rt_attn_run *runs; /* host [n_runs], in row order */
+    int n_runs;
+};
 
 struct rt_backend_ops {
     const char *name;  /* "cpu", "cuda" */
@@ -130,6 +152,9 @@ struct rt_backend_ops {
     enum rt_err (*load_weights)(void *ctx, const struct fmt_shard *s);
     const void *(*tensor_ptr)(void *ctx, const struct fmt_tensor *t);
 
+    /* Optional: device memory free and in all, bytes (CUDA: cudaMemGetInfo), to size the KV
+     * cache from a share of what the weights and activations left. */
+    enum rt_err (*mem_info)(void *ctx, size_t *free_bytes, size_t *total_bytes);
     /* memory: zero-filled allocation of `bytes`; free accepts NULL */
     enum rt_err (*alloc)(void *ctx, size_t bytes, void **out);
     void (*free)(void *ctx, void *p);
@@ -168,21 +193,25 @@ struct rt_backend_ops {
                           float *y);
     /* On the fused qkv rows x of M tokens (act, rows of row_stride, [q (n_q heads) | k (n_kv) |
      * v (n_kv)]): ref_rope of the n_q + n_kv q and k heads at positions pos[m] (i32 backend
-     * [M]), then row pos[m] of each kv head of k_cache / v_cache ([n_kv][T_cap][hd]) = the
+     * [M]), then pool row slots[m] (i32 backend [M]; < 0: not stored) of each kv head of
+     * k_pool / v_pool (the paged layout of kernels/ref.h, blocks of block_size rows) = the
      * rotated k / the v of row m. With x_acc (f32 [M][row_stride], the qkv linear's deferred
      * sums): the rows are read from x_acc, written to x rounded, and x_acc zeroed. */
     enum rt_err (*rope_kv_store)(void *ctx, void *x, float *x_acc, int M, int n_q, int n_kv,
                                  int hd, size_t row_stride, const int32_t *pos,
-                                 const float *inv_freq, void *k_cache, void *v_cache,
-                                 int T_cap);
-    /* ref_attention (causal, GQA, sliding window <= 0 = none): act out, act q, kv caches; the
-     * M query rows are at positions start_pos .. start_pos + M - 1 of one sequence. While a
-     * graph is being recorded the backend reads the start position at replay from
-     * start_pos_dev (i32 backend memory holding start_pos now). */
+                                 const float *inv_freq, void *k_pool, void *v_pool,
+                                 const int32_t *slots, int block_size);
+    /* ref_attention_paged (causal, GQA, sliding window <= 0 = none) of the M rows of `a`: act
+     * out, act q, the pools. While a graph is being recorded every run has one row and the
+     * backend must read everything but the host fields at replay. */
     enum rt_err (*attention)(void *ctx, void *out, size_t out_stride, const void *q,
-                             size_t q_stride, const void *k_cache, const void *v_cache, int M,
-                             int start_pos, const int32_t *start_pos_dev, int n_heads,
-                             int n_kv_heads, int hd, int T_cap, int sliding_window);
+                             size_t q_stride, const void *k_pool, const void *v_pool, int M,
+                             const struct rt_attn_rows *a, int n_heads, int n_kv_heads, int hd,
+                             int sliding_window);
+    /* Copy pool block src to block dst in both pools (block_elems = n_kv * block_size * hd
+     * elements each): copy-on-write of a shared block. */
+    enum rt_err (*kv_copy_block)(void *ctx, void *k_pool, void *v_pool, int src, int dst,
+                                 size_t block_elems);
     /* Gated activation `kind` (ref_silu_mul for RT_ACT_SILU): act out[M][I] = act(gate) * up,
      * act gate_up [M][2I] = [gate | up]; with gate_up_acc (f32 [M][2I], the gate_up linear's
      * deferred sums) the input is read from it and it is zeroed. */
@@ -200,23 +229,25 @@ struct rt_backend_ops {
     enum rt_err (*all_reduce)(void *ctx, void *buf, size_t n, enum rt_buf_type type);
     enum rt_err (*gather)(void *ctx, const void *send, size_t bytes, void *recv);
 
-    /* Optional (NULL in backends without it; all four or none): one decode step recorded as a
-     * replayable graph. Between graph_begin and graph_end the ops are recorded, not run; they
-     * read the step's token and position from the i32 buffers the model uploads before each
-     * step (and attention's start_pos_dev), so the recording does not depend on them.
+    /* Optional (NULL in backends without it; all four or none): decode steps recorded as
+     * replayable graphs, one per key in [0, RT_MAX_GRAPHS) (the model's batch-size buckets).
+     * Between graph_begin and graph_end the ops are recorded, not run; they read the step's
+     * tokens, positions, cache slots and block tables from the i32 buffers the model uploads
+     * before each step, so the recording does not depend on them.
      * graph_end(ok = false) discards the recording. graph_ready: a valid recording exists (one
      * was made and no buffer it uses has been reallocated since). graph_replay runs it; *done =
      * false (nothing run) when not ready. */
-    enum rt_err (*graph_begin)(void *ctx);
-    enum rt_err (*graph_end)(void *ctx, bool ok);
-    bool (*graph_ready)(void *ctx);
-    enum rt_err (*graph_replay)(void *ctx, bool *done);
+    enum rt_err (*graph_begin)(void *ctx, int key);
+    enum rt_err (*graph_end)(void *ctx, int key, bool ok);
+    bool (*graph_ready)(void *ctx, int key);
+    enum rt_err (*graph_replay)(void *ctx, int key, bool *done);
 
-    /* Optional: *id = the next token chosen on the device from f32 logits [>= pick's n_vocab]
-     * following rt_sample.h with `pick` (host), or -1 when no logit is finite (kernels.h
-     * k_sample). Synchronises (the id is on the host on return). */
-    enum rt_err (*sample)(void *ctx, const float *logits, int n_vocab,
-                          const struct rt_pick *pick, int32_t *id);
+    /* Optional: ids[i] = the next token chosen on the device from row i of f32 logits (rows of
+     * row_stride floats, [>= n_vocab] each) following rt_sample.h with picks[i] (host), or -1
+     * when no logit of the row is finite (kernels.h k_sample), for i < n. Synchronises (the ids
+     * are on the host on return). */
+    enum rt_err (*sample)(void *ctx, const float *logits, size_t row_stride, int n, int n_vocab,
+                          const struct rt_pick *picks, int32_t *ids);
 };
 
 struct rt_backend {

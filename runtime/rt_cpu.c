@@ -190,43 +190,41 @@ static enum rt_err cpu_router(void *ctx, const void *x, const float *W, int M, i
 
 static enum rt_err cpu_rope_kv_store(void *ctx, void *vx, float *x_acc, int M, int n_q, int n_kv,
                                      int hd, size_t row_stride, const int32_t *pos,
-                                     const float *inv_freq, void *vk_cache, void *vv_cache,
-                                     int T_cap)
+                                     const float *inv_freq, void *k_pool, void *v_pool,
+                                     const int32_t *slots, int block_size)
 {
     (void)ctx;
-    float *x = vx, *k_cache = vk_cache, *v_cache = vv_cache;
+    float *x = vx;
     if (x_acc) { /* the qkv sums become the rows, and the accumulator is zero again */
         memcpy(x, x_acc, (size_t)M * row_stride * sizeof(float));
         memset(x_acc, 0, (size_t)M * row_stride * sizeof(float));
     }
     /* the k heads follow the q heads in each row: one call rotates both */
     ref_rope(x, M, n_q + n_kv, hd, row_stride, pos, inv_freq);
-    for (int m = 0; m < M; m++) {
-        if (pos[m] < 0 || pos[m] >= T_cap) {
-            qs_log_error(__func__, "position %d outside the KV cache of %d rows", (int)pos[m],
-                         T_cap);
-            return RT_ERR_SHAPE;
-        }
-        const float *k = x + (size_t)m * row_stride + (size_t)n_q * hd;
-        const float *v = k + (size_t)n_kv * hd;
-        for (int h = 0; h < n_kv; h++) {
-            size_t dst = ((size_t)h * (size_t)T_cap + (size_t)pos[m]) * (size_t)hd;
-            memcpy(k_cache + dst, k + (size_t)h * hd, (size_t)hd * sizeof(float));
-            memcpy(v_cache + dst, v + (size_t)h * hd, (size_t)hd * sizeof(float));
-        }
-    }
+    ref_kv_store_paged(k_pool, v_pool, x + (size_t)n_q * hd, x + (size_t)(n_q + n_kv) * hd,
+                       row_stride, M, slots, n_kv, hd, block_size);
     return RT_ERR_NONE;
 }
 
 static enum rt_err cpu_attention(void *vctx, void *out, size_t out_stride, const void *q,
-                                 size_t q_stride, const void *k_cache, const void *v_cache, int M,
-                                 int start_pos, const int32_t *start_pos_dev, int n_heads,
-                                 int n_kv_heads, int hd, int T_cap, int sliding_window)
+                                 size_t q_stride, const void *k_pool, const void *v_pool, int M,
+                                 const struct rt_attn_rows *a, int n_heads, int n_kv_heads,
+                                 int hd, int sliding_window)
 {
     struct cpu_ctx *c = vctx;
-    (void)start_pos_dev;
-    return from_ref(ref_attention(out, out_stride, q, q_stride, k_cache, v_cache, M, start_pos,
-                                  n_heads, n_kv_heads, hd, T_cap, sliding_window, c->pool));
+    return from_ref(ref_attention_paged(out, out_stride, q, q_stride, k_pool, v_pool, M, a->pos,
+                                        a->tables, a->table_stride, a->row_table, n_heads,
+                                        n_kv_heads, hd, a->block_size, sliding_window, c->pool));
+}
+
+static enum rt_err cpu_kv_copy_block(void *ctx, void *k_pool, void *v_pool, int src, int dst,
+                                     size_t block_elems)
+{
+    (void)ctx;
+    float *k = k_pool, *v = v_pool;
+    memcpy(k + (size_t)dst * block_elems, k + (size_t)src * block_elems, block_elems * sizeof(float));
+    memcpy(v + (size_t)dst * block_elems, v + (size_t)src * block_elems, block_elems * sizeof(float));
+    return RT_ERR_NONE;
 }
 
 static enum rt_err cpu_act_mul(void *ctx, enum rt_act kind, void *out, const void *gate_up,
@@ -315,6 +313,7 @@ static const struct rt_backend_ops cpu_ops = {
     .router = cpu_router,
     .rope_kv_store = cpu_rope_kv_store,
     .attention = cpu_attention,
+    .kv_copy_block = cpu_kv_copy_block,
     .act_mul = cpu_act_mul,
     .gather_rows = cpu_gather_rows,
     .scatter_add_rows = cpu_scatter_add_rows,

@@ -20,16 +20,25 @@
 #include <unistd.h>
 
 #include "qs_log.h"
+#include "rt_blocks.h"
 #include "rt_model_int.h"
 
-enum cmd_kind { CMD_FORWARD = 1, CMD_CLEAR = 2, CMD_QUIT = 3 };
+enum cmd_kind { CMD_FORWARD = 1, CMD_NOOP = 2, CMD_QUIT = 3 };
 
-/* What rank 0 broadcasts before each step (then, for CMD_FORWARD, the arrays). */
+/* What rank 0 broadcasts before each step (then, for CMD_FORWARD, the arrays: tokens, positions,
+ * slots when has_seq, out rows, the block tables [n_tab][tab_stride], the copies [2 n_copy]). */
 struct cmd_hdr {
     int32_t kind;
     int32_t n_tokens, n_out, out_mode, has_seq;
-    int32_t seq; /* CMD_CLEAR: the slot */
+    int32_t n_tab, tab_stride, n_copy;
 };
+
+/* Words of a step's payload after the header. */
+static size_t payload_words(const struct cmd_hdr *h)
+{
+    return (size_t)h->n_tokens * (h->has_seq ? 3 : 2) + (size_t)h->n_out +
+           (size_t)h->n_tab * (size_t)h->tab_stride + 2 * (size_t)h->n_copy;
+}
 
 struct rank_slot {
     struct rt_exec *e;
@@ -56,6 +65,11 @@ struct rt_exec {
     size_t scratch_cap;
     int32_t *seqbuf;              /* rank 0: positions, slots, out rows of a one-sequence batch */
     size_t seqbuf_cap;
+    struct rt_blocks *blocks;     /* rank 0: the block tables of the paged KV cache */
+    int *lens;                    /* rank 0: [n_seqs] positions each slot holds (check_batch) */
+    int n_seqs, n_ctx, block_size;
+    int32_t *copy;                /* rank 0: copies-on-write of one step */
+    size_t copy_cap;
 };
 
 /* Grow a host int32 buffer to n entries (no shrink). */
@@ -76,6 +90,35 @@ static enum rt_err grow_i32(int32_t **buf, size_t *cap, size_t n)
 
 // --- one rank's life -------------------------------------------------------------------------------
 
+/* Blocks of this rank's pool (rt_opts: kv_blocks, kv_cache_bytes, kv_mem_fraction of the free
+ * device memory, else every slot at n_ctx), plus the reserved block 0. */
+static int pool_blocks(const struct rt_exec *e, const struct rt_model *m)
+{
+    const struct rt_opts *o = &e->opts;
+    const int bs = m->block_size, per_seq = (m->n_ctx + bs - 1) / bs;
+    const double block = (double)rt_kv_block_bytes(m, bs);
+    double n = (double)o->n_seqs * per_seq + 1;
+    const char *why = "--max-num-seqs x the context";
+    size_t free_b = 0, total_b = 0;
+    if (o->kv_blocks > 0) {
+        n = o->kv_blocks;
+        why = "as asked";
+    } else if (o->kv_cache_bytes > 0) {
+        n = o->kv_cache_bytes / block;
+        why = "--kv-cache-gb";
+    } else if (o->kv_mem_fraction > 0 && m->be.ops->mem_info &&
+               m->be.ops->mem_info(m->be.ctx, &free_b, &total_b) == RT_ERR_NONE) {
+        n = o->kv_mem_fraction * (double)free_b / block;
+        why = "share of the free GPU memory";
+    }
+    if (n > 1 << 30)
+        n = 1 << 30;
+    if (m->rank == 0)
+        qs_log_info("KV cache: %d blocks of %d tokens (%.0f tokens, %.2f GiB per rank; %s)",
+                    (int)n, bs, n * bs, n * block / (1 << 30), why);
+    return (int)n;
+}
+
 static enum rt_err open_rank(struct rank_slot *s)
 {
     struct rt_exec *e = s->e;
@@ -84,8 +127,7 @@ static enum rt_err open_rank(struct rank_slot *s)
     if (e->factory)
         RT_TRY(e->factory(e->user, s->rank, e->world, comm, &be));
     RT_TRY(rt_model_open(e->path, s->rank, &e->opts, comm, be.ops ? &be : NULL, &s->m));
-    const int n_seqs = e->opts.n_seqs > 0 ? e->opts.n_seqs : 1;
-    return rt_kv_create(s->m, n_seqs, rt_model_n_ctx(s->m), &s->kv);
+    return rt_kv_create(s->m, pool_blocks(e, s->m), s->m->block_size, &s->kv);
 }
 
 /* Receive one step from rank 0 and run it; false when the loop ends (quit or failure). */
@@ -96,20 +138,22 @@ static bool follow_step(struct rank_slot *s, struct rt_comm *comm)
         return false;
     if (h.kind == CMD_QUIT)
         return false;
-    if (h.kind == CMD_CLEAR) {
-        rt_kv_clear(s->kv, h.seq);
+    if (h.kind == CMD_NOOP)
         return true;
-    }
-    const size_t n = (size_t)h.n_tokens * (h.has_seq ? 3 : 2) + (size_t)h.n_out;
+    const size_t n = payload_words(&h);
     if (grow_i32(&s->buf, &s->buf_cap, n) ||
         comm->ops->broadcast(comm, s->buf, n * sizeof(int32_t))) {
         comm->ops->abort(comm);
         return false;
     }
     const int32_t *p = s->buf;
+    const size_t nb = (size_t)h.n_tokens * (h.has_seq ? 3 : 2);
     const struct rt_batch b = {h.n_tokens, p, p + h.n_tokens, h.has_seq ? p + 2 * h.n_tokens : NULL,
-                               h.n_out, p + (size_t)h.n_tokens * (h.has_seq ? 3 : 2)};
-    if (rt_model_forward(s->m, s->kv, &b, (enum rt_out)h.out_mode, NULL, NULL, NULL)) {
+                               h.n_out, p + nb};
+    const int32_t *tab = p + nb + h.n_out;
+    const struct rt_kv_step ks = {tab, h.tab_stride, h.n_copy,
+                                  tab + (size_t)h.n_tab * (size_t)h.tab_stride};
+    if (rt_model_forward(s->m, s->kv, &b, &ks, (enum rt_out)h.out_mode, NULL, NULL, NULL)) {
         comm->ops->abort(comm);
         return false;
     }
@@ -205,10 +249,40 @@ static enum rt_err start_followers(struct rt_exec *e)
     return RT_ERR_NONE;
 }
 
+/* Rank 0's block manager over the smallest pool of the ranks (all open). */
+static enum rt_err open_blocks(struct rt_exec *e)
+{
+    const struct rt_model *m0 = e->slots[0].m;
+    int n_blocks = rt_kv_n_blocks(e->slots[0].kv);
+    for (int r = 1; r < e->world; r++)
+        if (rt_kv_n_blocks(e->slots[r].kv) < n_blocks)
+            n_blocks = rt_kv_n_blocks(e->slots[r].kv);
+    e->n_seqs = e->opts.n_seqs;
+    e->n_ctx = m0->n_ctx;
+    e->block_size = m0->block_size;
+    const int per_seq = m0->tab_stride;
+    if (n_blocks - 1 < per_seq) {
+        qs_log_error(__func__, "the KV cache holds %d blocks of %d tokens (%d tokens), less than "
+                     "one sequence of the context of %d tokens: give it more memory "
+                     "(--kv-cache-gb) or ask for a shorter context (--ctx)", n_blocks - 1,
+                     e->block_size, (n_blocks - 1) * e->block_size, e->n_ctx);
+        return RT_ERR_ARG;
+    }
+    e->lens = calloc((size_t)e->n_seqs, sizeof(int));
+    if (!e->lens) {
+        qs_log_error(__func__, "out of memory");
+        return RT_ERR_NOMEM;
+    }
+    return rt_blocks_create(n_blocks, e->block_size, e->n_seqs, per_seq,
+                            !e->opts.no_prefix_cache, &e->blocks);
+}
+
 static enum rt_err exec_open(struct rt_exec *e)
 {
-    if (e->world == 1)
-        return open_rank(&e->slots[0]);
+    if (e->world == 1) {
+        RT_TRY(open_rank(&e->slots[0]));
+        return open_blocks(e);
+    }
     enum rt_err err = start_followers(e);
     if (err) { /* the threads started so far leave through the failed communicator */
         e->dead = true;
@@ -218,12 +292,14 @@ static enum rt_err exec_open(struct rt_exec *e)
     }
     struct rt_comm *c = e->comm[0];
     e->slots[0].open_err = open_rank(&e->slots[0]);
-    struct cmd_hdr h = {0, 0, 0, 0, 0, 0};
+    struct cmd_hdr h = {0};
     err = c->ops->broadcast(c, &h, sizeof(h)); /* every rank has tried to open */
     if (!err)
         err = open_verdict(e);
+    if (!err)
+        err = open_blocks(e);
     /* the verdict: quit, or a no-op step after which the followers wait for the first batch */
-    h = (struct cmd_hdr){err ? CMD_QUIT : CMD_CLEAR, 0, 0, 0, 0, -1};
+    h = (struct cmd_hdr){.kind = err ? CMD_QUIT : CMD_NOOP};
     if (c->ops->broadcast(c, &h, sizeof(h)) && !err)
         err = RT_ERR_PEER;
     if (err)
@@ -281,7 +357,7 @@ void rt_exec_free(struct rt_exec *e)
         return;
     if (e->world > 1 && e->comm[0]) {
         if (!e->dead) {
-            struct cmd_hdr h = {CMD_QUIT, 0, 0, 0, 0, 0};
+            struct cmd_hdr h = {.kind = CMD_QUIT};
             if (e->comm[0]->ops->broadcast(e->comm[0], &h, sizeof(h)))
                 e->comm[0]->ops->abort(e->comm[0]);
         } else {
@@ -301,13 +377,62 @@ void rt_exec_free(struct rt_exec *e)
     free(e->slots);
     free(e->scratch);
     free(e->seqbuf);
+    free(e->copy);
+    free(e->lens);
+    rt_blocks_free(e->blocks);
     free(e->path);
     free(e);
 }
 
 // --- steps ------------------------------------------------------------------------------------------
 
-/* Rank 0: broadcast the batch to the followers, then run rank 0's part. */
+static int seq_at(const struct rt_batch *b, int i)
+{
+    return b->seq ? b->seq[i] : 0;
+}
+
+/* Rank 0: the blocks of every sequence of b made writable (rt_blocks_prepare: nothing changes
+ * when the pool is short), their tables into scratch after the batch words; *n_tab, the copies
+ * in e->copy. */
+static enum rt_err prepare_blocks(struct rt_exec *e, const struct rt_batch *b, size_t at,
+                                  int *n_tab, int *n_copy)
+{
+    const int st = e->slots[0].m->tab_stride;
+    int need = 0, n = 0;
+    for (int i = 0; i < b->n_tokens; n++) { /* first the whole step's need */
+        int j = i + 1;
+        while (j < b->n_tokens && seq_at(b, j) == seq_at(b, i))
+            j++;
+        need += rt_blocks_needed(e->blocks, seq_at(b, i), b->pos[i], j - i);
+        i = j;
+    }
+    if (need > rt_blocks_available(e->blocks)) {
+        qs_log_error(__func__, "the batch needs %d more KV-cache blocks, %d are free (%d in all): "
+                     "run fewer sequences at once or give the cache more memory", need,
+                     rt_blocks_available(e->blocks), rt_blocks_total(e->blocks));
+        return RT_ERR_KV_FULL;
+    }
+    RT_TRY(grow_i32(&e->scratch, &e->scratch_cap, at + (size_t)n * st));
+    RT_TRY(grow_i32(&e->copy, &e->copy_cap, 2 * ((size_t)b->n_tokens / e->block_size + 2 * (size_t)n)));
+    *n_copy = 0;
+    *n_tab = 0;
+    for (int i = 0; i < b->n_tokens; (*n_tab)++) {
+        const int s = seq_at(b, i);
+        int j = i + 1, nc = 0;
+        while (j < b->n_tokens && seq_at(b, j) == s)
+            j++;
+        RT_TRY(rt_blocks_prepare(e->blocks, s, b->pos[i], j - i, e->copy + 2 * *n_copy, &nc));
+        *n_copy += nc;
+        e->lens[s] = rt_blocks_len(e->blocks, s);
+        memcpy(e->scratch + at + (size_t)*n_tab * st, rt_blocks_table(e->blocks, s),
+               (size_t)st * sizeof(int32_t));
+        i = j;
+    }
+    return RT_ERR_NONE;
+}
+
+/* Rank 0: check the batch, prepare its blocks, broadcast it to the followers, run rank 0's
+ * part, then register the blocks it filled. */
 static enum rt_err run_step(struct rt_exec *e, const struct rt_batch *b, enum rt_out out,
                             float *logits, const struct rt_pick *picks, int32_t *ids)
 {
@@ -316,13 +441,18 @@ static enum rt_err run_step(struct rt_exec *e, const struct rt_batch *b, enum rt
         qs_log_error(__func__, "an earlier step failed: the model must be opened again");
         return RT_ERR_PEER;
     }
-    RT_TRY(rt_model_check_batch(s0->m, s0->kv, b));
+    RT_TRY(rt_model_check_batch(s0->m, e->lens, e->n_seqs, e->n_ctx, b));
+    const int n = b->n_tokens, has_seq = b->seq != NULL;
+    const size_t words = (size_t)n * (has_seq ? 3 : 2) + (size_t)b->n_out;
+    RT_TRY(grow_i32(&e->scratch, &e->scratch_cap, words));
+    int n_tab = 0, n_copy = 0;
+    RT_TRY(prepare_blocks(e, b, words, &n_tab, &n_copy));
+    const int st = s0->m->tab_stride;
     if (e->world > 1) {
         struct rt_comm *c = e->comm[0];
-        const int n = b->n_tokens, has_seq = b->seq != NULL;
-        const size_t words = (size_t)n * (has_seq ? 3 : 2) + (size_t)b->n_out;
-        struct cmd_hdr h = {CMD_FORWARD, n, b->n_out, (int32_t)out, has_seq, 0};
-        RT_TRY(grow_i32(&e->scratch, &e->scratch_cap, words));
+        struct cmd_hdr h = {CMD_FORWARD, n, b->n_out, (int32_t)out, has_seq, n_tab, st, n_copy};
+        const size_t all = payload_words(&h);
+        RT_TRY(grow_i32(&e->scratch, &e->scratch_cap, all));
         memcpy(e->scratch, b->tokens, (size_t)n * sizeof(int32_t));
         memcpy(e->scratch + n, b->pos, (size_t)n * sizeof(int32_t));
         if (has_seq)
@@ -330,19 +460,29 @@ static enum rt_err run_step(struct rt_exec *e, const struct rt_batch *b, enum rt
         if (b->n_out)
             memcpy(e->scratch + (size_t)n * (has_seq ? 3 : 2), b->out,
                    (size_t)b->n_out * sizeof(int32_t));
+        memcpy(e->scratch + words + (size_t)n_tab * st, e->copy, 2 * (size_t)n_copy * sizeof(int32_t));
         enum rt_err err = c->ops->broadcast(c, &h, sizeof(h));
         if (!err)
-            err = c->ops->broadcast(c, e->scratch, words * sizeof(int32_t));
+            err = c->ops->broadcast(c, e->scratch, all * sizeof(int32_t));
         if (err) {
             e->dead = true;
             return err;
         }
     }
-    enum rt_err err = rt_model_forward(s0->m, s0->kv, b, out, logits, picks, ids);
+    const struct rt_kv_step ks = {e->scratch + words, st, n_copy, e->copy};
+    enum rt_err err = rt_model_forward(s0->m, s0->kv, b, &ks, out, logits, picks, ids);
     if (err && err != RT_ERR_NUMERIC) {
         e->dead = true;
         if (e->world > 1)
             e->comm[0]->ops->abort(e->comm[0]);
+        return err;
+    }
+    for (int i = 0; i < n;) { /* the keys and values are in the cache: remember the tokens */
+        int j = i + 1;
+        while (j < n && seq_at(b, j) == seq_at(b, i))
+            j++;
+        rt_blocks_commit(e->blocks, seq_at(b, i), b->tokens + i, b->pos[i], j - i);
+        i = j;
     }
     return err;
 }
@@ -430,17 +570,47 @@ enum rt_err rt_exec_forward_seq_pick(struct rt_exec *e, int seq, const int32_t *
 
 int rt_exec_seq_len(const struct rt_exec *e, int seq)
 {
-    return rt_kv_len(e->slots[0].kv, seq);
+    return rt_blocks_len(e->blocks, seq);
 }
 
 void rt_exec_seq_clear(struct rt_exec *e, int seq)
 {
-    rt_kv_clear(e->slots[0].kv, seq);
-    if (e->world > 1 && !e->dead) {
-        struct cmd_hdr h = {CMD_CLEAR, 0, 0, 0, 0, seq};
-        if (e->comm[0]->ops->broadcast(e->comm[0], &h, sizeof(h)))
-            e->dead = true;
-    }
+    rt_blocks_clear(e->blocks, seq);
+    if (seq >= 0 && seq < e->n_seqs)
+        e->lens[seq] = 0;
+}
+
+int rt_exec_seq_match_prefix(struct rt_exec *e, int seq, const int32_t *tokens, int n)
+{
+    const int hit = rt_blocks_match(e->blocks, seq, tokens, n);
+    if (seq >= 0 && seq < e->n_seqs)
+        e->lens[seq] = rt_blocks_len(e->blocks, seq);
+    return hit;
+}
+
+int rt_exec_block_size(const struct rt_exec *e)
+{
+    return e->block_size;
+}
+
+int rt_exec_blocks_total(const struct rt_exec *e)
+{
+    return rt_blocks_total(e->blocks);
+}
+
+int rt_exec_blocks_available(const struct rt_exec *e)
+{
+    return rt_blocks_available(e->blocks);
+}
+
+int rt_exec_blocks_used(const struct rt_exec *e)
+{
+    return rt_blocks_used(e->blocks);
+}
+
+int rt_exec_blocks_needed(const struct rt_exec *e, int seq, int p0, int n)
+{
+    return rt_blocks_needed(e->blocks, seq, p0, n);
 }
 
 const struct rt_config *rt_exec_config(const struct rt_exec *e)
@@ -455,12 +625,12 @@ int rt_exec_world_size(const struct rt_exec *e)
 
 int rt_exec_n_ctx(const struct rt_exec *e)
 {
-    return rt_kv_n_ctx(e->slots[0].kv);
+    return e->n_ctx;
 }
 
 int rt_exec_n_seqs(const struct rt_exec *e)
 {
-    return rt_kv_n_seqs(e->slots[0].kv);
+    return e->n_seqs;
 }
 
 enum rt_device rt_exec_device(const struct rt_exec *e)

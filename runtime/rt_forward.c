@@ -14,9 +14,13 @@
  * act_mul's gate_up_acc after gate_up, norm's x_acc after o and down at world size 1). Each
  * pair computes what the plain ops compute, without the fp16 rounding of the linear's output.
  *
- * A decode step (one row wanted of one token) may run as the backend's recorded graph: the
- * recording holds the body and the lm_head of that row and reads the token and position from
- * the buffers uploaded before each step.
+ * The KV cache is paged (kernels/ref.h): each chunk uploads, with its token ids and positions,
+ * the pool row ("slot") each token's key and value go to, the block table of each of its
+ * sequences and which table each row reads (computed here on the host from the step's tables,
+ * struct rt_kv_step). A decode step (every sequence one token, every row's output wanted) may
+ * run as the backend's recorded graph of its batch-size bucket (1, 2, 4, .. 256 rows, padded
+ * with rows that write to the reserved block 0 and whose outputs are dropped): the recording
+ * holds the body and the lm_head of those rows and reads everything from the uploaded buffers.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,20 +37,7 @@ static int seq_of(const struct rt_batch *b, int i)
     return b->seq ? b->seq[i] : 0;
 }
 
-/* The runs of rows [c0, c0 + M) of b (rows relative to c0) into m->runs; returns how many. */
-static int make_runs(struct rt_model *m, const struct rt_batch *b, int c0, int M)
-{
-    int n = 0;
-    for (int i = 0; i < M; i++) {
-        const int s = seq_of(b, c0 + i);
-        if (n == 0 || m->runs[n - 1].seq != s)
-            m->runs[n++] = (struct rt_run){i, 0, s, b->pos[c0 + i]};
-        m->runs[n - 1].n++;
-    }
-    return n;
-}
-
-enum rt_err rt_model_check_batch(const struct rt_model *m, const struct rt_kv *kv,
+enum rt_err rt_model_check_batch(const struct rt_model *m, const int *len, int n_seqs, int n_ctx,
                                  const struct rt_batch *b)
 {
     const struct rt_config *c = &m->cfg;
@@ -62,8 +53,8 @@ enum rt_err rt_model_check_batch(const struct rt_model *m, const struct rt_kv *k
         }
     for (int i = 0; i < b->n_tokens;) {
         const int s = seq_of(b, i), p0 = b->pos[i];
-        if (s < 0 || s >= kv->n_seqs) {
-            qs_log_error(__func__, "token %d: sequence slot %d outside [0, %d)", i, s, kv->n_seqs);
+        if (s < 0 || s >= n_seqs) {
+            qs_log_error(__func__, "token %d: sequence slot %d outside [0, %d)", i, s, n_seqs);
             return RT_ERR_ARG;
         }
         for (int j = 0; j < i; j++)
@@ -72,9 +63,9 @@ enum rt_err rt_model_check_batch(const struct rt_model *m, const struct rt_kv *k
                              "(its tokens must be consecutive)", i, s);
                 return RT_ERR_ARG;
             }
-        if (p0 < 0 || p0 > kv->len[s]) {
+        if (p0 < 0 || p0 > len[s]) {
             qs_log_error(__func__, "start_pos %d: only positions [0, %d) are in the KV cache%s",
-                         p0, kv->len[s], kv->n_seqs > 1 ? " of that sequence" : "");
+                         p0, len[s], n_seqs > 1 ? " of that sequence" : "");
             return RT_ERR_ARG;
         }
         int j = i + 1;
@@ -84,10 +75,10 @@ enum rt_err rt_model_check_batch(const struct rt_model *m, const struct rt_kv *k
                              "sequence must follow each other)", j, b->pos[j], b->pos[j - 1]);
                 return RT_ERR_ARG;
             }
-        if ((int64_t)p0 + (j - i) > kv->n_ctx) {
+        if ((int64_t)p0 + (j - i) > n_ctx) {
             qs_log_error(__func__, "context overflow: positions %d..%lld do not fit the KV cache "
                          "of %d tokens (n_ctx; the model allows up to %d)", p0,
-                         (long long)p0 + (j - i) - 1, kv->n_ctx, c->max_position_embeddings);
+                         (long long)p0 + (j - i) - 1, n_ctx, c->max_position_embeddings);
             return RT_ERR_CONTEXT;
         }
         i = j;
@@ -103,6 +94,65 @@ enum rt_err rt_model_check_batch(const struct rt_model *m, const struct rt_kv *k
             return RT_ERR_ARG;
         }
     return RT_ERR_NONE;
+}
+
+/* Where the chunks' sequences are in the step's tables (rt_model_forward walks the chunks). */
+struct walk {
+    const struct rt_kv_step *ks;
+    int g; /* table row (in ks) of the sequence of the last token walked, -1 before the first */
+};
+
+/*
+ * Rows [c0, c0 + M) of b into m->runs (returns how many) and the host arrays of the chunk:
+ * token ids, positions, pool slots, the table row of each row; the tables of the chunk's
+ * sequences into m->h_tabs rows 0.. (run j reads row j). Padding rows up to `rows` (a graph
+ * bucket): token 0 at position 0, stored nowhere, reading a zero table (block 0).
+ */
+static int make_runs(struct rt_model *m, const struct rt_batch *b, int c0, int M, int rows,
+                     struct walk *w)
+{
+    const int bs = m->block_size, st = m->tab_stride;
+    const int cp = w->ks->table_stride < st ? w->ks->table_stride : st;
+    int n = 0;
+    for (int i = 0; i < M; i++) {
+        const int s = seq_of(b, c0 + i), p = b->pos[c0 + i];
+        if (i == 0 || s != seq_of(b, c0 + i - 1)) {
+            if (!(i == 0 && c0 > 0 && s == seq_of(b, c0 - 1))) /* else continued from the last chunk */
+                w->g++;
+            m->runs[n] = (struct rt_attn_run){i, 0, p, n};
+            int32_t *dst = m->h_tabs + (size_t)n * st;
+            memcpy(dst, w->ks->tables + (size_t)w->g * w->ks->table_stride, (size_t)cp * sizeof(int32_t));
+            if (cp < st)
+                memset(dst + cp, 0, (size_t)(st - cp) * sizeof(int32_t));
+            n++;
+        }
+        m->runs[n - 1].n++;
+        const int32_t *tab = m->h_tabs + (size_t)(n - 1) * st;
+        m->h_tok[i] = b->tokens[c0 + i];
+        m->h_pos[i] = p;
+        m->h_slots[i] = tab[p / bs] * bs + p % bs;
+        m->h_row_tab[i] = n - 1;
+    }
+    for (int i = M; i < rows; i++) { /* graph padding */
+        m->h_tok[i] = 0;
+        m->h_pos[i] = 0;
+        m->h_slots[i] = -1;
+        m->h_row_tab[i] = i;
+        memset(m->h_tabs + (size_t)i * st, 0, (size_t)st * sizeof(int32_t));
+    }
+    return n;
+}
+
+/* The chunk's host arrays (make_runs) to backend memory: rows token rows, n_tab table rows. */
+static enum rt_err upload_chunk(struct rt_model *m, int rows, int n_tab)
+{
+    const size_t r = (size_t)rows * sizeof(int32_t);
+    RT_TRY(OPS->upload(BCTX, m->tok, m->h_tok, r));
+    RT_TRY(OPS->upload(BCTX, m->pos, m->h_pos, r));
+    RT_TRY(OPS->upload(BCTX, m->slots, m->h_slots, r));
+    RT_TRY(OPS->upload(BCTX, m->row_tab, m->h_row_tab, r));
+    return OPS->upload(BCTX, m->tabs, m->h_tabs,
+                       (size_t)n_tab * (size_t)m->tab_stride * sizeof(int32_t));
 }
 
 // --- ops of one chunk ----------------------------------------------------------------------------
@@ -133,21 +183,12 @@ static enum rt_err attn_block(struct rt_model *m, struct rt_kv *kv, int l, int M
     float *qacc = use_acc(m, &ly->qkv, M) ? m->acc : NULL;
 
     RT_TRY(linear(m, &ly->qkv, m->x, M, m->qkv, qacc));
-    for (int j = 0; j < n_runs; j++) {
-        const struct rt_run *r = &m->runs[j];
-        RT_TRY(OPS->rope_kv_store(BCTX, rt_act_at(m, m->qkv, (size_t)r->row0 * stride),
-                               qacc ? qacc + (size_t)r->row0 * stride : NULL, r->n, nq, nkv, hd,
-                               stride, m->pos + r->row0, m->inv_freq, rt_kv_slot(kv, l, r->seq, false),
-                               rt_kv_slot(kv, l, r->seq, true), kv->n_ctx));
-    }
-    for (int j = 0; j < n_runs; j++) {
-        const struct rt_run *r = &m->runs[j];
-        RT_TRY(OPS->attention(BCTX, rt_act_at(m, m->att, (size_t)r->row0 * nq * hd),
-                           (size_t)nq * hd, rt_act_at(m, m->qkv, (size_t)r->row0 * stride),
-                           stride, rt_kv_slot(kv, l, r->seq, false),
-                           rt_kv_slot(kv, l, r->seq, true), r->n, r->p0, m->pos + r->row0, nq,
-                           nkv, hd, kv->n_ctx, c->sliding_window));
-    }
+    RT_TRY(OPS->rope_kv_store(BCTX, m->qkv, qacc, M, nq, nkv, hd, stride, m->pos, m->inv_freq,
+                              kv->k[l], kv->v[l], m->slots, kv->block_size));
+    const struct rt_attn_rows a = {m->pos, m->row_tab, m->tabs, m->tab_stride, kv->block_size,
+                                   m->max_keys, m->runs, n_runs};
+    RT_TRY(OPS->attention(BCTX, m->att, (size_t)nq * hd, m->qkv, stride, kv->k[l], kv->v[l], M,
+                          &a, nq, nkv, hd, c->sliding_window));
     float *oacc = use_acc(m, &ly->o, M) ? m->acc : NULL;
     *deferred = oacc != NULL;
     return linear(m, &ly->o, m->att, M, m->o, oacc);
@@ -290,86 +331,114 @@ static enum rt_err download_logits(struct rt_model *m, const float *all, int n, 
     return RT_ERR_NONE;
 }
 
-/* Rank 0: the next token of one gathered row [world * V_r] (contiguous: vocab order). */
-static enum rt_err pick_row(struct rt_model *m, const float *row, const struct rt_pick *pick,
-                            int32_t *id)
+/* Rank 0: the next tokens of n gathered rows (row i at rows + i * stride, vocab order). */
+static enum rt_err pick_rows(struct rt_model *m, const float *rows, size_t stride, int n,
+                             const struct rt_pick *picks, int32_t *ids)
 {
     const struct rt_config *c = &m->cfg;
-    const int limit = pick->p.vocab_limit; /* rt_sample.h step 0: ids [0, limit) only */
+    const int limit = picks[0].p.vocab_limit; /* rt_sample.h step 0: ids [0, limit) only */
     const int nv = limit > 0 && limit < c->vocab_size ? limit : c->vocab_size;
-    RT_TRY(OPS->sample(BCTX, row, nv, pick, id));
-    if (*id < 0 || *id >= nv) {
-        qs_log_error(__func__, "no finite logit among the %d ids: the model computed NaN or "
-                     "-inf everywhere", nv);
-        return RT_ERR_NUMERIC;
-    }
+    RT_TRY(OPS->sample(BCTX, rows, stride, n, nv, picks, ids));
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= nv) {
+            qs_log_error(__func__, "no finite logit among the %d ids of output row %d: the model "
+                         "computed NaN or -inf everywhere", nv, i);
+            return RT_ERR_NUMERIC;
+        }
     return RT_ERR_NONE;
 }
 
+/* Picks of k rows whose lm_head rows are in m->logits: at world size 1 straight from there;
+ * else each row gathered on its own (row r of logits_all = [world][V_r], vocab order). */
+static enum rt_err pick_out(struct rt_model *m, int k, const struct rt_pick *picks, int32_t *ids)
+{
+    const size_t Vr = (size_t)m->cfg.vocab_size_per_rank;
+    if (m->world == 1)
+        return m->rank == 0 ? pick_rows(m, m->logits, Vr, k, picks, ids) : RT_ERR_NONE;
+    for (int r = 0; r < k; r++)
+        RT_TRY(OPS->gather(BCTX, m->logits + (size_t)r * Vr, Vr * sizeof(float),
+                           m->logits_all + (size_t)r * m->world * Vr));
+    return m->rank == 0 ? pick_rows(m, m->logits_all, (size_t)m->world * Vr, k, picks, ids)
+                        : RT_ERR_NONE;
+}
+
 /* The outputs of rows rows[0..n-1] of the chunk (their logits or picks, entries [0, n) of
- * logits / picks / ids); with `head_done` row rows[0]'s lm_head already ran (a graph). */
+ * logits / picks / ids); with `head_done` the lm_head of rows[0..n-1] already ran (a graph). */
 static enum rt_err outputs(struct rt_model *m, const int32_t *rows, int n, enum rt_out out,
                            bool head_done, float *logits, const struct rt_pick *picks,
                            int32_t *ids)
 {
-    const int V = m->cfg.vocab_size;
-    const int per = out == RT_OUT_PICK ? 1 : m->logit_rows; /* a pick reads one whole row */
+    const int V = m->cfg.vocab_size, per = m->logit_rows;
     for (int i = 0; i < n; i += per) {
         const int k = n - i < per ? n - i : per;
-        if (!(head_done && i == 0))
+        if (!head_done)
             RT_TRY(lm_head_rows(m, rows + i, k));
+        if (out == RT_OUT_PICK) {
+            RT_TRY(pick_out(m, k, picks ? picks + i : NULL, ids ? ids + i : NULL));
+            continue;
+        }
         const float *all;
         RT_TRY(gather_logits(m, k, &all));
-        if (m->rank != 0)
-            continue;
-        if (out == RT_OUT_PICK)
-            RT_TRY(pick_row(m, all, &picks[i], &ids[i]));
-        else
+        if (m->rank == 0)
             RT_TRY(download_logits(m, all, k, logits + (size_t)i * V));
     }
     return RT_ERR_NONE;
 }
 
-// --- decode-step graph --------------------------------------------------------------------------
+// --- decode-step graphs -------------------------------------------------------------------------
 
-/* Record body + lm_head of a decode step (one row, run runs[0]) as the backend's graph.
- * Nothing runs. false when the recording failed (logged at debug level). */
-static bool record_graph(struct rt_model *m, struct rt_kv *kv)
+/* The graph bucket of a decode step of M rows: the smallest power of two >= M (its key is the
+ * exponent), or -1 when the step cannot be a graph (too many rows for the buffers). */
+static int graph_bucket(const struct rt_model *m, int M, int *rows)
 {
-    enum rt_err e = OPS->graph_begin(BCTX);
+    int key = 0, r = 1;
+    while (r < M) {
+        r *= 2;
+        key++;
+    }
+    if (r > m->max_batch || r > m->logit_rows || key >= RT_MAX_GRAPHS)
+        return -1;
+    *rows = r;
+    return key;
+}
+
+/* Record body + lm_head of a decode step of `rows` rows (runs of one row each) as the graph of
+ * `key`. Nothing runs. false when the recording failed (logged at debug level). */
+static bool record_graph(struct rt_model *m, struct rt_kv *kv, int key, int rows)
+{
+    enum rt_err e = OPS->graph_begin(BCTX, key);
     if (e) {
         qs_log_debug("decode graph: cannot begin a recording (%s)", rt_err_str(e));
         return false;
     }
-    const int32_t row0 = 0;
-    e = body(m, kv, 1, 1);
+    for (int i = 0; i < rows; i++) /* the recording's runs: one row each */
+        m->runs[i] = (struct rt_attn_run){i, 1, 0, i};
+    e = body(m, kv, rows, rows);
     if (!e)
-        e = lm_head_rows(m, &row0, 1);
-    const enum rt_err e2 = OPS->graph_end(BCTX, e == RT_ERR_NONE);
-    if (e || e2 || !OPS->graph_ready(BCTX)) {
-        qs_log_debug("decode graph: recording failed (%s); this step runs op by op",
-                     rt_err_str(e ? e : e2 ? e2 : RT_ERR_DEVICE));
+        e = lm_head_rows(m, m->h_out, rows);
+    const enum rt_err e2 = OPS->graph_end(BCTX, key, e == RT_ERR_NONE);
+    if (e || e2 || !OPS->graph_ready(BCTX, key)) {
+        qs_log_debug("decode graph of %d rows: recording failed (%s); this step runs op by op",
+                     rows, rt_err_str(e ? e : e2 ? e2 : RT_ERR_DEVICE));
         return false;
     }
-    m->graph_kv = kv;
-    m->graph_seq = m->runs[0].seq;
+    m->graph_kv[key] = kv;
     return true;
 }
 
-/* One decode step through the graph: replay the recording, or record it first. *done = false
- * when no graph could be made (the caller runs the step op by op; a failed recording ran
- * nothing). */
-static enum rt_err step_graph(struct rt_model *m, struct rt_kv *kv, bool *done)
+/* One decode step through the graph of its bucket: replay the recording, or record it first.
+ * *done = false when no graph could be made (the caller runs the step op by op; a failed
+ * recording ran nothing). */
+static enum rt_err step_graph(struct rt_model *m, struct rt_kv *kv, int key, int rows, bool *done)
 {
     *done = false;
-    const bool ready = OPS->graph_ready(BCTX) && m->graph_kv == kv &&
-                       m->graph_seq == m->runs[0].seq;
-    if (!ready && !record_graph(m, kv)) {
-        m->graph_failures++;
+    const bool ready = OPS->graph_ready(BCTX, key) && m->graph_kv[key] == kv;
+    if (!ready && !record_graph(m, kv, key, rows)) {
+        m->graph_failures[key]++;
         return RT_ERR_NONE;
     }
     bool ran = false;
-    RT_TRY(OPS->graph_replay(BCTX, &ran));
+    RT_TRY(OPS->graph_replay(BCTX, key, &ran));
     if (!ran) { /* ready was checked just before: cannot happen */
         qs_log_error(__func__, "rank %d's decode graph went stale during the step", m->rank);
         return RT_ERR_DEVICE;
@@ -380,32 +449,67 @@ static enum rt_err step_graph(struct rt_model *m, struct rt_kv *kv, bool *done)
 
 // --- forward --------------------------------------------------------------------------------------
 
+/* Whether rows [c0, c0 + M) with out rows rows[0..n_rows-1] are a decode step: one token per
+ * sequence, every row wanted. */
+static bool is_decode_step(const struct rt_batch *b, int c0, int M, const int32_t *rows,
+                           int n_rows)
+{
+    if (n_rows != M)
+        return false;
+    for (int i = 0; i < M; i++)
+        if (rows[i] != i || (i > 0 && seq_of(b, c0 + i) == seq_of(b, c0 + i - 1)))
+            return false;
+    return true;
+}
+
 /* Rows [c0, c0 + M) of the batch; out rows rows[0..n_rows-1] relative to c0 (results at
  * logits / picks / ids of those entries). */
 static enum rt_err chunk(struct rt_model *m, struct rt_kv *kv, const struct rt_batch *b, int c0,
                          int M, const int32_t *rows, int n_rows, enum rt_out out, float *logits,
-                         const struct rt_pick *picks, int32_t *ids)
+                         const struct rt_pick *picks, int32_t *ids, struct walk *w)
 {
-    const int n_runs = make_runs(m, b, c0, M);
-    RT_TRY(OPS->upload(BCTX, m->tok, b->tokens + c0, (size_t)M * sizeof(int32_t)));
-    RT_TRY(OPS->upload(BCTX, m->pos, b->pos + c0, (size_t)M * sizeof(int32_t)));
+    int key = -1, grows = M;
+    if (m->graphs && out != RT_OUT_NONE && is_decode_step(b, c0, M, rows, n_rows)) {
+        key = graph_bucket(m, M, &grows);
+        if (key >= 0 && m->graph_failures[key] >= 2)
+            key = -1;
+        if (key < 0)
+            grows = M;
+    }
+    const int n_runs = make_runs(m, b, c0, M, grows, w);
+    m->max_keys = 1;
+    for (int j = 0; j < n_runs; j++)
+        if (m->runs[j].p0 + m->runs[j].n > m->max_keys)
+            m->max_keys = m->runs[j].p0 + m->runs[j].n;
+    RT_TRY(upload_chunk(m, grows, key >= 0 ? grows : n_runs));
     bool head_done = false;
-    if (M == 1 && n_rows == 1 && out != RT_OUT_NONE && m->graphs && m->graph_failures < 2)
-        RT_TRY(step_graph(m, kv, &head_done));
+    if (key >= 0) {
+        for (int i = 0; i < grows; i++) /* the recording's lm_head rows (rows[i] == i below M) */
+            m->h_out[i] = i;
+        const int saved = m->max_keys;
+        m->max_keys = kv->m->n_ctx;
+        RT_TRY(step_graph(m, kv, key, grows, &head_done));
+        m->max_keys = saved;
+        if (!head_done) /* the recording changed m->runs */
+            make_runs(m, b, c0, M, M, &(struct walk){w->ks, w->g - n_runs});
+    }
     if (!head_done)
         RT_TRY(body(m, kv, M, n_runs));
-    for (int j = 0; j < n_runs; j++)
-        kv->len[m->runs[j].seq] = m->runs[j].p0 + m->runs[j].n;
     if (out == RT_OUT_NONE || n_rows == 0)
         return RT_ERR_NONE;
     return outputs(m, rows, n_rows, out, head_done, logits, picks, ids);
 }
 
 enum rt_err rt_model_forward(struct rt_model *m, struct rt_kv *kv, const struct rt_batch *b,
-                             enum rt_out out, float *logits, const struct rt_pick *picks,
-                             int32_t *ids)
+                             const struct rt_kv_step *ks, enum rt_out out, float *logits,
+                             const struct rt_pick *picks, int32_t *ids)
 {
     const int V = m->cfg.vocab_size;
+    for (int i = 0; i < ks->n_copy; i++) /* copy-on-write before anything reads or writes */
+        for (int l = 0; l < m->cfg.n_layers; l++)
+            RT_TRY(OPS->kv_copy_block(BCTX, kv->k[l], kv->v[l], ks->copy[2 * i],
+                                      ks->copy[2 * i + 1], kv->block_elems));
+    struct walk w = {ks, -1};
     int j = 0; /* next out row */
     for (int c0 = 0; c0 < b->n_tokens;) {
         const int M = b->n_tokens - c0 < m->max_batch ? b->n_tokens - c0 : m->max_batch;
@@ -416,8 +520,8 @@ enum rt_err rt_model_forward(struct rt_model *m, struct rt_kv *kv, const struct 
             m->h_out[i] = b->out[j + i] - c0;
         const bool r0 = m->rank == 0;
         RT_TRY(chunk(m, kv, b, c0, M, m->h_out, n_rows, out,
-                  r0 && logits ? logits + (size_t)j * V : NULL, r0 && picks ? picks + j : NULL,
-                  r0 && ids ? ids + j : NULL));
+                     r0 && logits ? logits + (size_t)j * V : NULL, r0 && picks ? picks + j : NULL,
+                     r0 && ids ? ids + j : NULL, &w));
         j += n_rows;
         c0 += M;
     }

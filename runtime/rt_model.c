@@ -368,6 +368,9 @@ static enum rt_err alloc_buffers(struct rt_model *m)
     RT_TRY(balloc(m, hd / 2 * F, &m->inv_freq));
     RT_TRY(balloc(m, B * sizeof(int32_t), &m->tok));
     RT_TRY(balloc(m, B * sizeof(int32_t), &m->pos));
+    RT_TRY(balloc(m, B * sizeof(int32_t), &m->slots));
+    RT_TRY(balloc(m, B * sizeof(int32_t), &m->row_tab));
+    RT_TRY(balloc(m, B * (size_t)m->tab_stride * sizeof(int32_t), &m->tabs));
 
     float *inv = malloc(hd / 2 * sizeof(float));
     if (!inv) {
@@ -393,8 +396,14 @@ static enum rt_err alloc_host(struct rt_model *m)
     m->h_out = malloc(B * sizeof(int32_t));
     m->h_roww = malloc(B * sizeof(float));
     m->runs = malloc(B * sizeof(*m->runs));
+    m->h_pos = malloc(B * sizeof(int32_t));
+    m->h_slots = malloc(B * sizeof(int32_t));
+    m->h_row_tab = malloc(B * sizeof(int32_t));
+    m->h_tok = malloc(B * sizeof(int32_t));
+    m->h_tabs = calloc(B * (size_t)m->tab_stride, sizeof(int32_t));
     if ((m->rank == 0 && !m->h_logits) || !m->h_router || !m->h_ids || !m->h_w || !m->h_rows ||
-        !m->h_out || !m->h_roww || !m->runs) {
+        !m->h_out || !m->h_roww || !m->runs || !m->h_pos || !m->h_slots || !m->h_row_tab ||
+        !m->h_tok || !m->h_tabs) {
         qs_log_error(__func__, "out of host memory for %zu logit rows of %d", (size_t)m->logit_rows,
                      c->vocab_size_per_rank);
         return RT_ERR_NOMEM;
@@ -490,7 +499,10 @@ static enum rt_err size_model(struct rt_model *m)
     m->max_batch = m->opts.max_batch > 0 ? m->opts.max_batch : def;
     if (m->max_batch > m->n_ctx * (m->opts.n_seqs > 1 ? m->opts.n_seqs : 1))
         m->max_batch = m->n_ctx * (m->opts.n_seqs > 1 ? m->opts.n_seqs : 1);
-    m->logit_rows = m->max_batch < 64 ? m->max_batch : 64;
+    /* lm_head rows per pass: every row of a decode batch of up to 256 sequences at once */
+    m->logit_rows = m->max_batch < 256 ? m->max_batch : 256;
+    m->block_size = m->opts.block_size > 0 ? m->opts.block_size : RT_DEFAULT_BLOCK_SIZE;
+    m->tab_stride = (m->n_ctx + m->block_size - 1) / m->block_size;
     return RT_ERR_NONE;
 }
 
@@ -539,7 +551,6 @@ enum rt_err rt_model_open(const char *path_or_dir, int rank, const struct rt_opt
     m->rank = rank;
     m->world = comm ? comm->world : 1;
     m->comm = comm;
-    m->graph_seq = -1;
     if (be && be->ops) { /* owned from here on: rt_model_free destroys it */
         m->be = *be;
         m->device = m->opts.device == RT_DEVICE_CUDA ? RT_DEVICE_CUDA : RT_DEVICE_CPU;
@@ -578,7 +589,7 @@ void rt_model_free(struct rt_model *m)
         void *bufs[] = {m->h,   m->x,     m->o,      m->qkv,          m->att,
                         m->gu,  m->act,   m->xe,     m->ye,           m->acc,
                         m->router_logits, m->logits, m->logits_all,   m->inv_freq,
-                        m->tok, m->pos};
+                        m->tok, m->pos, m->slots, m->row_tab, m->tabs};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
             OPS->free(BCTX, bufs[i]);
         OPS->destroy(BCTX);
@@ -591,6 +602,11 @@ void rt_model_free(struct rt_model *m)
     free(m->h_out);
     free(m->h_roww);
     free(m->runs);
+    free(m->h_pos);
+    free(m->h_slots);
+    free(m->h_row_tab);
+    free(m->h_tok);
+    free(m->h_tabs);
     fmt_shard_close(m->shard);
     free(m->path);
     free(m);

@@ -34,12 +34,6 @@ struct rt_layer {
     struct rt_linear *expert_down;    /* owned array [E] */
 };
 
-/* A run of consecutive batch rows of one sequence (rt_forward.c). */
-struct rt_run {
-    int row0, n; /* rows [row0, row0 + n) of the chunk */
-    int seq;     /* slot */
-    int p0;      /* position of row0 */
-};
 
 struct rt_model {
     struct fmt_shard *shard;       /* owned: this rank's file */
@@ -77,11 +71,16 @@ struct rt_model {
     float *inv_freq; /* f32 [hd/2] */
     int32_t *tok;    /* i32 [B] token ids of the chunk */
     int32_t *pos;    /* i32 [B] positions of the chunk */
-    /* decode-step graph (one per model: its kv and slot are part of the recording) */
+    int32_t *slots;  /* i32 [B] pool rows the chunk's keys and values go to */
+    int32_t *row_tab;/* i32 [B] block table of each row (row of tabs) */
+    int32_t *tabs;   /* i32 [B][tab_stride] block tables of the chunk's sequences */
+    int tab_stride;  /* ceil(n_ctx / block_size) */
+    int max_keys;    /* the chunk in progress: most keys a row attends to (n_ctx in a graph) */
+    int block_size;  /* of the KV cache the buffers were sized for (opts) */
+    /* decode-step graphs, one per batch-size bucket (rt_forward.c graph_bucket) */
     bool graphs;               /* allowed: backend has them, dense model, not switched off */
-    int graph_failures;        /* recordings that failed; graphs off at 2 */
-    const struct rt_kv *graph_kv;
-    int graph_seq;
+    int graph_failures[RT_MAX_GRAPHS]; /* recordings that failed; that bucket off at 2 */
+    const struct rt_kv *graph_kv[RT_MAX_GRAPHS]; /* the pools a recording reads */
     /* host scratch, owned */
     float *h_logits;           /* [world][LB][V_r] */
     float *h_router;           /* [B][E] */
@@ -90,14 +89,16 @@ struct rt_model {
     int32_t *h_rows;           /* [B] MoE: rows routed to an expert */
     int32_t *h_out;            /* [B] out rows of the chunk in progress */
     float *h_roww;             /* [B] */
-    struct rt_run *runs;       /* [B] */
+    struct rt_attn_run *runs;  /* [B] */
+    int32_t *h_pos, *h_slots, *h_row_tab, *h_tok; /* [B] chunk uploads (graph padding) */
+    int32_t *h_tabs;           /* [B][tab_stride] */
 };
 
 struct rt_kv {
     struct rt_model *m;        /* borrowed */
-    int n_seqs, n_ctx;
-    int *len;                  /* owned [n_seqs]: positions cached per slot */
-    void **k, **v;             /* owned [n_layers] backend buffers [n_seqs][nkv][n_ctx][hd] */
+    int n_blocks, block_size;
+    size_t block_elems;        /* nkv * block_size * hd */
+    void **k, **v;             /* owned [n_layers] pools [n_blocks][nkv][block_size][hd] */
 };
 
 /* The model's backend table and context (in rt_model.c and rt_forward.c, where `m` is the model). */
@@ -110,7 +111,5 @@ static inline void *rt_act_at(const struct rt_model *m, void *p, size_t elems)
     return (char *)p + elems * m->be.ops->act_size;
 }
 
-/* Slot `seq`'s cache of layer l (k or v): [nkv][n_ctx][hd] elements of kv_size. */
-void *rt_kv_slot(const struct rt_kv *kv, int layer, int seq, bool value);
 
 #endif /* QS_RT_MODEL_INT_H */

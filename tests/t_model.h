@@ -987,7 +987,8 @@ T_FN enum rt_err emu_router(void *ctx, const void *x, const float *W, int M, int
 
 T_FN enum rt_err emu_rope_kv_store(void *ctx, void *x, float *x_acc, int M, int n_q, int n_kv,
                                    int hd, size_t row_stride, const int32_t *pos,
-                                   const float *inv_freq, void *k_cache, void *v_cache, int T_cap)
+                                   const float *inv_freq, void *k_pool, void *v_pool,
+                                   const int32_t *slots, int block_size)
 {
     (void)ctx;
     const size_t n = (size_t)M * row_stride;
@@ -1005,30 +1006,48 @@ T_FN enum rt_err emu_rope_kv_store(void *ctx, void *x, float *x_acc, int M, int 
     free(xf);
     const uint16_t *xh = x;
     for (int m = 0; m < M; m++)
-        for (int h = 0; h < n_kv; h++) {
-            size_t dst = ((size_t)h * T_cap + (size_t)pos[m]) * hd;
+        for (int h = 0; slots[m] >= 0 && h < n_kv; h++) {
+            size_t dst = ref_kv_offset(slots[m], h, n_kv, block_size, hd);
             size_t src = (size_t)m * row_stride + (size_t)(n_q + h) * hd;
-            memcpy((uint16_t *)k_cache + dst, xh + src, (size_t)hd * 2);
-            memcpy((uint16_t *)v_cache + dst, xh + src + (size_t)n_kv * hd, (size_t)hd * 2);
+            memcpy((uint16_t *)k_pool + dst, xh + src, (size_t)hd * 2);
+            memcpy((uint16_t *)v_pool + dst, xh + src + (size_t)n_kv * hd, (size_t)hd * 2);
         }
     return RT_ERR_NONE;
 }
 
 T_FN enum rt_err emu_attention(void *ctx, void *out, size_t out_stride, const void *q,
-                               size_t q_stride, const void *k_cache, const void *v_cache, int M,
-                               int start_pos, const int32_t *start_pos_dev, int n_heads,
-                               int n_kv_heads, int hd, int T_cap, int sliding_window)
+                               size_t q_stride, const void *k_pool, const void *v_pool, int M,
+                               const struct rt_attn_rows *a, int n_heads, int n_kv_heads, int hd,
+                               int sliding_window)
 {
-    (void)ctx, (void)start_pos_dev;
+    (void)ctx;
     size_t nq = (size_t)(M - 1) * q_stride + (size_t)n_heads * hd;
     size_t no = (size_t)(M - 1) * out_stride + (size_t)n_heads * hd;
-    size_t nkv = (size_t)n_kv_heads * T_cap * hd;
-    float *qf = h2f(q, nq), *of = h2f(out, no), *kf = h2f(k_cache, nkv), *vf = h2f(v_cache, nkv);
-    enum ref_err e = ref_attention(of, out_stride, qf, q_stride, kf, vf, M, start_pos, n_heads,
-                                   n_kv_heads, hd, T_cap, sliding_window, NULL);
+    int max_blk = 0; /* the pool's blocks up to the highest any row reads, in fp32 */
+    for (int m = 0; m < M; m++) {
+        const int32_t *tab = a->tables + (size_t)a->row_table[m] * a->table_stride;
+        for (int b = 0; b <= a->pos[m] / a->block_size; b++)
+            max_blk = tab[b] > max_blk ? tab[b] : max_blk;
+    }
+    size_t nkv = (size_t)(max_blk + 1) * n_kv_heads * a->block_size * hd;
+    float *qf = h2f(q, nq), *of = h2f(out, no), *kf = h2f(k_pool, nkv), *vf = h2f(v_pool, nkv);
+    enum ref_err e = ref_attention_paged(of, out_stride, qf, q_stride, kf, vf, M, a->pos,
+                                         a->tables, a->table_stride, a->row_table, n_heads,
+                                         n_kv_heads, hd, a->block_size, sliding_window, NULL);
     f2h(out, of, no);
     free(qf), free(of), free(kf), free(vf);
     return e ? RT_ERR_SHAPE : RT_ERR_NONE;
+}
+
+T_FN enum rt_err emu_kv_copy_block(void *ctx, void *k_pool, void *v_pool, int src, int dst,
+                                   size_t block_elems)
+{
+    (void)ctx;
+    memcpy((uint16_t *)k_pool + (size_t)dst * block_elems,
+           (uint16_t *)k_pool + (size_t)src * block_elems, block_elems * 2);
+    memcpy((uint16_t *)v_pool + (size_t)dst * block_elems,
+           (uint16_t *)v_pool + (size_t)src * block_elems, block_elems * 2);
+    return RT_ERR_NONE;
 }
 
 T_FN enum rt_err emu_act_mul(void *ctx, enum rt_act kind, void *out, const void *gate_up,
@@ -1121,6 +1140,7 @@ static const struct rt_backend_ops emu_ops = {
     .router = emu_router,
     .rope_kv_store = emu_rope_kv_store,
     .attention = emu_attention,
+    .kv_copy_block = emu_kv_copy_block,
     .act_mul = emu_act_mul,
     .gather_rows = emu_gather_rows,
     .scatter_add_rows = emu_scatter_add,

@@ -69,10 +69,9 @@ static void test_fp16(const char *label, const struct syn_model *m, const int32_
  * (step 7) with the caller's draw pk->u. With it the emulated backend runs the model's pick
  * path (which row reaches the sampler, chunked prefill, the gathered vocab slices, the draw and
  * the history passed through); the CUDA kernel itself is checked in the GPU tests. */
-static enum rt_err emu_sample(void *ctx, const float *logits, int n_vocab,
-                              const struct rt_pick *pk, int32_t *id)
+static enum rt_err emu_sample_row(const float *logits, int n_vocab, const struct rt_pick *pk,
+                                  int32_t *id)
 {
-    (void)ctx;
     struct rt_sampler s = {0};
     if (rt_sampler_init(&s, &pk->p, n_vocab) != RT_SAMPLE_ERR_NONE)
         return RT_ERR_ARG;
@@ -83,6 +82,18 @@ static enum rt_err emu_sample(void *ctx, const float *logits, int n_vocab,
           : pk->p.temperature > 0.0f ? rt_sample_pick(s.cand, s.prob, n, pk->u)
                                      : s.cand[0];
     rt_sampler_free(&s);
+    return RT_ERR_NONE;
+}
+
+static enum rt_err emu_sample(void *ctx, const float *logits, size_t row_stride, int n,
+                              int n_vocab, const struct rt_pick *picks, int32_t *ids)
+{
+    (void)ctx;
+    for (int i = 0; i < n; i++) {
+        enum rt_err e = emu_sample_row(logits + (size_t)i * row_stride, n_vocab, &picks[i], &ids[i]);
+        if (e)
+            return e;
+    }
     return RT_ERR_NONE;
 }
 
@@ -212,8 +223,9 @@ static int ctx_rank(void *ctx)
     return r >= 0 && r < MAX_RANKS ? r : 0;
 }
 
-static enum rt_err mock_graph_begin(void *ctx)
+static enum rt_err mock_graph_begin(void *ctx, int key)
 {
+    (void)key;
     const int r = ctx_rank(ctx);
     g_graph.begins[r]++;
     if (g_graph.capturing[r])
@@ -224,8 +236,9 @@ static enum rt_err mock_graph_begin(void *ctx)
     return RT_ERR_NONE;
 }
 
-static enum rt_err mock_graph_end(void *ctx, bool ok)
+static enum rt_err mock_graph_end(void *ctx, int key, bool ok)
 {
+    (void)key;
     const int r = ctx_rank(ctx);
     g_graph.ends[r]++;
     if (!g_graph.capturing[r])
@@ -234,14 +247,15 @@ static enum rt_err mock_graph_end(void *ctx, bool ok)
     return ok && r == g_graph.fail_end ? RT_ERR_DEVICE : RT_ERR_NONE;
 }
 
-static bool mock_graph_ready(void *ctx)
+static bool mock_graph_ready(void *ctx, int key)
 {
-    (void)ctx;
+    (void)ctx, (void)key;
     return false; /* nothing is ever recorded: every attempt ends as a failed recording */
 }
 
-static enum rt_err mock_graph_replay(void *ctx, bool *done)
+static enum rt_err mock_graph_replay(void *ctx, int key, bool *done)
 {
+    (void)key;
     g_graph.replays[ctx_rank(ctx)]++;
     *done = false;
     return RT_ERR_NONE;
