@@ -29,6 +29,8 @@
  * Entry points: rt_cuda_backend_create (rt_backend.h), rt_cuda_available (rt.h).
  * Test: `make test-gpu` (tests/gpu_test_e2e.py: CUDA vs CPU vs transformers goldens).
  */
+#include <algorithm>        /* std::max */
+
 #include <cublas_v2.h>    /* cublasGemmEx */
 #include <cuda_runtime.h> /* cudaMalloc, streams, events */
 #include <pthread.h>
@@ -112,11 +114,11 @@ struct cuda_rank {
     cudaEvent_t small_done[RT_CUDA_SMALL_SLOTS]; /* the last copy out of each slot has run */
     int small_next;         /* the slot the next small upload takes */
     unsigned buf_gen;       /* bumped whenever a grow_buf moves (a recorded graph is then stale) */
-    /* decode-step graph (graph_begin/end/replay) */
+    /* decode-step graphs (graph_begin/end/replay), one per key */
     bool capturing;         /* ops are being recorded */
-    cudaGraphExec_t gexec;  /* the recording, or NULL */
-    unsigned gexec_gen;     /* buf_gen when it was recorded */
-    /* device sampling (rt_backend.h sample): [0, 16) the id, [16, ...) the history bitmap */
+    cudaGraphExec_t gexec[RT_MAX_GRAPHS]; /* the recordings, or NULL */
+    unsigned gexec_gen[RT_MAX_GRAPHS];    /* buf_gen when each was recorded */
+    /* device sampling (rt_backend.h sample): the ids, then the history bitmaps sent along */
     unsigned char *d_pick;
     unsigned char *h_pick;  /* pinned host staging */
     size_t pick_bytes;
@@ -199,7 +201,8 @@ static void rank_free(struct cuda_rank *r)
         b->p = NULL;
         b->bytes = 0;
     }
-    if (r->gexec) cudaGraphExecDestroy(r->gexec);
+    for (int k = 0; k < RT_MAX_GRAPHS; ++k)
+        if (r->gexec[k]) cudaGraphExecDestroy(r->gexec[k]);
     cudaFree(r->d_pick);
     cudaFreeHost(r->h_pick);
     cudaFreeHost(r->h_small);
@@ -478,44 +481,48 @@ static enum rt_err cuda_router(void *ctx, const void *x, const float *W, int M, 
     return RT_ERR_NONE;
 }
 
-/* rope + kv_store of a fused qkv row: one kernel (k_rope_kv_store, from the deferred sums when
- * given), or with no_rope_kv (A/B runs) k_rope / k_rope_acc then k_kv_store_at. pos: device
- * [M], consecutive positions (one sequence's run), so pos[0] is the run's start. */
+/* rope + the paged KV store of a fused qkv row: one kernel (k_rope_kv_store_paged, from the
+ * deferred sums when given), or with no_rope_kv (A/B runs) k_rope / k_rope_acc then
+ * k_kv_store_paged. pos, slots: device [M]. */
 static enum rt_err cuda_rope_kv_store(void *ctx, void *x, float *x_acc, int M, int n_q, int n_kv,
                                       int hd, size_t row_stride, const int32_t *pos,
-                                      const float *inv_freq, void *k_cache, void *v_cache,
-                                      int T_cap)
+                                      const float *inv_freq, void *k_pool, void *v_pool,
+                                      const int32_t *slots, int block_size)
 {
     struct cuda_rank *r = R(ctx);
     uint16_t *xh = static_cast<uint16_t *>(x);
+    uint16_t *kp = static_cast<uint16_t *>(k_pool), *vp = static_cast<uint16_t *>(v_pool);
     if (!r->no_rope_kv) {
-        RT_K_TRY(k_rope_kv_store(xh, x_acc, M, n_q, n_kv, hd, row_stride, pos, inv_freq,
-                                 static_cast<uint16_t *>(k_cache), static_cast<uint16_t *>(v_cache),
-                                 T_cap, r->stream));
+        RT_K_TRY(k_rope_kv_store_paged(xh, x_acc, M, n_q, n_kv, hd, row_stride, pos, inv_freq, kp,
+                                       vp, slots, block_size, r->stream));
         return RT_ERR_NONE;
     }
     if (x_acc)
         RT_K_TRY(k_rope_acc(xh, x_acc, M, n_q + n_kv, hd, row_stride, pos, inv_freq, r->stream));
     else
         RT_K_TRY(k_rope(xh, M, n_q + n_kv, hd, row_stride, pos, inv_freq, r->stream));
-    RT_K_TRY(k_kv_store_at(static_cast<uint16_t *>(k_cache), static_cast<uint16_t *>(v_cache),
-                           xh + (size_t)n_q * hd, xh + (size_t)(n_q + n_kv) * hd, row_stride, M,
-                           pos, n_kv, hd, T_cap, r->stream));
+    RT_K_TRY(k_kv_store_paged(kp, vp, xh + (size_t)n_q * hd, xh + (size_t)(n_q + n_kv) * hd,
+                              row_stride, M, slots, n_kv, hd, block_size, r->stream));
     return RT_ERR_NONE;
 }
 
+/* Attention of a chunk over the paged cache: runs of >= 16 rows (prompt chunks) through
+ * k_attention_paged_prefill (FlashAttention-2 on tensor cores), consecutive shorter runs
+ * (decode rows of many sequences, short chunks) together through one k_attention_paged; while
+ * a graph records, every row in one k_attention_paged with the context as the key bound. */
 static enum rt_err cuda_attention(void *ctx, void *out, size_t out_stride, const void *q,
-                                  size_t q_stride, const void *k_cache, const void *v_cache, int M,
-                                  int start_pos, const int32_t *start_pos_dev, int n_heads,
-                                  int n_kv_heads, int hd, int T_cap, int sliding_window)
+                                  size_t q_stride, const void *k_pool, const void *v_pool, int M,
+                                  const struct rt_attn_rows *a, int n_heads, int n_kv_heads,
+                                  int hd, int sliding_window)
 {
     struct cuda_rank *r = R(ctx);
-    /* split-KV decode: one workspace for every row count and position (k_attention_workspace_
-     * bytes with the kernels' largest M), grown by the first call (a prompt, op by op), so a
-     * decode graph never needs it grown while it records; zero-filled, left ready by each call */
-    if (r->att_ws_key[0] != n_heads || r->att_ws_key[1] != hd || r->att_ws_key[2] != T_cap) {
-        r->att_ws_need = k_attention_workspace_bytes(65535, n_heads, hd, T_cap);
-        r->att_ws_key[0] = n_heads; r->att_ws_key[1] = hd; r->att_ws_key[2] = T_cap;
+    /* split-KV: one workspace for every row count and position (k_attention_workspace_bytes
+     * with the kernels' largest M), grown by the first call (a prompt, op by op), so a decode
+     * graph never needs it grown while it records; zero-filled, left ready by each call */
+    const int T = a->table_stride * a->block_size;
+    if (r->att_ws_key[0] != n_heads || r->att_ws_key[1] != hd || r->att_ws_key[2] != T) {
+        r->att_ws_need = k_attention_workspace_bytes(65535, n_heads, hd, T);
+        r->att_ws_key[0] = n_heads; r->att_ws_key[1] = hd; r->att_ws_key[2] = T;
     }
     const size_t ws_bytes = r->att_ws_need;
     if (ws_bytes) {
@@ -525,16 +532,56 @@ static enum rt_err cuda_attention(void *ctx, void *out, size_t out_stride, const
     void *ws = ws_bytes ? r->att_ws.p : NULL;
     uint16_t *o = static_cast<uint16_t *>(out);
     const uint16_t *qh = static_cast<const uint16_t *>(q);
-    const uint16_t *kc = static_cast<const uint16_t *>(k_cache);
-    const uint16_t *vc = static_cast<const uint16_t *>(v_cache);
-    if (r->capturing) { /* graph: the position is read at replay */
-        RT_K_TRY(k_attention_at(o, out_stride, qh, q_stride, kc, vc, M, start_pos_dev, n_heads,
-                                n_kv_heads, hd, T_cap, sliding_window, ws, r->att_ws.bytes,
-                                r->stream));
+    const uint16_t *kp = static_cast<const uint16_t *>(k_pool);
+    const uint16_t *vp = static_cast<const uint16_t *>(v_pool);
+    if (r->capturing) {
+        RT_K_TRY(k_attention_paged(o, out_stride, qh, q_stride, kp, vp, M, a->pos, a->tables,
+                                   a->table_stride, a->row_table, n_heads, n_kv_heads, hd,
+                                   a->block_size, a->max_keys, sliding_window, ws,
+                                   r->att_ws.bytes, r->stream));
         return RT_ERR_NONE;
     }
-    RT_K_TRY(k_attention(o, out_stride, qh, q_stride, kc, vc, M, start_pos, n_heads, n_kv_heads,
-                         hd, T_cap, sliding_window, ws, r->att_ws.bytes, r->stream));
+    for (int j = 0; j < a->n_runs;) {
+        const struct rt_attn_run *run = &a->runs[j];
+        if (run->n >= 16) {
+            RT_K_TRY(k_attention_paged_prefill(o + (size_t)run->row0 * out_stride, out_stride,
+                                               qh + (size_t)run->row0 * q_stride, q_stride, kp,
+                                               vp, run->n, run->p0,
+                                               a->tables + (size_t)run->table * a->table_stride,
+                                               n_heads, n_kv_heads, hd, a->block_size,
+                                               sliding_window, ws, r->att_ws.bytes, r->stream));
+            j++;
+            continue;
+        }
+        int k = j, keys = 1; /* consecutive short runs: one launch */
+        while (k < a->n_runs && a->runs[k].n < 16) {
+            keys = std::max(keys, a->runs[k].p0 + a->runs[k].n);
+            k++;
+        }
+        const int row0 = run->row0, rows = a->runs[k - 1].row0 + a->runs[k - 1].n - row0;
+        RT_K_TRY(k_attention_paged(o + (size_t)row0 * out_stride, out_stride,
+                                   qh + (size_t)row0 * q_stride, q_stride, kp, vp, rows,
+                                   a->pos + row0, a->tables, a->table_stride, a->row_table + row0,
+                                   n_heads, n_kv_heads, hd, a->block_size, keys, sliding_window,
+                                   ws, r->att_ws.bytes, r->stream));
+        j = k;
+    }
+    return RT_ERR_NONE;
+}
+
+static enum rt_err cuda_kv_copy_block(void *ctx, void *k_pool, void *v_pool, int src, int dst,
+                                      size_t block_elems)
+{
+    struct cuda_rank *r = R(ctx);
+    RT_K_TRY(k_kv_copy_block(static_cast<uint16_t *>(k_pool), static_cast<uint16_t *>(v_pool),
+                             src, dst, block_elems, r->stream));
+    return RT_ERR_NONE;
+}
+
+static enum rt_err cuda_mem_info(void *ctx, size_t *free_bytes, size_t *total_bytes)
+{
+    R(ctx);
+    RT_CUDA_TRY(cudaMemGetInfo(free_bytes, total_bytes));
     return RT_ERR_NONE;
 }
 
@@ -634,18 +681,19 @@ static enum rt_err cuda_gather(void *ctx, const void *send, size_t bytes, void *
 
 // --- decode-step graph (rt_backend.h graph_begin / graph_end / graph_replay) --------------------
 
-static enum rt_err cuda_graph_begin(void *ctx)
+static enum rt_err cuda_graph_begin(void *ctx, int key)
 {
     struct cuda_rank *r = R(ctx);
-    if (r->gexec) RT_CUDA_TRY(cudaGraphExecDestroy(r->gexec));
-    r->gexec = NULL;
+    if (key < 0 || key >= RT_MAX_GRAPHS) return RT_ERR_ARG;
+    if (r->gexec[key]) RT_CUDA_TRY(cudaGraphExecDestroy(r->gexec[key]));
+    r->gexec[key] = NULL;
     RT_CUDA_TRY(cudaStreamBeginCapture(r->stream, cudaStreamCaptureModeThreadLocal));
     r->capturing = true;
-    r->gexec_gen = r->buf_gen;
+    r->gexec_gen[key] = r->buf_gen;
     return RT_ERR_NONE;
 }
 
-static enum rt_err cuda_graph_end(void *ctx, bool ok)
+static enum rt_err cuda_graph_end(void *ctx, int key, bool ok)
 {
     struct cuda_rank *r = R(ctx);
     cudaGraph_t g = NULL;
@@ -660,42 +708,50 @@ static enum rt_err cuda_graph_end(void *ctx, bool ok)
     }
     size_t n_nodes = 0;
     cudaGraphGetNodes(g, NULL, &n_nodes);
-    const cudaError_t ie = cudaGraphInstantiate(&r->gexec, g, 0);
+    const cudaError_t ie = cudaGraphInstantiate(&r->gexec[key], g, 0);
     cudaGraphDestroy(g);
     if (ie != cudaSuccess) {
-        r->gexec = NULL;
+        r->gexec[key] = NULL;
         cudaGetLastError();
         qs_log_debug("GPU %d: decode graph instantiation failed: %s", r->device,
                      cudaGetErrorString(ie));
         return RT_ERR_DEVICE;
     }
-    qs_log_debug("GPU %d: decode step recorded as a CUDA graph (%zu nodes)", r->device, n_nodes);
+    qs_log_debug("GPU %d: decode step of %d row%s recorded as a CUDA graph (%zu nodes)", r->device,
+                 1 << key, key ? "s" : "", n_nodes);
     return RT_ERR_NONE;
 }
 
-static bool cuda_graph_ready(void *ctx)
+static bool cuda_graph_ready(void *ctx, int key)
 {
     const struct cuda_rank *r = static_cast<struct cuda_rank *>(ctx);
-    return r->gexec && r->gexec_gen == r->buf_gen;
+    return key >= 0 && key < RT_MAX_GRAPHS && r->gexec[key] && r->gexec_gen[key] == r->buf_gen;
 }
 
-static enum rt_err cuda_graph_replay(void *ctx, bool *done)
+static enum rt_err cuda_graph_replay(void *ctx, int key, bool *done)
 {
     struct cuda_rank *r = R(ctx);
     *done = false;
-    if (!cuda_graph_ready(ctx)) return RT_ERR_NONE;
-    RT_CUDA_TRY(cudaGraphLaunch(r->gexec, r->stream));
+    if (!cuda_graph_ready(ctx, key)) return RT_ERR_NONE;
+    RT_CUDA_TRY(cudaGraphLaunch(r->gexec[key], r->stream));
     *done = true;
     return RT_ERR_NONE;
 }
 
 // --- device sampling (rt_backend.h sample) -------------------------------------------------------
 
-static enum rt_err cuda_sample(void *ctx, const float *logits, int n_vocab,
-                               const struct rt_pick *pick, int32_t *id)
+/* ids[i] from row i: k_sample per row into device ids (the history bitmaps of the rows with a
+ * repetition penalty sent along), then one copy of the n ids back. */
+static enum rt_err cuda_sample(void *ctx, const float *logits, size_t row_stride, int n,
+                               int n_vocab, const struct rt_pick *picks, int32_t *ids)
 {
     struct cuda_rank *r = R(ctx);
-    const size_t seen_bytes = ((size_t)n_vocab + 7) / 8, need = 16 + seen_bytes;
+    const size_t seen_bytes = ((size_t)n_vocab + 7) / 8;
+    size_t n_seen = 0;
+    for (int i = 0; i < n; i++)
+        n_seen += picks[i].p.repeat_penalty != 1.0f;
+    const size_t id_bytes = ((size_t)n * sizeof(int32_t) + 15) / 16 * 16;
+    const size_t need = id_bytes + n_seen * ((seen_bytes + 15) / 16 * 16);
     if (r->pick_bytes < need) {
         RT_CUDA_TRY(cudaStreamSynchronize(r->stream));
         cudaFree(r->d_pick);
@@ -703,28 +759,34 @@ static enum rt_err cuda_sample(void *ctx, const float *logits, int n_vocab,
         r->d_pick = r->h_pick = NULL;
         r->pick_bytes = 0;
         void *d = NULL;
-        enum rt_err e = dev_alloc("the sampling buffers", r->device, need, &d);
+        const size_t want = need + need / 2;
+        enum rt_err e = dev_alloc("the sampling buffers", r->device, want, &d);
         if (e) return e;
         r->d_pick = static_cast<unsigned char *>(d);
-        RT_CUDA_TRY(cudaMallocHost(&r->h_pick, need));
-        r->pick_bytes = need;
+        RT_CUDA_TRY(cudaMallocHost(&r->h_pick, want));
+        r->pick_bytes = want;
     }
-    const uint8_t *seen = NULL;
-    const struct rt_sample_params *p = &pick->p;
-    if (p->repeat_penalty != 1.0f) { /* the history changes every token: send it along */
-        memcpy(r->h_pick + 16, pick->seen, seen_bytes);
-        RT_CUDA_TRY(cudaMemcpyAsync(r->d_pick + 16, r->h_pick + 16, seen_bytes,
-                                    cudaMemcpyHostToDevice, r->stream));
-        seen = r->d_pick + 16;
+    int32_t *d_ids = reinterpret_cast<int32_t *>(r->d_pick);
+    size_t at = id_bytes;
+    for (int i = 0; i < n; i++) {
+        const struct rt_sample_params *p = &picks[i].p;
+        const uint8_t *seen = NULL;
+        if (p->repeat_penalty != 1.0f) { /* the history changes every token: send it along */
+            memcpy(r->h_pick + at, picks[i].seen, seen_bytes);
+            RT_CUDA_TRY(cudaMemcpyAsync(r->d_pick + at, r->h_pick + at, seen_bytes,
+                                        cudaMemcpyHostToDevice, r->stream));
+            seen = r->d_pick + at;
+            at += (seen_bytes + 15) / 16 * 16;
+        }
+        const struct k_sample_params kp = {p->temperature, p->top_k, p->top_p, p->min_p,
+                                           p->repeat_penalty};
+        RT_K_TRY(k_sample(d_ids + i, NULL, logits + (size_t)i * row_stride, n_vocab, seen, &kp,
+                          p->temperature > 0.0f ? picks[i].u : 0.0, r->stream));
     }
-    const struct k_sample_params kp = {p->temperature, p->top_k, p->top_p, p->min_p,
-                                       p->repeat_penalty};
-    RT_K_TRY(k_sample(reinterpret_cast<int32_t *>(r->d_pick), NULL, logits, n_vocab, seen, &kp,
-                      p->temperature > 0.0f ? pick->u : 0.0, r->stream));
-    RT_CUDA_TRY(cudaMemcpyAsync(r->h_pick, r->d_pick, sizeof(int32_t), cudaMemcpyDeviceToHost,
-                                r->stream));
+    RT_CUDA_TRY(cudaMemcpyAsync(r->h_pick, r->d_pick, (size_t)n * sizeof(int32_t),
+                                cudaMemcpyDeviceToHost, r->stream));
     RT_CUDA_TRY(cudaStreamSynchronize(r->stream));
-    memcpy(id, r->h_pick, sizeof(int32_t));
+    memcpy(ids, r->h_pick, (size_t)n * sizeof(int32_t));
     return RT_ERR_NONE;
 }
 
@@ -754,6 +816,8 @@ static struct rt_backend_ops make_ops(void)
     o.router = cuda_router;
     o.rope_kv_store = cuda_rope_kv_store;
     o.attention = cuda_attention;
+    o.kv_copy_block = cuda_kv_copy_block;
+    o.mem_info = cuda_mem_info;
     o.act_mul = cuda_act_mul;
     o.gather_rows = cuda_gather_rows;
     o.scatter_add_rows = cuda_scatter_add_rows;

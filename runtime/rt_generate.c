@@ -8,7 +8,7 @@
  * Tests: ./build/test_cli_run (the qshard binary: stops, eos, streaming, --json, logprobs,
  * Ctrl-C).
  */
-#include "rt_session.h"
+#include "rt_gen_int.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -61,32 +61,16 @@ void rt_gen_result_free(struct rt_gen_result *r)
     r->stop_index = -1;
 }
 
-/* The state of one rt_generate call. */
-struct gen {
-    struct rt_session *s;
-    const struct rt_gen_params *p;
-    const struct rt_gen_callbacks *cb;
-    struct rt_gen_result *res;
-    struct rt_sampler smp;
-    struct rt_tok_stream ts;
-    bool have_stream;
-    char *pending; /* generated text not passed on yet (could still become a stop string) */
-    size_t n_pend, cap;
-    float *logits; /* [n_vocab]: the host row (host sampling or logprobs), else NULL */
-    int32_t top_ids[RT_GEN_MAX_LOGPROBS];
-    float top_lp[RT_GEN_MAX_LOGPROBS];
-};
-
 // --- stop strings --------------------------------------------------------------------------
 
-static enum rt_err emit_text(struct gen *g, const char *t, size_t n)
+static enum rt_err emit_text(struct rt_gen *g, const char *t, size_t n)
 {
     return n && g->cb && g->cb->on_text ? g->cb->on_text(g->cb->user, t, n) : RT_ERR_NONE;
 }
 
 /* Append text; pass on what can no longer be part of a stop string. *stopped: a stop string
  * completed (the text before it has been passed on, the stop string not). */
-static enum rt_err hold_push(struct gen *g, const char *t, size_t len, bool *stopped)
+static enum rt_err hold_push(struct rt_gen *g, const char *t, size_t len, bool *stopped)
 {
     *stopped = false;
     if (g->n_pend + len + 1 > g->cap) {
@@ -130,7 +114,7 @@ static enum rt_err hold_push(struct gen *g, const char *t, size_t len, bool *sto
 }
 
 /* The end of generation (not at a stop string): what the stream holds, then every held byte. */
-static enum rt_err hold_flush(struct gen *g)
+static enum rt_err hold_flush(struct rt_gen *g)
 {
     const char *t;
     size_t tl;
@@ -149,7 +133,7 @@ static enum rt_err hold_flush(struct gen *g)
 // --- one generated token -------------------------------------------------------------------
 
 /* log-softmax of the raw logits over the n_pick ids: the chosen id's logprob and the top n. */
-static float logprobs(struct gen *g, int32_t id, int n_top)
+static float logprobs(struct rt_gen *g, int32_t id, int n_top)
 {
     const float *x = g->logits;
     const int32_t v = rt_session_n_pick(g->s);
@@ -174,7 +158,7 @@ static float logprobs(struct gen *g, int32_t id, int n_top)
 }
 
 /* Record id (not an eos), tell on_token, pass its text on; *stopped: a stop string completed. */
-static enum rt_err take_token(struct gen *g, int32_t id, bool *stopped)
+static enum rt_err take_token(struct rt_gen *g, int32_t id, bool *stopped)
 {
     struct rt_gen_result *r = g->res;
     *stopped = false;
@@ -199,7 +183,7 @@ static enum rt_err take_token(struct gen *g, int32_t id, bool *stopped)
     return hold_push(g, text, tl, stopped);
 }
 
-static bool is_eos(const struct gen *g, int32_t id)
+static bool is_eos(const struct rt_gen *g, int32_t id)
 {
     int n;
     const int32_t *eos = rt_session_eos(g->s, &n);
@@ -209,7 +193,7 @@ static bool is_eos(const struct gen *g, int32_t id)
     return id == g->p->extra_eos;
 }
 
-static bool cancelled(const struct gen *g)
+static bool cancelled(const struct rt_gen *g)
 {
     return g->cb && g->cb->cancel && *g->cb->cancel;
 }
@@ -217,7 +201,7 @@ static bool cancelled(const struct gen *g)
 // --- the loop ------------------------------------------------------------------------------
 
 /* Parameters, sampler, buffers. */
-static enum rt_err gen_setup(struct gen *g, const int32_t *ids, size_t n, long max)
+static enum rt_err gen_setup(struct rt_gen *g, const int32_t *ids, size_t n, long max, bool pick_ok)
 {
     const struct rt_gen_params *p = g->p;
     if (p->n_stops < 0 || p->n_stops > RT_GEN_MAX_STOPS || p->logprobs < 0 ||
@@ -241,7 +225,7 @@ static enum rt_err gen_setup(struct gen *g, const int32_t *ids, size_t n, long m
         return e;
     for (size_t i = 0; i < n; i++)
         rt_sampler_accept(&g->smp, ids[i]);
-    const bool pick = max != 0 && rt_session_can_pick(g->s) && p->logprobs == 0;
+    const bool pick = pick_ok && max != 0 && rt_session_can_pick(g->s) && p->logprobs == 0;
     g->res->on_device = pick;
     g->res->ids = malloc(((size_t)max + 1) * sizeof(int32_t));
     if (!pick)
@@ -259,37 +243,48 @@ static enum rt_err gen_setup(struct gen *g, const int32_t *ids, size_t n, long m
     return RT_ERR_NONE;
 }
 
-/* Decode until a stop; next: the id the prefill chose. */
-static enum rt_err gen_loop(struct gen *g, int32_t next, int pos, long max)
+enum rt_err rt_gen_take(struct rt_gen *g, int32_t next, int pos, bool *done)
 {
     struct rt_gen_result *r = g->res;
-    const int n_ctx = rt_session_n_ctx(g->s);
-    for (long i = 0;; i++) {
-        bool stopped;
-        if (!g->p->ignore_eos && is_eos(g, next)) {
-            r->finish = RT_GEN_FINISH_EOS;
-            return RT_ERR_NONE;
-        }
-        enum rt_err e = take_token(g, next, &stopped);
-        if (e)
+    *done = true;
+    if (!g->p->ignore_eos && is_eos(g, next)) {
+        r->finish = RT_GEN_FINISH_EOS;
+        return RT_ERR_NONE;
+    }
+    bool stopped;
+    enum rt_err e = take_token(g, next, &stopped);
+    if (e)
+        return e;
+    if (stopped) {
+        r->finish = RT_GEN_FINISH_STOP_STRING;
+        return RT_ERR_NONE;
+    }
+    if ((long)r->n_ids == g->max) {
+        r->finish = RT_GEN_FINISH_LENGTH;
+        return RT_ERR_NONE;
+    }
+    if (pos >= rt_session_n_ctx(g->s)) {
+        qs_log_warn("context full (%d tokens): generation stopped", rt_session_n_ctx(g->s));
+        r->finish = RT_GEN_FINISH_CONTEXT;
+        return RT_ERR_NONE;
+    }
+    if (cancelled(g)) {
+        r->finish = RT_GEN_FINISH_CANCELLED;
+        return RT_ERR_CANCELLED;
+    }
+    *done = false;
+    return RT_ERR_NONE;
+}
+
+/* Decode until a stop; next: the id the prefill chose. */
+static enum rt_err gen_loop(struct rt_gen *g, int32_t next, int pos)
+{
+    struct rt_gen_result *r = g->res;
+    for (;;) {
+        bool done;
+        enum rt_err e = rt_gen_take(g, next, pos, &done);
+        if (e || done)
             return e;
-        if (stopped) {
-            r->finish = RT_GEN_FINISH_STOP_STRING;
-            return RT_ERR_NONE;
-        }
-        if (i + 1 == max) {
-            r->finish = RT_GEN_FINISH_LENGTH;
-            return RT_ERR_NONE;
-        }
-        if (pos >= n_ctx) {
-            qs_log_warn("context full (%d tokens): generation stopped", n_ctx);
-            r->finish = RT_GEN_FINISH_CONTEXT;
-            return RT_ERR_NONE;
-        }
-        if (cancelled(g)) {
-            r->finish = RT_GEN_FINISH_CANCELLED;
-            return RT_ERR_CANCELLED;
-        }
         const int32_t cur = next;
         const double t1 = qs_now_s();
         e = rt_session_step(g->s, &g->smp, &cur, 1, pos, r->on_device, g->logits, &next);
@@ -301,51 +296,74 @@ static enum rt_err gen_loop(struct gen *g, int32_t next, int pos, long max)
     }
 }
 
-enum rt_err rt_generate(struct rt_session *s, const int32_t *ids, size_t n,
-                        const struct rt_gen_params *p, const struct rt_gen_callbacks *cb,
-                        struct rt_gen_result *res)
+enum rt_err rt_gen_begin(struct rt_gen *g, struct rt_session *s, const int32_t *ids, size_t n,
+                         const struct rt_gen_params *p, const struct rt_gen_callbacks *cb,
+                         struct rt_gen_result *res, bool pick_ok)
 {
+    memset(g, 0, sizeof(*g));
     memset(res, 0, sizeof(*res));
     res->stop_index = -1;
     res->n_prompt = n;
     res->seed = p->sample.seed;
     res->finish = RT_GEN_FINISH_ERROR;
     const int n_ctx = rt_session_n_ctx(s);
+    g->s = s;
+    g->p = p;
+    g->cb = cb;
+    g->res = res;
     if (n < 1 || (int64_t)n >= n_ctx) {
         qs_log_error(__func__, "the prompt has %zu tokens, the context holds %d (one position "
                      "must stay free to generate)", n, n_ctx);
         return n < 1 ? RT_ERR_ARG : RT_ERR_CONTEXT;
     }
-    long max = p->max_tokens < 0 || p->max_tokens > n_ctx ? n_ctx : p->max_tokens;
-    struct gen g = {.s = s, .p = p, .cb = cb, .res = res};
-    enum rt_err e = gen_setup(&g, ids, n, max);
-    if (!e && cancelled(&g)) {
+    g->max = p->max_tokens < 0 || p->max_tokens > n_ctx ? n_ctx : p->max_tokens;
+    enum rt_err e = gen_setup(g, ids, n, g->max, pick_ok);
+    if (!e && cancelled(g)) {
         res->finish = RT_GEN_FINISH_CANCELLED;
         e = RT_ERR_CANCELLED;
     }
-    if (!e) {
-        rt_session_reset(s);
-        int32_t next = -1;
-        const double t0 = qs_now_s();
-        e = max == 0 ? rt_session_forward(s, ids, (int)n, 0, NULL, false)
-                     : rt_session_step(s, &g.smp, ids, (int)n, 0, res->on_device, g.logits, &next);
-        res->t_prefill_s = qs_now_s() - t0;
-        if (!e && max == 0)
-            res->finish = RT_GEN_FINISH_LENGTH;
-        else if (!e)
-            e = gen_loop(&g, next, (int)n, max);
-    }
+    return e;
+}
+
+enum rt_err rt_gen_end(struct rt_gen *g, enum rt_err e)
+{
+    struct rt_gen_result *res = g->res;
     /* what is held back is real output unless a stop string ended it (or a failure) */
     if ((e == RT_ERR_NONE || e == RT_ERR_CANCELLED) && res->finish != RT_GEN_FINISH_STOP_STRING) {
-        enum rt_err fe = hold_flush(&g);
+        enum rt_err fe = hold_flush(g);
         e = e ? e : fe;
     }
     if (e && e != RT_ERR_CANCELLED)
         res->finish = RT_GEN_FINISH_ERROR;
-    if (g.have_stream)
-        rt_tok_stream_free(&g.ts);
-    rt_sampler_free(&g.smp);
-    free(g.pending);
-    free(g.logits);
+    if (g->have_stream)
+        rt_tok_stream_free(&g->ts);
+    g->have_stream = false;
+    rt_sampler_free(&g->smp);
+    free(g->pending);
+    free(g->logits);
+    g->pending = NULL;
+    g->logits = NULL;
     return e;
+}
+
+enum rt_err rt_generate(struct rt_session *s, const int32_t *ids, size_t n,
+                        const struct rt_gen_params *p, const struct rt_gen_callbacks *cb,
+                        struct rt_gen_result *res)
+{
+    struct rt_gen g;
+    enum rt_err e = rt_gen_begin(&g, s, ids, n, p, cb, res, true);
+    if (!e) {
+        rt_session_reset(s);
+        int32_t next = -1;
+        const double t0 = qs_now_s();
+        e = g.max == 0 ? rt_session_forward(s, ids, (int)n, 0, NULL, false)
+                       : rt_session_step(s, &g.smp, ids, (int)n, 0, res->on_device, g.logits,
+                                         &next);
+        res->t_prefill_s = qs_now_s() - t0;
+        if (!e && g.max == 0)
+            res->finish = RT_GEN_FINISH_LENGTH;
+        else if (!e)
+            e = gen_loop(&g, next, (int)n);
+    }
+    return rt_gen_end(&g, e);
 }
