@@ -330,6 +330,7 @@ const struct rt_config *rt_exec_config(const struct rt_exec *e); /* rank 0's con
 int rt_exec_world_size(const struct rt_exec *e);
 int rt_exec_n_ctx(const struct rt_exec *e);       /* positions per sequence slot */
 int rt_exec_n_seqs(const struct rt_exec *e);
+int rt_exec_max_batch(const struct rt_exec *e);  /* rows per internal forward (rank 0) */
 
 /* The paged KV cache seen from rank 0 (runtime/rt_blocks.h): block size, usable blocks, blocks
  * that can still be taken (free or cached but unused), blocks held by sequences, and the new

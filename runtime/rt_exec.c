@@ -633,6 +633,11 @@ int rt_exec_n_seqs(const struct rt_exec *e)
     return e->n_seqs;
 }
 
+int rt_exec_max_batch(const struct rt_exec *e)
+{
+    return e->slots[0].m->max_batch;
+}
+
 enum rt_device rt_exec_device(const struct rt_exec *e)
 {
     return rt_model_device(e->slots[0].m);
