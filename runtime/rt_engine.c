@@ -82,6 +82,12 @@ static void *xgrow(void *p, size_t n, size_t size, size_t *cap)
 enum rt_err rt_engine_create(struct rt_session *s, const struct rt_engine_opts *o,
                              struct rt_engine **out)
 {
+    return rt_engine_create_limited(s, o, 0, out);
+}
+
+enum rt_err rt_engine_create_limited(struct rt_session *s, const struct rt_engine_opts *o,
+                                     int max_seqs, struct rt_engine **out)
+{
     *out = NULL;
     struct rt_exec *x = rt_session_model(s);
     if (!x) {
@@ -94,6 +100,8 @@ enum rt_err rt_engine_create(struct rt_session *s, const struct rt_engine_opts *
     e->s = s;
     e->x = x;
     e->n_slots = rt_exec_n_seqs(x);
+    if (max_seqs > 0 && max_seqs < e->n_slots)
+        e->n_slots = max_seqs;
     e->n_vocab = rt_session_n_vocab(s);
     e->budget = o && o->max_batch_tokens > 0 ? o->max_batch_tokens : rt_exec_max_batch(x);
     if (e->budget < e->n_slots)

@@ -68,6 +68,9 @@ struct rt_engine_req {
  * sequences at once). Errors: RT_ERR_ARG (no model), RT_ERR_NOMEM. */
 enum rt_err rt_engine_create(struct rt_session *s, const struct rt_engine_opts *o,
                              struct rt_engine **out);
+/* rt_engine_create running at most max_seqs (<= the model's slots) sequences at once. */
+enum rt_err rt_engine_create_limited(struct rt_session *s, const struct rt_engine_opts *o,
+                                     int max_seqs, struct rt_engine **out);
 void rt_engine_free(struct rt_engine *e); /* requests still queued or running are dropped */
 
 /* Queue a request (first come first served); *id names it. Errors (the request is not queued,

@@ -140,6 +140,40 @@ out_tmp:
     return err;
 }
 
+enum rt_io_err rt_file_write(const char *path, const void *data, size_t len)
+{
+    enum rt_io_err err = RT_IO_ERR_NONE;
+    const size_t plen = strlen(path) + 32;
+    char *tmp = malloc(plen);
+    if (!tmp) {
+        qs_log_error(__func__, "%s: out of memory", path);
+        return RT_IO_ERR_NOMEM;
+    }
+    snprintf(tmp, plen, "%s.tmp.%ld", path, (long)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        qs_log_error(__func__, "cannot create %s: %s", tmp, strerror(errno));
+        free(tmp);
+        return RT_IO_ERR_OPEN;
+    }
+    if (!write_all(fd, data, len) || fsync(fd) != 0) {
+        qs_log_error(__func__, "writing %s: %s", tmp, strerror(errno));
+        err = RT_IO_ERR_WRITE;
+    }
+    if (close(fd) != 0 && !err) {
+        qs_log_error(__func__, "closing %s: %s", tmp, strerror(errno));
+        err = RT_IO_ERR_WRITE;
+    }
+    if (!err && rename(tmp, path) != 0) {
+        qs_log_error(__func__, "renaming %s to %s: %s", tmp, path, strerror(errno));
+        err = RT_IO_ERR_WRITE;
+    }
+    if (err)
+        unlink(tmp);
+    free(tmp);
+    return err;
+}
+
 // --- reading -------------------------------------------------------------------------------
 
 /* Skip spaces in the dict literal. */

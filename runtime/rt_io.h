@@ -64,6 +64,11 @@ enum rt_io_err rt_npy_parse_f32(const void *buf, size_t len, const char *name, f
 
 /* Read a .npy file as rt_npy_parse_f32 does. Errors: RT_IO_ERR_OPEN, RT_IO_ERR_READ, those of
  * rt_npy_parse_f32 (a file over RT_NPY_READ_MAX is RT_IO_ERR_FORMAT). */
+/* Write data[len] to path atomically: a temp name in the same directory, fsync, rename (the
+ * old file stays until the new one is complete). Errors: RT_IO_ERR_OPEN, RT_IO_ERR_WRITE,
+ * RT_IO_ERR_NOMEM. */
+enum rt_io_err rt_file_write(const char *path, const void *data, size_t len);
+
 enum rt_io_err rt_npy_read_f32(const char *path, float **data, int64_t *rows, int64_t *cols);
 
 /* Read a whole file (at most `max_len` bytes, else RT_IO_ERR_TOO_BIG); *buf = malloc'd copy

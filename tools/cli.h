@@ -47,8 +47,9 @@ enum cli_cmd {
     CLI_INSPECT = 1u << 8,
     CLI_VERIFY = 1u << 9,
     CLI_CONVERT = 1u << 10,
+    CLI_BENCH_BATCH = 1u << 11,
 };
-#define CLI_MODEL_CMDS (CLI_RUN | CLI_LOGITS | CLI_PERPLEXITY | CLI_BENCH_MODEL)
+#define CLI_MODEL_CMDS (CLI_RUN | CLI_LOGITS | CLI_PERPLEXITY | CLI_BENCH_MODEL | CLI_BENCH_BATCH)
 
 #define CLI_MAX_LIST 16 /* values of a bench model list (-p 16,64,512) */
 #define CLI_MAX_POS 64  /* positional arguments */
@@ -70,6 +71,13 @@ struct cli_args {
     uint64_t seed;
     const char *stops[RT_GEN_MAX_STOPS];
     int n_stops;
+    /* batching engine: run --prompts, bench batch */
+    const char *prompts;
+    long max_num_seqs, max_batch_tokens, block_size;
+    float kv_cache_gb;
+    long conc[CLI_MAX_LIST];
+    int n_conc;
+    long input_len, output_len, num_prompts;
     /* perplexity */
     long chunks;
     /* bench model */

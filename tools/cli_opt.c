@@ -424,5 +424,9 @@ struct rt_opts cli_model_opts(const struct cli_args *a)
     o.host_sample = a->host_sample;
     if (a->no_p2p)
         o.p2p_allreduce = 0;
+    if (a->block_size > 0)
+        o.block_size = (int)a->block_size;
+    if (a->kv_cache_gb > 0)
+        o.kv_cache_bytes = (double)a->kv_cache_gb * 1e9;
     return o;
 }

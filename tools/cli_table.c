@@ -82,6 +82,13 @@ static bool parse_tg(const struct cli_opt *o, const char *arg, struct cli_args *
     return parse_list(arg, (long)MAX_N_PREDICT, false, a->tg, &a->n_tg, why);
 }
 
+static bool parse_conc(const struct cli_opt *o, const char *arg, struct cli_args *a,
+                       const char **why)
+{
+    (void)o;
+    return parse_list(arg, 65536, false, a->conc, &a->n_conc, why);
+}
+
 static bool parse_dp(const struct cli_opt *o, const char *arg, struct cli_args *a,
                      const char **why)
 {
@@ -91,7 +98,7 @@ static bool parse_dp(const struct cli_opt *o, const char *arg, struct cli_args *
 
 // --- the table -----------------------------------------------------------------------------
 
-#define ALL_CMDS 0x7FFu
+#define ALL_CMDS 0xFFFu
 #define LISTS "a comma-separated list of up to 16 lengths >= 1 (or 0 for none)"
 
 const struct cli_opt cli_table[] = {
@@ -181,8 +188,48 @@ const struct cli_opt cli_table[] = {
     {.lng = "output", .shrt = 'o', .kind = CLI_CHOICE, .metavar = "md|json",
      .cmds = CLI_BENCH_MODEL, .off = F(output), .choices = "md|json", .def = "md",
      .help = "the table as markdown, or one JSON object {\"tests\": [...]}"},
-    {.lng = "ctx", .kind = CLI_INT, .metavar = "N", .cmds = CLI_BENCH_MODEL, .off = F(ctx),
+    {.lng = "ctx", .kind = CLI_INT, .metavar = "N", .cmds = CLI_BENCH_MODEL | CLI_BENCH_BATCH, .off = F(ctx),
      .lo = 2, .hi = MAX_CTX, .help = "KV cache length (default: what the longest test needs)"},
+    /* batching engine */
+    {.lng = "prompts", .kind = CLI_STR, .metavar = "FILE", .cmds = CLI_RUN, .off = F(prompts),
+     .help = "run every request of a JSON-lines FILE ('-': standard input) through the batching "
+             "engine: one JSON object per line ({\"prompt\": ...} | {\"messages\": [...]} | "
+             "{\"prompt_token_ids\": [...]}, optional max_tokens, temperature, top_p, top_k, "
+             "min_p, repetition_penalty, seed, stop, ignore_eos); one JSON line per request "
+             "out, in input order"},
+    {.lng = "out", .shrt = 'o', .kind = CLI_STR, .metavar = "FILE", .cmds = CLI_RUN,
+     .off = F(out), .help = "with --prompts: write the results to FILE (temp name, then renamed) "
+                            "instead of standard output"},
+    {.lng = "max-num-seqs", .kind = CLI_INT, .metavar = "N", .cmds = CLI_RUN | CLI_BENCH_BATCH,
+     .off = F(max_num_seqs), .lo = 1, .hi = 65536, .must = "an integer in [1, 65536]",
+     .help = "with --prompts: most sequences at once (default 64 on cuda, 8 on cpu)"},
+    {.lng = "max-batch-tokens", .kind = CLI_INT, .metavar = "N",
+     .cmds = CLI_RUN | CLI_BENCH_BATCH, .off = F(max_batch_tokens), .lo = 1, .hi = MAX_CTX,
+     .help = "with --prompts: tokens per engine step, decode tokens and prompt chunks together "
+             "(default: --batch-size)"},
+    {.lng = "kv-cache-gb", .kind = CLI_FLOAT, .metavar = "G", .cmds = CLI_RUN | CLI_BENCH_BATCH,
+     .off = F(kv_cache_gb), .lo = 0, .hi = 1e6, .lo_open = true, .must = "a number of GB > 0",
+     .help = "with --prompts: KV cache per rank in GB (default: 90% of the GPU memory free "
+             "after the weights; on cpu --max-num-seqs full contexts)"},
+    {.lng = "block-size", .kind = CLI_INT, .metavar = "N", .cmds = CLI_RUN | CLI_BENCH_BATCH,
+     .off = F(block_size), .lo = 1, .hi = 1024, .def = "16",
+     .help = "tokens per KV-cache block, 1..1024"},
+    /* bench batch */
+    {.lng = "concurrency", .kind = CLI_CUSTOM, .metavar = "LIST", .cmds = CLI_BENCH_BATCH,
+     .parse = parse_conc, .def = "1,8,16,32,64,128,256",
+     .must = "a comma-separated list of up to 16 counts >= 1",
+     .help = "sequences at once, one test each"},
+    {.lng = "input-len", .kind = CLI_INT, .metavar = "N", .cmds = CLI_BENCH_BATCH,
+     .off = F(input_len), .lo = 1, .hi = MAX_CTX, .def = "128", .help = "prompt tokens per request"},
+    {.lng = "output-len", .kind = CLI_INT, .metavar = "N", .cmds = CLI_BENCH_BATCH,
+     .off = F(output_len), .lo = 1, .hi = MAX_CTX, .def = "128",
+     .help = "generated tokens per request (eos ignored)"},
+    {.lng = "num-prompts", .kind = CLI_INT, .metavar = "N", .cmds = CLI_BENCH_BATCH,
+     .off = F(num_prompts), .lo = 1, .hi = 1 << 20,
+     .help = "requests per test (default: 4 x the concurrency, at least 16)"},
+    {.lng = "output", .shrt = 'o', .kind = CLI_CHOICE, .metavar = "md|json",
+     .cmds = CLI_BENCH_BATCH, .off = F(output), .choices = "md|json", .def = "md",
+     .help = "the table as markdown, or one JSON object {\"tests\": [...]}"},
     /* bench synth / open / verify */
     {.lng = "size-mb", .kind = CLI_INT, .metavar = "N", .cmds = CLI_BENCH_SYNTH,
      .off = F(size_mb), .lo = 1, .hi = 16777216, .help = "file size in MiB (required)"},
@@ -248,7 +295,7 @@ const struct cli_opt cli_table[] = {
      .sec = CLI_SEC_SAMPLING, .off = F(repeat_penalty), .lo = 0, .hi = FLT_MAX, .lo_open = true,
      .def = "1", .must = "a number > 0",
      .help = "CTRL penalty on tokens already seen (1 = off)"},
-    {.lng = "seed", .kind = CLI_U64, .metavar = "S", .cmds = CLI_RUN, .sec = CLI_SEC_SAMPLING,
+    {.lng = "seed", .kind = CLI_U64, .metavar = "S", .cmds = CLI_RUN | CLI_BENCH_BATCH, .sec = CLI_SEC_SAMPLING,
      .off = F(seed),
      .help = "PRNG seed: the same seed gives the same output (default: from the clock, "
              "printed with -v)"},

@@ -13,6 +13,13 @@
 
 int cmd_convert(int argc, char **argv);     /* tools/cmd_convert.c */
 int cmd_run(int argc, char **argv);         /* tools/cmd_run.c */
+struct cli_args;
+struct rt_sample_params;
+/* qshard run --prompts (tools/cmd_run_batch.c): base = the sampling options, given = which the
+ * user set (RT_GEN_* bits). */
+int cmd_run_prompts(const struct cli_args *a, const struct rt_sample_params *base,
+                    unsigned base_given);
+int cmd_bench_batch(int argc, char **argv); /* tools/cmd_bench_batch.c */
 int cmd_logits(int argc, char **argv);      /* tools/cmd_logits.c */
 int cmd_perplexity(int argc, char **argv);  /* tools/cmd_perplexity.c */
 int cmd_tokenize(int argc, char **argv);    /* tools/cmd_tokenize.c */

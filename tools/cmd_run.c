@@ -34,6 +34,7 @@
 
 static const char k_usage[] =
     "usage: qshard run MODEL (-p \"text\" | -f FILE | --tokens 1,2,3) [options]\n"
+    "       qshard run MODEL --prompts FILE.jsonl [--out FILE.jsonl] [--max-num-seqs N]\n"
     "\n"
     "Generate from a converted model (a directory written by `qshard convert`, or a TP-1\n"
     "rank file). Text streams to stdout; speed (prefill and decode tokens/s) goes to\n"
@@ -148,6 +149,21 @@ static int check_args(const struct cli_args *a)
 {
     if (a->n_pos != 1)
         return cli_usage_error("expected one MODEL argument, got %d", a->n_pos);
+    if (a->prompts && (a->prompt || a->tokens || a->file || a->json || a->print_ids ||
+                       a->logprobs || a->truncate || a->system))
+        return cli_usage_error("--prompts reads every request from its file: leave out -p, -f, "
+                               "--tokens, --system, --json, --print-ids, --logprobs, --truncate");
+    if (!a->prompts && (a->out || a->max_num_seqs || a->max_batch_tokens || a->kv_cache_gb > 0))
+        return cli_usage_error("--out, --max-num-seqs, --max-batch-tokens and --kv-cache-gb "
+                               "go with --prompts");
+    if (a->prompts) {
+        for (int i = 0; i < a->n_stops; i++)
+            if (cli_utf8_invalid_at(a->stops[i], strlen(a->stops[i])) >= 0) {
+                qs_log_error(__func__, "--stop string %d is not valid UTF-8", i + 1);
+                return QS_EXIT_BAD_INPUT;
+            }
+        return QS_EXIT_OK;
+    }
     if (!!a->prompt + !!a->tokens + !!a->file != 1)
         return cli_usage_error("give exactly one of -p \"text\", -f FILE and --tokens 1,2,3");
     if (a->tokens && (a->chat || a->chat_template))
@@ -318,6 +334,22 @@ int cmd_run(int argc, char **argv)
         return rc == CLI_HELP ? QS_EXIT_OK : rc;
     if ((rc = check_args(&a)))
         return rc;
+    if (a.prompts) { /* the batching engine: sampling options as each request's fallback */
+        static const char *const names[5] = {"temp", "top-k", "top-p", "min-p", "repeat-penalty"};
+        static const unsigned bits[5] = {RT_GEN_TEMPERATURE, RT_GEN_TOP_K, RT_GEN_TOP_P,
+                                         RT_GEN_MIN_P, RT_GEN_REPEAT_PENALTY};
+        struct rt_sample_params p = rt_sample_params_default();
+        p.temperature = a.temp;
+        p.top_k = (int32_t)a.top_k;
+        p.top_p = a.top_p;
+        p.min_p = a.min_p;
+        p.repeat_penalty = a.repeat_penalty;
+        p.seed = cli_given(&a, "seed") ? a.seed : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+        unsigned given = 0;
+        for (int i = 0; i < 5; i++)
+            given |= cli_given(&a, names[i]) ? bits[i] : 0;
+        return cmd_run_prompts(&a, &p, given);
+    }
     char *file_text = NULL;
     size_t fl = 0;
     if (a.file && (rc = cli_read_text(a.file, MAX_TEXT_FILE, &file_text, &fl)))
