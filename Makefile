@@ -148,7 +148,7 @@ LINK_LIBS  = $(DEP_LIBS) $(if $(filter 1,$(HAVE_CUDA)),$(CUDA_LIBS))
 vpath %.c format convert convert/arch runtime kernels tools tests
 vpath %.cu kernels runtime tests
 
-.PHONY: carry all help test check lint fuzz fuzz-run bench test-gpu bench-gpu demo sass clean info tests lab lab-run
+.PHONY: carry all help test check lint fuzz fuzz-run bench test-gpu bench-gpu bench-batch-gpu demo sass clean info tests lab lab-run
 .DEFAULT_GOAL := all
 .SECONDARY:
 
@@ -253,9 +253,10 @@ CARRY_ARCHS ?= -gencode arch=compute_90a,code=sm_90a
 carry: ## build sm_90a binaries (qshard, GPU tests, lab) + libcjson.so.1 into build-dev/ (CARRY=) for a GPU machine without compilers
 	$(Q)test "$(HAVE_CUDA)" = 1 || { echo "carry needs nvcc (CUDA_HOME=$(CUDA_HOME))"; exit 1; }
 	$(Q)$(MAKE) --no-print-directory BUILD=$(CARRY)-obj CUDA_ARCHS="$(CARRY_ARCHS)" \
-	    $(CARRY)-obj/qshard $(patsubst $(BUILD)/%,$(CARRY)-obj/%,$(GPU_TEST_BIN) $(LAB_BIN))
+	    $(CARRY)-obj/qshard $(CARRY)-obj/test_cli_batch \
+	    $(patsubst $(BUILD)/%,$(CARRY)-obj/%,$(GPU_TEST_BIN) $(LAB_BIN))
 	$(Q)mkdir -p $(CARRY)/lab
-	$(Q)cp $(CARRY)-obj/qshard $(patsubst $(BUILD)/%,$(CARRY)-obj/%,$(GPU_TEST_BIN)) $(CARRY)/
+	$(Q)cp $(CARRY)-obj/qshard $(CARRY)-obj/test_cli_batch $(patsubst $(BUILD)/%,$(CARRY)-obj/%,$(GPU_TEST_BIN)) $(CARRY)/
 	$(Q)cp $(patsubst $(BUILD)/%,$(CARRY)-obj/%,$(LAB_BIN)) $(CARRY)/lab/
 	$(Q)lib=$$($(CC) -print-file-name=libcjson.so.1); case "$$lib" in /*) ;; \
 	    *) lib=$$(ldconfig -p | awk '/libcjson.so.1 /{print $$NF; exit}');; esac; \
@@ -268,6 +269,9 @@ bench: $(QSHARD) ## CPU benchmarks: format open/verify, then converter throughpu
 
 bench-gpu: $(if $(filter 1,$(PREBUILT)),,$(QSHARD)) ## on the GPU machine: kernel benchmarks (PREBUILT=1 as for test-gpu)
 	$(Q)QSHARD=$(QSHARD) sh tools/bench_gpu.sh
+
+bench-batch-gpu: $(if $(filter 1,$(PREBUILT)),,$(QSHARD)) ## on the GPU machine: the batching engine on synthetic 7B / 8B (bench model tg128, bench batch 1..256)
+	$(Q)QSHARD=$(QSHARD) sh tools/bench_batch_gpu.sh
 
 demo: $(QSHARD) ## convert the bundled demo model and generate text from it
 	$(Q)QSHARD=$(QSHARD) sh tools/demo.sh

@@ -40,6 +40,14 @@ if [ -x "$QSHARD" ] && python3 -c 'import numpy' 2>/dev/null; then
 else
     echo "e2e skipped: no $QSHARD or no python3 numpy"
 fi
+# the batching engine on the GPU: `qshard run --prompts` (batched, preempted, TP-1 and TP-2 on
+# one GPU's ranks is not possible: TP-2 runs on the CPU) equal to each request run alone, and
+# bench batch; then a small batch under memcheck
+B=$(dirname "$QSHARD")
+if [ -x "$B/test_cli_batch" ]; then
+    QSHARD="$QSHARD" QSHARD_DEVICE=cuda "$B/test_cli_batch" >"$tmp" 2>&1; rc=$?
+    tally "cli_batch (cuda)" "$tmp" "$rc"
+fi
 if [ -x "$SAN" ]; then
     # one GPU under the sanitizer: the all-reduce's ranks wait for each other on the GPUs, and
     # instrumented launches need not run at the same time (that area then runs its refusals only)

@@ -64,7 +64,7 @@ static void req_line(const struct rq *r, char *buf, size_t n)
 }
 
 /* Each request alone through `qshard run --json`: its ids (csv) and text. */
-static void run_alone(const char *dir, char **want_ids, char **want_text)
+static void run_alone(const char *dir, const char *device, char **want_ids, char **want_text)
 {
     for (int i = 0; i < NREQ; i++) {
         const struct rq *r = &reqs[i];
@@ -73,7 +73,7 @@ static void run_alone(const char *dir, char **want_ids, char **want_text)
         snprintf(tp, sizeof tp, "%g", r->temp);
         snprintf(sd, sizeof sd, "%d", r->seed);
         const char *args[32] = {"run", dir, r->ids ? "--tokens" : "-p", r->ids ? r->ids : r->text,
-                                "-n", nt, "--temp", tp, "--seed", sd, "--json", "--device", "cpu",
+                                "-n", nt, "--temp", tp, "--seed", sd, "--json", "--device", device,
                                 "--top-k", "40", "--top-p", "0.95"};
         int na = 17;
         if (r->stop) {
@@ -192,19 +192,19 @@ int main(void)
     if (dir && dir2) {
         make_reqs();
         char *want_ids[NREQ], *want_text[NREQ];
-        run_alone(dir, want_ids, want_text);
+        run_alone(dir, g_device, want_ids, want_text);
         char pf[512], of[512];
         write_prompts(pf, sizeof pf);
         snprintf(of, sizeof of, "%s/out.jsonl", g_tmp);
         /* 6 blocks of 16 tokens (block 0 reserved) for 3 sequences of up to 96: preemption */
         struct proc p = run("run", dir, "--prompts", pf, "--max-num-seqs", "3", "--ctx", "96",
-                            "--kv-cache-gb", "0.00115", "--device", "cpu", "--top-k", "40",
+                            "--kv-cache-gb", "0.00115", "--device", g_device, "--top-k", "40",
                             "--top-p", "0.95", NULL);
         CHECK_EXIT(p, 2, "run --prompts (small cache)");
         check_out("small cache", p.out, want_ids, want_text);
         CHECK_MSG(stat_of(p.err, "preemption") > 0, "small cache: no preemption: %s", p.err);
         proc_free(&p);
-        p = run("run", dir, "--prompts", pf, "--ctx", "128", "--out", of, "--device", "cpu",
+        p = run("run", dir, "--prompts", pf, "--ctx", "128", "--out", of, "--device", g_device,
                 "--top-k", "40", "--top-p", "0.95", NULL);
         CHECK_EXIT(p, 2, "run --prompts --out");
         CHECK_MSG(p.out_len == 0, "--out: stdout not empty");
@@ -233,7 +233,7 @@ int main(void)
         CHECK(strstr(p.err, "--max-num-seqs") != NULL);
         proc_free(&p);
         p = run("run", dir, "--prompts", pf, "--ctx", "128", "--kv-cache-gb", "0.0005",
-                "--device", "cpu", NULL);
+                "--device", g_device, NULL);
         CHECK_MSG(p.code == 1 && strstr(p.err, "less than one sequence"),
                   "--kv-cache-gb too small: exit %d, %s", p.code, p.err);
         proc_free(&p);
@@ -242,7 +242,7 @@ int main(void)
         proc_free(&p);
         /* bench batch */
         p = run("bench", "batch", dir, "--concurrency", "1,4", "--input-len", "16",
-                "--output-len", "8", "--num-prompts", "6", "-o", "json", "--device", "cpu", NULL);
+                "--output-len", "8", "--num-prompts", "6", "-o", "json", "--device", g_device, NULL);
         CHECK_EXIT(p, 0, "bench batch");
         cJSON *bj = cJSON_Parse(p.out);
         const cJSON *tests = cJSON_GetObjectItemCaseSensitive(bj, "tests"), *t;
