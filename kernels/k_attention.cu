@@ -5,6 +5,15 @@
  *   t in [max(0, p - sliding_window + 1), p], p = start_pos + m, kv head = h / (n_heads/n_kv)
  * Reference ref_attention (same arguments). Plus k_kv_store, which appends rows to the cache.
  *
+ * Paged KV cache (kernels/ref.h, "paged KV cache"; k_attention_paged, _paged_prefill,
+ * k_kv_store_paged, k_kv_copy_block): the pools are [n_blocks][n_kv][bs][hd] and key t of kv
+ * head h of a sequence with block table tab is pool row (tab[t / bs] * n_kv + h) * bs + t % bs
+ * (struct att_kv, att_key_row; a shift and a mask when bs is a power of two). The contiguous
+ * cache [n_kv][T_cap][hd] is that pool with one block of bs = T_cap rows and no table (block
+ * 0), so k_attention / k_attention_at / k_kv_store(_at) run the same kernels with tables NULL.
+ * In v1 each lane looks up its own key's row and the value loop takes row t from lane t's
+ * lookup (a shuffle); v2 looks up each of the 64 rows of a K/V tile as it loads it.
+ *
  * v2 (prefill, M >= 16, hd 64 / 128, host start position): FlashAttention-2 on tensor cores,
  * below. v1 (decode, the device-position launches, hd 256), CUDA cores, fp32 math: one block per
  * (query row, head, key split); its ATT_WARPS warps take interleaved tiles of 32 keys. In a
@@ -21,6 +30,7 @@
  */
 #include "k_common.cuh"
 
+#include <limits.h> /* INT_MAX */
 #include <math.h>
 
 #include <algorithm>
@@ -28,6 +38,83 @@
 constexpr int ATT_WARPS = 4;        /* key tiles of 32 in flight per block */
 constexpr int ATT_SPLIT_KEYS = 128; /* split-KV chunks are multiples of ATT_WARPS * 32 keys */
 constexpr int ATT_MAX_SPLITS = 64;
+
+/*
+ * Where a launch's keys and values are and where its query rows sit (kernels/ref.h, "paged KV
+ * cache"). Pool rows are counted in 32 bits (a pool has < 2^32 rows: 512 GiB at hd 64).
+ * Positions: pos given (k_attention_paged), row m is at pos[m] on table row row_table[m] (m
+ * when row_table is NULL); else row m is at start + m (start_pos, or *start_pos_dev read on the
+ * device and raised to 0) on table row 0. Either way the position is clamped to [0,
+ * table_stride * bs), which only keeps reads in bounds (the callers check positions).
+ */
+struct att_kv {
+    const __half *k, *v;          /* the pools [n_blocks][n_kv_heads][bs][hd] */
+    const int32_t *tables;        /* block tables [.][table_stride]; NULL: every key in block 0
+                                     (the contiguous cache, bs = T_cap) */
+    const int32_t *row_table;     /* [M] table row of each query row (pos given), or NULL */
+    const int32_t *pos;           /* [M] position of each query row, or NULL */
+    const int32_t *start_pos_dev; /* pos NULL: the start position in device memory, or NULL */
+    int start_pos;                /* pos and start_pos_dev NULL: the start position */
+    int table_stride;             /* entries per table row */
+    int bs, bs_shift;             /* block size; log2(bs) when it is a power of two, else -1 */
+    int n_kv_heads;
+};
+
+/* att_kv of the contiguous cache [n_kv_heads][T_cap][hd]: one block of T_cap rows, no table */
+static att_kv att_kv_contiguous(const uint16_t *k_cache, const uint16_t *v_cache, int start_pos,
+                                const int32_t *start_pos_dev, int n_kv_heads, int T_cap)
+{
+    att_kv kv = {};
+    kv.k = reinterpret_cast<const __half *>(k_cache);
+    kv.v = reinterpret_cast<const __half *>(v_cache);
+    kv.start_pos_dev = start_pos_dev;
+    kv.start_pos = start_pos;
+    kv.table_stride = 1;
+    kv.bs = T_cap;
+    kv.bs_shift = -1; /* unused without a table */
+    kv.n_kv_heads = n_kv_heads;
+    return kv;
+}
+
+/* att_kv of a paged pool with block size bs (the tables and positions set by the caller) */
+static att_kv att_kv_paged(const uint16_t *k_pool, const uint16_t *v_pool, int n_kv_heads, int bs)
+{
+    att_kv kv = att_kv_contiguous(k_pool, v_pool, 0, nullptr, n_kv_heads, bs);
+    kv.bs_shift = (bs & (bs - 1)) ? -1 : __builtin_ctz((unsigned)bs);
+    return kv;
+}
+
+/* Query row m's position (clamped, see att_kv) and its block table (NULL: block 0). */
+static __device__ __forceinline__ int att_row_pos(const att_kv &kv, int m, const int32_t **tab)
+{
+    long long p; /* 64-bit: start + m cannot overflow */
+    *tab = kv.tables;
+    if (kv.pos) {
+        p = kv.pos[m];
+        if (kv.tables) *tab += (size_t)(kv.row_table ? kv.row_table[m] : m) * kv.table_stride;
+    } else {
+        p = (long long)(kv.start_pos_dev ? max(*kv.start_pos_dev, 0) : kv.start_pos) + m;
+    }
+    const long long cap = (long long)kv.table_stride * kv.bs;
+    return (int)min(max(p, 0LL), cap - 1);
+}
+
+/* Pool row (in rows of hd) of key t of kv head kvh in the sequence with block table tab. */
+static __device__ __forceinline__ uint32_t att_key_row(const att_kv &kv, const int32_t *tab,
+                                                       int kvh, int t)
+{
+    if (!tab) return (uint32_t)kvh * (uint32_t)kv.bs + (uint32_t)t; /* block 0 */
+    int b, r;
+    if (kv.bs_shift >= 0) {
+        b = t >> kv.bs_shift;
+        r = t & (kv.bs - 1);
+    } else {
+        b = t / kv.bs;
+        r = t - b * kv.bs;
+    }
+    return ((uint32_t)__ldg(tab + b) * (uint32_t)kv.n_kv_heads + (uint32_t)kvh) *
+               (uint32_t)kv.bs + (uint32_t)r;
+}
 
 /*
  * v1 with split-KV (Flash-Decoding: Dao, Haziza, Massa, Sizov, "Flash-Decoding for long-context
@@ -38,16 +125,14 @@ constexpr int ATT_MAX_SPLITS = 64;
  * for every position). One chunk: the output is written directly (the v1 of earlier
  * versions). Several: each split writes its (max, sum, unnormalised output) to ws and the
  * split that arrives last at the (row, head) counter merges them in split order (so results
- * do not depend on arrival order), writes out and zeroes the counter again.
+ * do not depend on arrival order), writes out and zeroes the counter again. The keys of row m
+ * are found through kv (att_kv: a contiguous cache or a paged pool).
  */
 template <int HD>
 static __global__ void __launch_bounds__(ATT_WARPS *K_WARP)
 attention_kernel(__half *__restrict__ out, size_t out_stride, const __half *__restrict__ q,
-                 size_t q_stride, const __half *__restrict__ k_cache,
-                 const __half *__restrict__ v_cache, int start_pos,
-                 const int32_t *__restrict__ start_pos_dev, int n_heads, int n_kv_heads,
-                 int T_cap, int sliding_window, float *__restrict__ ws,
-                 unsigned *__restrict__ counters)
+                 size_t q_stride, const att_kv kv, int n_heads, int sliding_window,
+                 float *__restrict__ ws, unsigned *__restrict__ counters)
 {
     k_pdl_launch_dependents(); /* the o projection may start loading its weights (k_common.cuh) */
     k_pdl_wait();              /* launched early (PDL): q and the KV cache rows are complete */
@@ -60,10 +145,10 @@ attention_kernel(__half *__restrict__ out, size_t out_stride, const __half *__re
     __shared__ bool last_s;
     const int h = blockIdx.x, m = blockIdx.y, s = blockIdx.z, S = gridDim.z;
     const int lane = threadIdx.x % K_WARP, warp = threadIdx.x / K_WARP;
-    /* start_pos_dev (k_attention_at): read on the device; a position past the cache is clamped
-     * to its last row (the caller checks the context; this only keeps reads in bounds) */
-    const long long p0 = start_pos_dev ? max(*start_pos_dev, 0) : start_pos; /* no int overflow */
-    const int p = (int)min(p0 + m, (long long)T_cap - 1);
+    /* the position read on the device (k_attention_at, _paged) is clamped to the cache / table
+     * (the caller checks the context; this only keeps reads in bounds) */
+    const int32_t *tab;
+    const int p = att_row_pos(kv, m, &tab);
     const int kbeg = sliding_window > 0 ? max(0, p - sliding_window + 1) : 0, kend = p + 1;
     const int n = kend - kbeg;
     int chunk = n, s_act = 1;
@@ -73,15 +158,13 @@ attention_kernel(__half *__restrict__ out, size_t out_stride, const __half *__re
     }
     if (s >= s_act) return; /* the whole block: no barrier is skipped */
     const int cbeg = kbeg + s * chunk, cend = min(kend, cbeg + chunk);
-    const int kvh = h / (n_heads / n_kv_heads);
+    const int kvh = h / (n_heads / kv.n_kv_heads);
     const float qscale = 1.4426950408889634f / sqrtf((float)HD); /* log2(e) / sqrt(hd) */
 
     for (int d = threadIdx.x; d < HD; d += blockDim.x)
         q_s[d] = __half2float(q[(size_t)m * q_stride + (size_t)h * HD + d]) * qscale;
     __syncthreads();
 
-    const __half *kc = k_cache + (size_t)kvh * T_cap * HD;
-    const __half *vc = v_cache + (size_t)kvh * T_cap * HD;
     float m_run = -INFINITY, l_run = 0.0f, acc[DPL];
 #pragma unroll
     for (int d = 0; d < DPL; ++d) acc[d] = 0.0f;
@@ -89,8 +172,10 @@ attention_kernel(__half *__restrict__ out, size_t out_stride, const __half *__re
     for (int t0 = cbeg + warp * K_WARP; t0 < cend; t0 += ATT_WARPS * K_WARP) {
         const int t = t0 + lane;
         float s_t = -INFINITY;
+        uint32_t row = 0; /* this lane's key row in the pool; the value loop reads it too */
         if (t < cend) { /* this lane's key: KB 16-byte loads in flight, then the dot product */
-            const uint4 *kr = reinterpret_cast<const uint4 *>(kc + (size_t)t * HD);
+            row = att_key_row(kv, tab, kvh, t);
+            const uint4 *kr = reinterpret_cast<const uint4 *>(kv.k + (size_t)row * HD);
             float dot = 0.0f;
 #pragma unroll
             for (int c0 = 0; c0 < HD / 8; c0 += KB) {
@@ -128,7 +213,9 @@ attention_kernel(__half *__restrict__ out, size_t out_stride, const __half *__re
 #pragma unroll
             for (int j = 0; j < VB; ++j) {
                 if (j0 + j >= nt) continue; /* (not break: the unrolled slots stay registers) */
-                const __half *vr = vc + (size_t)(t0 + j0 + j) * HD + lane * DPL;
+                /* value row of key t0 + j0 + j: lane j0 + j looked it up (warp-uniform here) */
+                const uint32_t vrow = __shfl_sync(0xffffffffu, row, j0 + j);
+                const __half *vr = kv.v + (size_t)vrow * HD + lane * DPL;
                 if constexpr (DPL == 2) {
                     vw[j][0] = __ldg(reinterpret_cast<const unsigned *>(vr));
                 } else if constexpr (DPL == 4) {
@@ -209,11 +296,15 @@ attention_kernel(__half *__restrict__ out, size_t out_stride, const __half *__re
     if (threadIdx.x == 0) atomicExch(counters + rh, 0u);
 }
 
-static __global__ void kv_store_kernel(__half *__restrict__ k_cache, __half *__restrict__ v_cache,
+/* Row m of k / v into the pool (one thread per element): at slot slots[m] (skipped when < 0;
+ * k_kv_store_paged), else at slot start_pos + m of the contiguous cache (block_size = T_cap;
+ * start_pos_dev: read on the device, rows outside the cache dropped). */
+static __global__ void kv_store_kernel(__half *__restrict__ k_pool, __half *__restrict__ v_pool,
                                        const __half *__restrict__ k, const __half *__restrict__ v,
                                        size_t row_stride, int M, int start_pos,
-                                       const int32_t *__restrict__ start_pos_dev, int n_kv_heads,
-                                       int hd, int T_cap)
+                                       const int32_t *__restrict__ start_pos_dev,
+                                       const int32_t *__restrict__ slots, int n_kv_heads, int hd,
+                                       int block_size)
 {
     k_pdl_launch_dependents(); /* attention may launch (k_common.cuh) */
     k_pdl_wait();              /* launched early (PDL): k and v (after rope) are complete */
@@ -222,29 +313,37 @@ static __global__ void kv_store_kernel(__half *__restrict__ k_cache, __half *__r
     const int d = (int)(id % hd);
     const long long mh = id / hd;
     const int h = (int)(mh % n_kv_heads), m = (int)(mh / n_kv_heads);
-    if (start_pos_dev) { /* k_kv_store_at: rows outside the cache are dropped */
-        start_pos = *start_pos_dev;
-        if (start_pos < 0 || (long long)start_pos + m >= T_cap) return;
+    int slot;
+    if (slots) { /* k_kv_store_paged: padding rows (slot < 0) are skipped */
+        slot = slots[m];
+        if (slot < 0) return;
+    } else {
+        if (start_pos_dev) { /* k_kv_store_at: rows outside the cache are dropped */
+            start_pos = *start_pos_dev;
+            if (start_pos < 0 || (long long)start_pos + m >= block_size) return;
+        }
+        slot = start_pos + m;
     }
-    const size_t dst = ((size_t)h * T_cap + start_pos + m) * hd + d;
+    const size_t dst = k_kv_offset(slot, h, n_kv_heads, block_size, hd) + d;
     const size_t src = (size_t)m * row_stride + (size_t)h * hd + d;
-    k_cache[dst] = k[src];
-    v_cache[dst] = v[src];
+    k_pool[dst] = k[src];
+    v_pool[dst] = v[src];
 }
 
-/* kv_store_kernel over M rows (arguments checked by the callers): start_pos_dev NULL uses
- * start_pos (k_kv_store), else the position read on the device (k_kv_store_at). */
-static int kv_store_launch(uint16_t *k_cache, uint16_t *v_cache, const uint16_t *k,
+/* kv_store_kernel over M rows (arguments checked by the callers): slots given: the paged
+ * store (k_kv_store_paged); else start_pos_dev NULL uses start_pos (k_kv_store), else the
+ * position read on the device (k_kv_store_at), with block_size = T_cap. */
+static int kv_store_launch(uint16_t *k_pool, uint16_t *v_pool, const uint16_t *k,
                            const uint16_t *v, size_t row_stride, int M, int start_pos,
-                           const int32_t *start_pos_dev, int n_kv_heads, int hd, int T_cap,
-                           struct CUstream_st *stream)
+                           const int32_t *start_pos_dev, const int32_t *slots, int n_kv_heads,
+                           int hd, int block_size, struct CUstream_st *stream)
 {
     const long long n = (long long)M * n_kv_heads * hd;
     k_launch_ex(kv_store_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, stream,
-                k_pdl_usable(), reinterpret_cast<__half *>(k_cache),
-                reinterpret_cast<__half *>(v_cache), reinterpret_cast<const __half *>(k),
+                k_pdl_usable(), reinterpret_cast<__half *>(k_pool),
+                reinterpret_cast<__half *>(v_pool), reinterpret_cast<const __half *>(k),
                 reinterpret_cast<const __half *>(v), row_stride, M, start_pos, start_pos_dev,
-                n_kv_heads, hd, T_cap);
+                slots, n_kv_heads, hd, block_size);
     K_LAUNCH_CHECK();
     return K_ERR_NONE;
 }
@@ -258,8 +357,8 @@ int k_kv_store(uint16_t *k_cache, uint16_t *v_cache, const uint16_t *k, const ui
         K_REFUSE(K_ERR_SHAPE, "kv_store M=%d start_pos=%d T_cap=%d n_kv_heads=%d hd=%d "
                  "row_stride=%zu", M, start_pos, T_cap, n_kv_heads, hd, row_stride);
     if (!k_cache || !v_cache || !k || !v) K_REFUSE(K_ERR_ARG, "kv_store: NULL pointer");
-    return kv_store_launch(k_cache, v_cache, k, v, row_stride, M, start_pos, nullptr, n_kv_heads,
-                           hd, T_cap, stream);
+    return kv_store_launch(k_cache, v_cache, k, v, row_stride, M, start_pos, nullptr, nullptr,
+                           n_kv_heads, hd, T_cap, stream);
 }
 
 int k_kv_store_at(uint16_t *k_cache, uint16_t *v_cache, const uint16_t *k, const uint16_t *v,
@@ -271,8 +370,39 @@ int k_kv_store_at(uint16_t *k_cache, uint16_t *v_cache, const uint16_t *k, const
                  T_cap, n_kv_heads, hd, row_stride);
     if (!k_cache || !v_cache || !k || !v || !start_pos_dev)
         K_REFUSE(K_ERR_ARG, "kv_store_at: NULL pointer");
-    return kv_store_launch(k_cache, v_cache, k, v, row_stride, M, 0, start_pos_dev, n_kv_heads,
-                           hd, T_cap, stream);
+    return kv_store_launch(k_cache, v_cache, k, v, row_stride, M, 0, start_pos_dev, nullptr,
+                           n_kv_heads, hd, T_cap, stream);
+}
+
+int k_kv_store_paged(uint16_t *k_pool, uint16_t *v_pool, const uint16_t *k, const uint16_t *v,
+                     size_t row_stride, int M, const int32_t *slots, int n_kv_heads, int hd,
+                     int block_size, struct CUstream_st *stream)
+{
+    if (M < 1 || hd < 1 || n_kv_heads < 1 || block_size < 1 ||
+        row_stride < (size_t)n_kv_heads * hd)
+        K_REFUSE(K_ERR_SHAPE, "kv_store_paged M=%d n_kv_heads=%d hd=%d block_size=%d "
+                 "row_stride=%zu", M, n_kv_heads, hd, block_size, row_stride);
+    if (!k_pool || !v_pool || !k || !v || !slots)
+        K_REFUSE(K_ERR_ARG, "kv_store_paged: NULL pointer");
+    return kv_store_launch(k_pool, v_pool, k, v, row_stride, M, 0, nullptr, slots, n_kv_heads,
+                           hd, block_size, stream);
+}
+
+int k_kv_copy_block(uint16_t *k_pool, uint16_t *v_pool, int src, int dst, size_t block_elems,
+                    struct CUstream_st *stream)
+{
+    if (src < 0 || dst < 0 || block_elems < 1)
+        K_REFUSE(K_ERR_SHAPE, "kv_copy_block src=%d dst=%d block_elems=%zu", src, dst,
+                 block_elems);
+    if (!k_pool || !v_pool) K_REFUSE(K_ERR_ARG, "kv_copy_block: NULL pool");
+    if (src == dst) return K_ERR_NONE; /* nothing to copy (and memcpy must not overlap) */
+    const size_t bytes = block_elems * sizeof(uint16_t);
+    for (uint16_t *pool : {k_pool, v_pool}) /* device to device: capturable in a CUDA graph */
+        K_CUDA_CHECK(cudaMemcpyAsync(pool + (size_t)dst * block_elems,
+                                     pool + (size_t)src * block_elems, bytes,
+                                     cudaMemcpyDeviceToDevice, stream));
+    K_LAUNCH_CHECK();
+    return K_ERR_NONE;
 }
 
 // --- v2: prefill on tensor cores --------------------------------------------------------------
@@ -314,6 +444,24 @@ static __device__ __forceinline__ void fa_load_tile(unsigned char *dst, const __
     }
 }
 
+/* keys [t1, t1 + 64) of kv head kvh into the K and V tiles kdst, vdst, rows >= n_valid
+ * zero-filled; each row's pool address through the block table tab (att_key_row: the same row
+ * of both pools); all threads of the block take part */
+template <int HD>
+static __device__ __forceinline__ void fa_load_kv_tile(unsigned char *kdst, unsigned char *vdst,
+                                                       const att_kv &kv, const int32_t *tab,
+                                                       int kvh, int t1, int n_valid, int tid)
+{
+    constexpr int CH = HD / 8;
+    for (int id = tid; id < 64 * CH; id += fa::WARPS * K_WARP) {
+        const int r = id / CH, c = id % CH;
+        const bool ok = r < n_valid;
+        const size_t off = ok ? (size_t)att_key_row(kv, tab, kvh, t1 + r) * HD + c * 8 : 0;
+        k_cp_async16(kdst + fa_off<HD>(r, c), kv.k + off, ok ? 16 : 0);
+        k_cp_async16(vdst + fa_off<HD>(r, c), kv.v + off, ok ? 16 : 0);
+    }
+}
+
 static __device__ __forceinline__ uint32_t fa_pack_half2(float a, float b)
 {
     return k_half2_as_u32(__floats2half2_rn(a, b));
@@ -322,9 +470,7 @@ static __device__ __forceinline__ uint32_t fa_pack_half2(float a, float b)
 template <int HD>
 static __global__ void __launch_bounds__(fa::WARPS *K_WARP)
 attention_fa_kernel(__half *__restrict__ out, size_t out_stride, const __half *__restrict__ q,
-                    size_t q_stride, const __half *__restrict__ k_cache,
-                    const __half *__restrict__ v_cache, int M, int start_pos, int n_heads,
-                    int n_kv_heads, int T_cap, int sliding_window)
+                    size_t q_stride, const att_kv kv, int M, int n_heads, int sliding_window)
 {
     k_pdl_launch_dependents();
     k_pdl_wait(); /* launched early (PDL): q and the KV cache rows are complete */
@@ -338,14 +484,13 @@ attention_fa_kernel(__half *__restrict__ out, size_t out_stride, const __half *_
     /* the heaviest (latest) row tiles first: causal work grows with the position */
     const int mt = (int)gridDim.x - 1 - (int)blockIdx.x, h = blockIdx.y;
     const int m0 = mt * fa::BM, rows = min(fa::BM, M - m0);
-    const int p0 = start_pos + m0, p_last = p0 + rows - 1;
+    const int p0 = kv.start_pos + m0, p_last = p0 + rows - 1; /* host start: no clamping */
     const int kbeg = sliding_window > 0 ? max(0, p0 - sliding_window + 1) : 0, kend = p_last + 1;
-    const int kvh = h / (n_heads / n_kv_heads);
-    const __half *kc = k_cache + (size_t)kvh * T_cap * HD, *vc = v_cache + (size_t)kvh * T_cap * HD;
+    const int kvh = h / (n_heads / kv.n_kv_heads);
+    const int32_t *tab = kv.tables; /* one sequence: table row 0 (NULL: block 0) */
 
     fa_load_tile<HD>(qs, q + (size_t)m0 * q_stride + (size_t)h * HD, q_stride, rows, tid);
-    fa_load_tile<HD>(ks(0), kc + (size_t)kbeg * HD, HD, kend - kbeg, tid);
-    fa_load_tile<HD>(vs(0), vc + (size_t)kbeg * HD, HD, kend - kbeg, tid);
+    fa_load_kv_tile<HD>(ks(0), vs(0), kv, tab, kvh, kbeg, kend - kbeg, tid);
     k_cp_async_commit();
     k_cp_async_wait<0>();
     __syncthreads();
@@ -368,8 +513,7 @@ attention_fa_kernel(__half *__restrict__ out, size_t out_stride, const __half *_
     for (int t0 = kbeg; t0 < kend; t0 += fa::BN, stage ^= 1) {
         if (t0 + fa::BN < kend) { /* next tile into the other stage while this one is used */
             const int t1 = t0 + fa::BN;
-            fa_load_tile<HD>(ks(stage ^ 1), kc + (size_t)t1 * HD, HD, kend - t1, tid);
-            fa_load_tile<HD>(vs(stage ^ 1), vc + (size_t)t1 * HD, HD, kend - t1, tid);
+            fa_load_kv_tile<HD>(ks(stage ^ 1), vs(stage ^ 1), kv, tab, kvh, t1, kend - t1, tid);
         }
         k_cp_async_commit();
         /* S = Q K^T: 16 rows x 64 keys, 8 n8 tiles */
@@ -463,9 +607,8 @@ attention_fa_kernel(__half *__restrict__ out, size_t out_stride, const __half *_
 
 template <int HD>
 static void attention_fa_launch(__half *out, size_t out_stride, const __half *q, size_t q_stride,
-                                const __half *k_cache, const __half *v_cache, int M,
-                                int start_pos, int n_heads, int n_kv_heads, int T_cap,
-                                int sliding_window, cudaStream_t stream)
+                                const att_kv &kv, int M, int n_heads, int sliding_window,
+                                cudaStream_t stream)
 {
     constexpr int SMEM = 5 * 64 * HD * 2; /* Q + 2 stages of K and V: 40 / 80 KB */
     static int attr_set[K_MAX_DEVICES];
@@ -476,8 +619,7 @@ static void attention_fa_launch(__half *out, size_t out_stride, const __half *q,
     });
     const dim3 grid((unsigned)((M + fa::BM - 1) / fa::BM), (unsigned)n_heads);
     k_launch_ex(attention_fa_kernel<HD>, grid, dim3(fa::WARPS * K_WARP), SMEM, stream,
-                k_pdl_usable(), out, out_stride, q, q_stride, k_cache, v_cache, M, start_pos,
-                n_heads, n_kv_heads, T_cap, sliding_window);
+                k_pdl_usable(), out, out_stride, q, q_stride, kv, M, n_heads, sliding_window);
 }
 
 /* Splits of the v1 kernel for M rows of n_heads heads with at most n_keys keys per row: enough
@@ -518,41 +660,41 @@ size_t k_attention_workspace_bytes(int M, int n_heads, int hd, int T_cap)
     return most;
 }
 
+/* v2 or v1 over kv (arguments checked by the callers). v2 where the rows are one sequence at a
+ * host start position (kv.pos and kv.start_pos_dev NULL), M >= fa::MIN_M, hd 64 / 128 and the
+ * buffers aligned; else v1, its keys split when a workspace is given: the split count from
+ * n_keys, the most keys of any row (the chunking of a row follows its own count on the device,
+ * so the device-position launches size the grid for the whole cache / max_keys). */
 static int attention_launch(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q_stride,
-                            const uint16_t *k_cache, const uint16_t *v_cache, int M, int start_pos,
-                            const int32_t *start_pos_dev, int n_heads, int n_kv_heads, int hd,
-                            int T_cap, int sliding_window, void *ws, size_t ws_bytes,
+                            const att_kv &kv, int M, int n_heads, int hd, long n_keys,
+                            int sliding_window, void *ws, size_t ws_bytes,
                             struct CUstream_st *stream)
 {
     const __half *qh = reinterpret_cast<const __half *>(q);
-    const __half *kh = reinterpret_cast<const __half *>(k_cache);
-    const __half *vh = reinterpret_cast<const __half *>(v_cache);
     __half *oh = reinterpret_cast<__half *>(out);
     /* prefill: v2, which reads q rows and K/V tiles in 16-byte chunks and writes out in pairs */
     const bool aligned = (uintptr_t)q % 16 == 0 && q_stride % 8 == 0 && (uintptr_t)out % 4 == 0 &&
-                         out_stride % 2 == 0 && (uintptr_t)k_cache % 16 == 0 &&
-                         (uintptr_t)v_cache % 16 == 0;
-    if (!start_pos_dev && M >= fa::MIN_M && (hd == 64 || hd == 128) && aligned) {
+                         out_stride % 2 == 0 && (uintptr_t)kv.k % 16 == 0 &&
+                         (uintptr_t)kv.v % 16 == 0;
+    if (!kv.pos && !kv.start_pos_dev && M >= fa::MIN_M && (hd == 64 || hd == 128) && aligned) {
         if (hd == 64)
-            attention_fa_launch<64>(oh, out_stride, qh, q_stride, kh, vh, M, start_pos, n_heads,
-                                    n_kv_heads, T_cap, sliding_window, stream);
+            attention_fa_launch<64>(oh, out_stride, qh, q_stride, kv, M, n_heads, sliding_window,
+                                    stream);
         else
-            attention_fa_launch<128>(oh, out_stride, qh, q_stride, kh, vh, M, start_pos, n_heads,
-                                     n_kv_heads, T_cap, sliding_window, stream);
+            attention_fa_launch<128>(oh, out_stride, qh, q_stride, kv, M, n_heads, sliding_window,
+                                     stream);
         K_LAUNCH_CHECK();
         return K_ERR_NONE;
     }
-    /* v1: split the keys when a workspace is given (the device-position launch sizes the grid
-     * for the whole cache, the chunking adapts to the position on the device) */
     int S = 1;
     if (ws) {
-        S = attention_splits(M, n_heads, start_pos_dev ? (long)T_cap : (long)start_pos + M);
+        S = attention_splits(M, n_heads, n_keys);
         const size_t need = attention_ws_bytes(M, n_heads, hd, S);
         if ((uintptr_t)ws % 16)
             K_REFUSE(K_ERR_ARG, "attention: workspace at %p is not 16-byte aligned", ws);
         if (ws_bytes < need)
-            K_REFUSE(K_ERR_WORKSPACE, "attention M=%d n_heads=%d hd=%d T_cap=%d: workspace of %zu "
-                     "bytes needed, got %zu", M, n_heads, hd, T_cap, need, ws_bytes);
+            K_REFUSE(K_ERR_WORKSPACE, "attention M=%d n_heads=%d hd=%d keys=%ld: workspace of "
+                     "%zu bytes needed, got %zu", M, n_heads, hd, n_keys, need, ws_bytes);
     }
     unsigned *counters = S > 1 ? static_cast<unsigned *>(ws) : nullptr;
     float *wsf = S > 1 ? reinterpret_cast<float *>(static_cast<unsigned char *>(ws) +
@@ -561,8 +703,8 @@ static int attention_launch(uint16_t *out, size_t out_stride, const uint16_t *q,
     const dim3 grid(n_heads, M, S);
 #define ATT_LAUNCH(HDV)                                                                      \
     k_launch_ex(attention_kernel<HDV>, grid, dim3(ATT_WARPS * K_WARP), 0, stream,              \
-                k_pdl_usable(), oh, out_stride, qh, q_stride, kh, vh, start_pos, start_pos_dev, \
-                n_heads, n_kv_heads, T_cap, sliding_window, wsf, counters)
+                k_pdl_usable(), oh, out_stride, qh, q_stride, kv, n_heads, sliding_window, wsf, \
+                counters)
     if (hd == 64) ATT_LAUNCH(64);
     else if (hd == 128) ATT_LAUNCH(128);
     else ATT_LAUNCH(256);
@@ -571,21 +713,29 @@ static int attention_launch(uint16_t *out, size_t out_stride, const uint16_t *q,
     return K_ERR_NONE;
 }
 
+/* The shape checks every attention entry point makes (the heads, hd, M and the row strides). */
+static bool attention_heads_ok(int M, int n_heads, int n_kv_heads, int hd, size_t q_stride,
+                               size_t out_stride)
+{
+    return M >= 1 && M <= 65535 && n_heads >= 1 && n_kv_heads >= 1 && n_heads % n_kv_heads == 0 &&
+           (hd == 64 || hd == 128 || hd == 256) && q_stride >= (size_t)n_heads * hd &&
+           out_stride >= (size_t)n_heads * hd;
+}
+
 int k_attention(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q_stride,
                 const uint16_t *k_cache, const uint16_t *v_cache, int M, int start_pos,
                 int n_heads, int n_kv_heads, int hd, int T_cap, int sliding_window, void *ws,
                 size_t ws_bytes, struct CUstream_st *stream)
 {
-    if (M < 1 || M > 65535 || start_pos < 0 || n_heads < 1 || n_kv_heads < 1 ||
-        n_heads % n_kv_heads || (long long)start_pos + M > T_cap ||
-        (hd != 64 && hd != 128 && hd != 256) || q_stride < (size_t)n_heads * hd ||
-        out_stride < (size_t)n_heads * hd)
+    if (!attention_heads_ok(M, n_heads, n_kv_heads, hd, q_stride, out_stride) || start_pos < 0 ||
+        (long long)start_pos + M > T_cap)
         K_REFUSE(K_ERR_SHAPE, "attention M=%d start_pos=%d n_heads=%d n_kv_heads=%d hd=%d "
                  "T_cap=%d: need hd in {64,128,256}, n_heads %% n_kv_heads == 0, "
                  "start_pos + M <= T_cap", M, start_pos, n_heads, n_kv_heads, hd, T_cap);
     if (!out || !q || !k_cache || !v_cache) K_REFUSE(K_ERR_ARG, "attention: NULL pointer");
-    return attention_launch(out, out_stride, q, q_stride, k_cache, v_cache, M, start_pos, nullptr,
-                            n_heads, n_kv_heads, hd, T_cap, sliding_window, ws, ws_bytes, stream);
+    const att_kv kv = att_kv_contiguous(k_cache, v_cache, start_pos, nullptr, n_kv_heads, T_cap);
+    return attention_launch(out, out_stride, q, q_stride, kv, M, n_heads, hd,
+                            (long)start_pos + M, sliding_window, ws, ws_bytes, stream);
 }
 
 int k_attention_at(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q_stride,
@@ -593,14 +743,59 @@ int k_attention_at(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q
                    const int32_t *start_pos_dev, int n_heads, int n_kv_heads, int hd, int T_cap,
                    int sliding_window, void *ws, size_t ws_bytes, struct CUstream_st *stream)
 {
-    if (M < 1 || M > 65535 || M > T_cap || n_heads < 1 || n_kv_heads < 1 ||
-        n_heads % n_kv_heads || (hd != 64 && hd != 128 && hd != 256) ||
-        q_stride < (size_t)n_heads * hd || out_stride < (size_t)n_heads * hd)
+    if (!attention_heads_ok(M, n_heads, n_kv_heads, hd, q_stride, out_stride) || M > T_cap)
         K_REFUSE(K_ERR_SHAPE, "attention_at M=%d n_heads=%d n_kv_heads=%d hd=%d T_cap=%d: need "
                  "hd in {64,128,256}, n_heads %% n_kv_heads == 0", M, n_heads, n_kv_heads, hd,
                  T_cap);
     if (!out || !q || !k_cache || !v_cache || !start_pos_dev)
         K_REFUSE(K_ERR_ARG, "attention_at: NULL pointer");
-    return attention_launch(out, out_stride, q, q_stride, k_cache, v_cache, M, 0, start_pos_dev,
-                            n_heads, n_kv_heads, hd, T_cap, sliding_window, ws, ws_bytes, stream);
+    const att_kv kv = att_kv_contiguous(k_cache, v_cache, 0, start_pos_dev, n_kv_heads, T_cap);
+    return attention_launch(out, out_stride, q, q_stride, kv, M, n_heads, hd, (long)T_cap,
+                            sliding_window, ws, ws_bytes, stream);
+}
+
+int k_attention_paged(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q_stride,
+                      const uint16_t *k_pool, const uint16_t *v_pool, int M, const int32_t *pos,
+                      const int32_t *tables, int table_stride, const int32_t *row_table,
+                      int n_heads, int n_kv_heads, int hd, int block_size, int max_keys,
+                      int sliding_window, void *ws, size_t ws_bytes, struct CUstream_st *stream)
+{
+    if (!attention_heads_ok(M, n_heads, n_kv_heads, hd, q_stride, out_stride) ||
+        block_size < 1 || table_stride < 1 || max_keys < 1)
+        K_REFUSE(K_ERR_SHAPE, "attention_paged M=%d n_heads=%d n_kv_heads=%d hd=%d "
+                 "block_size=%d table_stride=%d max_keys=%d: need hd in {64,128,256}, n_heads %% "
+                 "n_kv_heads == 0, M <= 65535, block_size, table_stride, max_keys >= 1", M,
+                 n_heads, n_kv_heads, hd, block_size, table_stride, max_keys);
+    if (!out || !q || !k_pool || !v_pool || !pos || !tables)
+        K_REFUSE(K_ERR_ARG, "attention_paged: NULL pointer");
+    att_kv kv = att_kv_paged(k_pool, v_pool, n_kv_heads, block_size);
+    kv.tables = tables;
+    kv.table_stride = table_stride;
+    kv.row_table = row_table;
+    kv.pos = pos;
+    return attention_launch(out, out_stride, q, q_stride, kv, M, n_heads, hd, (long)max_keys,
+                            sliding_window, ws, ws_bytes, stream);
+}
+
+int k_attention_paged_prefill(uint16_t *out, size_t out_stride, const uint16_t *q,
+                              size_t q_stride, const uint16_t *k_pool, const uint16_t *v_pool,
+                              int M, int start_pos, const int32_t *table, int n_heads,
+                              int n_kv_heads, int hd, int block_size, int sliding_window,
+                              void *ws, size_t ws_bytes, struct CUstream_st *stream)
+{
+    if (!attention_heads_ok(M, n_heads, n_kv_heads, hd, q_stride, out_stride) || start_pos < 0 ||
+        block_size < 1 || (long long)start_pos + M > INT_MAX)
+        K_REFUSE(K_ERR_SHAPE, "attention_paged_prefill M=%d start_pos=%d n_heads=%d "
+                 "n_kv_heads=%d hd=%d block_size=%d: need hd in {64,128,256}, n_heads %% "
+                 "n_kv_heads == 0, start_pos >= 0, block_size >= 1", M, start_pos, n_heads,
+                 n_kv_heads, hd, block_size);
+    if (!out || !q || !k_pool || !v_pool || !table)
+        K_REFUSE(K_ERR_ARG, "attention_paged_prefill: NULL pointer");
+    const long long T = (long long)start_pos + M;
+    att_kv kv = att_kv_paged(k_pool, v_pool, n_kv_heads, block_size);
+    kv.tables = table;
+    kv.table_stride = (int)((T + block_size - 1) / block_size); /* >= T rows: no clamping */
+    kv.start_pos = start_pos;
+    return attention_launch(out, out_stride, q, q_stride, kv, M, n_heads, hd, (long)T,
+                            sliding_window, ws, ws_bytes, stream);
 }

@@ -364,6 +364,18 @@ __device__ __forceinline__ float k_w4_scale(const uint16_t *scales, int n_groups
     return __half2float(k_bits_to_half(scales[((size_t)nt * n_groups + g) * 64 + c * 8 + j]));
 }
 
+/* --- paged KV cache ------------------------------------------------------------------------ */
+
+/* Element offset of (slot, kv head h) in a pool [n_blocks][n_kv_heads][block_size][hd]: the
+ * device twin of ref_kv_offset (kernels/ref.h, "paged KV cache"); slot >= 0. The contiguous
+ * cache [n_kv_heads][T_cap][hd] is the pool of one block, block_size = T_cap. */
+__device__ __forceinline__ size_t k_kv_offset(int slot, int h, int n_kv_heads, int block_size,
+                                              int hd)
+{
+    const int b = slot / block_size, r = slot - b * block_size;
+    return (((size_t)b * n_kv_heads + h) * block_size + r) * hd;
+}
+
 /* Number of multiprocessors of the current device (cached per device; at most 64 devices). */
 int k_device_sm_count(void);
 

@@ -52,14 +52,17 @@ int k_rope(uint16_t *x, int M, int n_heads, int hd, size_t row_stride, const int
  * x (acc == NULL) or from the fp32 sums in acc (zeroed; the whole row is then written to x),
  * plus the KV-cache store of the rotated k heads and of the nkv v heads after them (nkv = 0:
  * no cache, which may then be NULL). Threads [0, M*(nq+nkv)*hd/2) take one rotated pair each,
- * the rest one column of [(nq+nkv)*hd, row_stride) each. Rows whose pos is outside [0, T_cap)
- * are not stored. */
+ * the rest one column of [(nq+nkv)*hd, row_stride) each. The store goes to slot slots[m] of
+ * the paged pools of block_size rows (k_rope_kv_store_paged; slots < 0 are not stored), or
+ * with slots NULL to slot pos[m] of the contiguous cache (block_size = T_cap; rows whose pos is
+ * outside [0, T_cap) are not stored). */
 static __global__ void rope_kv_store_kernel(__half *__restrict__ x, float *__restrict__ acc,
                                             int M, int nq, int nkv, int hd, int row_stride,
                                             const int32_t *__restrict__ pos,
                                             const float *__restrict__ inv_freq,
-                                            __half *__restrict__ k_cache,
-                                            __half *__restrict__ v_cache, int T_cap)
+                                            __half *__restrict__ k_pool,
+                                            __half *__restrict__ v_pool,
+                                            const int32_t *__restrict__ slots, int block_size)
 {
     k_pdl_launch_dependents(); /* attention may launch (k_common.cuh) */
     k_pdl_wait();              /* launched early (PDL): the qkv projection is complete */
@@ -88,10 +91,13 @@ static __global__ void rope_kv_store_kernel(__half *__restrict__ x, float *__res
         const __half r0 = __float2half_rn(x0 * c - x1 * s), r1 = __float2half_rn(x1 * c + x0 * s);
         x[o + i] = r0;
         x[o + i + half_hd] = r1;
-        if (h >= nq && p >= 0 && p < T_cap) {
-            __half *kc = k_cache + ((size_t)(h - nq) * T_cap + p) * hd;
-            kc[i] = r0;
-            kc[i + half_hd] = r1;
+        if (h >= nq) {
+            const int slot = slots ? slots[m] : p;
+            if (slot >= 0 && (slots || slot < block_size)) {
+                __half *kc = k_pool + k_kv_offset(slot, h - nq, nkv, block_size, hd);
+                kc[i] = r0;
+                kc[i + half_hd] = r1;
+            }
         }
         return;
     }
@@ -107,24 +113,26 @@ static __global__ void rope_kv_store_kernel(__half *__restrict__ x, float *__res
     } else {
         v = x[o];
     }
-    const int p = pos[m];
-    if (j < nkv * hd && p >= 0 && p < T_cap)
-        v_cache[((size_t)(j / hd) * T_cap + p) * hd + j % hd] = v;
+    if (j >= nkv * hd) return;
+    const int slot = slots ? slots[m] : pos[m];
+    if (slot >= 0 && (slots || slot < block_size))
+        v_pool[k_kv_offset(slot, j / hd, nkv, block_size, hd) + j % hd] = v;
 }
 
-/* rope_kv_store_kernel over M rows (arguments checked by the callers) */
+/* rope_kv_store_kernel over M rows (arguments checked by the callers): slots NULL stores to
+ * the contiguous cache of block_size = T_cap rows at pos[m], else to the pools at slots[m] */
 static int launch_rope_kv_store(uint16_t *x, float *acc, int M, int nq, int nkv, int hd,
                                 size_t row_stride, const int32_t *pos, const float *inv_freq,
-                                uint16_t *k_cache, uint16_t *v_cache, int T_cap,
-                                struct CUstream_st *stream)
+                                uint16_t *k_pool, uint16_t *v_pool, const int32_t *slots,
+                                int block_size, struct CUstream_st *stream)
 {
     const long long n = (long long)M * (nq + nkv) * (hd / 2) +
                         (long long)M * ((long long)row_stride - (long long)(nq + nkv) * hd);
     const int threads = 256;
     k_launch_ex(rope_kv_store_kernel, dim3((unsigned)((n + threads - 1) / threads)), dim3(threads),
                 0, stream, k_pdl_usable(), reinterpret_cast<__half *>(x), acc, M, nq, nkv, hd,
-                (int)row_stride, pos, inv_freq, reinterpret_cast<__half *>(k_cache),
-                reinterpret_cast<__half *>(v_cache), T_cap);
+                (int)row_stride, pos, inv_freq, reinterpret_cast<__half *>(k_pool),
+                reinterpret_cast<__half *>(v_pool), slots, block_size);
     K_LAUNCH_CHECK();
     return K_ERR_NONE;
 }
@@ -141,7 +149,23 @@ int k_rope_kv_store(uint16_t *x, float *acc, int M, int nq, int nkv, int hd, siz
     if (!x || !pos || !inv_freq || !k_cache || !v_cache)
         K_REFUSE(K_ERR_ARG, "rope_kv_store: NULL x, pos, inv_freq or cache");
     return launch_rope_kv_store(x, acc, M, nq, nkv, hd, row_stride, pos, inv_freq, k_cache,
-                                v_cache, T_cap, stream);
+                                v_cache, nullptr, T_cap, stream);
+}
+
+int k_rope_kv_store_paged(uint16_t *x, float *acc, int M, int nq, int nkv, int hd,
+                          size_t row_stride, const int32_t *pos, const float *inv_freq,
+                          uint16_t *k_pool, uint16_t *v_pool, const int32_t *slots,
+                          int block_size, struct CUstream_st *stream)
+{
+    if (M < 1 || nq < 1 || nkv < 1 || hd < 2 || hd % 2 || block_size < 1 ||
+        row_stride < (size_t)(nq + 2 * nkv) * hd || row_stride > (size_t)INT_MAX)
+        K_REFUSE(K_ERR_SHAPE, "rope_kv_store_paged M=%d nq=%d nkv=%d hd=%d row_stride=%zu "
+                 "block_size=%d: need hd even, (nq + 2 nkv) hd <= row_stride <= INT_MAX", M, nq,
+                 nkv, hd, row_stride, block_size);
+    if (!x || !pos || !inv_freq || !k_pool || !v_pool || !slots)
+        K_REFUSE(K_ERR_ARG, "rope_kv_store_paged: NULL x, pos, inv_freq, pool or slots");
+    return launch_rope_kv_store(x, acc, M, nq, nkv, hd, row_stride, pos, inv_freq, k_pool,
+                                v_pool, slots, block_size, stream);
 }
 
 /* k_rope_acc = the kernel of k_rope_kv_store with every head rotated (nkv = 0: no cache) */
@@ -154,5 +178,5 @@ int k_rope_acc(uint16_t *x, float *acc, int M, int n_heads, int hd, size_t row_s
                  "n_heads*hd <= row_stride <= INT_MAX", M, n_heads, hd, row_stride);
     if (!x || !acc || !pos || !inv_freq) K_REFUSE(K_ERR_ARG, "rope_acc: NULL x, acc, pos or inv_freq");
     return launch_rope_kv_store(x, acc, M, n_heads, 0, hd, row_stride, pos, inv_freq, nullptr,
-                                nullptr, 0, stream);
+                                nullptr, nullptr, 1, stream);
 }

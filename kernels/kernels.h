@@ -488,6 +488,9 @@ int k_attention_at(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q
  * row; a sequence's block table [>= ceil(len / block_size)] int32 lists its blocks in position
  * order. All index arrays are int32 in device memory, read at run time, so one captured CUDA
  * graph serves every decode step of a batch size (the runtime uploads them before each step).
+ * A pool holds fewer than 2^32 rows (n_blocks * n_kv_heads * block_size; 512 GiB at hd 64): the
+ * attention kernels count pool rows in 32 bits. The contiguous entry points above run the same
+ * kernels, their cache being the pool of one block of block_size = T_cap rows.
  */
 
 /* k_rope_kv_store with the store going to the paged pool: the rotated k heads and the v heads of
@@ -530,9 +533,10 @@ int k_attention_paged(uint16_t *out, size_t out_stride, const uint16_t *q, size_
  * Attention of M consecutive query rows of one sequence at positions start_pos .. start_pos +
  * M - 1 (a prompt chunk) over its block table `table` (device, >= ceil((start_pos + M) /
  * block_size) entries): k_attention's v2 (FlashAttention-2 on tensor cores) when M >= 16, hd 64
- * or 128 and the buffers aligned as k_attention needs, else v1 as k_attention_paged. Same math
- * and bits as k_attention over a contiguous copy of the sequence's cache. Errors: as
- * k_attention (start_pos < 0), K_ERR_SHAPE also for block_size < 1.
+ * or 128 and the buffers aligned as k_attention needs, else v1 as k_attention_paged (the split
+ * count from start_pos + M keys, as k_attention). Same math and bits as k_attention over a
+ * contiguous copy of the sequence's cache. Errors: as k_attention (start_pos < 0), K_ERR_SHAPE
+ * also for block_size < 1 or start_pos + M > INT_MAX, K_ERR_ARG also for table NULL.
  */
 int k_attention_paged_prefill(uint16_t *out, size_t out_stride, const uint16_t *q,
                               size_t q_stride, const uint16_t *k_pool, const uint16_t *v_pool,
@@ -541,7 +545,9 @@ int k_attention_paged_prefill(uint16_t *out, size_t out_stride, const uint16_t *
                               void *ws, size_t ws_bytes, struct CUstream_st *stream);
 
 /* dst block of both pools = src block (copy-on-write of a shared block): block_elems =
- * n_kv_heads * block_size * hd fp16 per pool. Errors: K_ERR_ARG (NULL), K_ERR_SHAPE. */
+ * n_kv_heads * block_size * hd fp16 per pool; two device-to-device cudaMemcpyAsync on the
+ * stream (capturable in a CUDA graph); src == dst copies nothing. Errors: K_ERR_ARG (NULL),
+ * K_ERR_SHAPE (src or dst < 0, block_elems < 1). */
 int k_kv_copy_block(uint16_t *k_pool, uint16_t *v_pool, int src, int dst, size_t block_elems,
                     struct CUstream_st *stream);
 
