@@ -179,12 +179,12 @@ attention_kernel(__half *__restrict__ out, size_t out_stride, const __half *__re
             float dot = 0.0f;
 #pragma unroll
             for (int c0 = 0; c0 < HD / 8; c0 += KB) {
-                uint4 kv[KB];
+                uint4 kb[KB];
 #pragma unroll
-                for (int c = 0; c < KB; ++c) kv[c] = __ldg(kr + c0 + c);
+                for (int c = 0; c < KB; ++c) kb[c] = __ldg(kr + c0 + c);
 #pragma unroll
                 for (int c = 0; c < KB; ++c) {
-                    const uint32_t kw[4] = {kv[c].x, kv[c].y, kv[c].z, kv[c].w};
+                    const uint32_t kw[4] = {kb[c].x, kb[c].y, kb[c].z, kb[c].w};
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const float2 kf = __half22float2(k_u32_as_half2(kw[e]));
