@@ -3,14 +3,16 @@
  * plain-C reference (kernels/ref.h) on fresh random inputs (never zeros), outputs poisoned with
  * NaN beforehand (harness: tests/gpu_t.cuh).
  * Areas: rmsnorm (and rmsnorm_acc from fp32 sums), silu_mul (and _acc), rope (and _acc),
- * rope_kv_store, embed, argmax, sample (vs runtime/rt_sample.c), attention, moe, allreduce.
+ * rope_kv_store, embed, argmax, sample (vs runtime/rt_sample.c), attention (with the paged KV
+ * cache: k_*_paged, k_kv_copy_block), moe, allreduce.
  * The W4A16 routes and their ACC epilogue feeding these consumers: tests/gpu_test_w4a16.cu.
  *
  * Run: build/gpu_test_ops [--quick] (tests/run_gpu_tests.sh; --quick = small subset for
  * compute-sanitizer). Seed: QS_TEST_SEED (default from the clock, printed).
  */
-#include "gpu_t.cuh"   /* rng, device buffers, compare, gpu_test_main */
-#include "rt_sample.h" /* rt_sampler: the reference of k_sample */
+#include "gpu_t.cuh"              /* rng, device buffers, compare, gpu_test_main */
+#include "gpu_test_ops_paged.cuh" /* test_attention_paged (area attention) */
+#include "rt_sample.h"            /* rt_sampler: the reference of k_sample */
 
 // --- rmsnorm, silu_mul, rope, embed, argmax -------------------------------------------------------
 
@@ -682,6 +684,7 @@ static void test_attention(bool quick)
     test_attention_case(7, 20, 14, 2, 64, 32, 0, true);
     test_attention_case(4, 126, 4, 1, 128, 4096, 0, true);
     test_attention_case(24, 1000, 8, 2, 256, 2048, 0); /* hd 256 rows >= 16 (v1), split */
+    test_attention_paged(quick);
     qs_log_set_quiet(true);
     uint16_t *d = dev_poisoned<uint16_t>(1024);
     CHECK_EQ_INT(k_attention(d, 96, d, 96, d, d, 1, 0, 1, 1, 96, 4, 0, nullptr, 0, nullptr),
