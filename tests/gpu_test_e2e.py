@@ -45,7 +45,7 @@ passed = failed = 0
 
 def graph_ranks(stderr):
     """Number of GPUs whose decode-step graph `qshard ... -v` reports as recorded."""
-    return len(set(re.findall(r"GPU (\d+): decode step recorded as a CUDA graph", stderr)))
+    return len(set(re.findall(r"GPU (\d+): decode step of \d+ rows? recorded as a CUDA graph", stderr)))
 
 
 def expected_graphs(name, tp, stderr):

@@ -197,14 +197,18 @@ int main(void)
         write_prompts(pf, sizeof pf);
         snprintf(of, sizeof of, "%s/out.jsonl", g_tmp);
         /* 6 blocks of 16 tokens (block 0 reserved) for 3 sequences of up to 96: preemption */
+        /* blocks of 5 layers x 4 kv heads x 16 x 64 x 2 (k, v): fp32 on the CPU, fp16 on cuda */
+        const bool f16 = !strcmp(g_device, "cuda");
         struct proc p = run("run", dir, "--prompts", pf, "--max-num-seqs", "3", "--ctx", "96",
-                            "--kv-cache-gb", "0.00115", "--device", g_device, "--top-k", "40",
+                            "--kv-cache-gb", f16 ? "0.000575" : "0.00115", "--device", g_device, "--top-k", "40",
                             "--top-p", "0.95", NULL);
         CHECK_EXIT(p, 2, "run --prompts (small cache)");
         check_out("small cache", p.out, want_ids, want_text);
         CHECK_MSG(stat_of(p.err, "preemption") > 0, "small cache: no preemption: %s", p.err);
         proc_free(&p);
-        p = run("run", dir, "--prompts", pf, "--ctx", "128", "--out", of, "--device", g_device,
+        /* 4 at once: the later requests find the earlier ones' prefix blocks */
+        p = run("run", dir, "--prompts", pf, "--ctx", "128", "--out", of, "--max-num-seqs", "4",
+                "--device", g_device,
                 "--top-k", "40", "--top-p", "0.95", NULL);
         CHECK_EXIT(p, 2, "run --prompts --out");
         CHECK_MSG(p.out_len == 0, "--out: stdout not empty");
