@@ -185,6 +185,12 @@ static struct seq *new_seq(struct rt_engine *e, int *index)
     memset(p + old, 0, (size_t)(want - old) * sizeof(*p));
     for (int i = old; i < want; i++)
         p[i].slot = -1;
+    for (int i = 0; i < old; i++) /* the generation state points into its own entry */
+        if (p[i].state != SEQ_FREE) {
+            p[i].g.res = &p[i].res;
+            p[i].g.p = &p[i].req.gen;
+            p[i].g.cb = &p[i].req.cb;
+        }
     e->seqs = p;
     e->n_seqs_cap = want;
     *index = old;

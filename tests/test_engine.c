@@ -145,6 +145,49 @@ static struct rt_engine_stats run_engine(const char *label, const char *dir, int
     return st;
 }
 
+/* More requests queued than the engine's first table holds (it grows while requests are
+ * pending): each still gets its own result, equal to its run alone. */
+static void test_many(const char *dir, int V)
+{
+    enum { MANY = 150 };
+    struct rt_session *s = open_session(dir, 4, 0, true);
+    struct rt_engine *e = NULL;
+    if (!s || rt_engine_create(s, NULL, &e) != RT_ERR_NONE) {
+        CHECK_MSG(0, "test_many set-up failed: %s", qs_log_last());
+        rt_session_close(s);
+        return;
+    }
+    static struct req many[MANY];
+    for (int r = 0; r < MANY; r++) {
+        struct req *q = &many[r];
+        memset(q, 0, sizeof(*q));
+        q->n = 2;
+        q->prompt[0] = (int32_t)(r % V);
+        q->prompt[1] = (int32_t)((r * 7 + 1) % V);
+        q->gp = rt_gen_params_default();
+        q->gp.sample.temperature = 0.0f;
+        q->gp.max_tokens = 1 + r % 4;
+        q->gp.ignore_eos = true;
+        const struct rt_engine_req er = {.ids = q->prompt, .n_ids = 2, .gen = q->gp,
+                                         .on_finish = on_finish, .user = q};
+        int64_t id;
+        CHECK_EQ_INT(rt_engine_add(e, &er, &id), RT_ERR_NONE);
+    }
+    CHECK_EQ_INT(rt_engine_run(e), RT_ERR_NONE);
+    rt_engine_free(e);
+    for (int r = 0; r < MANY; r++) {
+        struct req *q = &many[r];
+        struct rt_gen_result res;
+        CHECK_EQ_INT(rt_generate(s, q->prompt, 2, &q->gp, NULL, &res), RT_ERR_NONE);
+        CHECK_MSG(q->done && q->n_got == res.n_ids &&
+                      !memcmp(q->got, res.ids, res.n_ids * sizeof(int32_t)),
+                  "request %d of %d: %zu ids in the engine, %zu alone", r, MANY, q->n_got,
+                  res.n_ids);
+        rt_gen_result_free(&res);
+    }
+    rt_session_close(s);
+}
+
 static void test_errors(const char *dir, int V)
 {
     struct rt_session *s = open_session(dir, 2, 0, true);
@@ -240,6 +283,7 @@ int main(void)
         if (i == 0) {
             snprintf(dir, sizeof(dir), "%s/%s-tp1", tmp_root, c->label);
             test_errors(dir, c->sp.V);
+            test_many(dir, c->sp.V);
         }
         syn_free(&m);
     }

@@ -7,8 +7,11 @@
  *   qshard inspect|verify FILE|DIR              look at / check .qshard files
  *   qshard logits|perplexity|tokenize|bench ...
  */
+#include <execinfo.h> /* backtrace: a crash report */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cmd.h"    /* cmd_* entry points, QS_EXIT_* */
 #include "qs_log.h" /* qs_log_set_prog */
@@ -44,8 +47,27 @@ static void usage(FILE *f)
                "5 verification failed\n");
 }
 
+/* A crash (a bug: bad input never crashes qshard) prints its call stack to stderr
+ * (addresses: `addr2line -e qshard -f -p OFFSET`), then dies of the same signal. */
+static void on_crash(int sig)
+{
+    static const char msg[] = "qshard: internal error (crash); call stack:\n";
+    void *frames[48];
+    const int n = backtrace(frames, 48);
+    if (write(2, msg, sizeof msg - 1) < 0) { /* nothing more can be done */
+    }
+    backtrace_symbols_fd(frames, n, 2);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 int main(int argc, char **argv)
 {
+#ifndef __SANITIZE_ADDRESS__ /* AddressSanitizer reports crashes itself */
+    signal(SIGSEGV, on_crash);
+    signal(SIGBUS, on_crash);
+    signal(SIGFPE, on_crash);
+#endif
     if (argc < 2) {
         usage(stderr);
         return QS_EXIT_USAGE;
