@@ -48,6 +48,24 @@ if [ -x "$B/test_cli_batch" ]; then
     QSHARD="$QSHARD" QSHARD_DEVICE=cuda "$B/test_cli_batch" >"$tmp" 2>&1; rc=$?
     tally "cli_batch (cuda)" "$tmp" "$rc"
 fi
+if [ -x "$SAN" ] && [ -x "$QSHARD" ]; then
+    # a small batch through the engine under memcheck: paged attention, bucketed decode graphs,
+    # chunked prefill beside decode rows, preemption in a pool of 6 blocks
+    d=$(mktemp -d)
+    "$QSHARD" convert "$(dirname "$0")/data/models/kjv-llama-awq-gemm" "$d/m" --tp 1 -q 2>/dev/null
+    for i in 1 2 3 4 5 6; do
+        echo "{\"prompt\": \"And God said $i\", \"max_tokens\": $((20 + 4 * i)), \"temperature\": 0.$i, \"seed\": $i}"
+    done >"$d/p.jsonl"
+    "$SAN" --tool memcheck --error-exitcode 99 "$QSHARD" run "$d/m" --prompts "$d/p.jsonl" \
+        --device cuda --max-num-seqs 3 --ctx 96 --kv-cache-gb 0.000575 -b 32 >"$tmp" 2>&1; rc=$?
+    echo "memcheck qshard run --prompts (exit $rc):"
+    grep -E 'ERROR SUMMARY|preemption' "$tmp" | sed 's/^/  /'
+    n=$(grep -c '"finish_reason"' "$tmp")
+    if [ "$rc" -eq 0 ] && [ "$n" -eq 6 ]; then echo "memcheck_batch: 1 passed, 0 failed" >"$tmp"
+    else tail -n 20 "$tmp"; echo "memcheck_batch: 0 passed, 1 failed" >"$tmp"; fi
+    tally "memcheck qshard run --prompts" "$tmp" 0
+    rm -rf "$d"
+fi
 if [ -x "$SAN" ]; then
     # one GPU under the sanitizer: the all-reduce's ranks wait for each other on the GPUs, and
     # instrumented launches need not run at the same time (that area then runs its refusals only)

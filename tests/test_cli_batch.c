@@ -6,6 +6,11 @@
  *     of 6 blocks of 16 tokens (so sequences are preempted and recomputed) and again with a big
  *     cache (prefix-cache hits): every request's token_ids and text equal `qshard run -p TEXT`
  *     (or --tokens) with the same parameters run alone; also at TP 2;
+ *   - the same batch op by op (--debug-no-graph: on CUDA no decode graph of any batch size)
+ *     gives the same ids;
+ *   - the same batch op by op (--debug-no-graph: on CUDA no decode graph of any batch size)
+ *     gives the same ids; TP 2 runs where QSHARD_DEVICE_TP2 says (default cpu), compared with
+ *     the requests alone there;
  *   - bad lines (not JSON, a wrong type, both prompt and messages, an out-of-range value, a
  *     prompt longer than the context) get an error object on their own line, in input order,
  *     the others still run, exit 2; --out writes the same lines to a file;
@@ -224,8 +229,19 @@ int main(void)
         check_out("big cache --out", fo, want_ids, want_text);
         free(fo);
         proc_free(&p);
+        /* op by op (no decode graphs of the batch sizes): the same ids */
+        p = run("run", dir, "--prompts", pf, "--ctx", "128", "--max-num-seqs", "4",
+                "--debug-no-graph", "--device", g_device, "--top-k", "40", "--top-p", "0.95", NULL);
+        CHECK_EXIT(p, 2, "run --prompts --debug-no-graph");
+        check_out("no graphs", p.out, want_ids, want_text);
+        proc_free(&p);
+        if (strcmp(g_device_tp2, g_device)) { /* TP-2 elsewhere: its own requests alone there */
+            for (int i = 0; i < NREQ; i++)
+                free(want_ids[i]), free(want_text[i]);
+            run_alone(dir, g_device_tp2, want_ids, want_text);
+        }
         p = run("run", dir2, "--prompts", pf, "--ctx", "128", "--max-num-seqs", "4", "--device",
-                "cpu", "--top-k", "40", "--top-p", "0.95", NULL);
+                g_device_tp2, "--top-k", "40", "--top-p", "0.95", NULL);
         CHECK_EXIT(p, 2, "run --prompts TP-2");
         check_out("TP-2", p.out, want_ids, want_text);
         proc_free(&p);
