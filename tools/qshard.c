@@ -47,6 +47,7 @@ static void usage(FILE *f)
                "5 verification failed\n");
 }
 
+#ifndef __SANITIZE_ADDRESS__ /* AddressSanitizer reports crashes itself */
 /* A crash (a bug: bad input never crashes qshard) prints its call stack to stderr
  * (addresses: `addr2line -e qshard -f -p OFFSET`), then dies of the same signal. */
 static void on_crash(int sig)
@@ -60,6 +61,7 @@ static void on_crash(int sig)
     signal(sig, SIG_DFL);
     raise(sig);
 }
+#endif
 
 int main(int argc, char **argv)
 {
