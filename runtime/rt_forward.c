@@ -146,11 +146,9 @@ static int make_runs(struct rt_model *m, const struct rt_batch *b, int c0, int M
 /* The chunk's host arrays (make_runs) to backend memory: rows token rows, n_tab table rows. */
 static enum rt_err upload_chunk(struct rt_model *m, int rows, int n_tab)
 {
-    const size_t r = (size_t)rows * sizeof(int32_t);
-    RT_TRY(OPS->upload(BCTX, m->tok, m->h_tok, r));
-    RT_TRY(OPS->upload(BCTX, m->pos, m->h_pos, r));
-    RT_TRY(OPS->upload(BCTX, m->slots, m->h_slots, r));
-    RT_TRY(OPS->upload(BCTX, m->row_tab, m->h_row_tab, r));
+    /* the four arrays are one buffer of stride max_batch: up to row `rows` of the last */
+    const size_t words = 3 * (size_t)m->max_batch + (size_t)rows;
+    RT_TRY(OPS->upload(BCTX, m->tok, m->h_tok, words * sizeof(int32_t)));
     return OPS->upload(BCTX, m->tabs, m->h_tabs,
                        (size_t)n_tab * (size_t)m->tab_stride * sizeof(int32_t));
 }

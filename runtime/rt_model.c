@@ -366,10 +366,11 @@ static enum rt_err alloc_buffers(struct rt_model *m)
     if (m->rank == 0 && m->world > 1)
         RT_TRY(balloc(m, (size_t)m->world * LB * Vr * F, &m->logits_all));
     RT_TRY(balloc(m, hd / 2 * F, &m->inv_freq));
-    RT_TRY(balloc(m, B * sizeof(int32_t), &m->tok));
-    RT_TRY(balloc(m, B * sizeof(int32_t), &m->pos));
-    RT_TRY(balloc(m, B * sizeof(int32_t), &m->slots));
-    RT_TRY(balloc(m, B * sizeof(int32_t), &m->row_tab));
+    /* token ids, positions, pool slots, table rows: one buffer, one upload per chunk */
+    RT_TRY(balloc(m, 4 * B * sizeof(int32_t), &m->tok));
+    m->pos = m->tok + B;
+    m->slots = m->tok + 2 * B;
+    m->row_tab = m->tok + 3 * B;
     RT_TRY(balloc(m, B * (size_t)m->tab_stride * sizeof(int32_t), &m->tabs));
 
     float *inv = malloc(hd / 2 * sizeof(float));
@@ -396,10 +397,10 @@ static enum rt_err alloc_host(struct rt_model *m)
     m->h_out = malloc(B * sizeof(int32_t));
     m->h_roww = malloc(B * sizeof(float));
     m->runs = malloc(B * sizeof(*m->runs));
-    m->h_pos = malloc(B * sizeof(int32_t));
-    m->h_slots = malloc(B * sizeof(int32_t));
-    m->h_row_tab = malloc(B * sizeof(int32_t));
-    m->h_tok = malloc(B * sizeof(int32_t));
+    m->h_tok = calloc(4 * B, sizeof(int32_t)); /* laid out as m->tok */
+    m->h_pos = m->h_tok ? m->h_tok + B : NULL;
+    m->h_slots = m->h_tok ? m->h_tok + 2 * B : NULL;
+    m->h_row_tab = m->h_tok ? m->h_tok + 3 * B : NULL;
     m->h_tabs = calloc(B * (size_t)m->tab_stride, sizeof(int32_t));
     if ((m->rank == 0 && !m->h_logits) || !m->h_router || !m->h_ids || !m->h_w || !m->h_rows ||
         !m->h_out || !m->h_roww || !m->runs || !m->h_pos || !m->h_slots || !m->h_row_tab ||
@@ -589,7 +590,7 @@ void rt_model_free(struct rt_model *m)
         void *bufs[] = {m->h,   m->x,     m->o,      m->qkv,          m->att,
                         m->gu,  m->act,   m->xe,     m->ye,           m->acc,
                         m->router_logits, m->logits, m->logits_all,   m->inv_freq,
-                        m->tok, m->pos, m->slots, m->row_tab, m->tabs};
+                        m->tok, m->tabs};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
             OPS->free(BCTX, bufs[i]);
         OPS->destroy(BCTX);
@@ -602,10 +603,7 @@ void rt_model_free(struct rt_model *m)
     free(m->h_out);
     free(m->h_roww);
     free(m->runs);
-    free(m->h_pos);
-    free(m->h_slots);
-    free(m->h_row_tab);
-    free(m->h_tok);
+    free(m->h_tok); /* with h_pos, h_slots, h_row_tab */
     free(m->h_tabs);
     fmt_shard_close(m->shard);
     free(m->path);

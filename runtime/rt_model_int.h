@@ -69,10 +69,10 @@ struct rt_model {
     float *logits;   /* f32 [LB][V_r] this rank's lm_head output */
     float *logits_all; /* rank 0, world > 1: f32 [world][LB][V_r] gathered */
     float *inv_freq; /* f32 [hd/2] */
-    int32_t *tok;    /* i32 [B] token ids of the chunk */
-    int32_t *pos;    /* i32 [B] positions of the chunk */
-    int32_t *slots;  /* i32 [B] pool rows the chunk's keys and values go to */
-    int32_t *row_tab;/* i32 [B] block table of each row (row of tabs) */
+    int32_t *tok;    /* i32 [4][B] (one allocation, one upload per chunk): [B] token ids of the chunk */
+    int32_t *pos;    /* = tok + B: positions of the chunk */
+    int32_t *slots;  /* = tok + 2B: pool rows the chunk's keys and values go to */
+    int32_t *row_tab;/* = tok + 3B: block table of each row (row of tabs) */
     int32_t *tabs;   /* i32 [B][tab_stride] block tables of the chunk's sequences */
     int tab_stride;  /* ceil(n_ctx / block_size) */
     int max_keys;    /* the chunk in progress: most keys a row attends to (n_ctx in a graph) */
@@ -90,7 +90,7 @@ struct rt_model {
     int32_t *h_out;            /* [B] out rows of the chunk in progress */
     float *h_roww;             /* [B] */
     struct rt_attn_run *runs;  /* [B] */
-    int32_t *h_pos, *h_slots, *h_row_tab, *h_tok; /* [B] chunk uploads (graph padding) */
+    int32_t *h_tok, *h_pos, *h_slots, *h_row_tab; /* host copy of tok.. row_tab (h_tok owns) */
     int32_t *h_tabs;           /* [B][tab_stride] */
 };
 
