@@ -11,14 +11,9 @@
 
 #include "qs_log.h"
 #include "qs_util.h" /* qs_now_s */
+#include "rt_backend.h" /* RT_TRY */
 #include "rt_gen_int.h"
 
-#define RT_TRY(expr)                      \
-    do {                                  \
-        enum rt_err rt_try_err_ = (expr); \
-        if (rt_try_err_ != RT_ERR_NONE)   \
-            return rt_try_err_;           \
-    } while (0)
 
 enum seq_state { SEQ_FREE = 0, SEQ_WAITING, SEQ_RUNNING };
 
@@ -326,22 +321,28 @@ static void finish(struct rt_engine *e, int idx, enum rt_err err)
 
 // --- scheduling -------------------------------------------------------------------------------
 
+/* The chosen id q->next appended to the sequence's tokens. */
+static enum rt_err take_next(struct seq *q)
+{
+    size_t cap = q->cap;
+    int32_t *t = xgrow(q->toks, q->n_toks + 1, sizeof(int32_t), &cap);
+    if (!t)
+        return RT_ERR_NOMEM;
+    q->toks = t;
+    q->cap = cap;
+    q->req.ids = t;
+    q->toks[q->n_toks++] = q->next;
+    q->next = -1;
+    return RT_ERR_NONE;
+}
+
 /* Free the blocks of running sequence idx and put it back at the head of the queue: it is
  * recomputed from its tokens (prompt and generated) when admitted again. */
 static enum rt_err preempt(struct rt_engine *e, int idx)
 {
     struct seq *q = &e->seqs[idx];
-    if (q->next >= 0) { /* the chosen id joins the tokens to recompute */
-        size_t cap = q->cap;
-        int32_t *t = xgrow(q->toks, q->n_toks + 1, sizeof(int32_t), &cap);
-        if (!t)
-            return RT_ERR_NOMEM;
-        q->toks = t;
-        q->cap = cap;
-        q->req.ids = t;
-        q->toks[q->n_toks++] = q->next;
-        q->next = -1;
-    }
+    if (q->next >= 0) /* the chosen id joins the tokens to recompute */
+        RT_TRY(take_next(q));
     rt_exec_seq_clear(e->x, q->slot);
     e->slot_used[q->slot] = false;
     q->slot = -1;
@@ -379,17 +380,8 @@ static int pending_tokens(const struct seq *q)
 /* The ids a sequence feeds this step: from toks, or its chosen id (appended to toks). */
 static enum rt_err feed(struct rt_engine *e, struct seq *q, int n, int *at)
 {
-    if ((size_t)q->n_computed == q->n_toks) { /* a decode step: the chosen id goes in */
-        size_t cap = q->cap;
-        int32_t *t = xgrow(q->toks, q->n_toks + 1, sizeof(int32_t), &cap);
-        if (!t)
-            return RT_ERR_NOMEM;
-        q->toks = t;
-        q->cap = cap;
-        q->req.ids = t;
-        q->toks[q->n_toks++] = q->next;
-        q->next = -1;
-    }
+    if ((size_t)q->n_computed == q->n_toks) /* a decode step: the chosen id goes in */
+        RT_TRY(take_next(q));
     for (int i = 0; i < n; i++) {
         e->b_tok[*at + i] = q->toks[q->n_computed + i];
         e->b_pos[*at + i] = q->n_computed + i;
