@@ -37,16 +37,19 @@ endif
 # PREBUILT=1 (test-gpu, bench-gpu): run binaries built elsewhere and carried in $(BUILD)/, on a
 # machine without the -dev packages (the GPU machine); nothing is compiled then.
 PREBUILT ?= 0
-PKGS := libcjson libxxhash zlib
+PKGS := libcjson libxxhash zlib libmicrohttpd libcurl
 ifeq ($(PREBUILT),0)
 ifneq ($(shell $(PKG_CONFIG) --exists $(PKGS) && echo ok),ok)
-$(error missing libraries: install them with `apt-get install -y libcjson-dev libxxhash-dev zlib1g-dev pkg-config` (see README))
+$(error missing libraries: install them with `apt-get install -y libcjson-dev libxxhash-dev zlib1g-dev libmicrohttpd-dev libcurl4-openssl-dev pkg-config` (see README))
 endif
 endif
 DEP_CFLAGS := $(shell $(PKG_CONFIG) --cflags $(PKGS) 2>/dev/null)
 # xxHash is linked statically so binaries carried to the GPU machine need only libcjson.so.1,
 # which is copied next to them (rpath $ORIGIN).
 DEP_LIBS   := -lcjson -l:libxxhash.a -lz -lpthread -lm
+# the server (qshard serve: libmicrohttpd) and its benchmark client (qshard bench serve: libcurl)
+# only in the qshard binary
+SERVE_LIBS := -lmicrohttpd -lcurl
 
 HAVE_CUDA := 0
 ifeq ($(NO_CUDA),0)
@@ -79,7 +82,7 @@ INC_format  := -Iformat
 INC_kernels := -Iformat -Ikernels
 INC_convert := -Iformat -Ikernels -Iconvert -Iruntime
 INC_runtime := -Iformat -Ikernels -Iruntime
-INC_all     := -Iformat -Ikernels -Iconvert -Iruntime -Itools
+INC_all     := -Iformat -Ikernels -Iconvert -Iruntime -Itools -Itools/serve
 INCLUDES    := $(INC_all)
 CFLAGS_BASE  = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wstrict-prototypes \
                -Wpointer-arith -Wundef -Wcast-align -g -MMD -MP $(INCLUDES) $(DEP_CFLAGS)
@@ -119,7 +122,7 @@ else
 LIB_C     := $(LIB_C_ALL)
 LIB_CU    :=
 endif
-TOOL_C    := $(wildcard tools/*.c)
+TOOL_C    := $(wildcard tools/*.c tools/serve/*.c)
 TEST_C    := $(wildcard tests/test_*.c)
 FUZZ_C    := $(wildcard tests/fuzz_*.c)
 GPU_TEST_CU := $(wildcard tests/gpu_test_*.cu)
@@ -145,7 +148,7 @@ $(BUILD)/k_bench.cu.o:  INCLUDES := $(INC_kernels) -Iruntime
 QSHARD    := $(BUILD)/qshard
 LINK_LIBS  = $(DEP_LIBS) $(if $(filter 1,$(HAVE_CUDA)),$(CUDA_LIBS))
 
-vpath %.c format convert convert/arch runtime kernels tools tests
+vpath %.c format convert convert/arch runtime kernels tools tools/serve tests
 vpath %.cu kernels runtime tests
 
 .PHONY: carry all help test check lint fuzz fuzz-run bench test-gpu bench-gpu bench-batch-gpu demo sass clean info tests lab lab-run
@@ -180,7 +183,7 @@ $(BUILD)/libcjson.so.1: | $(BUILD)
 
 $(QSHARD): $(TOOL_OBJ) $(LIBQS) $(BUILD)/libcjson.so.1
 	@[ "$(V)" = 1 ] || echo "  LD    $@"
-	$(Q)$(CC) $(LDFLAGS_ALL) -o $@ $(TOOL_OBJ) $(LIBQS) $(LINK_LIBS)
+	$(Q)$(CC) $(LDFLAGS_ALL) -o $@ $(TOOL_OBJ) $(LIBQS) $(LINK_LIBS) $(SERVE_LIBS)
 
 $(BUILD)/test_%: $(BUILD)/test_%.o $(LIBQS)
 	@[ "$(V)" = 1 ] || echo "  LD    $@"

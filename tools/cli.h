@@ -48,8 +48,11 @@ enum cli_cmd {
     CLI_VERIFY = 1u << 9,
     CLI_CONVERT = 1u << 10,
     CLI_BENCH_BATCH = 1u << 11,
+    CLI_SERVE = 1u << 12,
+    CLI_BENCH_SERVE = 1u << 13,
 };
-#define CLI_MODEL_CMDS (CLI_RUN | CLI_LOGITS | CLI_PERPLEXITY | CLI_BENCH_MODEL | CLI_BENCH_BATCH)
+#define CLI_MODEL_CMDS \
+    (CLI_RUN | CLI_LOGITS | CLI_PERPLEXITY | CLI_BENCH_MODEL | CLI_BENCH_BATCH | CLI_SERVE)
 
 #define CLI_MAX_LIST 16 /* values of a bench model list (-p 16,64,512) */
 #define CLI_MAX_POS 64  /* positional arguments */
@@ -78,6 +81,9 @@ struct cli_args {
     long conc[CLI_MAX_LIST];
     int n_conc;
     long input_len, output_len, num_prompts;
+    /* serve, bench serve */
+    const char *host, *api_key, *served_model_name, *url;
+    long port, max_queue, timeout, max_body_mb, shutdown_timeout;
     /* perplexity */
     long chunks;
     /* bench model */

@@ -98,7 +98,7 @@ static bool parse_dp(const struct cli_opt *o, const char *arg, struct cli_args *
 
 // --- the table -----------------------------------------------------------------------------
 
-#define ALL_CMDS 0xFFFu
+#define ALL_CMDS 0x3FFFu
 #define LISTS "a comma-separated list of up to 16 lengths >= 1 (or 0 for none)"
 
 const struct cli_opt cli_table[] = {
@@ -130,7 +130,7 @@ const struct cli_opt cli_table[] = {
     {.lng = "chat", .kind = CLI_FLAG, .cmds = CLI_RUN, .off = F(chat),
      .help = "format the prompt with the model's chat template (Llama-2, Llama-3, Mistral or "
              "ChatML family, from tokenizer_config.json)"},
-    {.lng = "chat-template", .kind = CLI_CHOICE, .metavar = "F", .cmds = CLI_RUN,
+    {.lng = "chat-template", .kind = CLI_CHOICE, .metavar = "F", .cmds = CLI_RUN | CLI_SERVE,
      .off = F(chat_template), .choices = "llama2|llama3|mistral|chatml|qwen",
      .help = "force the family: llama2, llama3, mistral, chatml (implies --chat)"},
     {.lng = "system", .kind = CLI_STR, .metavar = "TEXT", .cmds = CLI_RUN, .off = F(system),
@@ -200,36 +200,73 @@ const struct cli_opt cli_table[] = {
     {.lng = "out", .shrt = 'o', .kind = CLI_STR, .metavar = "FILE", .cmds = CLI_RUN,
      .off = F(out), .help = "with --prompts: write the results to FILE (temp name, then renamed) "
                             "instead of standard output"},
-    {.lng = "max-num-seqs", .kind = CLI_INT, .metavar = "N", .cmds = CLI_RUN | CLI_BENCH_BATCH,
+    {.lng = "max-num-seqs", .kind = CLI_INT, .metavar = "N", .cmds = CLI_RUN | CLI_BENCH_BATCH | CLI_SERVE,
      .off = F(max_num_seqs), .lo = 1, .hi = 65536, .must = "an integer in [1, 65536]",
      .help = "with --prompts: most sequences at once (default 64 on cuda, 8 on cpu)"},
     {.lng = "max-batch-tokens", .kind = CLI_INT, .metavar = "N",
-     .cmds = CLI_RUN | CLI_BENCH_BATCH, .off = F(max_batch_tokens), .lo = 1, .hi = MAX_CTX,
+     .cmds = CLI_RUN | CLI_BENCH_BATCH | CLI_SERVE, .off = F(max_batch_tokens), .lo = 1, .hi = MAX_CTX,
      .help = "with --prompts: tokens per engine step, decode tokens and prompt chunks together "
              "(default: --batch-size)"},
-    {.lng = "kv-cache-gb", .kind = CLI_FLOAT, .metavar = "G", .cmds = CLI_RUN | CLI_BENCH_BATCH,
+    {.lng = "kv-cache-gb", .kind = CLI_FLOAT, .metavar = "G",
+     .cmds = CLI_RUN | CLI_BENCH_BATCH | CLI_SERVE,
      .off = F(kv_cache_gb), .lo = 0, .hi = 1e6, .lo_open = true, .must = "a number of GB > 0",
      .help = "with --prompts: KV cache per rank in GB (default: 90% of the GPU memory free "
              "after the weights; on cpu --max-num-seqs full contexts)"},
-    {.lng = "block-size", .kind = CLI_INT, .metavar = "N", .cmds = CLI_RUN | CLI_BENCH_BATCH,
+    {.lng = "block-size", .kind = CLI_INT, .metavar = "N",
+     .cmds = CLI_RUN | CLI_BENCH_BATCH | CLI_SERVE,
      .off = F(block_size), .lo = 1, .hi = 1024, .def = "16",
      .help = "tokens per KV-cache block, 1..1024"},
     /* bench batch */
-    {.lng = "concurrency", .kind = CLI_CUSTOM, .metavar = "LIST", .cmds = CLI_BENCH_BATCH,
+    {.lng = "concurrency", .kind = CLI_CUSTOM, .metavar = "LIST",
+     .cmds = CLI_BENCH_BATCH | CLI_BENCH_SERVE,
      .parse = parse_conc, .def = "1,8,16,32,64,128,256",
      .must = "a comma-separated list of up to 16 counts >= 1",
      .help = "sequences at once, one test each"},
-    {.lng = "input-len", .kind = CLI_INT, .metavar = "N", .cmds = CLI_BENCH_BATCH,
+    {.lng = "input-len", .kind = CLI_INT, .metavar = "N", .cmds = CLI_BENCH_BATCH | CLI_BENCH_SERVE,
      .off = F(input_len), .lo = 1, .hi = MAX_CTX, .def = "128", .help = "prompt tokens per request"},
-    {.lng = "output-len", .kind = CLI_INT, .metavar = "N", .cmds = CLI_BENCH_BATCH,
+    {.lng = "output-len", .kind = CLI_INT, .metavar = "N", .cmds = CLI_BENCH_BATCH | CLI_BENCH_SERVE,
      .off = F(output_len), .lo = 1, .hi = MAX_CTX, .def = "128",
      .help = "generated tokens per request (eos ignored)"},
-    {.lng = "num-prompts", .kind = CLI_INT, .metavar = "N", .cmds = CLI_BENCH_BATCH,
+    {.lng = "num-prompts", .kind = CLI_INT, .metavar = "N", .cmds = CLI_BENCH_BATCH | CLI_BENCH_SERVE,
      .off = F(num_prompts), .lo = 1, .hi = 1 << 20,
      .help = "requests per test (default: 4 x the concurrency, at least 16)"},
     {.lng = "output", .shrt = 'o', .kind = CLI_CHOICE, .metavar = "md|json",
-     .cmds = CLI_BENCH_BATCH, .off = F(output), .choices = "md|json", .def = "md",
+     .cmds = CLI_BENCH_BATCH | CLI_BENCH_SERVE, .off = F(output), .choices = "md|json", .def = "md",
      .help = "the table as markdown, or one JSON object {\"tests\": [...]}"},
+    /* serve */
+    {.lng = "host", .kind = CLI_STR, .metavar = "ADDR", .cmds = CLI_SERVE, .off = F(host),
+     .def = "127.0.0.1", .help = "address to listen on (an IPv4 or IPv6 literal; 0.0.0.0: every "
+                                  "interface)"},
+    {.lng = "port", .kind = CLI_INT, .metavar = "N", .cmds = CLI_SERVE, .off = F(port), .lo = 0,
+     .hi = 65535, .def = "8000",
+     .help = "TCP port (0: any free port; the one taken is printed: \"listening on ...\")"},
+    {.lng = "api-key", .kind = CLI_STR, .metavar = "KEY", .cmds = CLI_SERVE | CLI_BENCH_SERVE,
+     .off = F(api_key),
+     .help = "serve: require \"Authorization: Bearer KEY\" on /v1/*, /tokenize, /detokenize "
+             "(default: the environment's QSHARD_API_KEY, else none); bench serve: send it"},
+    {.lng = "served-model-name", .kind = CLI_STR, .metavar = "NAME", .cmds = CLI_SERVE,
+     .off = F(served_model_name),
+     .help = "the model's name in the API (default: MODEL as given, as vLLM)"},
+    {.lng = "max-queue", .kind = CLI_INT, .metavar = "N", .cmds = CLI_SERVE, .off = F(max_queue),
+     .lo = 1, .hi = 1 << 20, .def = "1024",
+     .help = "requests waiting for a sequence slot at most; more get 429"},
+    {.lng = "timeout", .kind = CLI_INT, .metavar = "S", .cmds = CLI_SERVE, .off = F(timeout),
+     .lo = 1, .hi = 86400, .def = "600",
+     .help = "close a connection idle (nothing received or sent) for S seconds"},
+    {.lng = "max-body-mb", .kind = CLI_INT, .metavar = "N", .cmds = CLI_SERVE,
+     .off = F(max_body_mb), .lo = 1, .hi = 4096, .def = "32",
+     .help = "largest request body in MiB; larger gets 413"},
+    {.lng = "shutdown-timeout", .kind = CLI_INT, .metavar = "S", .cmds = CLI_SERVE,
+     .off = F(shutdown_timeout), .lo = 0, .hi = 3600, .def = "10",
+     .help = "on SIGINT/SIGTERM: seconds running requests may take to finish before they are "
+             "cancelled"},
+    /* bench serve */
+    {.lng = "url", .kind = CLI_STR, .metavar = "URL", .cmds = CLI_BENCH_SERVE, .off = F(url),
+     .def = "http://127.0.0.1:8000",
+     .help = "the server (qshard serve, vllm serve or any OpenAI-compatible one)"},
+    {.lng = "model", .kind = CLI_STR, .metavar = "NAME", .cmds = CLI_BENCH_SERVE,
+     .off = F(served_model_name),
+     .help = "the \"model\" of each request (default: the first of GET /v1/models)"},
     /* bench synth / open / verify */
     {.lng = "size-mb", .kind = CLI_INT, .metavar = "N", .cmds = CLI_BENCH_SYNTH,
      .off = F(size_mb), .lo = 1, .hi = 16777216, .help = "file size in MiB (required)"},
@@ -295,12 +332,12 @@ const struct cli_opt cli_table[] = {
      .sec = CLI_SEC_SAMPLING, .off = F(repeat_penalty), .lo = 0, .hi = FLT_MAX, .lo_open = true,
      .def = "1", .must = "a number > 0",
      .help = "CTRL penalty on tokens already seen (1 = off)"},
-    {.lng = "seed", .kind = CLI_U64, .metavar = "S", .cmds = CLI_RUN | CLI_BENCH_BATCH, .sec = CLI_SEC_SAMPLING,
-     .off = F(seed),
+    {.lng = "seed", .kind = CLI_U64, .metavar = "S", .cmds = CLI_RUN | CLI_BENCH_BATCH | CLI_SERVE | CLI_BENCH_SERVE,
+     .sec = CLI_SEC_SAMPLING, .off = F(seed),
      .help = "PRNG seed: the same seed gives the same output (default: from the clock, "
              "printed with -v)"},
     /* context */
-    {.lng = "ctx", .kind = CLI_INT, .metavar = "N", .cmds = CLI_RUN | CLI_LOGITS,
+    {.lng = "ctx", .kind = CLI_INT, .metavar = "N", .cmds = CLI_RUN | CLI_LOGITS | CLI_SERVE,
      .sec = CLI_SEC_CONTEXT, .off = F(ctx), .lo = 2, .hi = MAX_CTX,
      .must = "an integer in [2, 16777216]: the context holds at least one prompt token and one "
              "generated token",

@@ -20,6 +20,8 @@ struct rt_sample_params;
 int cmd_run_prompts(const struct cli_args *a, const struct rt_sample_params *base,
                     unsigned base_given);
 int cmd_bench_batch(int argc, char **argv); /* tools/cmd_bench_batch.c */
+int cmd_bench_serve(int argc, char **argv); /* tools/cmd_bench_serve.c */
+int cmd_serve(int argc, char **argv);       /* tools/serve/cmd_serve.c */
 int cmd_logits(int argc, char **argv);      /* tools/cmd_logits.c */
 int cmd_perplexity(int argc, char **argv);  /* tools/cmd_perplexity.c */
 int cmd_tokenize(int argc, char **argv);    /* tools/cmd_tokenize.c */

@@ -63,7 +63,8 @@ static const char k_usage[] =
     "       qshard bench verify FILE [--repeat N] [--cold]\n"
     "       qshard bench kernel ...   (qshard bench kernel --help)\n"
     "       qshard bench model MODEL [-p 512] [-n 128] [-d 0] ...   (qshard bench model --help)\n"
-    "       qshard bench batch MODEL [--concurrency 1,8,64] ...     (qshard bench batch --help)\n";
+    "       qshard bench batch MODEL [--concurrency 1,8,64] ...     (qshard bench batch --help)\n"
+    "       qshard bench serve [--url http://127.0.0.1:8000] ...    (qshard bench serve --help)\n";
 static const char k_trailer[] =
     "exit codes: 0 ok, 1 usage, 2 bad file, 3 runtime failure (GPU, memory), 4 I/O error\n";
 
@@ -286,6 +287,8 @@ int cmd_bench(int argc, char **argv)
         return cmd_bench_model(argc - 1, argv + 1);
     if (!strcmp(argv[1], "batch"))
         return cmd_bench_batch(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "serve"))
+        return cmd_bench_serve(argc - 1, argv + 1);
     for (size_t i = 0; i < sizeof(subs) / sizeof(subs[0]); i++) {
         if (strcmp(argv[1], subs[i].name))
             continue;

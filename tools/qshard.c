@@ -34,7 +34,8 @@ static const struct subcommand commands[] = {
     {"tokenize", cmd_tokenize, "encode text to token ids, or decode ids to text"},
     {"inspect", cmd_inspect, "print the header, config and tensor table of .qshard files"},
     {"verify", cmd_verify, "check structure, every checksum and the manifest of .qshard files"},
-    {"bench", cmd_bench, "benchmarks (model tokens/s, kernels, load, verify)"},
+    {"serve", cmd_serve, "an OpenAI-compatible HTTP server (continuous batching)"},
+    {"bench", cmd_bench, "benchmarks (model tokens/s, kernels, load, verify, batch, serve)"},
 };
 
 static void usage(FILE *f)
