@@ -52,6 +52,7 @@ void qs_log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void qs_log_set_prog(const char *prog);
 const char *qs_log_prog(void);              /* the current prefix */
 void qs_log_set_quiet(bool quiet);          /* silence stderr; last message still recorded */
+void qs_log_set_thread_quiet(bool quiet);   /* the same for the calling thread only */
 void qs_log_set_level(enum qs_log_level l); /* max level printed (errors always, unless quiet) */
 enum qs_log_level qs_log_get_level(void);
 const char *qs_log_last(void);              /* last error of this thread, "where: message" */

@@ -166,6 +166,7 @@ static enum rt_err take_token(struct rt_gen *g, int32_t id, bool *stopped)
     struct rt_gen_token t = {.id = id, .index = (long)r->n_ids};
     r->n_ids++;
     rt_sampler_accept(&g->smp, id);
+    rt_sampler_accept_output(&g->smp, id);
     if (g->p->logprobs > 0) {
         t.logprob = logprobs(g, id, g->p->logprobs);
         t.n_top = g->p->logprobs < rt_session_n_pick(g->s) ? g->p->logprobs
@@ -225,7 +226,9 @@ static enum rt_err gen_setup(struct rt_gen *g, const int32_t *ids, size_t n, lon
         return e;
     for (size_t i = 0; i < n; i++)
         rt_sampler_accept(&g->smp, ids[i]);
-    const bool pick = pick_ok && max != 0 && rt_session_can_pick(g->s) && p->logprobs == 0;
+    /* the device sampler has no frequency / presence penalty: those rows come to the host */
+    const bool pick = pick_ok && max != 0 && rt_session_can_pick(g->s) && p->logprobs == 0 &&
+                      p->sample.frequency_penalty == 0.0f && p->sample.presence_penalty == 0.0f;
     g->res->on_device = pick;
     g->res->ids = malloc(((size_t)max + 1) * sizeof(int32_t));
     if (!pick)

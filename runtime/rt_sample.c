@@ -40,7 +40,8 @@ struct rt_sample_params rt_sample_params_default(void)
 {
     struct rt_sample_params p = {
         .temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f,
-        .repeat_penalty = 1.0f, .seed = 0, .vocab_limit = 0,
+        .repeat_penalty = 1.0f, .frequency_penalty = 0.0f, .presence_penalty = 0.0f, .seed = 0,
+        .vocab_limit = 0,
     };
     return p;
 }
@@ -67,6 +68,12 @@ enum rt_sample_err rt_sample_params_check(const struct rt_sample_params *p)
     if (!(p->repeat_penalty > 0.0f && isfinite(p->repeat_penalty))) {
         qs_log_error(__func__, "repetition penalty must be > 0 (1 = off), got %g",
                      (double)p->repeat_penalty);
+        return RT_SAMPLE_ERR_PARAM;
+    }
+    if (!(p->frequency_penalty >= -2.0f && p->frequency_penalty <= 2.0f) ||
+        !(p->presence_penalty >= -2.0f && p->presence_penalty <= 2.0f)) {
+        qs_log_error(__func__, "frequency and presence penalties must be in [-2, 2] (0 = off), "
+                     "got %g and %g", (double)p->frequency_penalty, (double)p->presence_penalty);
         return RT_SAMPLE_ERR_PARAM;
     }
     if (p->vocab_limit < 0) {
@@ -139,7 +146,10 @@ enum rt_sample_err rt_sampler_init(struct rt_sampler *s, const struct rt_sample_
     s->cand = malloc(v * sizeof(*s->cand));
     s->prob = malloc(v * sizeof(*s->prob));
     s->pairs = malloc(v * sizeof(*s->pairs));
-    if (!s->seen || !s->work || !s->cand || !s->prob || !s->pairs) {
+    const bool counts = p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
+    if (counts)
+        s->out_count = calloc(v, sizeof(*s->out_count));
+    if (!s->seen || !s->work || !s->cand || !s->prob || !s->pairs || (counts && !s->out_count)) {
         qs_log_error(__func__, "out of memory for a sampler over %d ids", (int)vocab_size);
         rt_sampler_free(s);
         return RT_SAMPLE_ERR_NOMEM;
@@ -155,6 +165,8 @@ void rt_sampler_free(struct rt_sampler *s)
     if (!s)
         return;
     free(s->seen);
+    free(s->out_count);
+    s->out_count = NULL;
     free(s->work);
     free(s->cand);
     free(s->prob);
@@ -171,6 +183,8 @@ void rt_sampler_reset(struct rt_sampler *s)
 {
     if (s->seen)
         memset(s->seen, 0, ((size_t)s->vocab_size + 7) / 8);
+    if (s->out_count)
+        memset(s->out_count, 0, (size_t)s->vocab_size * sizeof(*s->out_count));
     rng_seed(s->rng, s->p.seed);
 }
 
@@ -185,18 +199,34 @@ enum rt_sample_err rt_sampler_accept(struct rt_sampler *s, int32_t id)
     return RT_SAMPLE_ERR_NONE;
 }
 
+enum rt_sample_err rt_sampler_accept_output(struct rt_sampler *s, int32_t id)
+{
+    if (id < 0 || id >= s->vocab_size) {
+        qs_log_error(__func__, "token id %d outside the vocabulary [0, %d)", (int)id,
+                     (int)s->vocab_size);
+        return RT_SAMPLE_ERR_TOKEN;
+    }
+    if (s->out_count && s->out_count[id] < UINT32_MAX)
+        s->out_count[id]++;
+    return RT_SAMPLE_ERR_NONE;
+}
+
 // --- the processors ------------------------------------------------------------------------
 
-/* Step 0 + 1: copy the real vocabulary, NaN -> -inf, repetition penalty on seen ids. */
+/* Step 0 + 1 + 1b: copy the real vocabulary, NaN -> -inf, repetition penalty on seen ids,
+ * frequency and presence penalties on generated ids. */
 static void load_logits(struct rt_sampler *s, const float *logits, int32_t v)
 {
     const float r = s->p.repeat_penalty;
+    const float fp = s->p.frequency_penalty, pp = s->p.presence_penalty;
     for (int32_t i = 0; i < v; i++) {
         float x = logits[i];
         if (isnan(x))
             x = -INFINITY;
         if (r != 1.0f && (s->seen[i >> 3] >> (i & 7)) & 1)
             x = x > 0.0f ? x / r : x * r;
+        if (s->out_count && s->out_count[i])
+            x -= fp * (float)s->out_count[i] + pp;
         s->work[i] = x;
     }
 }

@@ -20,6 +20,9 @@
  *      arXiv:1909.05858 section 4.1): for every distinct id in the history (prompt + generated,
  *      as HF's input_ids), x = x > 0 ? x / r : x * r (x == 0 stays 0). Applied once per id, no
  *      matter how often it occurred. r = 1 is off.
+ *   1b. frequency and presence penalties (OpenAI's API; vLLM applies them after the repetition
+ *      penalty, on the generated tokens only): x -= f * c + p * (c > 0), c = the times the id
+ *      was generated (rt_sampler_accept_output). 0 is off.
  *   2. greedy when temperature == 0: argmax of the penalised logits; ties go to the lowest id
  *      (torch.argmax returns the first maximum). Steps 3-6 are skipped.
  *   3. temperature T (TemperatureLogitsWarper): x = x / T.
@@ -85,6 +88,8 @@ struct rt_sample_params {
     float top_p;          /* (0, 1]; 1: off */
     float min_p;          /* [0, 1]; 0: off */
     float repeat_penalty; /* > 0; 1: off; > 1 discourages repeats */
+    float frequency_penalty; /* [-2, 2]; 0: off; minus f x (times the id was generated) */
+    float presence_penalty;  /* [-2, 2]; 0: off; minus p for every id generated at least once */
     uint64_t seed;        /* PRNG seed */
     int32_t vocab_limit;  /* >= 0; 0: off; else only ids < vocab_limit are candidates (step 0) */
 };
@@ -101,6 +106,8 @@ struct rt_sampler {
     int32_t vocab_size;        /* real vocabulary size (candidates are [0, vocab_size)) */
     uint64_t rng[4];           /* xoshiro256** state */
     uint8_t *seen;             /* owned: [ceil(vocab_size/8)] history bitmap, bit id%8 */
+    uint32_t *out_count;       /* owned: [vocab_size] times each id was generated (only with a
+                                  frequency or presence penalty; else NULL) */
     float *work;               /* owned: [vocab_size] processed logits */
     int32_t *cand;             /* owned: [vocab_size] surviving ids, ascending */
     double *prob;              /* owned: [vocab_size] probabilities of cand[] */
@@ -123,6 +130,10 @@ void rt_sampler_reset(struct rt_sampler *s);
  * and every generated token). Errors: RT_SAMPLE_ERR_TOKEN when id is outside [0, vocab_size). */
 enum rt_sample_err rt_sampler_accept(struct rt_sampler *s, int32_t id);
 
+/* Counts a generated id for the frequency / presence penalties (rt_sampler_accept adds it to
+ * the history as well: call both for each generated token). A no-op when both penalties are 0.
+ * Errors: RT_SAMPLE_ERR_TOKEN when id is outside [0, vocab_size). */
+enum rt_sample_err rt_sampler_accept_output(struct rt_sampler *s, int32_t id);
 /* Picks the next token from `logits` [n_logits] (n_logits >= vocab_size; only the first
  * min(vocab_size, vocab_limit) entries are read) following the steps in the header comment; writes it to *out_id.
  * Does not add it to the history (call rt_sampler_accept). Errors: RT_SAMPLE_ERR_PARAM
