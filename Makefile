@@ -250,7 +250,8 @@ endif
 # carry: what the GPU machine (no compiler packages, no cJSON; device tool: 64 MiB of carried
 # files next to the working tree) needs to run test-gpu / bench-gpu / lab-run: qshard, the GPU
 # tests and the lab programs built for sm_90a only (the three-architecture build is too large),
-# plus libcjson.so.1 found through rpath $ORIGIN. Objects stay in $(CARRY)-obj/, only the binaries go to $(CARRY)/.
+# plus libcjson.so.1 and libmicrohttpd.so.12 (qshard serve) found through rpath $ORIGIN; libcurl
+# (qshard bench serve) is taken from the GPU machine's system. Objects stay in $(CARRY)-obj/, only the binaries go to $(CARRY)/.
 CARRY ?= build-dev
 CARRY_ARCHS ?= -gencode arch=compute_90a,code=sm_90a
 carry: ## build sm_90a binaries (qshard, GPU tests, lab) + libcjson.so.1 into build-dev/ (CARRY=) for a GPU machine without compilers
@@ -264,6 +265,8 @@ carry: ## build sm_90a binaries (qshard, GPU tests, lab) + libcjson.so.1 into bu
 	$(Q)lib=$$($(CC) -print-file-name=libcjson.so.1); case "$$lib" in /*) ;; \
 	    *) lib=$$(ldconfig -p | awk '/libcjson.so.1 /{print $$NF; exit}');; esac; \
 	    test -f "$$lib" || { echo "carry: libcjson.so.1 not found"; exit 1; }; cp -L "$$lib" $(CARRY)/
+	$(Q)lib=$$(ldconfig -p | awk '/libmicrohttpd.so.12 /{print $$NF; exit}'); \
+	    test -f "$$lib" || { echo "carry: libmicrohttpd.so.12 not found"; exit 1; }; cp -L "$$lib" $(CARRY)/
 	$(Q)echo "carry: $$(du -sh $(CARRY) | cut -f1) in $(CARRY)/: run 'make test-gpu PREBUILT=1 BUILD=$(CARRY)' there"
 
 bench: $(QSHARD) ## CPU benchmarks: format open/verify, then converter throughput (needs python3-numpy, time)

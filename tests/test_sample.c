@@ -522,6 +522,59 @@ static void test_penalty_greedy(void)
     }
 }
 
+static void test_freq_presence(void)
+{
+    /* OpenAI's frequency / presence penalties (vLLM applies them after the repetition
+     * penalty, on generated tokens only): logits - f * count - p * (count > 0), recomputed
+     * here; the sampler's candidates at temperature 1 must be the softmax of that */
+    enum { V = 48 };
+    float x[V];
+    for (int rep = 0; rep < 20; rep++) {
+        fill_logits(x, V, 1.0f);
+        struct rt_sample_params p = rt_sample_params_default();
+        p.frequency_penalty = (float)(urand() * 4.0 - 2.0);
+        p.presence_penalty = (float)(urand() * 4.0 - 2.0);
+        p.repeat_penalty = rep % 2 ? 1.0f : 1.5f;
+        struct rt_sampler s;
+        CHECK_EQ_INT(rt_sampler_init(&s, &p, V), RT_SAMPLE_ERR_NONE);
+        double y[V], mx = -INFINITY, sum = 0;
+        for (int i = 0; i < V; i++) {
+            y[i] = x[i];
+            if (i % 3 == 0) { /* a prompt token: only the repetition penalty */
+                rt_sampler_accept(&s, i);
+                y[i] = x[i] < 0 ? x[i] * p.repeat_penalty : x[i] / p.repeat_penalty;
+            } else if (i % 3 == 1) { /* generated i % 5 + 1 times */
+                const int c = i % 5 + 1;
+                for (int k = 0; k < c; k++) {
+                    rt_sampler_accept(&s, i);
+                    rt_sampler_accept_output(&s, i);
+                }
+                y[i] = x[i] < 0 ? x[i] * p.repeat_penalty : x[i] / p.repeat_penalty;
+                y[i] -= (double)p.frequency_penalty * c + p.presence_penalty;
+            }
+            mx = y[i] > mx ? y[i] : mx;
+        }
+        for (int i = 0; i < V; i++)
+            sum += exp(y[i] - mx);
+        const int32_t n = rt_sampler_candidates(&s, x, V);
+        CHECK_EQ_INT(n, V);
+        double worst = 0;
+        for (int32_t j = 0; j < n && j < V; j++) {
+            const double want = exp(y[s.cand[j]] - mx) / sum;
+            worst = fmax(worst, fabs(s.prob[j] - want));
+        }
+        CHECK_MSG(worst < 1e-5, "frequency/presence: probabilities off by %g", worst);
+        rt_sampler_free(&s);
+    }
+    struct rt_sample_params bad = rt_sample_params_default();
+    bad.presence_penalty = 2.5f;
+    struct rt_sampler s;
+    qs_log_set_quiet(true);
+    CHECK_EQ_INT(rt_sampler_init(&s, &bad, 8), RT_SAMPLE_ERR_PARAM);
+    qs_log_set_quiet(false);
+    rt_sampler_free(&s);
+}
+
 static void test_seeds(void)
 {
     enum { V = 500, N = 2000 };
@@ -623,6 +676,7 @@ int main(void)
     test_inf_logits();
     test_top_k_ties();
     test_penalty_greedy();
+    test_freq_presence();
     test_seeds();
     test_errors();
     return t_done();
