@@ -61,6 +61,7 @@ struct conn {
 struct stream {
     struct srv *v;
     struct srv_req *r;
+    struct MHD_Connection *c;
     int fd;
     char *buf;
     size_t len, cap, off;
@@ -196,6 +197,9 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *out, size_t max)
         pthread_mutex_unlock(&r->mu);
         if (st->gone)
             return MHD_CONTENT_READER_END_WITH_ERROR;
+        /* waiting for the engine is not idleness: the timeout counts from here */
+        MHD_set_connection_option(st->c, MHD_CONNECTION_OPTION_TIMEOUT,
+                                  (unsigned)st->v->o.timeout_s);
     }
 }
 
@@ -252,7 +256,7 @@ static enum MHD_Result completion(struct srv *v, struct MHD_Connection *c, struc
             atomic_fetch_sub(&v->n_open, 1);
             return MHD_NO;
         }
-        *s = (struct stream){.v = v, .r = r, .fd = fd};
+        *s = (struct stream){.v = v, .r = r, .c = c, .fd = fd};
         snprintf(s->path, sizeof s->path, "%s", path);
         MHD_add_response_header(res, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
         MHD_add_response_header(res, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
@@ -277,6 +281,8 @@ static enum MHD_Result completion(struct srv *v, struct MHD_Connection *c, struc
     atomic_fetch_sub(&v->n_open, 1);
     if (gone)
         return MHD_NO; /* close the connection */
+    /* the idle timeout counts from now: the time spent generating was not idle */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)v->o.timeout_s);
     return reply(v, c, status, body, "application/json");
 }
 
