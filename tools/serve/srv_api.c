@@ -578,6 +578,17 @@ static bool make_choices(struct parse *p, struct srv_req *r, const struct rt_gen
     return true;
 }
 
+bool srv_json_has_nul(const char *body, size_t len)
+{
+    for (size_t i = 0; i + 1 < len; i++)
+        if (body[i] == '\\') {
+            if (body[i + 1] == 'u' && i + 5 < len && !memcmp(body + i + 2, "0000", 4))
+                return true;
+            i++; /* the escaped character */
+        }
+    return false;
+}
+
 struct srv_req *srv_req_parse(struct srv *v, enum srv_kind kind, const char *body, size_t len,
                               struct srv_error *err)
 {
@@ -596,6 +607,11 @@ struct srv_req *srv_req_parse(struct srv *v, enum srv_kind kind, const char *bod
     snprintf(r->id, sizeof r->id, "%s-%016llx%08llx", kind == SRV_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)srv_random(v), (unsigned long long)(srv_random(v) >> 32));
     struct parse p = {.v = v, .err = err};
+    if (srv_json_has_nul(body, len)) { /* cJSON's strings end at a NUL: it would cut the text */
+        srv_error_set(err, 400, "invalid_request_error", NULL, NULL,
+                      "strings with a NUL character (\\u0000) are not supported");
+        goto fail;
+    }
     r->body = cJSON_ParseWithLength(body, len);
     if (!r->body) {
         srv_error_set(err, 400, "invalid_request_error", NULL, NULL,

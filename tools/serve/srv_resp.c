@@ -388,13 +388,13 @@ static bool tokenize_ids(struct srv *v, const cJSON *o, struct srv_error *err, i
 char *srv_tokenize_json(struct srv *v, const char *body, size_t len, bool detokenize,
                         struct srv_error *err)
 {
-    cJSON *o = cJSON_ParseWithLength(body, len), *out = NULL;
+    cJSON *o = srv_json_has_nul(body, len) ? NULL : cJSON_ParseWithLength(body, len), *out = NULL;
     int32_t *ids = NULL;
     size_t n = 0;
     char *text = NULL;
     if (!cJSON_IsObject(o)) {
         srv_error_set(err, 400, "invalid_request_error", NULL, NULL,
-                      "the body must be a JSON object");
+                      "the body must be a JSON object (strings without \\u0000)");
         goto done;
     }
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "model");
