@@ -20,6 +20,9 @@ echo "== the demo model on cuda: the server's greedy answers vs run --prompts"
 rm -rf "$W/demo" && "$QSHARD" convert tests/data/models/kjv-llama-awq-gemm "$W/demo" --tp 1 -q
 python3 "$HERE/serve_check.py" "$QSHARD" "$W/demo"
 [ -d "$W/in/$M" ] || python3 "$HERE/fixtures/gen_fullsize.py" "$M" "$W/in" >/dev/null
+# the real Llama-2 tokenizer (32000 ids; tests/data/PROVENANCE.md) so that the server streams
+# text, as it does for a real checkpoint: detokenisation is part of what is measured
+case $M in llama2-*) cp tests/data/tokenizers/llama2/tokenizer.* "$W/in/$M/" ;; esac
 [ -d "$W/q/$M" ] || "$QSHARD" convert "$W/in/$M" "$W/q/$M" --tp 1 -q
 rm -rf "$W/in/$M"
 echo "== $M: process start -> /health 200 (warm page cache)"

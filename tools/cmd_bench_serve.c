@@ -272,8 +272,8 @@ static bool slot_fail(struct bs_slot *s, const char *fmt, ...)
 // --- the SSE stream ------------------------------------------------------------------------
 
 /* One event's data (a JSON chunk or "[DONE]", NUL-terminated, n bytes) received at `now`: the
- * first chunk with text sets TTFT, the next ones add an inter-token gap; usage gives the token
- * count. False (failure recorded) stops the transfer. */
+ * first chunk with text (or token_ids) sets TTFT, the next ones add an inter-token gap; usage
+ * gives the token count. False (failure recorded) stops the transfer. */
 static bool sse_event(struct bs_slot *s, const char *data, size_t n, double now)
 {
     if (s->done)
@@ -293,7 +293,10 @@ static bool sse_event(struct bs_slot *s, const char *data, size_t n, double now)
     }
     const cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0);
     const cJSON *text = cJSON_GetObjectItemCaseSensitive(c0, "text");
-    if (cJSON_IsString(text) && text->valuestring[0]) {
+    const cJSON *tids = cJSON_GetObjectItemCaseSensitive(c0, "token_ids"); /* vLLM's extension;
+                                           qshard serve sends it for a model without tokenizer */
+    if ((cJSON_IsString(text) && text->valuestring[0]) ||
+        (cJSON_IsArray(tids) && cJSON_GetArraySize(tids) > 0)) {
         if (s->n_text == 0)
             s->t_first = now;
         else if (!push_d(&s->itl, &s->n_itl, &s->cap_itl, now - s->t_last))
@@ -541,7 +544,7 @@ static void slot_finish(struct bs_slot *s, CURLcode res, double now)
         slot_fail(s, "%ld output tokens, expected %ld (ignore_eos was asked)", tokens,
                   s->out_len);
     if (!s->failed && s->n_text == 0)
-        slot_fail(s, "no chunk with text");
+        slot_fail(s, "no chunk with text or token_ids");
     if (!s->failed)
         for (size_t i = 0; i < s->n_itl; i++)
             if (!push_d(&t->itl, &t->n_itl, &t->cap_itl, s->itl[i])) {

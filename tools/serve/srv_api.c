@@ -451,6 +451,7 @@ static void req_free(struct srv_req *r)
     for (int i = 0; i < r->n_choices; i++) {
         free(r->ch[i].text);
         free(r->ch[i].toks);
+        free(r->ch[i].ids);
     }
     for (int k = 0; k < r->n_prompts; k++) {
         free(r->prompt_ids ? r->prompt_ids[k] : NULL);
@@ -644,6 +645,7 @@ struct srv_req *srv_req_parse(struct srv *v, enum srv_kind kind, const char *bod
     gp.decode_flags = (skip ? RT_TOK_DECODE_SKIP_SPECIAL : 0) |
                       (kind == SRV_COMPLETION ? RT_TOK_DECODE_KEEP_SPACE : 0);
     output_fields(&p, r);
+    r->token_ids = flag(&p, "return_token_ids", false) || !rt_session_tok(v->s);
     if (p.bad)
         goto fail;
     if (gp.n_stops && !rt_session_tok(v->s)) {

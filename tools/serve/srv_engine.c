@@ -71,10 +71,26 @@ static enum rt_err on_token(void *user, const struct rt_gen_token *t)
     if (c->t_first == 0)
         c->t_first = now;
     c->t_last = now;
-    if (r->logprobs < 0)
-        return RT_ERR_NONE;
     enum rt_err e = RT_ERR_NONE;
     pthread_mutex_lock(&r->mu);
+    if (c->n_ids == c->cap_ids) {
+        size_t cap = c->cap_ids ? 2 * c->cap_ids : 64;
+        int32_t *p = realloc(c->ids, cap * sizeof(*p));
+        if (p) {
+            c->ids = p;
+            c->cap_ids = cap;
+        } else {
+            e = RT_ERR_NOMEM;
+        }
+    }
+    if (!e)
+        c->ids[c->n_ids++] = t->id;
+    if (!e)
+        pthread_cond_broadcast(&r->cv);
+    if (r->logprobs < 0 || e) {
+        pthread_mutex_unlock(&r->mu);
+        return e;
+    }
     if (c->n_toks == c->cap_toks) {
         size_t cap = c->cap_toks ? 2 * c->cap_toks : 16;
         struct srv_tok *p = realloc(c->toks, cap * sizeof(*p));

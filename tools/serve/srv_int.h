@@ -56,6 +56,8 @@ struct srv_choice {
     struct rt_gen_params gp;   /* resolved parameters (stops point into r->body) */
     int64_t eng_id;            /* the engine's id once added, else -1 */
     /* out */
+    int32_t *ids;              /* every generated id */
+    size_t n_ids, cap_ids, sent_ids;
     char *text;                /* generated text so far (NUL-terminated) */
     size_t n_text, cap_text, sent_text; /* sent_text: bytes already streamed */
     struct srv_tok *toks;      /* with logprobs: every generated token */
@@ -81,6 +83,8 @@ struct srv_req {
     cJSON *body;               /* the parsed request (owns the stop strings) */
     const char *stops[RT_GEN_MAX_STOPS];
     bool stream, include_usage, echo;
+    bool token_ids;            /* choices carry "token_ids" (vLLM's return_token_ids; always for a
+                                  model without tokenizer, whose text is empty) */
     int logprobs;              /* top alternatives to return; -1: no logprobs */
     int n_prompts;
     int32_t **prompt_ids;      /* [n_prompts] each [n_prompt_ids[i]] */

@@ -133,6 +133,14 @@ static cJSON *usage(const struct srv_req *r)
     return u;
 }
 
+static cJSON *ids_json(const int32_t *ids, size_t n)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; a && i < n; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+    return a;
+}
+
 static const char *finish_str(const struct srv_choice *c)
 {
     return c->finish == RT_GEN_FINISH_CANCELLED ? "abort" : rt_gen_finish_reason(c->finish);
@@ -177,6 +185,8 @@ char *srv_req_response(struct srv_req *r, int *status)
         else
             cJSON_AddNullToObject(x, "logprobs");
         cJSON_AddStringToObject(x, "finish_reason", finish_str(c));
+        if (r->token_ids)
+            cJSON_AddItemToObject(x, "token_ids", ids_json(c->ids, c->n_ids));
         cJSON_AddItemToArray(chs, x);
     }
     cJSON_AddItemToObject(o, "usage", usage(r));
@@ -221,7 +231,7 @@ static void event(cJSON *o, char **buf, size_t *len, size_t *cap)
 
 /* A chunk of choice c: delta text [n] (role when role), logprobs of toks [a, b), finish. */
 static cJSON *chunk(struct srv_req *r, const struct srv_choice *c, const char *text, size_t n,
-                    bool role, size_t a, size_t b, const char *finish)
+                    bool role, size_t a, size_t b, size_t ia, size_t ib, const char *finish)
 {
     const bool chat = r->kind == SRV_CHAT;
     cJSON *o = head(r, chat ? "chat.completion.chunk" : "text_completion");
@@ -252,6 +262,8 @@ static cJSON *chunk(struct srv_req *r, const struct srv_choice *c, const char *t
         cJSON_AddStringToObject(x, "finish_reason", finish);
     else
         cJSON_AddNullToObject(x, "finish_reason");
+    if (r->token_ids)
+        cJSON_AddItemToObject(x, "token_ids", ids_json(c->ids + ia, ib - ia));
     cJSON_AddItemToArray(chs, x);
     if (r->include_usage)
         cJSON_AddNullToObject(o, "usage");
@@ -268,17 +280,20 @@ bool srv_req_stream(struct srv_req *r, char **buf, size_t *len, size_t *cap)
         if (!c->started) {
             c->started = true;
             if (r->kind == SRV_CHAT) {
-                event(chunk(r, c, "", 0, true, 0, 0, NULL), buf, len, cap);
+                event(chunk(r, c, "", 0, true, 0, 0, 0, 0, NULL), buf, len, cap);
             } else if (r->echo && r->prompt_text[c->prompt]) {
                 const char *p = r->prompt_text[c->prompt];
-                event(chunk(r, c, p, strlen(p), false, 0, 0, NULL), buf, len, cap);
+                event(chunk(r, c, p, strlen(p), false, 0, 0, 0, 0, NULL), buf, len, cap);
             }
         }
-        if (c->n_text > c->sent_text || c->n_toks > c->sent_toks) {
-            event(chunk(r, c, c->text + c->sent_text, c->n_text - c->sent_text, false,
-                        c->sent_toks, c->n_toks, NULL), buf, len, cap);
+        if (c->n_text > c->sent_text || c->n_toks > c->sent_toks ||
+            (r->token_ids && c->n_ids > c->sent_ids)) {
+            event(chunk(r, c, c->text ? c->text + c->sent_text : "", c->n_text - c->sent_text,
+                        false, c->sent_toks, c->n_toks, c->sent_ids, c->n_ids, NULL),
+                  buf, len, cap);
             c->sent_text = c->n_text;
             c->sent_toks = c->n_toks;
+            c->sent_ids = c->n_ids;
         }
         if (!c->done) {
             all = false;
@@ -296,7 +311,7 @@ bool srv_req_stream(struct srv_req *r, char **buf, size_t *len, size_t *cap)
                 free(s);
             }
         } else {
-            event(chunk(r, c, "", 0, false, 0, 0, finish_str(c)), buf, len, cap);
+            event(chunk(r, c, "", 0, false, 0, 0, c->n_ids, c->n_ids, finish_str(c)), buf, len, cap);
         }
     }
     if (!all)
