@@ -213,7 +213,7 @@ endif
 	$(Q)rc=0; for p in $(LAB_BIN); do $$p --quick || rc=1; done; exit $$rc
 
 test: info tests ## build and run every CPU test (what CI runs)
-	$(Q)QSHARD=$(QSHARD) BUILD=$(BUILD) sh tests/run_tests.sh $(TEST_BIN)
+	$(Q)QSHARD=$(QSHARD) BUILD=$(BUILD) sh tests/run_tests.sh $(TEST_BIN) tests/serve/test_serve.sh
 
 check: ## run the CPU tests under AddressSanitizer + UndefinedBehaviorSanitizer
 	$(Q)$(MAKE) --no-print-directory BUILD=build-san NO_CUDA=1 OPT="-O1 -fno-omit-frame-pointer" \
