@@ -1,6 +1,7 @@
 """raw_http_opts.py - the raw_http.py cases that need a server of their own: --ctx, --api-key
 and --served-model-name, --max-body-mb, --max-num-seqs/--max-queue (429), --timeout with 1,000
-idle connections, SIGTERM (--shutdown-timeout) and the loading phase (python3 stdlib only)."""
+idle connections, SIGTERM (--shutdown-timeout), the loading phase and a TP-2 model (python3
+stdlib only)."""
 import json
 import os
 import re
@@ -313,3 +314,42 @@ def t_loading():
         ok_json("loaded: completion -> 200", st, js, raw)
     finally:
         stop_checked(T, s)
+
+
+def t_tp2():
+    """The demo model converted at --tp 2 (two ranks in one process on the CPU backend):
+    greedy completions, chat and a stream equal those of the TP-1 server."""
+    from srv import MODEL, QSHARD, TMP
+    tp2 = os.path.join(TMP, "kjv-tp2")
+    r = subprocess.run([QSHARD, "convert", os.path.join("tests", "data", "models", "kjv-llama-awq-gemm"),
+                        tp2, "--tp", "2", "-q"], capture_output=True, text=True, timeout=120 * SLOW)
+    T.check(r.returncode == 0, "convert the demo model --tp 2", r.stderr[-300:])
+    if r.returncode:
+        return
+    one = Server("tp1", ["--chat-template", "llama2"])
+    two = Server("tp2", ["--chat-template", "llama2"], model=tp2)
+    try:
+        bodies = [("/v1/completions", cmpl(prompt=["And God said", "In the beginning"], max_tokens=24,
+                                           ignore_eos=True)),
+                  ("/v1/chat/completions", chat_body(max_tokens=16)),
+                  ("/v1/completions", cmpl(prompt="Blessed are", max_tokens=12, stream=True))]
+        for path, b in bodies:
+            outs = []
+            for srv_ in (one, two):
+                if b.get("stream"):
+                    st, _, raw, _ = srv_.post(path, b)
+                    evs = [json.loads(e) for e in (sse_events(raw.decode()) or []) if e != "[DONE]"]
+                    outs.append((st, "".join(c.get("text") or "" for e in evs
+                                             for c in e.get("choices", []))))
+                else:
+                    st, js, raw, _ = srv_.post(path, b)
+                    outs.append((st, [c.get("text", c.get("message", {}).get("content"))
+                                      for c in (js or {}).get("choices", [])]))
+            T.check(outs[0][0] == 200 and outs[0] == outs[1] and outs[0][1],
+                    "TP 2 == TP 1: %s%s" % (path, " (stream)" if b.get("stream") else ""), outs)
+        st, js, _, _ = two.get("/v1/models")
+        T.eq(st, 200, "TP 2: /v1/models")
+    finally:
+        stop_checked(T, one)
+        stop_checked(T, two)
+    T.check(MODEL != tp2, "the TP-2 model is a conversion of its own")

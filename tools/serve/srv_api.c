@@ -521,8 +521,9 @@ static long max_tokens(struct parse *p, struct srv_req *r)
 {
     double x;
     long max = -1;
-    if (num(p, "max_tokens", 1, 16777216, true, &x) ||
-        (r->kind == SRV_CHAT && num(p, "max_completion_tokens", 1, 16777216, true, &x)))
+    if (r->kind == SRV_CHAT && num(p, "max_completion_tokens", 1, 16777216, true, &x))
+        max = (long)x;
+    if (num(p, "max_tokens", 1, 16777216, true, &x)) /* both checked; max_tokens wins */
         max = (long)x;
     if (p->bad)
         return -1;
@@ -590,6 +591,20 @@ bool srv_json_has_nul(const char *body, size_t len)
     return false;
 }
 
+cJSON *srv_json_parse(const char *body, size_t len)
+{
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(body, len, &end, false);
+    if (!j)
+        return NULL;
+    for (; end < body + len; end++) /* one JSON text and nothing after it (RFC 8259) */
+        if (*end != ' ' && *end != '\t' && *end != '\n' && *end != '\r') {
+            cJSON_Delete(j);
+            return NULL;
+        }
+    return j;
+}
+
 struct srv_req *srv_req_parse(struct srv *v, enum srv_kind kind, const char *body, size_t len,
                               struct srv_error *err)
 {
@@ -613,7 +628,7 @@ struct srv_req *srv_req_parse(struct srv *v, enum srv_kind kind, const char *bod
                       "strings with a NUL character (\\u0000) are not supported");
         goto fail;
     }
-    r->body = cJSON_ParseWithLength(body, len);
+    r->body = srv_json_parse(body, len);
     if (!r->body) {
         srv_error_set(err, 400, "invalid_request_error", NULL, NULL,
                       "the body is not valid JSON (near byte %ld)",

@@ -175,6 +175,8 @@ char *srv_req_response(struct srv_req *r, int *status);
 /* Append what can be streamed now (SSE events) to *buf; returns false when the stream is
  * complete ([DONE] appended). Call with r->mu held. */
 bool srv_req_stream(struct srv_req *r, char **buf, size_t *len, size_t *cap);
+/* One JSON text, nothing but whitespace after it; NULL when malformed. */
+cJSON *srv_json_parse(const char *body, size_t len);
 /* Whether a JSON text holds the escape \u0000 (cJSON would end the string there). */
 bool srv_json_has_nul(const char *body, size_t len);
 /* The error body {"error": {...}} (malloc'd). */

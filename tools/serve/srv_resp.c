@@ -403,7 +403,7 @@ static bool tokenize_ids(struct srv *v, const cJSON *o, struct srv_error *err, i
 char *srv_tokenize_json(struct srv *v, const char *body, size_t len, bool detokenize,
                         struct srv_error *err)
 {
-    cJSON *o = srv_json_has_nul(body, len) ? NULL : cJSON_ParseWithLength(body, len), *out = NULL;
+    cJSON *o = srv_json_has_nul(body, len) ? NULL : srv_json_parse(body, len), *out = NULL;
     int32_t *ids = NULL;
     size_t n = 0;
     char *text = NULL;
