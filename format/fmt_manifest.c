@@ -87,52 +87,18 @@ static enum fmt_err check_belongs(const struct fmt_shard *s, const char *file, u
     return FMT_ERR_NONE;
 }
 
+static int text_fill(int fd, void *ctx)
+{
+    const char *text = ctx;
+    return qs_write_all(fd, text, strlen(text));
+}
+
+/* manifest.json whole or not at all (temp name, fsync, rename: qs_write_atomic). */
 static enum fmt_err write_text_atomic(const char *path, const char *text)
 {
-    size_t n = strlen(path), len = strlen(text);
-    char *tmp = malloc(n + 5);
-    if (!tmp) {
-        qs_log_error(__func__, "file %s: out of memory", path);
-        return FMT_ERR_NOMEM;
-    }
-    memcpy(tmp, path, n);
-    memcpy(tmp + n, ".tmp", 5);
-    enum fmt_err err = FMT_ERR_NONE;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        qs_log_error(__func__, "file %s: cannot create: %s", tmp, strerror(errno));
-        free(tmp);
-        return FMT_ERR_IO;
-    }
-    const char *p = text;
-    while (len) {
-        ssize_t r = write(fd, p, len);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            qs_log_error(__func__, "file %s: write: %s", tmp, r < 0 ? strerror(errno) : "0");
-            err = FMT_ERR_IO;
-            break;
-        }
-        p += r;
-        len -= (size_t)r;
-    }
-    if (!err && fsync(fd) != 0) {
-        qs_log_error(__func__, "file %s: fsync: %s", tmp, strerror(errno));
-        err = FMT_ERR_IO;
-    }
-    if (close(fd) != 0 && !err) {
-        qs_log_error(__func__, "file %s: close: %s", tmp, strerror(errno));
-        err = FMT_ERR_IO;
-    }
-    if (!err && rename(tmp, path) != 0) {
-        qs_log_error(__func__, "file %s: rename to %s: %s", tmp, path, strerror(errno));
-        err = FMT_ERR_IO;
-    }
-    if (err)
-        unlink(tmp);
-    free(tmp);
-    return err;
+    const enum qs_write_err e = qs_write_atomic("fmt_manifest_write", path, text_fill,
+                                                (void *)text);
+    return e == QS_WRITE_OK ? FMT_ERR_NONE : e == QS_WRITE_NOMEM ? FMT_ERR_NOMEM : FMT_ERR_IO;
 }
 
 enum fmt_err fmt_manifest_write(const char *dir, uint32_t world_size)

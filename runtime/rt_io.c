@@ -15,7 +15,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "qs_log.h" /* qs_log_error */
+#include "qs_log.h"  /* qs_log_error */
+#include "qs_util.h" /* qs_write_atomic */
 
 #define NPY_MAGIC "\x93NUMPY"
 #define NPY_MAGIC_LEN 6
@@ -36,21 +37,6 @@ const char *rt_io_err_str(enum rt_io_err e)
 
 // --- writing -------------------------------------------------------------------------------
 
-static bool write_all(int fd, const void *buf, size_t n)
-{
-    const char *p = buf;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return false;
-        p += w;
-        n -= (size_t)w;
-    }
-    return true;
-}
-
 /* float32 to little-endian bytes, whatever the host */
 static void f32_to_le(const float *x, size_t n, unsigned char *out)
 {
@@ -62,6 +48,36 @@ static void f32_to_le(const float *x, size_t n, unsigned char *out)
         out[4 * i + 2] = (unsigned char)(u >> 16);
         out[4 * i + 3] = (unsigned char)(u >> 24);
     }
+}
+
+/* What qs_write_atomic's fill writes: a header (or a whole file) and float32 values. */
+struct npy_fill {
+    const void *hdr;
+    size_t n_hdr;
+    const float *data;
+    size_t n;
+};
+
+static int npy_fill(int fd, void *ctx)
+{
+    const struct npy_fill *f = ctx;
+    int e = qs_write_all(fd, f->hdr, f->n_hdr);
+    enum { CHUNK = 16384 };
+    unsigned char buf[CHUNK * 4];
+    for (size_t i = 0; !e && i < f->n; i += CHUNK) {
+        const size_t m = f->n - i < CHUNK ? f->n - i : CHUNK;
+        f32_to_le(f->data + i, m, buf);
+        e = qs_write_all(fd, buf, m * 4);
+    }
+    return e;
+}
+
+static enum rt_io_err io_err(enum qs_write_err e)
+{
+    return e == QS_WRITE_OK ? RT_IO_ERR_NONE
+           : e == QS_WRITE_NOMEM ? RT_IO_ERR_NOMEM
+           : e == QS_WRITE_OPEN ? RT_IO_ERR_OPEN
+                                : RT_IO_ERR_WRITE;
 }
 
 enum rt_io_err rt_npy_write_f32(const char *path, const float *data, int64_t rows, int64_t cols)
@@ -89,89 +105,20 @@ enum rt_io_err rt_npy_write_f32(const char *path, const float *data, int64_t row
     memset(hdr + 10 + dl, ' ', total - 10 - (size_t)dl - 1);
     hdr[total - 1] = '\n';
 
-    enum rt_io_err err = RT_IO_ERR_NONE;
-    size_t plen = strlen(path) + 32;
-    char *tmp = malloc(plen);
-    if (!tmp) {
-        qs_log_error(__func__, "%s: out of memory", path);
-        return RT_IO_ERR_NOMEM;
-    }
-    snprintf(tmp, plen, "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) {
-        qs_log_error(__func__, "cannot create %s: %s", tmp, strerror(errno));
-        err = RT_IO_ERR_OPEN;
-        goto out_tmp;
-    }
-    if (!write_all(fd, hdr, total)) {
-        err = RT_IO_ERR_WRITE;
-        goto out_fd;
-    }
-    enum { CHUNK = 16384 };
-    unsigned char buf[CHUNK * 4];
-    size_t n = (size_t)rows * (size_t)cols;
-    for (size_t i = 0; i < n; i += CHUNK) {
-        size_t m = n - i < CHUNK ? n - i : CHUNK;
-        f32_to_le(data + i, m, buf);
-        if (!write_all(fd, buf, m * 4)) {
-            err = RT_IO_ERR_WRITE;
-            goto out_fd;
-        }
-    }
-    if (fsync(fd) != 0) {
-        err = RT_IO_ERR_WRITE;
-        goto out_fd;
-    }
-out_fd:
-    if (err == RT_IO_ERR_WRITE)
-        qs_log_error(__func__, "writing %s: %s", tmp, strerror(errno));
-    if (close(fd) != 0 && !err) {
-        qs_log_error(__func__, "closing %s: %s", tmp, strerror(errno));
-        err = RT_IO_ERR_WRITE;
-    }
-    if (!err && rename(tmp, path) != 0) {
-        qs_log_error(__func__, "renaming %s to %s: %s", tmp, path, strerror(errno));
-        err = RT_IO_ERR_WRITE;
-    }
-    if (err)
-        unlink(tmp);
-out_tmp:
-    free(tmp);
-    return err;
+    const struct npy_fill f = {hdr, total, data, (size_t)rows * (size_t)cols};
+    return io_err(qs_write_atomic("rt_npy_write_f32", path, npy_fill, (void *)&f));
+}
+
+static int bytes_fill(int fd, void *ctx)
+{
+    const struct npy_fill *f = ctx;
+    return qs_write_all(fd, f->hdr, f->n_hdr);
 }
 
 enum rt_io_err rt_file_write(const char *path, const void *data, size_t len)
 {
-    enum rt_io_err err = RT_IO_ERR_NONE;
-    const size_t plen = strlen(path) + 32;
-    char *tmp = malloc(plen);
-    if (!tmp) {
-        qs_log_error(__func__, "%s: out of memory", path);
-        return RT_IO_ERR_NOMEM;
-    }
-    snprintf(tmp, plen, "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) {
-        qs_log_error(__func__, "cannot create %s: %s", tmp, strerror(errno));
-        free(tmp);
-        return RT_IO_ERR_OPEN;
-    }
-    if (!write_all(fd, data, len) || fsync(fd) != 0) {
-        qs_log_error(__func__, "writing %s: %s", tmp, strerror(errno));
-        err = RT_IO_ERR_WRITE;
-    }
-    if (close(fd) != 0 && !err) {
-        qs_log_error(__func__, "closing %s: %s", tmp, strerror(errno));
-        err = RT_IO_ERR_WRITE;
-    }
-    if (!err && rename(tmp, path) != 0) {
-        qs_log_error(__func__, "renaming %s to %s: %s", tmp, path, strerror(errno));
-        err = RT_IO_ERR_WRITE;
-    }
-    if (err)
-        unlink(tmp);
-    free(tmp);
-    return err;
+    const struct npy_fill f = {data, len, NULL, 0};
+    return io_err(qs_write_atomic("rt_file_write", path, bytes_fill, (void *)&f));
 }
 
 // --- reading -------------------------------------------------------------------------------

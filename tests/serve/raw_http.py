@@ -750,7 +750,8 @@ def main():
     only = sys.argv[1:]
     o = raw_http_opts
     for fn in (t_main, o.t_ctx64, o.t_api_key, o.t_body_limit, o.t_queue_full,
-               o.t_idle_connections, o.t_sigterm_cancel, o.t_loading, o.t_tp2):
+               o.t_idle_connections, o.t_sigterm_cancel, o.t_loading, o.t_tp2,
+               o.t_slow_stream_timeout, o.t_body_edges):
         if only and fn.__name__ not in only:
             continue
         T.run(fn)

@@ -353,3 +353,71 @@ def t_tp2():
         stop_checked(T, one)
         stop_checked(T, two)
     T.check(MODEL != tp2, "the TP-2 model is a conversion of its own")
+
+
+def t_slow_stream_timeout():
+    """--timeout counts idleness, not the wait for the engine: with one sequence slot, a stream
+    queued behind a request that runs longer than --timeout, and a non-streamed one behind it
+    too, both complete (libmicrohttpd's idle clock is restarted whenever data goes out)."""
+    s = Server("slowtimeout", ["--timeout", "1", "--max-num-seqs", "1"])
+    try:
+        first = {}
+
+        def long_one():
+            first["r"] = s.post("/v1/completions", cmpl(max_tokens=400, ignore_eos=True),
+                                timeout=120 * SLOW)
+
+        th = threading.Thread(target=long_one)
+        th.start()
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        st, _, raw, _ = s.post("/v1/completions", cmpl(max_tokens=24, ignore_eos=True, stream=True),
+                               timeout=120 * SLOW)
+        waited = time.monotonic() - t0
+        evs = sse_events(raw.decode(errors="replace")) or []
+        T.check(st == 200 and evs[-1:] == ["[DONE]"],
+                "a stream queued %.1fs behind a longer request, --timeout 1: complete" % waited,
+                (st, raw[-200:]))
+        T.check(waited > 1.0, "the stream really waited longer than --timeout", waited)
+        th.join()
+        st, js, raw, _ = first["r"]
+        T.check(st == 200 and js and js["usage"]["completion_tokens"] == 400,
+                "the long non-streamed request under --timeout 1: complete", (st, raw[:200]))
+    finally:
+        stop_checked(T, s)
+
+
+def t_body_edges():
+    """Bodies that cJSON alone would misread, requests that can never fit the queue, and usage
+    counts with n > 1."""
+    s = Server("edges", ["--max-queue", "8"])
+    try:
+        for name, body in [("a raw NUL byte inside a string",
+                            b'{"prompt": "In the\x00 beginning", "max_tokens": 2, "echo": true}'),
+                           ("the \\u0000 escape", b'{"prompt": "In the\\u0000 beginning", "max_tokens": 2}'),
+                           ("two JSON texts", b'{"prompt": "In the", "max_tokens": 2} {"prompt": "x"}')]:
+            st, hd, data = s.request("POST", "/v1/completions", raw_body=body)
+            try:
+                js = json.loads(data)
+            except ValueError:
+                js = None
+            err_check("%s -> 400" % name, st, js, 400)
+        st, js, _, _ = s.post("/v1/completions", cmpl(prompt=["In the beginning"] * 3, n=3))
+        err_check("3 prompts x n=3 = 9 sequences > --max-queue 8 -> 400 (not 429: never fits)",
+                  st, js, 400, param="n")
+        st, js, raw, _ = s.post("/v1/completions", cmpl(prompt="And God said " * 6, n=4, max_tokens=3))
+        if ok_json("n=4 on a 6-block prompt -> 200", st, js, raw):
+            u = js["usage"]
+            cached = u.get("prompt_tokens_details", {}).get("cached_tokens", -1)
+            T.check(0 <= cached <= u["prompt_tokens"], "cached_tokens <= prompt_tokens with n=4",
+                    u)
+        st, js, raw, _ = s.post("/v1/completions", cmpl(max_tokens=6, logprobs=1))
+        if ok_json("logprobs=1 -> 200", st, js, raw):
+            lp = js["choices"][0]["logprobs"]
+            want, off = [], 0
+            for t in lp["tokens"]:
+                want.append(off)
+                off += len(t)  # characters, as Python (and vLLM) count them
+            T.eq(lp["text_offset"], want, "text_offset: cumulative characters of the tokens")
+    finally:
+        stop_checked(T, s)

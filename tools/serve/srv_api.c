@@ -194,6 +194,9 @@ static void sampling(struct parse *p, struct rt_gen_params *gp, bool *seeded, ui
         *seed = x < 0 ? (uint64_t)(int64_t)x : (uint64_t)x;
     if (p->v->s)
         rt_session_sampling_defaults(p->v->s, given, s);
+    qs_log_clear();
+    if (!p->bad && rt_sample_params_check(s) != RT_SAMPLE_ERR_NONE) /* e.g. 1e-300 -> 0.0f */
+        bad(p, NULL, "%s", last_msg(RT_ERR_ARG));
 }
 
 /* stop: a string or a list of up to RT_GEN_MAX_STOPS non-empty UTF-8 strings. */
@@ -325,8 +328,12 @@ static bool completion_prompts(struct parse *p, struct srv_req *r)
             const struct rt_prompt rp = {.text = x->valuestring};
             if (!encode(p, &rp, "prompt", &v, &m))
                 return false;
-            if (r->echo && !(r->prompt_text[k] = strdup(x->valuestring)))
+            if (r->echo && !(r->prompt_text[k] = strdup(x->valuestring))) {
+                free(v);
+                srv_error_set(p->err, 500, "server_error", NULL, NULL, "out of memory");
+                p->bad = true;
                 return false;
+            }
         } else if (cJSON_IsArray(x)) {
             if (!token_prompt(p, x, &v, &m))
                 return false;
@@ -580,6 +587,26 @@ static bool make_choices(struct parse *p, struct srv_req *r, const struct rt_gen
     return true;
 }
 
+bool srv_json_too_many(const char *body, size_t len, size_t max)
+{
+    size_t n = 0;
+    bool in_str = false;
+    for (size_t i = 0; i < len; i++) {
+        const char ch = body[i];
+        if (in_str) {
+            if (ch == '\\')
+                i++;
+            else if (ch == '"')
+                in_str = false;
+        } else if (ch == '"') {
+            in_str = true;
+        } else if (ch == ',' && ++n > max) {
+            return true;
+        }
+    }
+    return false;
+}
+
 bool srv_json_has_nul(const char *body, size_t len)
 {
     for (size_t i = 0; i + 1 < len; i++)
@@ -591,14 +618,21 @@ bool srv_json_has_nul(const char *body, size_t len)
     return false;
 }
 
-cJSON *srv_json_parse(const char *body, size_t len)
+cJSON *srv_json_parse(const char *body, size_t len, size_t *bad_at)
 {
-    const char *end = NULL;
+    const char *nul = memchr(body, 0, len); /* cJSON would end a string there */
+    if (nul) {
+        *bad_at = (size_t)(nul - body);
+        return NULL;
+    }
+    const char *end = NULL; /* cJSON sets it on failure too (its global error is not ours) */
     cJSON *j = cJSON_ParseWithLengthOpts(body, len, &end, false);
+    *bad_at = end ? (size_t)(end - body) : 0;
     if (!j)
         return NULL;
     for (; end < body + len; end++) /* one JSON text and nothing after it (RFC 8259) */
         if (*end != ' ' && *end != '\t' && *end != '\n' && *end != '\r') {
+            *bad_at = (size_t)(end - body);
             cJSON_Delete(j);
             return NULL;
         }
@@ -628,11 +662,24 @@ struct srv_req *srv_req_parse(struct srv *v, enum srv_kind kind, const char *bod
                       "strings with a NUL character (\\u0000) are not supported");
         goto fail;
     }
-    r->body = srv_json_parse(body, len);
+    /* the most values a request can need: every prompt a full context of ids, and slack */
+    const size_t most = (size_t)(SRV_MAX_PROMPTS + 1) * (size_t)(v->n_ctx + 1) + 65536;
+    if (srv_json_too_many(body, len, most)) {
+        srv_error_set(err, 400, "invalid_request_error", NULL, NULL,
+                      "the body holds more than %zu values: more token ids than %d prompts of "
+                      "the context (%d tokens) can hold", most, SRV_MAX_PROMPTS, v->n_ctx);
+        goto fail;
+    }
+    size_t bad_at = 0;
+    const bool big = len > SRV_BIG_BODY;
+    if (big)
+        sem_wait(&v->big_parse);
+    r->body = srv_json_parse(body, len, &bad_at);
+    if (big)
+        sem_post(&v->big_parse);
     if (!r->body) {
         srv_error_set(err, 400, "invalid_request_error", NULL, NULL,
-                      "the body is not valid JSON (near byte %ld)",
-                      cJSON_GetErrorPtr() ? (long)(cJSON_GetErrorPtr() - body) : 0L);
+                      "the body is not valid JSON (near byte %zu)", bad_at);
         goto fail;
     }
     p.o = r->body;

@@ -63,16 +63,16 @@ static enum rt_err on_token(void *user, const struct rt_gen_token *t)
     struct srv_req *r = c->r;
     struct srv *v = r->srv;
     const double now = qs_now_s();
-    if (c->t_last > 0) {
+    if (c->t_last > 0) { /* t_last: engine thread only */
         pthread_mutex_lock(&v->mu);
         hist_observe(&v->tpot, now - c->t_last);
         pthread_mutex_unlock(&v->mu);
     }
-    if (c->t_first == 0)
-        c->t_first = now;
-    c->t_last = now;
     enum rt_err e = RT_ERR_NONE;
     pthread_mutex_lock(&r->mu);
+    if (c->t_first == 0)
+        c->t_first = now; /* read by the connection's log line: under mu */
+    c->t_last = now;
     if (c->n_ids == c->cap_ids) {
         size_t cap = c->cap_ids ? 2 * c->cap_ids : 64;
         int32_t *p = realloc(c->ids, cap * sizeof(*p));
@@ -138,7 +138,7 @@ static void on_finish(void *user, const struct rt_engine_done *d)
                   : c->finish == RT_GEN_FINISH_LENGTH || c->finish == RT_GEN_FINISH_CONTEXT ? 1
                                                                                         : 0;
     v->n_finished[k]++;
-    if (c->t_first > 0)
+    if (c->t_first > 0) /* written by this thread only */
         hist_observe(&v->ttft, c->t_first - r->t_start);
     hist_observe(&v->e2e, now - r->t_start);
     pthread_mutex_unlock(&v->mu);
@@ -282,7 +282,9 @@ void srv_engine_stop(struct srv *v)
     pthread_cond_broadcast(&v->cv);
     pthread_mutex_unlock(&v->mu);
     pthread_join(v->engine_thread, NULL);
+    pthread_mutex_lock(&v->mu);
     v->engine_started = false;
+    pthread_mutex_unlock(&v->mu);
     free(v->live);
     v->live = NULL;
     v->n_live = v->cap_live = 0;

@@ -54,6 +54,7 @@ struct conn {
     char *body;
     size_t n, cap;
     bool too_big;
+    bool open;              /* a completion's reply is queued: on_completed drops n_open */
     double t0;
 };
 
@@ -111,6 +112,14 @@ static int conn_fd(struct MHD_Connection *c)
     return ci ? ci->connect_fd : -1;
 }
 
+/* Restart the connection's idle clock: time spent waiting for the engine is not idleness.
+ * (libmicrohttpd 0.9.75 resets the clock only when the timeout changes from 0.) */
+static void touch(struct MHD_Connection *c, int timeout_s)
+{
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)timeout_s);
+}
+
 static void wait_a_bit(struct srv_req *r)
 {
     struct timespec ts;
@@ -124,6 +133,9 @@ static void wait_a_bit(struct srv_req *r)
 }
 
 // --- responses ---------------------------------------------------------------------------------
+
+/* The Allow header of a 405 being sent by this connection thread (first_call sets it). */
+static _Thread_local const char *t_allow;
 
 /* Queue body (malloc'd, taken) with status and a content type. */
 static enum MHD_Result reply(struct srv *v, struct MHD_Connection *c, int status, char *body,
@@ -142,8 +154,8 @@ static enum MHD_Result reply(struct srv *v, struct MHD_Connection *c, int status
         return MHD_NO;
     }
     MHD_add_response_header(res, MHD_HTTP_HEADER_CONTENT_TYPE, type);
-    if (status == 405)
-        MHD_add_response_header(res, MHD_HTTP_HEADER_ALLOW, "GET, POST");
+    if (status == 405 && t_allow) /* the method the route takes */
+        MHD_add_response_header(res, MHD_HTTP_HEADER_ALLOW, t_allow);
     if (status == 401)
         MHD_add_response_header(res, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     srv_count_status(v, status);
@@ -197,9 +209,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *out, size_t max)
         pthread_mutex_unlock(&r->mu);
         if (st->gone)
             return MHD_CONTENT_READER_END_WITH_ERROR;
-        /* waiting for the engine is not idleness: the timeout counts from here */
-        MHD_set_connection_option(st->c, MHD_CONNECTION_OPTION_TIMEOUT,
-                                  (unsigned)st->v->o.timeout_s);
+        touch(st->c, st->v->o.timeout_s); /* the timeout counts from here */
     }
 }
 
@@ -228,6 +238,14 @@ static enum MHD_Result completion(struct srv *v, struct MHD_Connection *c, struc
     struct srv_req *r = srv_req_parse(v, kind, k->body ? k->body : "", k->n, &err);
     if (!r) {
         log_request(NULL, "POST", path, err.status, k->t0, err.message);
+        return reply_error(v, c, &err);
+    }
+    if (r->n_choices > v->o.max_queue) { /* would never fit: not worth a retry (429) */
+        srv_error_set(&err, 400, "invalid_request_error", "n", NULL,
+                      "the request asks for %d sequences (prompts x n), more than the server's "
+                      "queue holds (--max-queue %d)", r->n_choices, v->o.max_queue);
+        log_request(r, "POST", path, 400, k->t0, err.message);
+        srv_req_unref(r);
         return reply_error(v, c, &err);
     }
     const int st = srv_submit(v, r);
@@ -271,18 +289,25 @@ static enum MHD_Result completion(struct srv *v, struct MHD_Connection *c, struc
         wait_a_bit(r);
         gone = r->n_done < r->n_choices && peer_gone(fd);
     }
+    pthread_mutex_unlock(&r->mu);
+    /* every choice done: the engine writes no more to r, so the body is built without its
+     * lock (the engine thread would wait on it) */
     int status = 0;
     char *body = gone ? NULL : srv_req_response(r, &status);
+    if (gone)
+        pthread_mutex_lock(&r->mu); /* choices still run: their fields move */
     log_request(r, "POST", path, gone ? 499 : status, k->t0, gone ? "(client gone)" : NULL);
-    pthread_mutex_unlock(&r->mu);
     if (gone)
+        pthread_mutex_unlock(&r->mu);
+    if (gone) {
         srv_cancel(v, r);
-    srv_req_unref(r);
-    atomic_fetch_sub(&v->n_open, 1);
-    if (gone)
+        srv_req_unref(r);
+        atomic_fetch_sub(&v->n_open, 1);
         return MHD_NO; /* close the connection */
-    /* the idle timeout counts from now: the time spent generating was not idle */
-    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)v->o.timeout_s);
+    }
+    srv_req_unref(r);
+    touch(c, v->o.timeout_s); /* the time spent generating was not idle */
+    k->open = true; /* n_open drops when MHD has sent the reply (on_completed) */
     return reply(v, c, status, body, "application/json");
 }
 
@@ -317,6 +342,7 @@ static int first_call(struct srv *v, struct MHD_Connection *c, struct conn *k, c
                              "no such endpoint: %.200s", url);
     const bool post = !strcmp(method, "POST");
     const bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+    t_allow = routes[k->ri].post ? "POST" : "GET, HEAD";
     if (routes[k->ri].post ? !post : !get)
         return srv_error_set(e, 405, "invalid_request_error", NULL, "method_not_allowed",
                              "%s needs %s, not %.20s", url, routes[k->ri].post ? "POST" : "GET",
@@ -405,9 +431,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
-    (void)cls, (void)c, (void)toe;
+    (void)c, (void)toe;
+    struct srv *v = cls;
     struct conn *k = *con_cls;
     if (k) {
+        if (k->open)
+            atomic_fetch_sub(&v->n_open, 1);
         free(k->body);
         free(k);
     }
@@ -513,7 +542,11 @@ static int load(struct srv *v)
     if (!e) {
         v->s = s;
         v->n_ctx = rt_session_n_ctx(s);
-        rt_engine_stats(v->eng, &v->st);
+        struct rt_engine_stats st;
+        rt_engine_stats(v->eng, &st);
+        pthread_mutex_lock(&v->mu); /* /metrics reads it while the model loads */
+        v->st = st;
+        pthread_mutex_unlock(&v->mu);
         e = srv_engine_start(v);
     }
     if (e) {
@@ -557,6 +590,7 @@ int srv_run(const struct srv_opts *o)
     v.model_name = o->model_name;
     pthread_mutex_init(&v.mu, NULL);
     pthread_cond_init(&v.cv, NULL);
+    sem_init(&v.big_parse, 0, SRV_BIG_PARSES);
     v.ttft = (struct srv_hist){.n = N_OF(ttft_le), .le = ttft_le};
     v.tpot = (struct srv_hist){.n = N_OF(tpot_le), .le = tpot_le};
     v.e2e = (struct srv_hist){.n = N_OF(e2e_le), .le = e2e_le};
@@ -596,5 +630,6 @@ int srv_run(const struct srv_opts *o)
     rt_session_close(v.s);
     pthread_mutex_destroy(&v.mu);
     pthread_cond_destroy(&v.cv);
+    sem_destroy(&v.big_parse);
     return rc;
 }

@@ -20,6 +20,7 @@
 #define QS_SRV_INT_H
 
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -35,6 +36,8 @@
 #define SRV_MAX_PROMPTS 256  /* prompts of one completions request */
 #define SRV_MAX_MSGS 256     /* chat messages */
 #define SRV_POLL_MS 20       /* how often a waiting connection looks at its socket */
+#define SRV_BIG_BODY (1u << 20) /* a body this large waits for one of SRV_BIG_PARSES turns */
+#define SRV_BIG_PARSES 4     /* (cJSON takes ~64 bytes per array element while it parses) */
 
 enum srv_kind { SRV_COMPLETION = 0, SRV_CHAT = 1 };
 
@@ -62,6 +65,7 @@ struct srv_choice {
     size_t n_text, cap_text, sent_text; /* sent_text: bytes already streamed */
     struct srv_tok *toks;      /* with logprobs: every generated token */
     size_t n_toks, cap_toks, sent_toks;
+    size_t lp_offset;          /* stream: text_offset (characters) of the next logprobs token */
     bool started;              /* chat stream: the role chunk went out */
     bool done, final_sent;
     enum rt_err err;
@@ -122,6 +126,7 @@ struct srv {
     struct srv_req **live;     /* engine thread: requests with choices in the engine */
     int n_live, cap_live;
     atomic_int n_open;         /* requests accepted and not yet answered to the end */
+    sem_t big_parse;           /* bodies over SRV_BIG_BODY parsed at once at most SRV_BIG_PARSES */
     pthread_t engine_thread;
     bool engine_started;
     uint64_t rng;              /* request ids and default seeds (mu) */
@@ -175,8 +180,12 @@ char *srv_req_response(struct srv_req *r, int *status);
 /* Append what can be streamed now (SSE events) to *buf; returns false when the stream is
  * complete ([DONE] appended). Call with r->mu held. */
 bool srv_req_stream(struct srv_req *r, char **buf, size_t *len, size_t *cap);
-/* One JSON text, nothing but whitespace after it; NULL when malformed. */
-cJSON *srv_json_parse(const char *body, size_t len);
+/* One JSON text, nothing but whitespace after it, no NUL byte; NULL when malformed (*bad_at:
+ * the byte offset of the trouble). */
+cJSON *srv_json_parse(const char *body, size_t len, size_t *bad_at);
+/* Whether a JSON text has more than max values in arrays and objects (commas outside
+ * strings), counted before cJSON builds them. */
+bool srv_json_too_many(const char *body, size_t len, size_t max);
 /* Whether a JSON text holds the escape \u0000 (cJSON would end the string there). */
 bool srv_json_has_nul(const char *body, size_t len);
 /* The error body {"error": {...}} (malloc'd). */

@@ -36,9 +36,19 @@ static cJSON *bytes_json(const struct srv *v, int32_t id)
     return a;
 }
 
-/* completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"} of toks [a, b). */
+/* Characters (code points) of UTF-8 text: OpenAI's and vLLM's text_offset count characters. */
+static size_t n_chars(const char *s)
+{
+    size_t n = 0;
+    for (; *s; s++)
+        n += ((unsigned char)*s & 0xC0) != 0x80;
+    return n;
+}
+
+/* completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"} of toks [a, b);
+ * *offset: the text offset of token a, advanced past token b - 1. */
 static cJSON *lp_completion(const struct srv *v, const struct srv_choice *c, size_t a, size_t b,
-                            size_t offset)
+                            size_t *offset)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON *tk = cJSON_AddArrayToObject(o, "tokens"), *lp = cJSON_AddArrayToObject(o, "token_logprobs");
@@ -48,8 +58,8 @@ static cJSON *lp_completion(const struct srv *v, const struct srv_choice *c, siz
         char *s = tok_str(v, k->id);
         cJSON_AddItemToArray(tk, cJSON_CreateString(s ? s : ""));
         cJSON_AddItemToArray(lp, cJSON_CreateNumber(k->logprob));
-        cJSON_AddItemToArray(off, cJSON_CreateNumber((double)offset));
-        offset += s ? strlen(s) : 0;
+        cJSON_AddItemToArray(off, cJSON_CreateNumber((double)*offset));
+        *offset += s ? n_chars(s) : 0;
         free(s);
         cJSON *t = cJSON_CreateObject();
         for (int j = 0; j < k->n_top; j++) {
@@ -90,18 +100,6 @@ static cJSON *lp_chat(const struct srv *v, const struct srv_choice *c, size_t a,
     return o;
 }
 
-/* Text offset of token a of choice c (completions logprobs): the lengths of the tokens before. */
-static size_t offset_of(const struct srv *v, const struct srv_choice *c, size_t a)
-{
-    size_t off = 0;
-    for (size_t i = 0; i < a; i++) {
-        char *s = tok_str(v, c->toks[i].id);
-        off += s ? strlen(s) : 0;
-        free(s);
-    }
-    return off;
-}
-
 // --- whole responses ---------------------------------------------------------------------------
 
 static cJSON *head(const struct srv_req *r, const char *object)
@@ -125,9 +123,14 @@ static cJSON *usage(const struct srv_req *r)
     cJSON_AddNumberToObject(u, "prompt_tokens", (double)np);
     cJSON_AddNumberToObject(u, "completion_tokens", (double)nc);
     cJSON_AddNumberToObject(u, "total_tokens", (double)(np + nc));
-    size_t cached = 0;
-    for (int i = 0; i < r->n_choices; i++)
-        cached += (size_t)r->ch[i].n_cached;
+    size_t cached = 0; /* per prompt, as prompt_tokens: the most any of its choices found */
+    for (int k = 0; k < r->n_prompts; k++) {
+        size_t most = 0;
+        for (int i = 0; i < r->n_choices; i++)
+            if (r->ch[i].prompt == k && (size_t)r->ch[i].n_cached > most)
+                most = (size_t)r->ch[i].n_cached;
+        cached += most;
+    }
     cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
     cJSON_AddNumberToObject(d, "cached_tokens", (double)cached);
     return u;
@@ -179,9 +182,10 @@ char *srv_req_response(struct srv_req *r, int *status)
         } else {
             cJSON_AddStringToObject(x, "text", text);
         }
+        size_t off = 0;
         if (r->logprobs >= 0)
             cJSON_AddItemToObject(x, "logprobs", chat ? lp_chat(r->srv, c, 0, c->n_toks)
-                                                      : lp_completion(r->srv, c, 0, c->n_toks, 0));
+                                                      : lp_completion(r->srv, c, 0, c->n_toks, &off));
         else
             cJSON_AddNullToObject(x, "logprobs");
         cJSON_AddStringToObject(x, "finish_reason", finish_str(c));
@@ -230,7 +234,7 @@ static void event(cJSON *o, char **buf, size_t *len, size_t *cap)
 }
 
 /* A chunk of choice c: delta text [n] (role when role), logprobs of toks [a, b), finish. */
-static cJSON *chunk(struct srv_req *r, const struct srv_choice *c, const char *text, size_t n,
+static cJSON *chunk(struct srv_req *r, struct srv_choice *c, const char *text, size_t n,
                     bool role, size_t a, size_t b, size_t ia, size_t ib, const char *finish)
 {
     const bool chat = r->kind == SRV_CHAT;
@@ -255,7 +259,7 @@ static cJSON *chunk(struct srv_req *r, const struct srv_choice *c, const char *t
     if (r->logprobs >= 0 && b > a)
         cJSON_AddItemToObject(x, "logprobs", chat ? lp_chat(r->srv, c, a, b)
                                                   : lp_completion(r->srv, c, a, b,
-                                                                  offset_of(r->srv, c, a)));
+                                                                  &c->lp_offset));
     else
         cJSON_AddNullToObject(x, "logprobs");
     if (finish)
@@ -403,7 +407,17 @@ static bool tokenize_ids(struct srv *v, const cJSON *o, struct srv_error *err, i
 char *srv_tokenize_json(struct srv *v, const char *body, size_t len, bool detokenize,
                         struct srv_error *err)
 {
-    cJSON *o = srv_json_has_nul(body, len) ? NULL : srv_json_parse(body, len), *out = NULL;
+    size_t bad_at = 0;
+    const bool big = len > SRV_BIG_BODY;
+    if (big)
+        sem_wait(&v->big_parse);
+    cJSON *o = srv_json_has_nul(body, len) ||
+                       srv_json_too_many(body, len, (size_t)4 * (size_t)v->n_ctx + 65536)
+                   ? NULL
+                   : srv_json_parse(body, len, &bad_at),
+          *out = NULL;
+    if (big)
+        sem_post(&v->big_parse);
     int32_t *ids = NULL;
     size_t n = 0;
     char *text = NULL;
