@@ -181,6 +181,10 @@ struct rt_opts cli_model_opts(const struct cli_args *a);
 
 /* --- cli_util.c ------------------------------------------------------------------------------ */
 
+/* o->device with AUTO resolved (CUDA when rt_cuda_available(), else CPU), written back and
+ * returned: for defaults that depend on the device (--max-num-seqs). */
+enum rt_device cli_resolve_device(struct rt_opts *o);
+
 /* Exit code of a library error (rt_err_exit_code, with the CLI's meaning of each). */
 int cli_exit_rt(enum rt_err e);
 

@@ -130,7 +130,7 @@ const struct cli_opt cli_table[] = {
     {.lng = "chat", .kind = CLI_FLAG, .cmds = CLI_RUN, .off = F(chat),
      .help = "format the prompt with the model's chat template (Llama-2, Llama-3, Mistral or "
              "ChatML family, from tokenizer_config.json)"},
-    {.lng = "chat-template", .kind = CLI_CHOICE, .metavar = "F", .cmds = CLI_RUN | CLI_SERVE,
+    {.lng = "chat-template", .kind = CLI_CHOICE, .metavar = "F", .cmds = CLI_RUN,
      .off = F(chat_template), .choices = "llama2|llama3|mistral|chatml|qwen",
      .help = "force the family: llama2, llama3, mistral, chatml (implies --chat)"},
     {.lng = "system", .kind = CLI_STR, .metavar = "TEXT", .cmds = CLI_RUN, .off = F(system),
@@ -200,15 +200,15 @@ const struct cli_opt cli_table[] = {
     {.lng = "out", .shrt = 'o', .kind = CLI_STR, .metavar = "FILE", .cmds = CLI_RUN,
      .off = F(out), .help = "with --prompts: write the results to FILE (temp name, then renamed) "
                             "instead of standard output"},
-    {.lng = "max-num-seqs", .kind = CLI_INT, .metavar = "N", .cmds = CLI_RUN | CLI_BENCH_BATCH | CLI_SERVE,
+    {.lng = "max-num-seqs", .kind = CLI_INT, .metavar = "N", .cmds = CLI_RUN | CLI_BENCH_BATCH,
      .off = F(max_num_seqs), .lo = 1, .hi = 65536, .must = "an integer in [1, 65536]",
      .help = "with --prompts: most sequences at once (default 64 on cuda, 8 on cpu)"},
     {.lng = "max-batch-tokens", .kind = CLI_INT, .metavar = "N",
-     .cmds = CLI_RUN | CLI_BENCH_BATCH | CLI_SERVE, .off = F(max_batch_tokens), .lo = 1, .hi = MAX_CTX,
+     .cmds = CLI_RUN | CLI_BENCH_BATCH, .off = F(max_batch_tokens), .lo = 1, .hi = MAX_CTX,
      .help = "with --prompts: tokens per engine step, decode tokens and prompt chunks together "
              "(default: --batch-size)"},
     {.lng = "kv-cache-gb", .kind = CLI_FLOAT, .metavar = "G",
-     .cmds = CLI_RUN | CLI_BENCH_BATCH | CLI_SERVE,
+     .cmds = CLI_RUN | CLI_BENCH_BATCH,
      .off = F(kv_cache_gb), .lo = 0, .hi = 1e6, .lo_open = true, .must = "a number of GB > 0",
      .help = "with --prompts: KV cache per rank in GB (default: 90% of the GPU memory free "
              "after the weights; on cpu --max-num-seqs full contexts)"},
@@ -240,10 +240,35 @@ const struct cli_opt cli_table[] = {
     {.lng = "port", .kind = CLI_INT, .metavar = "N", .cmds = CLI_SERVE, .off = F(port), .lo = 0,
      .hi = 65535, .def = "8000",
      .help = "TCP port (0: any free port; the one taken is printed: \"listening on ...\")"},
-    {.lng = "api-key", .kind = CLI_STR, .metavar = "KEY", .cmds = CLI_SERVE | CLI_BENCH_SERVE,
+    {.lng = "api-key", .kind = CLI_STR, .metavar = "KEY", .cmds = CLI_SERVE, .off = F(api_key),
+     .help = "require \"Authorization: Bearer KEY\" on /v1/*, /tokenize, /detokenize "
+             "(default: the environment's QSHARD_API_KEY, else none)"},
+    {.lng = "api-key", .kind = CLI_STR, .metavar = "KEY", .cmds = CLI_BENCH_SERVE,
      .off = F(api_key),
-     .help = "serve: require \"Authorization: Bearer KEY\" on /v1/*, /tokenize, /detokenize "
-             "(default: the environment's QSHARD_API_KEY, else none); bench serve: send it"},
+     .help = "send \"Authorization: Bearer KEY\" (default: the environment's QSHARD_API_KEY)"},
+    {.lng = "max-num-seqs", .kind = CLI_INT, .metavar = "N", .cmds = CLI_SERVE,
+     .off = F(max_num_seqs), .lo = 1, .hi = 65536, .must = "an integer in [1, 65536]",
+     .help = "most sequences in the batch at once (default 256 on cuda, 8 on cpu)"},
+    {.lng = "max-batch-tokens", .kind = CLI_INT, .metavar = "N", .cmds = CLI_SERVE,
+     .off = F(max_batch_tokens), .lo = 1, .hi = MAX_CTX,
+     .help = "tokens per engine step, decode tokens and prompt chunks together (default: "
+             "--batch-size)"},
+    {.lng = "kv-cache-gb", .kind = CLI_FLOAT, .metavar = "G", .cmds = CLI_SERVE,
+     .off = F(kv_cache_gb), .lo = 0, .hi = 1e6, .lo_open = true, .must = "a number of GB > 0",
+     .help = "KV cache per rank in GB (default: 90% of the GPU memory free after the weights; "
+             "on cpu --max-num-seqs full contexts)"},
+    {.lng = "chat-template", .kind = CLI_CHOICE, .metavar = "F", .cmds = CLI_SERVE,
+     .off = F(chat_template), .choices = "llama2|llama3|mistral|chatml|qwen",
+     .help = "the chat template family of /v1/chat/completions: llama2, llama3, mistral, "
+             "chatml, qwen (default: recognised from tokenizer_config.json)"},
+    {.lng = "ctx", .kind = CLI_INT, .metavar = "N", .cmds = CLI_SERVE, .off = F(ctx), .lo = 2,
+     .hi = MAX_CTX, .must = "an integer in [2, 16777216]",
+     .help = "context length in tokens: a prompt plus its max_tokens must fit (default: "
+             "min(max_position_embeddings, 4096))"},
+    {.lng = "seed", .kind = CLI_U64, .metavar = "S", .cmds = CLI_SERVE, .off = F(seed),
+     .help = "seeds the default seeds of requests without \"seed\" (default: from the clock)"},
+    {.lng = "seed", .kind = CLI_U64, .metavar = "S", .cmds = CLI_BENCH_SERVE, .off = F(seed),
+     .help = "seed of the random prompt token ids (default 0)"},
     {.lng = "served-model-name", .kind = CLI_STR, .metavar = "NAME", .cmds = CLI_SERVE,
      .off = F(served_model_name),
      .help = "the model's name in the API (default: MODEL as given, as vLLM)"},
@@ -332,12 +357,12 @@ const struct cli_opt cli_table[] = {
      .sec = CLI_SEC_SAMPLING, .off = F(repeat_penalty), .lo = 0, .hi = FLT_MAX, .lo_open = true,
      .def = "1", .must = "a number > 0",
      .help = "CTRL penalty on tokens already seen (1 = off)"},
-    {.lng = "seed", .kind = CLI_U64, .metavar = "S", .cmds = CLI_RUN | CLI_BENCH_BATCH | CLI_SERVE | CLI_BENCH_SERVE,
+    {.lng = "seed", .kind = CLI_U64, .metavar = "S", .cmds = CLI_RUN | CLI_BENCH_BATCH,
      .sec = CLI_SEC_SAMPLING, .off = F(seed),
      .help = "PRNG seed: the same seed gives the same output (default: from the clock, "
              "printed with -v)"},
     /* context */
-    {.lng = "ctx", .kind = CLI_INT, .metavar = "N", .cmds = CLI_RUN | CLI_LOGITS | CLI_SERVE,
+    {.lng = "ctx", .kind = CLI_INT, .metavar = "N", .cmds = CLI_RUN | CLI_LOGITS,
      .sec = CLI_SEC_CONTEXT, .off = F(ctx), .lo = 2, .hi = MAX_CTX,
      .must = "an integer in [2, 16777216]: the context holds at least one prompt token and one "
              "generated token",

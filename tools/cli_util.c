@@ -178,3 +178,10 @@ void cli_report_cancel(void)
     qs_log_error(__func__, "interrupted by signal %d: stopped after the step in progress",
                  (int)cli_cancel);
 }
+
+enum rt_device cli_resolve_device(struct rt_opts *o)
+{
+    if (o->device == RT_DEVICE_AUTO)
+        o->device = rt_cuda_available() ? RT_DEVICE_CUDA : RT_DEVICE_CPU;
+    return o->device;
+}

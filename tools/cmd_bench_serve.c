@@ -672,6 +672,10 @@ static int run_open(const struct cli_args *a, struct bs_run *r)
     size_t n = strlen(a->url);
     while (n && a->url[n - 1] == '/')
         n--;
+    if (n >= 3 && !memcmp(a->url + n - 3, "/v1", 3)) /* the OpenAI base URL: its server */
+        n -= 3;
+    while (n && a->url[n - 1] == '/')
+        n--;
     const char *key = a->api_key ? a->api_key : getenv("QSHARD_API_KEY");
     char *auth = NULL;
     /* "Expect:" turns off libcurl's 100-continue wait on large bodies (long prompts) */

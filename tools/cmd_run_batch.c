@@ -345,7 +345,7 @@ int cmd_run_prompts(const struct cli_args *a, const struct rt_sample_params *bas
     struct line *L = calloc((size_t)(n ? n : 1), sizeof(*L));
     enum rt_err e = L ? RT_ERR_NONE : RT_ERR_NOMEM;
     if (!e) {
-        const bool cuda = so.model.device != RT_DEVICE_CPU;
+        const bool cuda = cli_resolve_device(&so.model) == RT_DEVICE_CUDA;
         so.model.n_seqs = a->max_num_seqs > 0 ? (int)a->max_num_seqs : cuda ? 64 : 8;
         if (!(a->kv_cache_gb > 0))
             so.model.kv_mem_fraction = 0.9;

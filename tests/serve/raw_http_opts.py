@@ -235,11 +235,15 @@ def t_sigterm_cancel():
         t0 = time.monotonic()
         s.proc.send_signal(15)
         time.sleep(0.5)
+        t_h = time.monotonic()
         try:
             st, _, data = s.request("GET", "/health", timeout=5)
             T.check(st == 503, "shutting down: /health 503 (or refused)", (st, data))
-        except OSError:
-            T.check(True, "shutting down: new connections refused")
+        except ConnectionRefusedError:
+            T.check(time.monotonic() - t_h < 2, "shutting down: a new connection is refused at "
+                    "once (not left waiting)", time.monotonic() - t_h)
+        except OSError as e:
+            T.check(False, "shutting down: a new connection is answered 503 or refused", repr(e))
         buf = read_to_eof(sk, buf, 2 + 15 * SLOW)
         t_end = time.monotonic() - t0
         n_tok = offline_count(streamed_text(http_body(buf)))

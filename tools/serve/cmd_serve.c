@@ -52,7 +52,7 @@ int cmd_serve(int argc, char **argv)
         return cli_usage_error("--api-key (or QSHARD_API_KEY) must not be empty");
     if (!o.model_name[0])
         return cli_usage_error("--served-model-name must not be empty");
-    const bool cuda = o.session.model.device != RT_DEVICE_CPU;
+    const bool cuda = cli_resolve_device(&o.session.model) == RT_DEVICE_CUDA;
     o.session.model.n_seqs = a.max_num_seqs > 0 ? (int)a.max_num_seqs : cuda ? 256 : 8;
     if (!(a.kv_cache_gb > 0))
         o.session.model.kv_mem_fraction = 0.9;

@@ -120,7 +120,11 @@ static bool num(struct parse *p, const char *key, double lo, double hi, bool int
         return false;
     }
     if (x->valuedouble < lo || x->valuedouble > hi) {
-        bad(p, key, "'%s' must be in [%g, %g], got %g", key, lo, hi, x->valuedouble);
+        if (integer)
+            bad(p, key, "'%s' must be an integer in [%.0f, %.0f], got %.17g", key, lo, hi,
+                x->valuedouble);
+        else
+            bad(p, key, "'%s' must be in [%g, %g], got %.17g", key, lo, hi, x->valuedouble);
         return false;
     }
     *v = x->valuedouble;
@@ -433,7 +437,16 @@ static bool chat_prompt(struct parse *p, struct srv_req *r, int32_t *extra_eos)
                                      .family = p->v->o.chat_family};
         int32_t *v = NULL;
         size_t len = 0;
-        ok = encode(p, &rp, "messages", &v, &len);
+        if (p->v->o.chat_family == RT_CHAT_NONE && rt_session_tok(p->v->s) &&
+            rt_chat_detect(rt_session_tok(p->v->s)) == RT_CHAT_NONE) {
+            srv_error_set(p->err, 400, "invalid_request_error", "messages", NULL,
+                          "this model has no chat template the server recognises (its "
+                          "tokenizer_config.json); the server must be started with "
+                          "--chat-template llama2|llama3|mistral|chatml|qwen");
+            p->bad = true;
+            ok = false;
+        }
+        ok = ok && encode(p, &rp, "messages", &v, &len);
         if (ok) {
             set_prompt(r, 0, v, len);
             *extra_eos = rt_session_chat_end(p->v->s, &rp);
@@ -538,6 +551,15 @@ static long max_tokens(struct parse *p, struct srv_req *r)
     for (int k = 0; k < r->n_prompts; k++) {
         const long np = (long)r->n_prompt_ids[k];
         const long want = max > 0 ? max : r->kind == SRV_COMPLETION ? 16 : ctx - np;
+        const char *what = r->kind == SRV_CHAT ? "messages" : "prompt";
+        if (np >= ctx && max <= 0) {
+            srv_error_set(p->err, 400, "invalid_request_error", what, "context_length_exceeded",
+                          "This model's maximum context length is %ld tokens. However, your %s "
+                          "has %ld tokens (one position must stay free to generate). Please "
+                          "reduce the length of the %s.", ctx, what, np, what);
+            p->bad = true;
+            return -1;
+        }
         if (np >= ctx || (max > 0 && np + want > ctx)) {
             srv_error_set(p->err, 400, "invalid_request_error", "max_tokens",
                           "context_length_exceeded",

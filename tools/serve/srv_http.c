@@ -11,6 +11,7 @@
 /* POLLRDHUP needs _GNU_SOURCE (the Makefile defines it) */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -418,11 +419,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!atomic_load(&v->ready))
         return reply_err(v, c, 503, "service_unavailable", NULL,
                          "the model is still loading; retry when /health answers 200");
-    if (rt == R_MODELS)
+    if (rt == R_MODELS) {
+        log_request(NULL, method, url, 200, k->t0, NULL);
         return reply(v, c, 200, srv_models_json(v), "application/json");
+    }
     if (rt == R_TOKENIZE || rt == R_DETOKENIZE) {
         struct srv_error e = {0};
         char *s = srv_tokenize_json(v, k->body ? k->body : "", k->n, rt == R_DETOKENIZE, &e);
+        log_request(NULL, method, url, e.status ? e.status : 200, k->t0,
+                    e.status ? e.message : NULL);
         return e.status ? reply_error(v, c, &e) : reply(v, c, 200, s, "application/json");
     }
     return completion(v, c, k, rt == R_CHAT ? SRV_CHAT : SRV_COMPLETION);
@@ -489,9 +494,24 @@ static struct MHD_Daemon *start_daemon(struct srv *v, unsigned *port)
         a6->sin6_family = AF_INET6;
         a6->sin6_port = htons((uint16_t)v->o.port);
         flags |= MHD_USE_IPv6;
-    } else {
-        qs_log_error("serve", "--host '%s' is not an IPv4 or IPv6 address", v->o.host);
-        return NULL;
+    } else { /* a name: its first address (localhost -> 127.0.0.1, as vLLM binds it) */
+        struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+        if (getaddrinfo(v->o.host, NULL, &hints, &ai) != 0 || !ai ||
+            ai->ai_addrlen > sizeof ss) {
+            qs_log_error("serve", "--host '%s' is neither an IP address nor a name this "
+                         "machine resolves", v->o.host);
+            if (ai)
+                freeaddrinfo(ai);
+            return NULL;
+        }
+        memcpy(&ss, ai->ai_addr, ai->ai_addrlen);
+        if (ai->ai_family == AF_INET6) {
+            a6->sin6_port = htons((uint16_t)v->o.port);
+            flags |= MHD_USE_IPv6;
+        } else {
+            a4->sin_port = htons((uint16_t)v->o.port);
+        }
+        freeaddrinfo(ai);
     }
     struct rlimit rl;
     unsigned limit = 4096;
@@ -514,7 +534,7 @@ static struct MHD_Daemon *start_daemon(struct srv *v, unsigned *port)
         MHD_OPTION_END);
     if (!d) {
         qs_log_error("serve", "cannot listen on %s port %d (in use, or not an address of this "
-                     "machine)", v->o.host, v->o.port);
+                     "machine; --port 0 takes any free port)", v->o.host, v->o.port);
         return NULL;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
@@ -569,6 +589,8 @@ static void drain(struct srv *v, struct MHD_Daemon *d, const sigset_t *set, int 
             v->o.shutdown_timeout_s);
     atomic_store(&v->draining, true);
     const MHD_socket lfd = MHD_quiesce_daemon(d);
+    if (lfd != MHD_INVALID_SOCKET) /* new connections are refused at once, not left waiting */
+        close(lfd);
     const double t_end = qs_now_s() + v->o.shutdown_timeout_s;
     while (atomic_load(&v->n_open) > 0 && qs_now_s() < t_end)
         if (wait_signal(set, 50))
@@ -578,8 +600,6 @@ static void drain(struct srv *v, struct MHD_Daemon *d, const sigset_t *set, int 
     while (atomic_load(&v->n_open) > 0 && qs_now_s() < t_conn)
         wait_signal(set, 20);
     MHD_stop_daemon(d);
-    if (lfd != MHD_INVALID_SOCKET)
-        close(lfd);
 }
 
 int srv_run(const struct srv_opts *o)
@@ -614,6 +634,13 @@ int srv_run(const struct srv_opts *o)
         rc = load(&v);
     if (!sig && !rc) {
         atomic_store(&v.ready, true);
+        if (o->api_key)
+            qs_log_info("an API key is required on /v1/* (--api-key or QSHARD_API_KEY)");
+        if (o->chat_family == RT_CHAT_NONE &&
+            (!rt_session_tok(v.s) || rt_chat_detect(rt_session_tok(v.s)) == RT_CHAT_NONE))
+            qs_log_warn("no chat template recognised in the model's tokenizer_config.json: "
+                        "/v1/chat/completions answers 400 unless the server is started with "
+                        "--chat-template");
         fprintf(stderr, "qshard serve: ready\n");
         qs_log_info("serving %s as '%s': context %d tokens, up to %d KV blocks of %d tokens",
                     o->session.path, v.model_name, v.n_ctx, v.st.blocks_total,
