@@ -57,8 +57,7 @@ char *srv_error_json(const struct srv_error *e)
     return s;
 }
 
-/* The last library error of this thread without its "where: " prefix. */
-static const char *last_msg(enum rt_err e)
+const char *srv_last_msg(enum rt_err e)
 {
     const char *m = qs_log_last();
     if (!m[0])
@@ -200,7 +199,7 @@ static void sampling(struct parse *p, struct rt_gen_params *gp, bool *seeded, ui
         rt_session_sampling_defaults(p->v->s, given, s);
     qs_log_clear();
     if (!p->bad && rt_sample_params_check(s) != RT_SAMPLE_ERR_NONE) /* e.g. 1e-300 -> 0.0f */
-        bad(p, NULL, "%s", last_msg(RT_ERR_ARG));
+        bad(p, NULL, "%s", srv_last_msg(RT_ERR_ARG));
 }
 
 /* stop: a string or a list of up to RT_GEN_MAX_STOPS non-empty UTF-8 strings. */
@@ -267,7 +266,7 @@ static bool encode(struct parse *p, const struct rt_prompt *pr, const char *para
         srv_error_set(p->err, 500, "server_error", NULL, NULL, "out of memory");
         p->bad = true;
     } else if (e) {
-        bad(p, param, "%s", last_msg(e));
+        bad(p, param, "%s", srv_last_msg(e));
     }
     return !e;
 }
@@ -377,22 +376,12 @@ static const char *msg_content(struct parse *p, const cJSON *c, char **own)
                 "are supported");
             return NULL;
         }
-        const size_t n = strlen(x->valuestring);
-        if (len + n + 2 > cap) {
-            cap = 2 * (len + n + 2);
-            char *q = realloc(s, cap);
-            if (!q) {
-                free(s);
-                bad(p, NULL, "out of memory");
-                return NULL;
-            }
-            s = q;
+        if ((len && !srv_append(&s, &len, &cap, "\n", 1)) ||
+            !srv_append(&s, &len, &cap, x->valuestring, strlen(x->valuestring))) {
+            free(s);
+            bad(p, NULL, "out of memory");
+            return NULL;
         }
-        if (len)
-            s[len++] = '\n';
-        memcpy(s + len, x->valuestring, n);
-        len += n;
-        s[len] = '\0';
     }
     *own = s ? s : strdup("");
     return *own;
@@ -609,7 +598,9 @@ static bool make_choices(struct parse *p, struct srv_req *r, const struct rt_gen
     return true;
 }
 
-bool srv_json_too_many(const char *body, size_t len, size_t max)
+/* Whether a JSON text has more than max values in arrays and objects (commas outside
+ * strings), counted before cJSON builds them. */
+static bool json_too_many(const char *body, size_t len, size_t max)
 {
     size_t n = 0;
     bool in_str = false;
@@ -629,7 +620,8 @@ bool srv_json_too_many(const char *body, size_t len, size_t max)
     return false;
 }
 
-bool srv_json_has_nul(const char *body, size_t len)
+/* Whether a JSON text holds the escape \u0000 (cJSON would end the string there). */
+static bool json_has_nul(const char *body, size_t len)
 {
     for (size_t i = 0; i + 1 < len; i++)
         if (body[i] == '\\') {
@@ -640,7 +632,9 @@ bool srv_json_has_nul(const char *body, size_t len)
     return false;
 }
 
-cJSON *srv_json_parse(const char *body, size_t len, size_t *bad_at)
+/* One JSON text, nothing but whitespace after it, no NUL byte; NULL when malformed (*bad_at:
+ * the byte offset of the trouble). */
+static cJSON *json_parse(const char *body, size_t len, size_t *bad_at)
 {
     const char *nul = memchr(body, 0, len); /* cJSON would end a string there */
     if (nul) {
@@ -661,6 +655,58 @@ cJSON *srv_json_parse(const char *body, size_t len, size_t *bad_at)
     return j;
 }
 
+cJSON *srv_body_json(struct srv *v, const char *body, size_t len, size_t max_values,
+                     const char *too_many, struct srv_error *err)
+{
+    if (json_has_nul(body, len)) { /* cJSON's strings end at a NUL: it would cut the text */
+        srv_error_set(err, 400, "invalid_request_error", NULL, NULL,
+                      "strings with a NUL character (\\u0000) are not supported");
+        return NULL;
+    }
+    if (json_too_many(body, len, max_values)) {
+        srv_error_set(err, 400, "invalid_request_error", NULL, NULL,
+                      "the body holds more than %zu values: %s", max_values, too_many);
+        return NULL;
+    }
+    size_t bad_at = 0;
+    const bool big = len > SRV_BIG_BODY;
+    if (big)
+        sem_wait(&v->big_parse);
+    cJSON *o = json_parse(body, len, &bad_at);
+    if (big)
+        sem_post(&v->big_parse);
+    if (!o) {
+        srv_error_set(err, 400, "invalid_request_error", NULL, NULL,
+                      "the body is not valid JSON (near byte %zu)", bad_at);
+        return NULL;
+    }
+    if (!cJSON_IsObject(o)) {
+        srv_error_set(err, 400, "invalid_request_error", NULL, NULL,
+                      "the body must be a JSON object");
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return o;
+}
+
+bool srv_check_model(const struct srv *v, const cJSON *o, struct srv_error *err)
+{
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "model");
+    if (!m || cJSON_IsNull(m))
+        return true;
+    if (!cJSON_IsString(m)) {
+        srv_error_set(err, 400, "invalid_request_error", "model", NULL, "'model' must be a string");
+        return false;
+    }
+    if (strcmp(m->valuestring, v->model_name)) {
+        srv_error_set(err, 404, "invalid_request_error", "model", "model_not_found",
+                      "The model `%.200s` does not exist (this server has `%.200s`).",
+                      m->valuestring, v->model_name);
+        return false;
+    }
+    return true;
+}
+
 struct srv_req *srv_req_parse(struct srv *v, enum srv_kind kind, const char *body, size_t len,
                               struct srv_error *err)
 {
@@ -679,45 +725,16 @@ struct srv_req *srv_req_parse(struct srv *v, enum srv_kind kind, const char *bod
     snprintf(r->id, sizeof r->id, "%s-%016llx%08llx", kind == SRV_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)srv_random(v), (unsigned long long)(srv_random(v) >> 32));
     struct parse p = {.v = v, .err = err};
-    if (srv_json_has_nul(body, len)) { /* cJSON's strings end at a NUL: it would cut the text */
-        srv_error_set(err, 400, "invalid_request_error", NULL, NULL,
-                      "strings with a NUL character (\\u0000) are not supported");
-        goto fail;
-    }
     /* the most values a request can need: every prompt a full context of ids, and slack */
-    const size_t most = (size_t)(SRV_MAX_PROMPTS + 1) * (size_t)(v->n_ctx + 1) + 65536;
-    if (srv_json_too_many(body, len, most)) {
-        srv_error_set(err, 400, "invalid_request_error", NULL, NULL,
-                      "the body holds more than %zu values: more token ids than %d prompts of "
-                      "the context (%d tokens) can hold", most, SRV_MAX_PROMPTS, v->n_ctx);
+    char why[160];
+    snprintf(why, sizeof why, "more token ids than %d prompts of the context (%d tokens) can "
+             "hold", SRV_MAX_PROMPTS, v->n_ctx);
+    r->body = srv_body_json(v, body, len,
+                            (size_t)(SRV_MAX_PROMPTS + 1) * (size_t)(v->n_ctx + 1) + 65536, why,
+                            err);
+    if (!r->body || !srv_check_model(v, r->body, err))
         goto fail;
-    }
-    size_t bad_at = 0;
-    const bool big = len > SRV_BIG_BODY;
-    if (big)
-        sem_wait(&v->big_parse);
-    r->body = srv_json_parse(body, len, &bad_at);
-    if (big)
-        sem_post(&v->big_parse);
-    if (!r->body) {
-        srv_error_set(err, 400, "invalid_request_error", NULL, NULL,
-                      "the body is not valid JSON (near byte %zu)", bad_at);
-        goto fail;
-    }
     p.o = r->body;
-    if (!cJSON_IsObject(p.o)) {
-        bad(&p, NULL, "the body must be a JSON object");
-        goto fail;
-    }
-    const cJSON *m = field(&p, "model");
-    if (m && !cJSON_IsString(m))
-        bad(&p, "model", "'model' must be a string");
-    else if (m && strcmp(m->valuestring, v->model_name)) {
-        srv_error_set(err, 404, "invalid_request_error", "model", "model_not_found",
-                      "The model `%.200s` does not exist (this server has `%.200s`).",
-                      m->valuestring, v->model_name);
-        goto fail;
-    }
     unsupported(&p);
     struct rt_gen_params gp = rt_gen_params_default();
     bool seeded = false;

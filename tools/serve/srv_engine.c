@@ -25,34 +25,14 @@ static void hist_observe(struct srv_hist *h, double x)
     h->total++;
 }
 
-/* Grow a buffer to hold n more bytes plus a NUL. */
-static bool grow(char **buf, size_t len, size_t n, size_t *cap)
-{
-    if (len + n + 1 <= *cap)
-        return true;
-    size_t c = *cap ? *cap : 256;
-    while (c < len + n + 1)
-        c *= 2;
-    char *p = realloc(*buf, c);
-    if (!p)
-        return false;
-    *buf = p;
-    *cap = c;
-    return true;
-}
-
 static enum rt_err on_text(void *user, const char *t, size_t n)
 {
     struct srv_choice *c = user;
     struct srv_req *r = c->r;
     pthread_mutex_lock(&r->mu);
-    const bool ok = grow(&c->text, c->n_text, n, &c->cap_text);
-    if (ok) {
-        memcpy(c->text + c->n_text, t, n);
-        c->n_text += n;
-        c->text[c->n_text] = '\0';
+    const bool ok = srv_append(&c->text, &c->n_text, &c->cap_text, t, n);
+    if (ok)
         pthread_cond_broadcast(&r->cv);
-    }
     pthread_mutex_unlock(&r->mu);
     return ok ? RT_ERR_NONE : RT_ERR_NOMEM;
 }
@@ -367,7 +347,7 @@ static void sb_printf(struct sbuf *b, const char *fmt, ...)
             b->n += (size_t)k;
             return;
         }
-        if (!grow(&b->p, b->n, (size_t)k + 256, &b->cap)) {
+        if (!srv_reserve(&b->p, b->n, (size_t)k + 256, &b->cap)) {
             b->bad = true;
             return;
         }

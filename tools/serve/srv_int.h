@@ -180,14 +180,23 @@ char *srv_req_response(struct srv_req *r, int *status);
 /* Append what can be streamed now (SSE events) to *buf; returns false when the stream is
  * complete ([DONE] appended). Call with r->mu held. */
 bool srv_req_stream(struct srv_req *r, char **buf, size_t *len, size_t *cap);
-/* One JSON text, nothing but whitespace after it, no NUL byte; NULL when malformed (*bad_at:
- * the byte offset of the trouble). */
-cJSON *srv_json_parse(const char *body, size_t len, size_t *bad_at);
-/* Whether a JSON text has more than max values in arrays and objects (commas outside
- * strings), counted before cJSON builds them. */
-bool srv_json_too_many(const char *body, size_t len, size_t max);
-/* Whether a JSON text holds the escape \u0000 (cJSON would end the string there). */
-bool srv_json_has_nul(const char *body, size_t len);
+/* A request body as its JSON object, with the checks every endpoint needs before cJSON: no
+ * NUL (raw or \u0000: cJSON's strings would end there), at most max_values values (too_many:
+ * why that bound, for the message), then at most SRV_BIG_PARSES parses of big bodies at once,
+ * one JSON text and nothing after it, an object. NULL with *err (400) otherwise. */
+cJSON *srv_body_json(struct srv *v, const char *body, size_t len, size_t max_values,
+                     const char *too_many, struct srv_error *err);
+/* The body's "model", when given, names the served model: else false with *err (400 not a
+ * string, 404 model_not_found). */
+bool srv_check_model(const struct srv *v, const cJSON *o, struct srv_error *err);
+/* The last library error of this thread without its "where: " prefix (rt_err_str(e) when
+ * none was reported). */
+const char *srv_last_msg(enum rt_err e);
+/* Room in a growable buffer *buf [*cap] holding len bytes for n more and a NUL (doubling);
+ * false when out of memory (the buffer unchanged). */
+bool srv_reserve(char **buf, size_t len, size_t n, size_t *cap);
+/* Append s[n] to *buf [*len of *cap], NUL after it; false when out of memory. */
+bool srv_append(char **buf, size_t *len, size_t *cap, const char *s, size_t n);
 /* The error body {"error": {...}} (malloc'd). */
 char *srv_error_json(const struct srv_error *e);
 /* Fill *e; returns e->status. */

@@ -202,22 +202,37 @@ char *srv_req_response(struct srv_req *r, int *status)
 
 // --- streaming ---------------------------------------------------------------------------------
 
-static bool append(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
+bool srv_reserve(char **buf, size_t len, size_t n, size_t *cap)
 {
-    if (*len + n + 1 > *cap) {
-        size_t c = *cap ? *cap : 1024;
-        while (c < *len + n + 1)
-            c *= 2;
-        char *p = realloc(*buf, c);
-        if (!p)
-            return false;
-        *buf = p;
-        *cap = c;
-    }
+    if (len + n + 1 <= *cap)
+        return true;
+    size_t c = *cap ? *cap : 256;
+    while (c < len + n + 1)
+        c *= 2;
+    char *p = realloc(*buf, c);
+    if (!p)
+        return false;
+    *buf = p;
+    *cap = c;
+    return true;
+}
+
+bool srv_append(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
+{
+    if (!srv_reserve(buf, *len, n, cap))
+        return false;
     memcpy(*buf + *len, s, n);
     *len += n;
     (*buf)[*len] = '\0';
     return true;
+}
+
+/* One SSE event "data: <s>\n\n". */
+static void event_str(const char *s, char **buf, size_t *len, size_t *cap)
+{
+    srv_append(buf, len, cap, "data: ", 6);
+    srv_append(buf, len, cap, s, strlen(s));
+    srv_append(buf, len, cap, "\n\n", 2);
 }
 
 /* One SSE event "data: <o>\n\n" (o freed). */
@@ -225,11 +240,8 @@ static void event(cJSON *o, char **buf, size_t *len, size_t *cap)
 {
     char *s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
-    if (!s)
-        return;
-    append(buf, len, cap, "data: ", 6);
-    append(buf, len, cap, s, strlen(s));
-    append(buf, len, cap, "\n\n", 2);
+    if (s)
+        event_str(s, buf, len, cap);
     free(s);
 }
 
@@ -308,12 +320,9 @@ bool srv_req_stream(struct srv_req *r, char **buf, size_t *len, size_t *cap)
             struct srv_error e = {0};
             srv_choice_error(c, &e);
             char *s = srv_error_json(&e);
-            if (s) {
-                append(buf, len, cap, "data: ", 6);
-                append(buf, len, cap, s, strlen(s));
-                append(buf, len, cap, "\n\n", 2);
-                free(s);
-            }
+            if (s)
+                event_str(s, buf, len, cap);
+            free(s);
         } else {
             event(chunk(r, c, "", 0, false, 0, 0, c->n_ids, c->n_ids, finish_str(c)), buf, len, cap);
         }
@@ -329,7 +338,7 @@ bool srv_req_stream(struct srv_req *r, char **buf, size_t *len, size_t *cap)
     }
     if (!r->done_sent) {
         r->done_sent = true;
-        append(buf, len, cap, "data: [DONE]\n\n", 14);
+        srv_append(buf, len, cap, "data: [DONE]\n\n", 14);
     }
     return false;
 }
@@ -395,10 +404,9 @@ static bool tokenize_ids(struct srv *v, const cJSON *o, struct srv_error *err, i
     qs_log_clear();
     enum rt_err e = rt_session_encode(v->s, &p, ids, n);
     if (e) {
-        const char *m = qs_log_last(), *c = strstr(m, ": ");
         srv_error_set(err, e == RT_ERR_NOMEM ? 500 : 400,
                       e == RT_ERR_NOMEM ? "server_error" : "invalid_request_error",
-                      pr ? "prompt" : "messages", NULL, "%s", c ? c + 2 : rt_err_str(e));
+                      pr ? "prompt" : "messages", NULL, "%s", srv_last_msg(e));
         return false;
     }
     return true;
@@ -407,31 +415,14 @@ static bool tokenize_ids(struct srv *v, const cJSON *o, struct srv_error *err, i
 char *srv_tokenize_json(struct srv *v, const char *body, size_t len, bool detokenize,
                         struct srv_error *err)
 {
-    size_t bad_at = 0;
-    const bool big = len > SRV_BIG_BODY;
-    if (big)
-        sem_wait(&v->big_parse);
-    cJSON *o = srv_json_has_nul(body, len) ||
-                       srv_json_too_many(body, len, (size_t)4 * (size_t)v->n_ctx + 65536)
-                   ? NULL
-                   : srv_json_parse(body, len, &bad_at),
+    cJSON *o = srv_body_json(v, body, len, (size_t)4 * (size_t)v->n_ctx + 65536,
+                             "more token ids than four contexts", err),
           *out = NULL;
-    if (big)
-        sem_post(&v->big_parse);
     int32_t *ids = NULL;
     size_t n = 0;
     char *text = NULL;
-    if (!cJSON_IsObject(o)) {
-        srv_error_set(err, 400, "invalid_request_error", NULL, NULL,
-                      "the body must be a JSON object (strings without \\u0000)");
+    if (!o || !srv_check_model(v, o, err))
         goto done;
-    }
-    const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "model");
-    if (m && !cJSON_IsNull(m) && (!cJSON_IsString(m) || strcmp(m->valuestring, v->model_name))) {
-        srv_error_set(err, 404, "invalid_request_error", "model", "model_not_found",
-                      "The model does not exist (this server has `%.200s`).", v->model_name);
-        goto done;
-    }
     if (!rt_session_tok(v->s)) {
         srv_error_set(err, 400, "invalid_request_error", NULL, NULL,
                       "the model has no tokenizer");
