@@ -5,6 +5,7 @@
 #include "qs_util.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,11 +72,12 @@ enum qs_write_err qs_write_atomic(const char *where, const char *path,
         e = errno, step = "fsync of";
     if (close(fd) != 0 && !e)
         e = errno, step = "closing";
+    bool renaming = false;
     if (!e && rename(tmp, path) != 0)
-        e = errno, step = "renaming";
+        e = errno, step = "renaming", renaming = true;
     if (e) {
-        qs_log_error(where, "%s %s%s%s: %s", step, tmp, strcmp(step, "renaming") ? "" : " to ",
-                     strcmp(step, "renaming") ? "" : path, strerror(e));
+        qs_log_error(where, "%s %s%s%s: %s", step, tmp, renaming ? " to " : "",
+                     renaming ? path : "", strerror(e));
         unlink(tmp);
         err = QS_WRITE_IO;
     }

@@ -181,6 +181,14 @@ struct rt_opts cli_model_opts(const struct cli_args *a);
 
 /* --- cli_util.c ------------------------------------------------------------------------------ */
 
+/* Mean, p50 and p99 of a latency sample (benchmarks: bench batch, bench serve). */
+struct cli_summary {
+    double mean, p50, p99;
+};
+/* The summary of v[n] times scale (1e3: seconds to ms); sorts v. Percentiles by nearest rank:
+ * the value at ceil(p / 100 * n) - 1 of the sorted sample. Zeros for n = 0. */
+struct cli_summary cli_summarize(double *v, size_t n, double scale);
+
 /* o->device with AUTO resolved (CUDA when rt_cuda_available(), else CPU), written back and
  * returned: for defaults that depend on the device (--max-num-seqs). */
 enum rt_device cli_resolve_device(struct rt_opts *o);

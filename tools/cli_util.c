@@ -185,3 +185,31 @@ enum rt_device cli_resolve_device(struct rt_opts *o)
         o->device = rt_cuda_available() ? RT_DEVICE_CUDA : RT_DEVICE_CPU;
     return o->device;
 }
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Index of the p-th percentile of n >= 1 sorted values, nearest rank. */
+static size_t rank_index(size_t n, unsigned p)
+{
+    const size_t i = (p * n + 99) / 100; /* ceil(p n / 100) */
+    return i ? (i > n ? n - 1 : i - 1) : 0;
+}
+
+struct cli_summary cli_summarize(double *v, size_t n, double scale)
+{
+    struct cli_summary s = {0, 0, 0};
+    if (!n)
+        return s;
+    qsort(v, n, sizeof(double), cmp_double);
+    double sum = 0;
+    for (size_t i = 0; i < n; i++)
+        sum += v[i];
+    s.mean = scale * sum / (double)n;
+    s.p50 = scale * v[rank_index(n, 50)];
+    s.p99 = scale * v[rank_index(n, 99)];
+    return s;
+}

@@ -9,7 +9,6 @@
  * decode graphs of the batch sizes). Prefix caching is off (random prompts share nothing anyway).
  * Test: ./build/test_cli_batch (rows, counts, -o json).
  */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,28 +45,6 @@ static void on_finish(void *user, const struct rt_engine_done *d)
     b->ttft[b->n] = d->ttft_s;
     b->tpot[b->n] = n > 1 ? (d->t_total_s - d->ttft_s) / (double)(n - 1) : 0.0;
     b->n++;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double pct(const double *v, long n, double p)
-{
-    if (n < 1)
-        return 0.0;
-    long i = (long)ceil(p / 100.0 * (double)n) - 1;
-    return v[i < 0 ? 0 : i >= n ? n - 1 : i];
-}
-
-static double mean(const double *v, long n)
-{
-    double s = 0;
-    for (long i = 0; i < n; i++)
-        s += v[i];
-    return n ? s / (double)n : 0.0;
 }
 
 /* One test: n_req requests of in + out tokens, at most conc at once. */
@@ -167,9 +144,8 @@ int cmd_bench_batch(int argc, char **argv)
             const double out_tps = (double)b.gen / secs;
             const double tot_tps = (double)(b.gen + n_req * a.input_len) / secs;
             const double step_ms = steps ? 1e3 * secs / (double)steps : 0.0;
-            const double ttft_mean = mean(b.ttft, b.n), tpot_mean = mean(b.tpot, b.n);
-            qsort(b.ttft, (size_t)b.n, sizeof(double), cmp_d);
-            qsort(b.tpot, (size_t)b.n, sizeof(double), cmp_d);
+            const struct cli_summary ttft = cli_summarize(b.ttft, (size_t)b.n, 1e3);
+            const struct cli_summary tpot = cli_summarize(b.tpot, (size_t)b.n, 1e3);
             if (json) {
                 cJSON *o = cJSON_CreateObject();
                 cJSON_AddNumberToObject(o, "concurrency", conc);
@@ -180,12 +156,12 @@ int cmd_bench_batch(int argc, char **argv)
                 cJSON_AddNumberToObject(o, "seconds", secs);
                 cJSON_AddNumberToObject(o, "output_tok_s", out_tps);
                 cJSON_AddNumberToObject(o, "total_tok_s", tot_tps);
-                cJSON_AddNumberToObject(o, "ttft_ms_mean", 1e3 * ttft_mean);
-                cJSON_AddNumberToObject(o, "ttft_ms_p50", 1e3 * pct(b.ttft, b.n, 50));
-                cJSON_AddNumberToObject(o, "ttft_ms_p99", 1e3 * pct(b.ttft, b.n, 99));
-                cJSON_AddNumberToObject(o, "tpot_ms_mean", 1e3 * tpot_mean);
-                cJSON_AddNumberToObject(o, "tpot_ms_p50", 1e3 * pct(b.tpot, b.n, 50));
-                cJSON_AddNumberToObject(o, "tpot_ms_p99", 1e3 * pct(b.tpot, b.n, 99));
+                cJSON_AddNumberToObject(o, "ttft_ms_mean", ttft.mean);
+                cJSON_AddNumberToObject(o, "ttft_ms_p50", ttft.p50);
+                cJSON_AddNumberToObject(o, "ttft_ms_p99", ttft.p99);
+                cJSON_AddNumberToObject(o, "tpot_ms_mean", tpot.mean);
+                cJSON_AddNumberToObject(o, "tpot_ms_p50", tpot.p50);
+                cJSON_AddNumberToObject(o, "tpot_ms_p99", tpot.p99);
                 cJSON_AddNumberToObject(o, "steps", (double)steps);
                 cJSON_AddNumberToObject(o, "step_ms_mean", step_ms);
                 cJSON_AddNumberToObject(o, "peak_kv_blocks", st.peak_blocks_used);
@@ -195,9 +171,8 @@ int cmd_bench_batch(int argc, char **argv)
             } else {
                 printf("| %d | %ld | %ld | %ld | %.1f | %.1f | %.1f / %.1f / %.1f | %.2f / %.2f / "
                        "%.2f | %.2f | %d of %d |\n", conc, n_req, a.input_len, a.output_len,
-                       out_tps, tot_tps, 1e3 * ttft_mean, 1e3 * pct(b.ttft, b.n, 50),
-                       1e3 * pct(b.ttft, b.n, 99), 1e3 * tpot_mean, 1e3 * pct(b.tpot, b.n, 50),
-                       1e3 * pct(b.tpot, b.n, 99), step_ms, st.peak_blocks_used, st.blocks_total);
+                       out_tps, tot_tps, ttft.mean, ttft.p50, ttft.p99, tpot.mean, tpot.p50,
+                       tpot.p99, step_ms, st.peak_blocks_used, st.blocks_total);
                 fflush(stdout);
             }
         }

@@ -123,11 +123,6 @@ struct bs_slot {
     char errbuf[CURL_ERROR_SIZE];
 };
 
-/* Mean and percentiles of a sample, in ms. */
-struct bs_sum {
-    double mean, p50, p99;
-};
-
 // --- small helpers -------------------------------------------------------------------------
 
 /* Append n bytes to b (allocating it even for n = 0), keeping a NUL after them; false when out
@@ -188,37 +183,6 @@ static uint64_t splitmix64(uint64_t *x)
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
-}
-
-/* qsort comparator of doubles, ascending. */
-static int cmp_d(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* Index of the p-th percentile of n sorted values, nearest rank (ceil(p/100 n) - 1, as bench
- * batch's pct); n >= 1. */
-static size_t rank_index(size_t n, unsigned p)
-{
-    size_t i = (p * n + 99) / 100;
-    return i ? (i > n ? n - 1 : i - 1) : 0;
-}
-
-/* Mean, p50 and p99 of v[n] seconds, in ms; sorts v. Zeros for an empty sample. */
-static struct bs_sum summarize(double *v, size_t n)
-{
-    struct bs_sum s = {0, 0, 0};
-    if (!n)
-        return s;
-    qsort(v, n, sizeof(double), cmp_d);
-    double sum = 0;
-    for (size_t i = 0; i < n; i++)
-        sum += v[i];
-    s.mean = 1e3 * sum / (double)n;
-    s.p50 = 1e3 * v[rank_index(n, 50)];
-    s.p99 = 1e3 * v[rank_index(n, 99)];
-    return s;
 }
 
 /* The message of an OpenAI-style error object in j ({"error": {"message": M}}, {"error": M},
@@ -821,7 +785,7 @@ static void report_md_head(const struct bs_run *r, const char *date)
 }
 
 /* Add the mean / p50 / p99 of s to o as KEY_mean, KEY_p50, KEY_p99 (ms). */
-static void json_sum(cJSON *o, const char *key, struct bs_sum s)
+static void json_sum(cJSON *o, const char *key, struct cli_summary s)
 {
     char k[32];
     snprintf(k, sizeof(k), "%s_mean", key);
@@ -840,10 +804,10 @@ static bool report_test(const struct bs_run *r, struct bs_test *t, cJSON *tests)
     const double secs = t->secs > 0 ? t->secs : 1e-9;
     const double req_s = (double)t->n_ok / secs, out_tps = (double)t->out_tokens / secs;
     const double tot_tps = (double)(t->out_tokens + t->n_ok * r->in_len) / secs;
-    const struct bs_sum ttft = summarize(t->ttft, (size_t)t->n_ok);
-    const struct bs_sum tpot = summarize(t->tpot, (size_t)t->n_tpot);
-    const struct bs_sum itl = summarize(t->itl, t->n_itl);
-    const struct bs_sum e2e = summarize(t->e2e, (size_t)t->n_ok);
+    const struct cli_summary ttft = cli_summarize(t->ttft, (size_t)t->n_ok, 1e3);
+    const struct cli_summary tpot = cli_summarize(t->tpot, (size_t)t->n_tpot, 1e3);
+    const struct cli_summary itl = cli_summarize(t->itl, t->n_itl, 1e3);
+    const struct cli_summary e2e = cli_summarize(t->e2e, (size_t)t->n_ok, 1e3);
     if (!tests) {
         printf("| %d | %ld | %ld | %ld | %ld | %.2f | %.2f | %.1f | %.1f | %.1f / %.1f / %.1f "
                "| %.2f / %.2f / %.2f | %.2f / %.2f / %.2f | %.1f / %.1f / %.1f |\n",
