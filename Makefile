@@ -212,7 +212,13 @@ ifeq ($(PREBUILT),0)
 endif
 	$(Q)rc=0; for p in $(LAB_BIN); do $$p --quick || rc=1; done; exit $$rc
 
-test: info tests ## build and run every CPU test (what CI runs)
+# the OpenAI SDK for Node that tests/serve/openai_sdk.mjs runs (pinned by package-lock.json),
+# installed when missing; without npm the serve suite reports the missing SDK as a failure
+SERVE_SDK := tests/serve/node_modules/openai/package.json
+$(SERVE_SDK):
+	$(Q)npm ci --prefix tests/serve --silent || echo "make: npm ci --prefix tests/serve failed (node/npm missing or no registry)"
+
+test: info tests | $(SERVE_SDK) ## build and run every CPU test (what CI runs)
 	$(Q)QSHARD=$(QSHARD) BUILD=$(BUILD) sh tests/run_tests.sh $(TEST_BIN) tests/serve/test_serve.sh
 
 check: ## run the CPU tests under AddressSanitizer + UndefinedBehaviorSanitizer
