@@ -151,7 +151,7 @@ LINK_LIBS  = $(DEP_LIBS) $(if $(filter 1,$(HAVE_CUDA)),$(CUDA_LIBS))
 vpath %.c format convert convert/arch runtime kernels tools tools/serve tests
 vpath %.cu kernels runtime tests
 
-.PHONY: carry all help test check lint fuzz fuzz-run bench test-gpu bench-gpu bench-batch-gpu bench-serve-gpu demo sass clean info tests lab lab-run
+.PHONY: carry all help test check lint fuzz fuzz-run bench test-gpu bench-gpu bench-batch-gpu bench-actorder-gpu bench-serve-gpu demo sass clean info tests lab lab-run
 .DEFAULT_GOAL := all
 .SECONDARY:
 
@@ -284,6 +284,9 @@ bench-gpu: $(if $(filter 1,$(PREBUILT)),,$(QSHARD)) ## on the GPU machine: kerne
 
 bench-batch-gpu: $(if $(filter 1,$(PREBUILT)),,$(QSHARD)) ## on the GPU machine: the batching engine on synthetic 7B / 8B (bench model tg128, bench batch 1..256)
 	$(Q)QSHARD=$(QSHARD) sh tools/bench_batch_gpu.sh
+
+bench-actorder-gpu: $(if $(filter 1,$(PREBUILT)),,$(QSHARD)) ## on the GPU machine: act-order's cost (synthetic 7B as AWQ and as GPTQ desc_act: convert, pp512, tg128; the gather kernel)
+	$(Q)QSHARD=$(QSHARD) sh tools/bench_actorder_gpu.sh
 
 bench-serve-gpu: $(if $(filter 1,$(PREBUILT)),,$(QSHARD)) ## on the GPU machine: qshard serve on cuda (answers vs run --prompts, start -> /health, bench serve vs bench batch on a synthetic 7B)
 	$(Q)QSHARD=$(QSHARD) sh tools/bench_serve_gpu.sh

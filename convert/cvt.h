@@ -74,6 +74,9 @@ enum cvt_out_kind {
                              * sources are float `<src>.weight` [N_src, K_src] */
     CVT_OUT_MAT_F16 = 3,    /* float matrix F16 [rows, cols] (embedding, lm_head) */
     CVT_OUT_VEC_F32 = 4,    /* vector F32 [cols] (norms, biases) or F32 matrix [rows, cols] (router) */
+    CVT_OUT_PERM = 5,       /* act-order input permutation `<name>.perm` I32 [K] of a W4 output
+                             * (DESIGN 4.5): x[perm[j]] is the linear's input j; one segment per
+                             * source linear (all must agree), rows past them the identity */
 };
 
 /* Where a source tensor comes from. */
@@ -162,6 +165,9 @@ struct cvt_plan {
 struct cvt_name_list {
     int n;
     const char *const *names;
+    int n_act_order;                /* quantized linears (module prefixes) whose g_idx is
+                                     * act-order (cvt_awq_gidx); they get a .perm output */
+    const char *const *act_order;
 };
 
 /* Build the plan for `tp` ranks. With a name list, every name must be recognised (rotary
@@ -169,7 +175,9 @@ struct cvt_name_list {
  * Errors (reported once, naming the tensor or constraint and, for --tp, the valid values):
  * CVT_ERR_TP (tp does not fit heads / kv heads / per-rank shape rules), CVT_ERR_UNKNOWN_TENSOR,
  * CVT_ERR_MISSING_TENSOR, CVT_ERR_UNSUPPORTED (quantized lm_head or router, half-quantized fused
- * group), CVT_ERR_CONFIG, CVT_ERR_NOMEM. On error *out is NULL. */
+ * group, act-order in MoE experts or in only some parts of a fused group), CVT_ERR_TP (an
+ * act-order row-parallel linear at tp > 1: its groups do not follow the rank split),
+ * CVT_ERR_CONFIG, CVT_ERR_NOMEM. On error *out is NULL. */
 enum cvt_err cvt_plan_build(const struct cvt_dims *d, const struct cvt_name_list *names, int tp,
                             struct cvt_plan **out);
 

@@ -47,7 +47,7 @@ static const unsigned ORDER[8] = {0, 2, 4, 6, 1, 3, 5, 7}; /* nibble i -> column
 
 /* --- helpers ---------------------------------------------------------------------------------- */
 
-static const char *shape_str(const struct cvt_src_tensor *t, char *buf, size_t cap)
+const char *cvt_tensor_shape_str(const struct cvt_src_tensor *t, char *buf, size_t cap)
 {
     size_t k = 0;
     k += (size_t)snprintf(buf + k, cap - k, "%s [", cvt_dtype_str(t->dtype));
@@ -90,6 +90,44 @@ static float load_half(const uint8_t *p, enum cvt_dtype dt)
 
 /* --- probe ------------------------------------------------------------------------------------ */
 
+/* The rest of cvt_awq_probe once the variant is known: bias dtype and shape, contiguity, *info. */
+static enum cvt_err probe_finish(const struct cvt_source *src, const char *prefix, int64_t K,
+                                 int64_t N, int64_t G, enum cvt_variant v,
+                                 const struct cvt_src_tensor *qw, const struct cvt_src_tensor *zt,
+                                 const struct cvt_src_tensor *sc,
+                                 const struct cvt_src_tensor *bias, struct cvt_awq_info *info)
+{
+    const char *dir = cvt_source_dir(src);
+    char b1[96];
+    if (bias) {
+        if (bias->dtype != CVT_DT_F16 && bias->dtype != CVT_DT_BF16 && bias->dtype != CVT_DT_F32) {
+            qs_log_error(__func__, "%s: tensor %s.bias has dtype %s, expected F16, BF16 or F32", dir, prefix,
+                         cvt_dtype_str(bias->dtype));
+            return CVT_ERR_DTYPE;
+        }
+        if (bias->n_dims != 1 || bias->shape[0] != N) {
+            qs_log_error(__func__, "%s: tensor %s.bias is %s, expected [%lld]", dir, prefix,
+                         cvt_tensor_shape_str(bias, b1, sizeof b1), (long long)N);
+            return CVT_ERR_SHAPE;
+        }
+    }
+    const struct cvt_src_tensor *all[4] = {qw, zt, sc, bias};
+    for (int i = 0; i < 4; i++)
+        if (all[i] && !all[i]->contiguous) {
+            qs_log_error(__func__, "%s: tensor %s is a non-contiguous view: not supported", dir, all[i]->name);
+            return CVT_ERR_SHAPE;
+        }
+    info->variant = v;
+    info->K = K;
+    info->N = N;
+    info->G = G;
+    info->qweight = qw;
+    info->zeros = zt;
+    info->scales = sc;
+    info->bias = bias;
+    return CVT_ERR_NONE;
+}
+
 enum cvt_err cvt_awq_probe(const struct cvt_source *src, const struct cvt_hf_config *cfg,
                            const char *prefix, int64_t K, int64_t N, struct cvt_awq_info *info)
 {
@@ -103,12 +141,22 @@ enum cvt_err cvt_awq_probe(const struct cvt_source *src, const struct cvt_hf_con
     const struct cvt_src_tensor *qw = find2(src, prefix, "qweight"), *sc = find2(src, prefix, "scales");
     const struct cvt_src_tensor *qz = find2(src, prefix, "qzeros"), *sz = find2(src, prefix, "scaled_zeros");
     const struct cvt_src_tensor *bias = find2(src, prefix, "bias");
+    if (cfg->quant.method == CVT_QM_CT) { /* names of cvt_gptq_probe; only weight_packed here */
+        qw = find2(src, prefix, "weight_packed");
+        sc = find2(src, prefix, "weight_scale");
+        if (!qw) {
+            qs_log_error(__func__, "%s: tensor %s.weight_packed is missing", dir, prefix);
+            return CVT_ERR_MISSING_TENSOR;
+        }
+    }
     if (!qw) {
         qs_log_error(__func__, "%s: tensor %s.qweight is missing", dir, prefix);
         return CVT_ERR_MISSING_TENSOR;
     }
     if (!sc) {
-        qs_log_error(__func__, "%s: %s.qweight has no %s.scales", dir, prefix, prefix);
+        qs_log_error(__func__, "%s: %s.%s has no %s.%s", dir, prefix,
+                     cfg->quant.method == CVT_QM_CT ? "weight_packed" : "qweight", prefix,
+                     cfg->quant.method == CVT_QM_CT ? "weight_scale" : "scales");
         return CVT_ERR_MISSING_TENSOR;
     }
     const int64_t G = cfg->quant.group_size == -1 ? K : cfg->quant.group_size;
@@ -121,7 +169,24 @@ enum cvt_err cvt_awq_probe(const struct cvt_source *src, const struct cvt_hf_con
     enum cvt_variant v = CVT_VARIANT_UNKNOWN;
     const struct cvt_src_tensor *zt = NULL;
 
-    if (qw->dtype == CVT_DT_I32) {
+    if (cfg->quant.method != CVT_QM_AWQ) {
+        CVT_TRY(cvt_gptq_probe(src, cfg, prefix, K, N, G, info));
+        v = info->variant;
+        qw = info->qweight;
+        zt = info->zeros;
+        sc = info->scales;
+    } else if (!cfg->quant.zero_point) { /* symmetric AWQ: GEMM words, no zeros (z = 8) */
+        CVT_TRY(cvt_awq_zeros_presence(src, cfg, prefix, qz));
+        if (qw->dtype != CVT_DT_I32 || sc->dtype != CVT_DT_F16 || N % 8 ||
+            !is2(qw, K, N / 8) || !is2(sc, KG, N)) {
+            qs_log_error(__func__, "%s: linear %s (symmetric AWQ, K %lld, N %lld, group size %lld): %s.qweight %s, %s.scales %s; expected the GEMM layout qweight I32 [%lld, %lld], scales F16 [%lld, %lld]",
+                         dir, prefix, (long long)K, (long long)N, (long long)G, prefix,
+                         cvt_tensor_shape_str(qw, b1, sizeof b1), prefix, cvt_tensor_shape_str(sc, b3, sizeof b3),
+                         (long long)K, (long long)(N / 8), (long long)KG, (long long)N);
+            return CVT_ERR_SHAPE;
+        }
+        v = CVT_VARIANT_GEMM;
+    } else if (qw->dtype == CVT_DT_I32) {
         if (!qz) {
             qs_log_error(__func__, "%s: %s.qweight (I32) has no %s.qzeros", dir, prefix, prefix);
             return CVT_ERR_MISSING_TENSOR;
@@ -143,8 +208,8 @@ enum cvt_err cvt_awq_probe(const struct cvt_source *src, const struct cvt_hf_con
         else {
             bool want_gemv = !(cfg->quant.variant_mask & CVT_VARIANT_BIT(CVT_VARIANT_GEMM));
             qs_log_error(__func__, "%s: linear %s (K %lld, N %lld, group size %lld from the config): %s.qweight %s, %s.qzeros %s, %s.scales %s match no AWQ layout; %s expects qweight [%lld, %lld], qzeros [%lld, %lld], scales [%lld, %lld]",
-                         dir, prefix, (long long)K, (long long)N, (long long)G, prefix, shape_str(qw, b1, sizeof b1),
-                         prefix, shape_str(qz, b2, sizeof b2), prefix, shape_str(sc, b3, sizeof b3), want_gemv ? "GEMV" : "GEMM",
+                         dir, prefix, (long long)K, (long long)N, (long long)G, prefix, cvt_tensor_shape_str(qw, b1, sizeof b1),
+                         prefix, cvt_tensor_shape_str(qz, b2, sizeof b2), prefix, cvt_tensor_shape_str(sc, b3, sizeof b3), want_gemv ? "GEMV" : "GEMM",
                          want_gemv ? (long long)N : (long long)K, want_gemv ? (long long)(K / 8) : (long long)(N / 8),
                          want_gemv ? (long long)N : (long long)KG, want_gemv ? (long long)Wz : (long long)(N / 8),
                          want_gemv ? (long long)N : (long long)KG, want_gemv ? (long long)(8 * Wz) : (long long)N);
@@ -183,7 +248,7 @@ enum cvt_err cvt_awq_probe(const struct cvt_source *src, const struct cvt_hf_con
         if (N % 4 != 0 || K % 64 != 0 || !is2(qw, N / 4, K) || !is2(sc, 8 * Wz, N) || !is2(zt, 8 * Wz, N)) {
             qs_log_error(__func__, "%s: linear %s (K %lld, N %lld, group size %lld, %s): %s.qweight %s, zeros %s, %s.scales %s; expected qweight I16 [%lld, %lld], zeros and scales [%lld, %lld] (N %% 4 == 0, K %% 64 == 0)",
                          dir, prefix, (long long)K, (long long)N, (long long)G, cvt_variant_str(v), prefix,
-                         shape_str(qw, b1, sizeof b1), shape_str(zt, b2, sizeof b2), prefix, shape_str(sc, b3, sizeof b3),
+                         cvt_tensor_shape_str(qw, b1, sizeof b1), cvt_tensor_shape_str(zt, b2, sizeof b2), prefix, cvt_tensor_shape_str(sc, b3, sizeof b3),
                          (long long)(N / 4), (long long)K, (long long)(8 * Wz), (long long)N);
             return CVT_ERR_SHAPE;
         }
@@ -200,32 +265,7 @@ enum cvt_err cvt_awq_probe(const struct cvt_source *src, const struct cvt_hf_con
                      cfg->quant.backend[0] ? ", backend " : "", cfg->quant.backend);
         return CVT_ERR_VARIANT;
     }
-    if (bias) {
-        if (bias->dtype != CVT_DT_F16 && bias->dtype != CVT_DT_BF16 && bias->dtype != CVT_DT_F32) {
-            qs_log_error(__func__, "%s: tensor %s.bias has dtype %s, expected F16, BF16 or F32", dir, prefix,
-                         cvt_dtype_str(bias->dtype));
-            return CVT_ERR_DTYPE;
-        }
-        if (bias->n_dims != 1 || bias->shape[0] != N) {
-            qs_log_error(__func__, "%s: tensor %s.bias is %s, expected [%lld]", dir, prefix,
-                         shape_str(bias, b1, sizeof b1), (long long)N);
-            return CVT_ERR_SHAPE;
-        }
-    }
-    for (const struct cvt_src_tensor *const *tp = (const struct cvt_src_tensor *const[]){qw, zt, sc, bias, NULL}; *tp; tp++)
-        if (!(*tp)->contiguous) {
-            qs_log_error(__func__, "%s: tensor %s is a non-contiguous view: not supported", dir, (*tp)->name);
-            return CVT_ERR_SHAPE;
-        }
-    info->variant = v;
-    info->K = K;
-    info->N = N;
-    info->G = G;
-    info->qweight = qw;
-    info->zeros = zt;
-    info->scales = sc;
-    info->bias = bias;
-    return CVT_ERR_NONE;
+    return probe_finish(src, prefix, K, N, G, v, qw, zt, sc, bias, info);
 }
 
 static enum cvt_err check_range(const char *prefix, const struct cvt_awq_info *in, int64_t k0, int64_t k1,
@@ -241,7 +281,7 @@ static enum cvt_err check_range(const char *prefix, const struct cvt_awq_info *i
 }
 
 /* Scale value check: finite and > 0. */
-static enum cvt_err bad_scale(const struct cvt_source *src, const struct cvt_src_tensor *sc, int64_t r, int64_t c,
+enum cvt_err cvt_awq_bad_scale(const struct cvt_source *src, const struct cvt_src_tensor *sc, int64_t r, int64_t c,
                               float v)
 {
     qs_log_error("cvt_awq", "%s: tensor %s: element [%lld, %lld] is %s%g: scales must be finite and > 0",
@@ -266,13 +306,13 @@ static enum cvt_err unscale_zero(const struct cvt_source *src, const struct cvt_
 }
 
 /* Scale to canonical fp16 bits (exact) with the value checks. */
-static enum cvt_err scale_bits(const struct cvt_source *src, const struct cvt_src_tensor *sc, int64_t r, int64_t c,
+enum cvt_err cvt_awq_scale_bits(const struct cvt_source *src, const struct cvt_src_tensor *sc, int64_t r, int64_t c,
                                const uint8_t *p, uint16_t *out, float *val)
 {
     uint16_t raw = cvt_ld16(p);
     float v = sc->dtype == CVT_DT_BF16 ? cvt_bf16_to_f32(raw) : cvt_f16_to_f32(raw);
     if (!isfinite(v) || !(v > 0.0f))
-        return bad_scale(src, sc, r, c, v);
+        return cvt_awq_bad_scale(src, sc, r, c, v);
     uint16_t h = sc->dtype == CVT_DT_BF16 ? cvt_f32_to_f16(v) : raw;
     if (sc->dtype == CVT_DT_BF16 && cvt_f16_to_f32(h) != v) {
         qs_log_error("cvt_awq", "%s: tensor %s: element [%lld, %lld] = %g (BF16) has no exact fp16 value",
@@ -328,7 +368,7 @@ static enum cvt_err f16_scales(const struct cvt_source *src, const struct cvt_sr
     for (int64_t i = 0; i < n; i++) {
         uint16_t h = dst[i];
         if ((h & 0x8000u) || (h & 0x7c00u) == 0x7c00u || h == 0)
-            return bad_scale(src, sc, r, c0 + i, cvt_f16_to_f32(h));
+            return cvt_awq_bad_scale(src, sc, r, c0 + i, cvt_f16_to_f32(h));
     }
     return CVT_ERR_NONE;
 }
@@ -336,21 +376,24 @@ static enum cvt_err f16_scales(const struct cvt_source *src, const struct cvt_sr
 static enum cvt_err decode_gemm(const struct cvt_source *src, const struct cvt_awq_info *in,
                                 struct cvt_awq_linear *o)
 {
-    const uint8_t *qw = cvt_source_data(src, in->qweight), *qz = cvt_source_data(src, in->zeros),
-                  *sc = cvt_source_data(src, in->scales);
+    const uint8_t *qw = cvt_source_data(src, in->qweight), *sc = cvt_source_data(src, in->scales);
+    const uint8_t *qz = in->zeros ? cvt_source_data(src, in->zeros) : NULL;
     const int64_t N = in->N, W = N / 8, Ns = o->N, G = in->G, n0 = o->n0, n1 = o->n0 + o->N;
     for (int64_t k = o->k0; k < o->k0 + o->K; k++)
         gemm_row(qw + (uint64_t)k * (uint64_t)W * 4, n0, n1, o->q + (k - o->k0) * Ns);
     for (int64_t g = o->k0 / G; g < (o->k0 + o->K) / G; g++) {
         const int64_t gs = g - o->k0 / G;
-        gemm_row(qz + (uint64_t)g * (uint64_t)W * 4, n0, n1, o->z + gs * Ns);
+        if (qz)
+            gemm_row(qz + (uint64_t)g * (uint64_t)W * 4, n0, n1, o->z + gs * Ns);
+        else /* symmetric AWQ */
+            memset(o->z + gs * Ns, 8, (size_t)Ns);
         const uint8_t *srow = sc + ((uint64_t)g * (uint64_t)N + (uint64_t)n0) * 2;
         if (in->scales->dtype == CVT_DT_F16) {
             CVT_TRY(f16_scales(src, in->scales, srow, Ns, g, n0, o->s + gs * Ns));
         } else {
             for (int64_t i = 0; i < Ns; i++) {
                 float v;
-                CVT_TRY(scale_bits(src, in->scales, g, n0 + i, srow + 2 * i, o->s + gs * Ns + i, &v));
+                CVT_TRY(cvt_awq_scale_bits(src, in->scales, g, n0 + i, srow + 2 * i, o->s + gs * Ns + i, &v));
             }
         }
     }
@@ -421,7 +464,7 @@ static enum cvt_err decode_gemv(const struct cvt_source *src, const struct cvt_a
             uint32_t w = cvt_ld32(zrow + (g / 8) * 4);
             o->z[(g - g0) * Ns + n - n0] = (uint8_t)((w >> (4 * (g % 8))) & 0xfu);
             float v;
-            CVT_TRY(scale_bits(src, in->scales, n, g, srow + g * 2, &o->s[(g - g0) * Ns + n - n0], &v));
+            CVT_TRY(cvt_awq_scale_bits(src, in->scales, n, g, srow + g * 2, &o->s[(g - g0) * Ns + n - n0], &v));
         }
     }
     return CVT_ERR_NONE;
@@ -468,7 +511,7 @@ static enum cvt_err decode_gemv_fast(const struct cvt_source *src, const struct 
             uint64_t e = ((uint64_t)g * (uint64_t)N + (uint64_t)n) * 2;
             float s;
             int64_t at = (g - g0) * Ns + n - n0;
-            CVT_TRY(scale_bits(src, in->scales, g, n, sc + e, &o->s[at], &s));
+            CVT_TRY(cvt_awq_scale_bits(src, in->scales, g, n, sc + e, &o->s[at], &s));
             CVT_TRY(unscale_zero(src, in->zeros, g, n, s, load_half(qz + e, in->zeros->dtype), &o->z[at]));
         }
     return CVT_ERR_NONE;
@@ -506,12 +549,16 @@ static void release_all(const struct cvt_source *src, const struct cvt_awq_info 
         const uint64_t qrow = (uint64_t)(in->N / 8) * 4, srow = (uint64_t)in->N * 2;
         const uint64_t g0 = (uint64_t)(k0 / in->G), g1 = (uint64_t)(k1 / in->G);
         cvt_source_release_range(src, in->qweight, (uint64_t)k0 * qrow, (uint64_t)(k1 - k0) * qrow);
-        cvt_source_release_range(src, in->zeros, g0 * qrow, (g1 - g0) * qrow);
+        if (in->zeros)
+            cvt_source_release_range(src, in->zeros, g0 * qrow, (g1 - g0) * qrow);
         cvt_source_release_range(src, in->scales, g0 * srow, (g1 - g0) * srow);
     } else {
         cvt_source_release(src, in->qweight);
-        cvt_source_release(src, in->zeros);
+        if (in->zeros)
+            cvt_source_release(src, in->zeros);
         cvt_source_release(src, in->scales);
+        if (in->g_idx)
+            cvt_source_release(src, in->g_idx);
     }
     if (in->bias)
         cvt_source_release(src, in->bias);
@@ -558,6 +605,8 @@ enum cvt_err cvt_awq_load(const struct cvt_source *src, const struct cvt_hf_conf
     case CVT_VARIANT_GEMV: err = decode_gemv(src, &in, out); break;
     case CVT_VARIANT_GEMV_FAST:
     case CVT_VARIANT_LLMAWQ_V3: err = decode_gemv_fast(src, &in, out); break;
+    case CVT_VARIANT_GPTQ:
+    case CVT_VARIANT_CT_PACKED: err = cvt_gptq_decode(src, cfg, prefix, &in, out); break;
     default: err = CVT_ERR_VARIANT; break;
     }
     if (!err && in.bias)
@@ -620,8 +669,8 @@ static void dq_block_table(const struct dq_groups *d, int64_t Ns, int64_t g0, in
 static enum cvt_err dq_gemm(const struct cvt_source *src, const struct cvt_awq_info *in, int64_t k0, int64_t k1,
                             int64_t n0, int64_t n1, float *out)
 {
-    const uint8_t *qw = cvt_source_data(src, in->qweight), *qz = cvt_source_data(src, in->zeros),
-                  *sc = cvt_source_data(src, in->scales);
+    const uint8_t *qw = cvt_source_data(src, in->qweight), *sc = cvt_source_data(src, in->scales);
+    const uint8_t *qz = in->zeros ? cvt_source_data(src, in->zeros) : NULL; /* NULL: z = 8 */
     const int64_t N = in->N, W = N / 8, Ns = n1 - n0, G = in->G, g0 = k0 / G, g1 = k1 / G;
     float *tab = malloc((size_t)Ns * 16 * sizeof *tab); /* [Ns][16] for the current group */
     uint8_t *z = malloc((size_t)Ns);
@@ -634,7 +683,7 @@ static enum cvt_err dq_gemm(const struct cvt_source *src, const struct cvt_awq_i
     enum cvt_err err = CVT_ERR_NONE;
     for (int64_t g = g0; g < g1 && !err; g++) {
         for (int64_t c = n0 / 8; c < (n1 + 7) / 8; c++) {
-            uint32_t wz = cvt_ld32(qz + ((uint64_t)g * (uint64_t)W + (uint64_t)c) * 4);
+            uint32_t wz = qz ? cvt_ld32(qz + ((uint64_t)g * (uint64_t)W + (uint64_t)c) * 4) : 0x88888888u;
             for (unsigned i = 0; i < 8; i++) {
                 int64_t col = 8 * c + ORDER[i];
                 if (col >= n0 && col < n1)
@@ -644,7 +693,7 @@ static enum cvt_err dq_gemm(const struct cvt_source *src, const struct cvt_awq_i
         for (int64_t n = n0; n < n1; n++) {
             float s = load_half(sc + ((uint64_t)g * (uint64_t)N + (uint64_t)n) * 2, in->scales->dtype);
             if (!isfinite(s) || !(s > 0.0f)) {
-                err = bad_scale(src, in->scales, g, n, s);
+                err = cvt_awq_bad_scale(src, in->scales, g, n, s);
                 break;
             }
             float *t = tab + (n - n0) * 16;
@@ -696,7 +745,7 @@ static enum cvt_err dq_gemv(const struct cvt_source *src, const struct cvt_awq_i
             float s = load_half(sc + ((uint64_t)n * (uint64_t)SW + (uint64_t)g) * 2, in->scales->dtype);
             if (!isfinite(s) || !(s > 0.0f)) {
                 dq_groups_free(&d);
-                return bad_scale(src, in->scales, n, g, s);
+                return cvt_awq_bad_scale(src, in->scales, n, g, s);
             }
             uint32_t wz = cvt_ld32(qz + ((uint64_t)n * (uint64_t)ZW + (uint64_t)(g >> 3)) * 4);
             d.s[(g - g0) * Ns + n - n0] = s;
@@ -760,7 +809,7 @@ static enum cvt_err dq_gemv_fast(const struct cvt_source *src, const struct cvt_
             float s = load_half(sc + e, in->scales->dtype);
             enum cvt_err err = CVT_ERR_NONE;
             if (!isfinite(s) || !(s > 0.0f))
-                err = bad_scale(src, in->scales, g, n, s);
+                err = cvt_awq_bad_scale(src, in->scales, g, n, s);
             if (!err)
                 err = unscale_zero(src, in->zeros, g, n, s, load_half(qz + e, in->zeros->dtype),
                                    &d.z[(g - g0) * Ns + n - n0]);
@@ -830,6 +879,8 @@ enum cvt_err cvt_awq_dequant_source(const struct cvt_source *src, const struct c
     case CVT_VARIANT_GEMV: err = dq_gemv(src, &in, k0, k1, n0, n1, out); break;
     case CVT_VARIANT_GEMV_FAST:
     case CVT_VARIANT_LLMAWQ_V3: err = dq_gemv_fast(src, &in, k0, k1, n0, n1, out); break;
+    case CVT_VARIANT_GPTQ:
+    case CVT_VARIANT_CT_PACKED: err = cvt_gptq_dequant(src, cfg, prefix, &in, k0, k1, n0, n1, out); break;
     default: err = CVT_ERR_VARIANT; break;
     }
     release_all(src, &in, k0, k1);

@@ -55,6 +55,18 @@ const char *cvt_variant_str(enum cvt_variant v)
     case CVT_VARIANT_GEMV: return "gemv";
     case CVT_VARIANT_GEMV_FAST: return "gemv_fast";
     case CVT_VARIANT_LLMAWQ_V3: return "llm-awq-v3";
+    case CVT_VARIANT_GPTQ: return "gptq";
+    case CVT_VARIANT_CT_PACKED: return "compressed-tensors";
+    }
+    return "?";
+}
+
+const char *cvt_qmethod_str(enum cvt_qmethod m)
+{
+    switch (m) {
+    case CVT_QM_AWQ: return "awq";
+    case CVT_QM_GPTQ: return "gptq";
+    case CVT_QM_CT: return "compressed-tensors";
     }
     return "?";
 }
@@ -65,6 +77,8 @@ void cvt_config_free(struct cvt_hf_config *cfg)
         return;
     for (int i = 0; i < cfg->quant.n_modules_to_not_convert; i++)
         free(cfg->quant.modules_to_not_convert[i]);
+    for (int i = 0; i < cfg->quant.n_ignore; i++)
+        free(cfg->quant.ignore[i]);
     free(cfg->config_json);
     free(cfg->generation_config_json);
     memset(cfg, 0, sizeof *cfg);
@@ -126,31 +140,26 @@ static enum cvt_err parse_arch(const struct qs_json_ctx *c, const cJSON *o, stru
 
 /* --- quant config ---------------------------------------------------------------------------- */
 
-struct qparams {
-    bool    present;
-    int64_t bits, group;
-    bool    zero_point;
-    char    version[32], format[32], backend[32], quant_method[32];
-    const cJSON *skip;   /* modules_to_not_convert (borrowed from the tree) */
-};
 
 /* Read the spellings of one quant config object (docs/FORMATS.md 8.1, 8.2). */
 static enum cvt_err read_qparams(const struct qs_json_ctx *c, const cJSON *o, bool is_quantize_config,
-                                 struct qparams *q)
+                                 struct cvt_qparams *q)
 {
     memset(q, 0, sizeof *q);
     q->present = true;
     CVT_TRY_JSON(qs_json_string(c, o, "quant_method", true, q->quant_method, sizeof q->quant_method));
+    /* AutoGPTQ's quantize_config.json may lack quant_method: its keys tell it apart from
+     * llm-awq's (docs/FORMATS.md 14.1) */
+    if (strcmp(q->quant_method, "gptq") == 0 ||
+        (is_quantize_config && !q->quant_method[0] &&
+         (cJSON_GetObjectItemCaseSensitive(o, "desc_act") || cJSON_GetObjectItemCaseSensitive(o, "sym") ||
+          cJSON_GetObjectItemCaseSensitive(o, "damp_percent"))))
+        return cvt_qcfg_gptq(c, o, q);
+    if (strcmp(q->quant_method, "compressed-tensors") == 0)
+        return cvt_qcfg_ct(c, o, q);
     if (q->quant_method[0] && strcmp(q->quant_method, "awq") != 0) {
-        qs_log_error("cvt_config_parse", "%s/%s: quant_method \"%s\" is not AWQ: only AutoAWQ/llm-awq checkpoints (quant_method \"awq\") are supported",
+        qs_log_error("cvt_config_parse", "%s/%s: quant_method \"%s\" is not supported (supported: awq, gptq, compressed-tensors)",
                      c->where, c->file, q->quant_method);
-        return CVT_ERR_UNSUPPORTED;
-    }
-    if (is_quantize_config && !q->quant_method[0] &&
-        (cJSON_GetObjectItemCaseSensitive(o, "desc_act") || cJSON_GetObjectItemCaseSensitive(o, "sym") ||
-         cJSON_GetObjectItemCaseSensitive(o, "damp_percent"))) {
-        qs_log_error("cvt_config_parse", "%s/%s: looks like a GPTQ config (desc_act/sym/damp_percent): only AWQ checkpoints are supported",
-                     c->where, c->file);
         return CVT_ERR_UNSUPPORTED;
     }
     int64_t b1, b2, g1, g2;
@@ -187,7 +196,7 @@ static enum cvt_err read_qparams(const struct qs_json_ctx *c, const cJSON *o, bo
 }
 
 /* Which variants a version/format/backend string allows (docs/FORMATS.md 2.1, 8.3, 6.3). */
-static enum cvt_err variant_mask(const struct qs_json_ctx *c, const struct qparams *q, enum cvt_qcfg_file from,
+static enum cvt_err variant_mask(const struct qs_json_ctx *c, const struct cvt_qparams *q, enum cvt_qcfg_file from,
                                  unsigned *mask)
 {
     const char *v = q->format[0] ? q->format : q->version;
@@ -229,28 +238,33 @@ static enum cvt_err variant_mask(const struct qs_json_ctx *c, const struct qpara
     return CVT_ERR_UNSUPPORTED;
 }
 
-static enum cvt_err fill_quant(const struct qs_json_ctx *c, const struct qparams *q, enum cvt_qcfg_file from,
+static enum cvt_err fill_quant(const struct qs_json_ctx *c, const struct cvt_qparams *q, enum cvt_qcfg_file from,
                                struct cvt_hf_config *cfg)
 {
     if (q->bits != 4) {
-        qs_log_error("cvt_config_parse", "%s/%s: bits (w_bit) %lld is not supported: qshard handles 4-bit AWQ only",
+        qs_log_error("cvt_config_parse", "%s/%s: bits (w_bit) %lld is not supported: qshard handles 4-bit weights only",
                      c->where, c->file, (long long)q->bits);
-        return CVT_ERR_UNSUPPORTED;
-    }
-    if (!q->zero_point) {
-        qs_log_error("cvt_config_parse", "%s/%s: zero_point false (symmetric AWQ) is not supported: only zero-point AWQ",
-                     c->where, c->file);
         return CVT_ERR_UNSUPPORTED;
     }
     if (q->group < -1 || q->group == 0) {
         qs_log_error("cvt_config_parse", "%s/%s: group size %lld invalid", c->where, c->file, (long long)q->group);
         return CVT_ERR_CONFIG;
     }
-    CVT_TRY(variant_mask(c, q, from, &cfg->quant.variant_mask));
+    if (q->method == CVT_QM_GPTQ)
+        cfg->quant.variant_mask = CVT_VARIANT_BIT(CVT_VARIANT_GPTQ);
+    else if (q->method == CVT_QM_CT)
+        cfg->quant.variant_mask = CVT_VARIANT_BIT(CVT_VARIANT_CT_PACKED);
+    else
+        CVT_TRY(variant_mask(c, q, from, &cfg->quant.variant_mask));
     cfg->quant.from = from;
     cfg->quant.w_bit = 4;
     cfg->quant.group_size = q->group;
-    cfg->quant.zero_point = true;
+    cfg->quant.zero_point = q->zero_point;
+    cfg->quant.method = q->method;
+    cfg->quant.act_order = q->act_order;
+    cfg->quant.gptq_v1 = q->gptq_v1;
+    if (q->method == CVT_QM_CT)
+        CVT_TRY(cvt_qcfg_ignore(c, q->ignore, cfg));
     memcpy(cfg->quant.version, q->version, sizeof cfg->quant.version);
     memcpy(cfg->quant.format, q->format, sizeof cfg->quant.format);
     memcpy(cfg->quant.backend, q->backend, sizeof cfg->quant.backend);
@@ -284,11 +298,17 @@ static enum cvt_err fill_quant(const struct qs_json_ctx *c, const struct qparams
 }
 
 /* Two quant configs present: they must agree on what matters (docs/FORMATS.md P21 d). */
-static enum cvt_err check_agree(const char *where, const struct qparams *a, const char *fa,
-                                const struct qparams *b, const char *fb)
+static enum cvt_err check_agree(const char *where, const struct cvt_qparams *a, const char *fa,
+                                const struct cvt_qparams *b, const char *fb)
 {
     const char *va = a->format[0] ? a->format : a->version, *vb = b->format[0] ? b->format : b->version;
     bool v_ok = (!va[0] || !vb[0]) ? true : strcmp(va, vb) == 0;
+    if (a->method != b->method || a->act_order != b->act_order || a->gptq_v1 != b->gptq_v1) {
+        qs_log_error("cvt_config_parse", "%s: %s and %s disagree (quant_method %s vs %s, desc_act %d vs %d, checkpoint format v1 %d vs %d): refusing to guess",
+                     where, fa, fb, cvt_qmethod_str(a->method), cvt_qmethod_str(b->method), a->act_order,
+                     b->act_order, a->gptq_v1, b->gptq_v1);
+        return CVT_ERR_CONFIG;
+    }
     if (a->bits != b->bits || a->group != b->group || a->zero_point != b->zero_point || !v_ok) {
         qs_log_error("cvt_config_parse", "%s: %s and %s disagree (bits %lld vs %lld, group size %lld vs %lld, zero_point %d vs %d, version \"%s\" vs \"%s\"): refusing to guess",
                      where, fa, fb, (long long)a->bits, (long long)b->bits, (long long)a->group,
@@ -524,7 +544,7 @@ enum cvt_err cvt_config_parse(const char *where,
 {
     enum cvt_err err = CVT_ERR_NONE;
     cJSON *jc = NULL, *jq = NULL, *jz = NULL, *jg = NULL;
-    struct qparams qc = {0}, qq = {0}, qz = {0};
+    struct cvt_qparams qc = {0}, qq = {0}, qz = {0};
     memset(cfg, 0, sizeof *cfg);
 
     const char *fn = "cvt_config_parse";

@@ -376,7 +376,7 @@ static bool resolve(const struct cvt_source *src, const struct cvt_hf_config *cf
         struct cvt_awq_info in;
         if (ps->kind != CVT_SRC_AWQ ||
             cvt_awq_probe(src, cfg, ps->name, ps->rows, ps->cols, &in) != CVT_ERR_NONE ||
-            in.variant != CVT_VARIANT_GEMM || in.scales->dtype != CVT_DT_F16)
+            in.variant != CVT_VARIANT_GEMM || !in.zeros || in.scales->dtype != CVT_DT_F16)
             return false;
         f->ps = ps;
         f->tq = in.qweight;

@@ -611,6 +611,43 @@ static enum cvt_err job_float(struct cvt_run_state *R, int rank, const struct cv
     return e;
 }
 
+/* Act-order permutation `<name>.perm` I32 [K] (DESIGN 4.5): the canonical-to-source rows of
+ * the first source (cvt_awq_gidx); every other part of a fused output must have the same one;
+ * rows past the source (padding) map to themselves. */
+static enum cvt_err job_perm(struct cvt_run_state *R, int rank, const struct cvt_out *o)
+{
+    const int64_t K = o->cols;
+    int32_t *perm = malloc((size_t)K * sizeof *perm), *other = malloc((size_t)K * sizeof *other);
+    enum cvt_err e = CVT_ERR_NOMEM;
+    bool act;
+    if (!perm || !other) {
+        qs_log_error(__func__, "tensor %s: out of memory", o->name);
+        goto out;
+    }
+    for (int64_t j = 0; j < K; j++)
+        perm[j] = (int32_t)j;
+    for (int si = 0; si < o->n_segs; si++) {
+        const struct cvt_plan_src *ps = &R->plan->srcs[o->segs[si].src];
+        int32_t *dst = si ? other : perm;
+        if ((e = cvt_awq_gidx(R->src, R->cfg, ps->name, ps->rows, &act, dst)))
+            goto out;
+        if (si && memcmp(perm, other, (size_t)ps->rows * sizeof *perm)) {
+            const char *first = R->plan->srcs[o->segs[0].src].name;
+            qs_log_error(__func__, "tensor %s.g_idx orders the input rows differently from "
+                         "%s.g_idx; the fused %s needs one input order (they share their input)",
+                         ps->name, first, o->name);
+            e = CVT_ERR_UNSUPPORTED;
+            goto out;
+        }
+    }
+    uint32_t index = R->idx[rank][o - R->plan->ranks[rank].outs];
+    e = cvt_run_put_part(R, rank, index, 0, perm, (size_t)K * sizeof *perm);
+out:
+    free(perm);
+    free(other);
+    return e;
+}
+
 void *cvt_job_worker(void *state)
 {
     struct cvt_run_state *R = state;
@@ -628,6 +665,7 @@ void *cvt_job_worker(void *state)
         switch (o->kind) {
         case CVT_OUT_W4: e = job_w4(R, rank, o, &b); break;
         case CVT_OUT_LINEAR_F16: e = job_linear_f16(R, rank, o); break;
+        case CVT_OUT_PERM: e = job_perm(R, rank, o); break;
         default: e = job_float(R, rank, o); break;
         }
         if (e)

@@ -378,6 +378,8 @@ struct builder {
     int *cap_outs;          /* [tp] */
     int n_warn_unlisted;    /* float linears not named in modules_to_not_convert */
     int n_warn_listed;      /* quantized linears named in modules_to_not_convert */
+    int n_act;              /* act-order linears (cvt_name_list) */
+    const char *const *act;
 };
 
 static int add_src(struct builder *b, const char *name, enum cvt_src_kind kind, int64_t rows,
@@ -413,6 +415,7 @@ static uint64_t out_bytes(const struct cvt_out *o, bool aligned)
     case CVT_OUT_MAT_F16:
         return align_up(K * N * 2, a);
     case CVT_OUT_VEC_F32:
+    case CVT_OUT_PERM:
         return align_up(K * N * 4, a);
     }
     return 0;
@@ -471,6 +474,7 @@ struct lin {
     int src;                /* plan source index of the weight (AWQ prefix or float .weight) */
     int src_bias;           /* plan source index of .bias, -1 if none */
     int64_t K, N;
+    bool act_order;         /* quantized with an act-order g_idx (cvt_name_list.act_order) */
 };
 
 /* Decide how the source linear `module` ([K, N]) is stored and mark its tensors consumed.
@@ -478,7 +482,9 @@ struct lin {
 static enum cvt_err lin_resolve(struct builder *b, const char *module, int64_t K, int64_t N,
                                 bool bias_default, struct lin *l)
 {
-    static const char *const q_sfx[] = {"qweight", "qzeros", "scales", "scaled_zeros"};
+    static const char *const q_sfx[] = {"qweight", "qzeros", "scales", "scaled_zeros", "g_idx",
+                                        "weight_packed", "weight_scale", "weight_zero_point",
+                                        "weight_shape", "weight_g_idx"};
     char nm[200];
     memset(l, 0, sizeof(*l));
     snprintf(l->module, sizeof(l->module), "%s", module);
@@ -518,6 +524,8 @@ static enum cvt_err lin_resolve(struct builder *b, const char *module, int64_t K
         l->bias = set_take(&b->set, nm);
     }
     if (l->quantized) {
+        for (int i = 0; i < b->n_act; i++)
+            l->act_order |= !strcmp(b->act[i], module);
         l->src = add_src(b, module, CVT_SRC_AWQ, K, N);
     } else {
         snprintf(nm, sizeof(nm), "%s.weight", module);
@@ -678,6 +686,54 @@ static enum cvt_err emit_vocab(struct builder *b, const char *out_name, const ch
     return CVT_ERR_NONE;
 }
 
+/* Act-order linears (DESIGN 4.5): every part of a fused output must share it (the perm job
+ * checks they share one permutation); not in MoE experts; a row-parallel one only at tp 1 (its
+ * source groups are spread over all input rows, so no rank's row slice holds whole groups). */
+static enum cvt_err act_order_check(struct builder *b, const struct cvt_arch_linear *lin,
+                                    const struct lin *l, const char *out, int expert)
+{
+    for (int i = 1; i < lin->n_parts; i++)
+        if (l[i].act_order != l[0].act_order) {
+            qs_log_error(__func__, "tensor %s: %s is act-order (g_idx out of order) but %s is not; "
+                         "the fused %s needs one input order", l[i].module,
+                         l[0].act_order ? l[0].module : l[i].module,
+                         l[0].act_order ? l[i].module : l[0].module, out);
+            return CVT_ERR_UNSUPPORTED;
+        }
+    if (!l[0].act_order)
+        return CVT_ERR_NONE;
+    if (expert >= 0) {
+        qs_log_error(__func__, "tensor %s.g_idx: act-order (desc_act) in MoE experts is not "
+                     "supported", l[0].module);
+        return CVT_ERR_UNSUPPORTED;
+    }
+    if (lin->split == FMT_SPLIT_ROW && b->p->tp > 1) {
+        qs_log_error(__func__, "tensor %s.g_idx: --tp %d: %s is act-order (desc_act / actorder "
+                     "group) and row-parallel: its quantization groups are spread over all input "
+                     "rows, so it cannot be split across ranks; valid --tp values for this "
+                     "checkpoint: 1", l[0].module, b->p->tp, l[0].module);
+        return CVT_ERR_TP;
+    }
+    return CVT_ERR_NONE;
+}
+
+/* The `<out>.perm` output of an act-order W4 output on every rank: I32 [K], replicated. */
+static enum cvt_err emit_perm(struct builder *b, const struct cvt_arch_linear *lin,
+                              const struct lin *l, const char *out)
+{
+    char nm[200];
+    snprintf(nm, sizeof(nm), "%s" FMT_SUFFIX_PERM, out);
+    for (int r = 0; r < b->p->tp; r++) {
+        const struct cvt_out *w = cvt_plan_find(b->p, r, out);
+        struct cvt_out *o = w ? add_out(b, r, nm, CVT_OUT_PERM, 1, w->rows) : NULL;
+        if (!o)
+            return CVT_ERR_NOMEM;
+        for (int i = 0; i < lin->n_parts && i < CVT_MAX_SEGS; i++)
+            add_seg(o, l[i].src, 0, 0, 1, l[i].K, 0, 0);
+    }
+    return CVT_ERR_NONE;
+}
+
 /* The plan's geometry (tp_geom) of its own split. */
 static struct tp_geom plan_geom(const struct cvt_plan *p)
 {
@@ -700,6 +756,8 @@ static enum cvt_err emit_linear(struct builder *b, const struct cvt_arch_linear 
     }
     if (lin->n_parts > 1 && (e = lin_group_check(l, lin->n_parts, out)))
         return e;
+    if ((e = act_order_check(b, lin, l, out, expert)))
+        return e;
     if (l[0].bias)
         b->p->bias_roles |= CVT_ROLE_BIT(lin->role);
     for (int r = 0; r < b->p->tp; r++) {
@@ -720,7 +778,7 @@ static enum cvt_err emit_linear(struct builder *b, const struct cvt_arch_linear 
                              lin->n_parts)))
             return e;
     }
-    return CVT_ERR_NONE;
+    return l[0].act_order ? emit_perm(b, lin, l, out) : CVT_ERR_NONE;
 }
 
 /* A LINEARS step of layer `layer` (expert `expert`, or -1): every part of every output looked up
@@ -824,7 +882,9 @@ static enum cvt_err plan_vocab(struct builder *b)
     const struct cvt_arch *a = p->d.arch;
     char emb[160], lm[160], emb_out[160], lm_out[160], nm[200];
     static const char *const lmq[] = {FMT_SUFFIX_QWEIGHT, FMT_SUFFIX_QZEROS, FMT_SUFFIX_SCALES,
-                                      ".scaled_zeros", FMT_SUFFIX_BIAS};
+                                      ".scaled_zeros", FMT_SUFFIX_BIAS, ".g_idx",
+                                      ".weight_packed", ".weight_scale", ".weight_zero_point",
+                                      ".weight_shape", ".weight_g_idx"};
     snprintf(emb, sizeof(emb), "%s" FMT_SUFFIX_WEIGHT, a->hf_embed);
     snprintf(lm, sizeof(lm), "%s" FMT_SUFFIX_WEIGHT, a->hf_lm_head);
     fmt_name(emb_out, sizeof(emb_out), FMT_N_EMBED, -1, -1, NULL);
@@ -983,6 +1043,8 @@ enum cvt_err cvt_plan_build(const struct cvt_dims *d, const struct cvt_name_list
     }
     if (names) {
         b.have_names = true;
+        b.n_act = names->n_act_order;
+        b.act = names->act_order;
         b.set.n = names->n;
         b.set.names = malloc((size_t)(names->n ? names->n : 1) * sizeof(*b.set.names));
         b.set.used = calloc((size_t)(names->n ? names->n : 1), sizeof(*b.set.used));

@@ -209,6 +209,61 @@ static enum cvt_err names_of(const struct cvt_source *src, const char ***out, in
     return CVT_ERR_NONE;
 }
 
+/* Whether `name` ends in `sfx`; *len receives the length of the part before it. */
+static bool ends_with(const char *name, const char *sfx, size_t *len)
+{
+    size_t n = strlen(name), m = strlen(sfx);
+    *len = n >= m ? n - m : 0;
+    return n > m && !strcmp(name + n - m, sfx);
+}
+
+/* The quantized linears of the source whose g_idx is act-order (cvt_awq_gidx validates every
+ * g_idx here, before planning), and the compressed-tensors "ignore" cross-check: a module the
+ * list ignores must not be stored quantized. *out holds module prefixes (free each and the
+ * array). */
+static enum cvt_err act_order_of(const struct cvt_source *src, const struct cvt_hf_config *cfg,
+                                 char ***out, int *n)
+{
+    size_t nt = cvt_source_n_tensors(src), len;
+    char **v = calloc(nt ? nt : 1, sizeof(*v));
+    enum cvt_err e = CVT_ERR_NONE;
+    int k = 0;
+    if (!v)
+        return CVT_ERR_NOMEM;
+    for (size_t i = 0; i < nt && !e; i++) {
+        const struct cvt_src_tensor *t = cvt_source_tensor(src, i);
+        char mod[400];
+        if (cfg->quant.method == CVT_QM_CT && ends_with(t->name, ".weight_packed", &len) &&
+            len < sizeof(mod)) {
+            snprintf(mod, sizeof(mod), "%.*s", (int)len, t->name);
+            if (cvt_config_ignores_module(cfg, mod)) {
+                qs_log_error("cvt_run", "tensor %s: module %s is stored quantized but the "
+                             "compressed-tensors \"ignore\" list names it (it should be float): "
+                             "metadata and tensors disagree", t->name, mod);
+                e = CVT_ERR_CONFIG;
+            }
+        }
+        if (e || cfg->quant.method == CVT_QM_AWQ || len >= sizeof(mod) ||
+            !(ends_with(t->name, ".g_idx", &len) || ends_with(t->name, ".weight_g_idx", &len)))
+            continue;
+        snprintf(mod, sizeof(mod), "%.*s", (int)len, t->name);
+        bool act = false;
+        if ((e = cvt_awq_gidx(src, cfg, mod, t->n_dims == 1 ? t->shape[0] : 0, &act, NULL)))
+            break;
+        if (act && !(v[k++] = strdup(mod)))
+            e = CVT_ERR_NOMEM;
+    }
+    if (e) {
+        for (int i = 0; i < k; i++)
+            free(v[i]);
+        free(v);
+        return e;
+    }
+    *out = v;
+    *n = k;
+    return CVT_ERR_NONE;
+}
+
 /* Does dir hold any weight file (*.safetensors, *.bin, *.pt)? */
 static bool has_weight_files(const char *dir)
 {
@@ -298,7 +353,8 @@ static enum cvt_err run_plan(struct cvt_run_state *R)
 {
     const struct cvt_opts *o = R->o;
     const char **names = NULL;
-    int n_names = 0;
+    char **act = NULL;
+    int n_names = 0, n_act = 0;
     enum cvt_err e;
     if ((e = cvt_source_open(o->model_dir, &R->src)))
         return e;
@@ -308,18 +364,26 @@ static enum cvt_err run_plan(struct cvt_run_state *R)
     R->cfg = cvt_source_config(R->src);
     struct cvt_dims d;
     if ((e = cvt_tok_check(R->src, R->cfg)) || (e = cvt_dims_from_hf(R->cfg, &d)) ||
-        (e = names_of(R->src, &names, &n_names)))
+        (e = names_of(R->src, &names, &n_names)) ||
+        (e = act_order_of(R->src, R->cfg, &act, &n_act))) {
+        free(names);
         return e;
-    struct cvt_name_list nl = {n_names, names};
+    }
+    struct cvt_name_list nl = {n_names, names, n_act, (const char *const *)act};
     e = cvt_plan_build(&d, &nl, o->tp, &R->plan);
     free(names);
+    for (int i = 0; i < n_act; i++)
+        free(act[i]);
+    free(act);
     if (e || (e = cvt_write_validate_sources(R)))
         return e;
     if (interrupted_early(&e))
         return e;
-    qs_log_info("%s: AWQ variant %s, container %s, quant config from %s; %s, %" PRId64
+    qs_log_info("%s: %s%s variant %s, container %s, quant config from %s; %s, %" PRId64
                 " layers, tp %d",
-                o->model_dir, R->variant, cvt_container_str(cvt_source_container(R->src)),
+                o->model_dir, cvt_qmethod_str(R->cfg->quant.method),
+                R->cfg->quant.zero_point ? "" : " symmetric", R->variant,
+                cvt_container_str(cvt_source_container(R->src)),
                 cvt_qcfg_file_str(R->cfg->quant.from), R->cfg->arch->name,
                 R->cfg->num_hidden_layers, o->tp);
     return CVT_ERR_NONE;

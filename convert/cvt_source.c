@@ -17,7 +17,8 @@
  *     that the index does not name is an ERROR (CVT_ERR_INDEX), not a warning: it signals a mixed
  *     or half-updated download. Shard names must be plain file names (no '/', no leading '.').
  *   - A tensor name may occur once in the whole checkpoint.
- *   - AWQ checkpoints only: `.qweight` tensors need a quant config and vice versa.
+ *   - quantized checkpoints only: `.qweight` (AWQ, GPTQ) or `.weight_packed` (compressed-tensors)
+ *     tensors need a quant config and vice versa.
  *   - Tokenizer files are optional (warning when none); JSON ones must parse.
  *
  * Reads are memcpy from the mapping followed by madvise(MADV_DONTNEED) on the pages read, so RSS
@@ -666,7 +667,7 @@ static enum cvt_err check_quantized(const struct cvt_source *src)
 {
     const char *q = NULL;
     for (size_t i = 0; i < src->n && !q; i++)
-        if (ends_with(src->t[i].name, ".qweight"))
+        if (ends_with(src->t[i].name, ".qweight") || ends_with(src->t[i].name, ".weight_packed"))
             q = src->t[i].name;
     if (q && src->cfg.quant.from == CVT_QCFG_NONE) {
         qs_log_error(__func__, "%s: tensor %s is quantized but there is no quant config (config.json quantization_config, quant_config.json or quantize_config.json): add one naming w_bit, group size and version",
@@ -674,8 +675,8 @@ static enum cvt_err check_quantized(const struct cvt_source *src)
         return CVT_ERR_CONFIG;
     }
     if (!q) {
-        qs_log_error(__func__, "%s: no .qweight tensors: not an AWQ checkpoint%s", src->dir,
-                     src->cfg.quant.from != CVT_QCFG_NONE ? " (although the config declares AWQ)" : "");
+        qs_log_error(__func__, "%s: no quantized tensors (.qweight, .weight_packed): not a W4A16 checkpoint%s", src->dir,
+                     src->cfg.quant.from != CVT_QCFG_NONE ? " (although the config declares one)" : "");
         return src->cfg.quant.from != CVT_QCFG_NONE ? CVT_ERR_CONFIG : CVT_ERR_UNSUPPORTED;
     }
     return CVT_ERR_NONE;

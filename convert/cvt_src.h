@@ -164,8 +164,21 @@ enum cvt_variant {
     CVT_VARIANT_GEMV = 2,       /* AutoAWQ GEMV, llm-awq gen-2: I32 [N, K/8] sequential */
     CVT_VARIANT_GEMV_FAST = 3,  /* AutoAWQ GEMVFast: I16 [N/4, K], qzeros F16 = -s*z */
     CVT_VARIANT_LLMAWQ_V3 = 4,  /* llm-awq gen-3 "-v2.pt": I16 [N/4, K], scaled_zeros = -s*z */
+    CVT_VARIANT_GPTQ = 5,       /* GPTQ (AutoGPTQ, GPTQModel): qweight I32 [K/8, N] sequential
+                                 * along K, qzeros I32 [K/G, N/8] (v1: stored z - 1), g_idx */
+    CVT_VARIANT_CT_PACKED = 6,  /* compressed-tensors pack-quantized: weight_packed I32 [N, K/8],
+                                 * weight_scale [N, K/G], weight_zero_point, weight_g_idx */
 };
-const char *cvt_variant_str(enum cvt_variant v);        /* "gemm", "gemv", "gemv_fast", "llm-awq-v3" */
+const char *cvt_variant_str(enum cvt_variant v);        /* "gemm", "gemv", "gemv_fast", "llm-awq-v3",
+                                                           "gptq", "compressed-tensors" */
+
+/* Which quantizer wrote the checkpoint (quant_method; docs/FORMATS.md sections 14-16). */
+enum cvt_qmethod {
+    CVT_QM_AWQ = 0,             /* AutoAWQ / llm-awq ("awq") */
+    CVT_QM_GPTQ = 1,            /* AutoGPTQ / GPTQModel ("gptq") */
+    CVT_QM_CT = 2,              /* llm-compressor ("compressed-tensors", format pack-quantized) */
+};
+const char *cvt_qmethod_str(enum cvt_qmethod m);        /* "awq", "gptq", "compressed-tensors" */
 #define CVT_VARIANT_BIT(v) (1u << (unsigned)(v))
 
 #define CVT_MAX_EOS      16
@@ -205,7 +218,13 @@ struct cvt_hf_config {
         enum cvt_qcfg_file from;      /* which file the parameters came from */
         int      w_bit;               /* always 4 (others refused) */
         int64_t  group_size;          /* G as written; -1 = one group per layer (G = K) */
-        bool     zero_point;          /* always true (false refused) */
+        bool     zero_point;          /* false: symmetric (no stored zeros, z = 8) */
+        enum cvt_qmethod method;      /* quant_method */
+        bool     act_order;           /* GPTQ desc_act / compressed-tensors actorder "group":
+                                       * g_idx may assign rows to groups out of order */
+        bool     gptq_v1;             /* GPTQ checkpoint_format "gptq": qzeros hold z - 1 */
+        int      n_ignore;            /* compressed-tensors "ignore" entries */
+        char    *ignore[CVT_MAX_SKIP_MOD]; /* owned; exact module names or "re:" + a regex */
         char     version[32];         /* lower-cased "gemm", "gemv", ... or "" if absent */
         char     format[32];          /* transformers v5 "format" or "" */
         char     backend[32];         /* "autoawq", "llm-awq", ... or "" */
@@ -224,6 +243,12 @@ struct cvt_hf_config {
 /* True when module `name` (e.g. "model.layers.0.mlp.gate_proj") matches an entry of
  * modules_to_not_convert (substring test, as AutoAWQ, transformers and vLLM do). */
 bool cvt_config_skips_module(const struct cvt_hf_config *cfg, const char *name);
+
+/* True when module `name` matches an entry of a compressed-tensors "ignore" list: an exact
+ * module name, or "re:" + a regex that matches at the start of the name (Python re.match, as
+ * compressed-tensors `is_match` does; the regex was checked and translated to POSIX ERE by
+ * cvt_config_parse, docs/FORMATS.md section 15.4). False for other quantizers. */
+bool cvt_config_ignores_module(const struct cvt_hf_config *cfg, const char *name);
 
 /*
  * Parse config JSON texts into `cfg` (exposed for tests and the config fuzzer; cvt_source_open
@@ -353,6 +378,8 @@ struct cvt_awq_info {
     const struct cvt_src_tensor *zeros;   /* qzeros or scaled_zeros */
     const struct cvt_src_tensor *scales;
     const struct cvt_src_tensor *bias;    /* NULL when absent */
+    const struct cvt_src_tensor *g_idx;   /* GPTQ g_idx / compressed-tensors weight_g_idx, or NULL */
+    const struct cvt_src_tensor *shape;   /* compressed-tensors weight_shape, or NULL */
 };
 
 /*
@@ -378,6 +405,29 @@ struct cvt_awq_linear {
     uint16_t *s;                /* owned; [K/G][N] fp16 bits, finite and > 0 */
     float    *bias;             /* owned; [N] source values (exact in fp32) or NULL */
 };
+
+/*
+ * Act-order (GPTQ desc_act, compressed-tensors actorder "group"): g_idx[k] names the group of
+ * source input row k in any order. The canonical rows of such a linear are then in GROUP ORDER:
+ * canonical row j is source row perm[j], where perm lists the rows of group 0 in ascending row
+ * order, then group 1, ... (a stable sort of the rows by g_idx), so canonical row j is in group
+ * j / G like every other linear. Row ranges [k0, k1) given to cvt_awq_load and
+ * cvt_awq_dequant_source are canonical rows. The runtime gathers x[perm[j]] for input j
+ * (docs/DESIGN.md section 4.5). Without act-order (no g_idx, or g_idx[k] == k / G) perm is the
+ * identity and nothing changes.
+ */
+
+/*
+ * Read and validate the g_idx of quantized linear `prefix` (K input rows): every value in
+ * [0, K/G) and every group exactly G rows (docs/FORMATS.md 14.3). *act_order = the assignment
+ * is not k / G. A linear without g_idx: *act_order = false. Errors: CVT_ERR_SHAPE (g_idx not
+ * I32/I64 [K]), CVT_ERR_RANGE (a value outside the groups or a group of the wrong size, naming
+ * the tensor, the row and the group), CVT_ERR_CONFIG (a non-trivial g_idx while the config
+ * says no act-order: names the tensor and desc_act / actorder). When perm is not NULL it
+ * receives the K canonical-to-source rows (identity without act-order).
+ */
+enum cvt_err cvt_awq_gidx(const struct cvt_source *src, const struct cvt_hf_config *cfg,
+                          const char *prefix, int64_t K, bool *act_order, int32_t *perm);
 
 /*
  * Decode rows [k0, k1) and columns [n0, n1) of the linear `prefix` (full sizes K x N expected)

@@ -146,6 +146,58 @@ static inline enum cvt_err cvt_from_json(enum qs_json_err e)
 /* Forward a qs_json reader's non-zero status as a converter status. */
 #define CVT_TRY_JSON(expr) CVT_TRY(cvt_from_json(expr))
 
+struct cJSON;
+
+/* One quant config object as read (cvt_config.c read_qparams; GPTQ and compressed-tensors keys
+ * by cvt_qcfg.c). */
+struct cvt_qparams {
+    bool    present;
+    enum cvt_qmethod method;
+    int64_t bits, group;           /* group -1: one group per linear */
+    bool    zero_point;            /* AWQ zero_point; GPTQ !sym; compressed-tensors !symmetric */
+    bool    act_order;             /* GPTQ desc_act; compressed-tensors actorder group/dynamic */
+    bool    gptq_v1;               /* GPTQ checkpoint_format "gptq": qzeros store z - 1 */
+    char    version[32], format[32], backend[32], quant_method[32];
+    const struct cJSON *skip;      /* modules_to_not_convert (borrowed from the tree) */
+    const struct cJSON *ignore;    /* compressed-tensors "ignore" (borrowed) */
+};
+
+/* cvt_qcfg.c: the GPTQ keys / the compressed-tensors keys of quant config object o into *q
+ * (method, bits, group, zero_point, act_order, gptq_v1, format); everything not implemented is
+ * refused by name. cvt_qcfg_ignore: the validated "ignore" list into cfg->quant.ignore. Errors:
+ * CVT_ERR_CONFIG, CVT_ERR_UNSUPPORTED, CVT_ERR_NOMEM, reported once. */
+struct qs_json_ctx;
+enum cvt_err cvt_qcfg_gptq(const struct qs_json_ctx *c, const struct cJSON *o, struct cvt_qparams *q);
+enum cvt_err cvt_qcfg_ct(const struct qs_json_ctx *c, const struct cJSON *o, struct cvt_qparams *q);
+enum cvt_err cvt_qcfg_ignore(const struct qs_json_ctx *c, const struct cJSON *ign,
+                             struct cvt_hf_config *cfg);
+
+/* cvt_awq.c helpers shared with cvt_gptq.c: "F16 [a, b]" text; a scale that is not finite and
+ * > 0 reported (CVT_ERR_NAN); a half scale to canonical fp16 bits with the checks (BF16 must be
+ * exact in fp16: CVT_ERR_RANGE). */
+const char *cvt_tensor_shape_str(const struct cvt_src_tensor *t, char *buf, size_t cap);
+enum cvt_err cvt_awq_bad_scale(const struct cvt_source *src, const struct cvt_src_tensor *sc,
+                               int64_t r, int64_t c, float v);
+enum cvt_err cvt_awq_scale_bits(const struct cvt_source *src, const struct cvt_src_tensor *sc,
+                                int64_t r, int64_t c, const uint8_t *p, uint16_t *out, float *val);
+
+/* cvt_gptq.c: GPTQ and compressed-tensors linears (K, N, G of the config; info filled but for
+ * K/N/G/bias, which cvt_awq_probe adds), their canonical decode into o (slice fields set by the
+ * caller; canonical rows in group order for act-order) and the independent dequantization of
+ * canonical rows [k0, k1) x columns [n0, n1). cvt_awq_zeros_presence: symmetric AWQ's "no
+ * qzeros" rule. Errors as cvt_awq_probe / cvt_awq_load. */
+enum cvt_err cvt_gptq_probe(const struct cvt_source *src, const struct cvt_hf_config *cfg,
+                            const char *prefix, int64_t K, int64_t N, int64_t G,
+                            struct cvt_awq_info *info);
+enum cvt_err cvt_gptq_decode(const struct cvt_source *src, const struct cvt_hf_config *cfg,
+                             const char *prefix, const struct cvt_awq_info *in,
+                             struct cvt_awq_linear *o);
+enum cvt_err cvt_gptq_dequant(const struct cvt_source *src, const struct cvt_hf_config *cfg,
+                              const char *prefix, const struct cvt_awq_info *in, int64_t k0,
+                              int64_t k1, int64_t n0, int64_t n1, float *out);
+enum cvt_err cvt_awq_zeros_presence(const struct cvt_source *src, const struct cvt_hf_config *cfg,
+                                    const char *prefix, const struct cvt_src_tensor *z);
+
 /* cvt_safetensors.c */
 enum cvt_dtype cvt_dtype_from_str(const char *s);
 

@@ -80,7 +80,7 @@ enum cvt_err cvt_write_validate_sources(struct cvt_run_state *R)
     }
     size_t at = 0;
     R->variant[0] = '\0';
-    for (int v = CVT_VARIANT_GEMM; v <= CVT_VARIANT_LLMAWQ_V3; v++)
+    for (int v = CVT_VARIANT_GEMM; v <= CVT_VARIANT_CT_PACKED; v++)
         if (seen & CVT_VARIANT_BIT(v))
             at += (size_t)snprintf(R->variant + at, sizeof(R->variant) - at, "%s%s",
                                    at ? "+" : "", cvt_variant_str((enum cvt_variant)v));
@@ -139,6 +139,11 @@ static char *config_json(const struct cvt_run_state *R, int rank)
     cJSON_AddNumberToObject(q, "w_bit", c->quant.w_bit);
     cJSON_AddNumberToObject(q, "group_size", p->d.group_size);
     cJSON_AddBoolToObject(q, "zero_point", c->quant.zero_point);
+    cJSON_AddStringToObject(q, "source_format", cvt_qmethod_str(c->quant.method));
+    bool act = false;
+    for (int i = 0; i < p->ranks[rank].n_outs; i++)
+        act |= p->ranks[rank].outs[i].kind == CVT_OUT_PERM;
+    cJSON_AddBoolToObject(q, "act_order", act);
     cJSON_AddStringToObject(q, "source_variant", R->variant);
     cJSON_AddStringToObject(q, "source_container", cvt_container_str(cvt_source_container(R->src)));
     a = cJSON_AddArrayToObject(q, "modules_to_not_convert");
@@ -221,6 +226,10 @@ static enum cvt_err declare_out(struct cvt_run_state *R, int rank, const struct 
         uint32_t ax = o->split == FMT_SPLIT_COLUMN ? 0 : 1;
         fe = fmt_writer_add_tensor(w, o->name, FMT_DTYPE_F16, FMT_LAYOUT_ROW_MAJOR, 2, sh, sp,
                                    sp ? ax : 0, first);
+    } else if (o->kind == CVT_OUT_PERM) {
+        uint64_t sh[1] = {N};
+        fe = fmt_writer_add_tensor(w, o->name, FMT_DTYPE_I32, FMT_LAYOUT_ROW_MAJOR, 1, sh, sp, 0,
+                                   first);
     } else {
         bool vec = o->rows == 1;
         uint64_t sh[2] = {vec ? N : K, N};

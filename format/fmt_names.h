@@ -55,6 +55,7 @@ enum fmt_name {
 #define FMT_SUFFIX_QZEROS ".qzeros"
 #define FMT_SUFFIX_WEIGHT ".weight"
 #define FMT_SUFFIX_BIAS ".bias"
+#define FMT_SUFFIX_PERM ".perm" /* act-order input permutation of a W4 linear, I32 [K] (DESIGN 4.5) */
 
 /*
  * Write the canonical name of `role` for `layer` and `expert` (ignored where the role has none)

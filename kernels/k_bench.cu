@@ -177,6 +177,48 @@ int bench_stream(void)
     return K_BENCH_EXIT_OK;
 }
 
+/* --- `bench kernel gather`: the act-order input gather (k_gather_cols, DESIGN 4.5) ----------- */
+
+/* Time per call of k_gather_cols at the activation widths of act-order linears (the 7B's
+ * qkv/gate_up input H = 4096 and down_proj input I = 11008, the 8B's 14336, the 70B's 8192 and
+ * 28672) and M rows (default 1, 16, 64), graph-replayed like a decode step; the per-token cost
+ * of a 7B is 3 gathers of 4096 and one of 11008 per layer, 32 layers. */
+int bench_gather(const std::vector<int> &ms, double target_ms)
+{
+    const int widths[] = {4096, 8192, 11008, 14336, 28672};
+    const int max_m = *std::max_element(ms.begin(), ms.end());
+    const size_t elems = (size_t)max_m * 28672;
+    uint16_t *src = nullptr, *dst = nullptr;
+    int32_t *perm = nullptr;
+    K_CUDA_CHECK(cudaMalloc(&src, elems * 2));
+    K_CUDA_CHECK(cudaMalloc(&dst, elems * 2));
+    K_CUDA_CHECK(cudaMalloc(&perm, 28672 * sizeof(int32_t)));
+    K_CUDA_CHECK(cudaMemset(src, 0, elems * 2));
+    std::vector<int32_t> hp(28672);
+    for (int j = 0; j < 28672; ++j) hp[j] = (int32_t)(((long long)j * 7919) % 28672); /* a permutation */
+    double per_m1[5] = {0};
+    for (int M : ms)
+        for (int wi = 0; wi < 5; ++wi) {
+            const int K = widths[wi];
+            std::vector<int32_t> pk(K);
+            for (int j = 0; j < K; ++j) pk[j] = (int32_t)(((long long)j * 7919) % K);
+            K_CUDA_CHECK(cudaMemcpy(perm, pk.data(), K * sizeof(int32_t), cudaMemcpyHostToDevice));
+            const double us = kb_time_us(g_clock, [&](int) {
+                if (k_gather_cols(dst, src, perm, M, K, g_clock.stream)) abort();
+            }, target_ms);
+            if (M == 1) per_m1[wi] = us;
+            printf("gather_cols M %4d K %6d | %7.2f us | %6.1f GB/s (read + write)\n", M, K, us,
+                   (double)M * K * 4 / (us * 1e3));
+        }
+    if (per_m1[0] > 0)
+        printf("7B act-order per token (32 x (3 x K 4096 + K 11008)) at M 1: %.1f us\n",
+               32 * (3 * per_m1[0] + per_m1[2]));
+    K_CUDA_CHECK(cudaFree(src));
+    K_CUDA_CHECK(cudaFree(dst));
+    K_CUDA_CHECK(cudaFree(perm));
+    return K_BENCH_EXIT_OK;
+}
+
 /* --- `bench kernel floor`: the per-call floor of a chain of weight-streaming kernels -------- */
 /*
  * What a kernel that does nothing but stream one linear's W4A16 bytes (qweight + scales + zeros,
@@ -468,6 +510,7 @@ struct bopts {
     std::string shapes = "llama2-7b,llama3-8b,70b";
     int tp = 1, G = 128;
     double target_ms = 20;
+    bool m_given = false;
 };
 
 /* kb_linear with the launch of a route on rotation i */
@@ -616,6 +659,8 @@ void usage(FILE *f)
             "                                    each shape's W4A16 bytes)\n"
             "       qshard bench kernel sample [--vocab 32000,128256]\n"
             "                                    (next-token choice: k_sample vs download + host sampler)\n"
+            "       qshard bench kernel gather [--m 1,16,64]\n"
+            "                                    (the act-order input gather, k_gather_cols)\n"
             "  --m LIST         activation rows M (default 1,16,64,256,4096)\n"
             "  --shapes LIST    llama2-7b,llama3-8b,llama2-13b,70b (default llama2-7b,llama3-8b,70b)\n"
             "                   or one layer as KxN, e.g. 8192x57344 (--tp does not apply to it)\n"
@@ -665,7 +710,7 @@ int parse_options(int argc, char **argv, bopts *o)
     std::string bad;
     while ((c = getopt_long(argc, argv, "h", opts, nullptr)) != -1) {
         switch (c) {
-        case 'm': if (!parse_positive(optarg, "--m", o->Ms)) return K_BENCH_EXIT_USAGE; break;
+        case 'm': if (!parse_positive(optarg, "--m", o->Ms)) return K_BENCH_EXIT_USAGE; o->m_given = true; break;
         case 's': o->shapes = optarg; break;
         case 't': o->tp = atoi(optarg); break;
         case 'r':
@@ -759,11 +804,14 @@ int bench_kernel_main(int argc, char **argv)
     if (rc != K_BENCH_EXIT_OK) return rc < 0 ? K_BENCH_EXIT_OK : rc;
     const char *op = optind < argc ? argv[optind] : "";
     if (strcmp(op, "stream") == 0) return need_stream() ? bench_stream() : K_BENCH_EXIT_RUNTIME;
+    if (strcmp(op, "gather") == 0)
+        return need_stream() ? bench_gather(o.m_given ? o.Ms : std::vector<int>{1, 16, 64}, o.target_ms)
+                             : K_BENCH_EXIT_RUNTIME;
     if (strcmp(op, "sample") == 0)
         return need_stream() ? bench_sample(o.vocabs.empty() ? std::vector<int>{32000, 128256} : o.vocabs)
                              : K_BENCH_EXIT_RUNTIME;
     if (strcmp(op, "floor") != 0 && strcmp(op, "w4a16") != 0) {
-        fprintf(stderr, "qshard bench kernel: name the op (w4a16, floor, sample or stream)\n");
+        fprintf(stderr, "qshard bench kernel: name the op (w4a16, floor, gather, sample or stream)\n");
         usage(stderr);
         return K_BENCH_EXIT_USAGE;
     }

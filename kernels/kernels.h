@@ -267,6 +267,11 @@ int k_router(float *y, const uint16_t *x, const float *W, int M, int K, int N,
 int k_gather_rows(uint16_t *dst, const uint16_t *src, const int32_t *rows, int n, int width,
                   struct CUstream_st *stream);
 
+/* Act-order input gather: dst[m][j] = src[m][perm[j]], fp16 rows of K (kernels/k_perm.cu;
+ * reference ref_gather_cols); perm: device [K], a permutation. Errors: K_ERR_SHAPE, K_ERR_ARG. */
+int k_gather_cols(uint16_t *dst, const uint16_t *src, const int32_t *perm, int M, int K,
+                  struct CUstream_st *stream);
+
 /* y[rows[i]][:] += weights[i] * src[i][:] (fp32 math, fp16 storage), i in order, so rows may
  * repeat (one block walks all i for its columns). rows, weights: device [n].
  * Errors: K_ERR_SHAPE, K_ERR_ARG. */

@@ -201,6 +201,12 @@ void ref_softmax(float *x, int M, int N);
  * Returns -1 if there is no candidate. */
 int ref_argmax(const float *logits, int n, int vocab_size);
 
+/* --- act-order gather (kernels/ref_perm.c) ---------------------------------------------------- */
+
+/* dst[m][j] = src[m][perm[j]] for M rows of K (an act-order linear's input, DESIGN 4.5); perm a
+ * permutation of 0..K-1 (the runtime checks it when it opens the file). dst != src. */
+void ref_gather_cols(float *dst, const float *src, const int32_t *perm, int M, int K);
+
 /* --- embedding ------------------------------------------------------------------------------ */
 
 /*

@@ -221,6 +221,10 @@ struct rt_backend_ops {
      * y[rows[i]] += weights[i] * src[i]. rows, weights: host [n]. */
     enum rt_err (*gather_rows)(void *ctx, void *dst, const void *src, const int32_t *rows, int n,
                                int width);
+    /* Act-order input (ref_gather_cols): act dst[m][j] = src[m][perm[j]] for M rows of K;
+     * perm: backend i32 [K] (a weight tensor), a permutation of 0..K-1. */
+    enum rt_err (*gather_cols)(void *ctx, void *dst, const void *src, const int32_t *perm, int M,
+                               int K);
     enum rt_err (*scatter_add_rows)(void *ctx, void *y, const void *src, const int32_t *rows,
                                     const float *weights, int n, int width);
     /* The collectives of this rank, through the communicator the backend was made with (the

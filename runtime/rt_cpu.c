@@ -254,6 +254,14 @@ static enum rt_err cpu_gather_rows(void *ctx, void *vdst, const void *vsrc, cons
     return RT_ERR_NONE;
 }
 
+static enum rt_err cpu_gather_cols(void *ctx, void *dst, const void *src, const int32_t *perm,
+                                   int M, int K)
+{
+    (void)ctx;
+    ref_gather_cols(dst, src, perm, M, K);
+    return RT_ERR_NONE;
+}
+
 static enum rt_err cpu_scatter_add_rows(void *ctx, void *vy, const void *vsrc,
                                         const int32_t *rows, const float *weights, int n,
                                         int width)
@@ -316,6 +324,7 @@ static const struct rt_backend_ops cpu_ops = {
     .kv_copy_block = cpu_kv_copy_block,
     .act_mul = cpu_act_mul,
     .gather_rows = cpu_gather_rows,
+    .gather_cols = cpu_gather_cols,
     .scatter_add_rows = cpu_scatter_add_rows,
     .all_reduce = cpu_all_reduce,
     .gather = cpu_gather,

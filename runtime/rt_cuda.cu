@@ -635,6 +635,15 @@ static enum rt_err cuda_gather_rows(void *ctx, void *dst, const void *src, const
     return RT_ERR_NONE;
 }
 
+static enum rt_err cuda_gather_cols(void *ctx, void *dst, const void *src, const int32_t *perm,
+                                    int M, int K)
+{
+    struct cuda_rank *r = R(ctx);
+    RT_K_TRY(k_gather_cols(static_cast<uint16_t *>(dst), static_cast<const uint16_t *>(src), perm,
+                           M, K, r->stream));
+    return RT_ERR_NONE;
+}
+
 static enum rt_err cuda_scatter_add_rows(void *ctx, void *y, const void *src, const int32_t *rows,
                                          const float *weights, int n, int width)
 {
@@ -820,6 +829,7 @@ static struct rt_backend_ops make_ops(void)
     o.mem_info = cuda_mem_info;
     o.act_mul = cuda_act_mul;
     o.gather_rows = cuda_gather_rows;
+    o.gather_cols = cuda_gather_cols;
     o.scatter_add_rows = cuda_scatter_add_rows;
     o.all_reduce = cuda_all_reduce;
     o.gather = cuda_gather;

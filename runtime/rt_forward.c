@@ -164,6 +164,10 @@ static bool use_acc(const struct rt_model *m, const struct rt_linear *L, int M)
 static enum rt_err linear(struct rt_model *m, const struct rt_linear *L, const void *x, int M,
                           void *y, float *acc)
 {
+    if (L->perm) { /* act-order: the input columns in the order the rows were stored */
+        RT_TRY(OPS->gather_cols(BCTX, m->xperm, x, L->perm, M, L->K));
+        x = m->xperm;
+    }
     if (L->qweight)
         return OPS->linear_w4(BCTX, x, L->qweight, L->qzeros, L->scales, L->bias, M, L->K, L->N,
                               L->G, y, acc);

@@ -168,6 +168,44 @@ static enum rt_err linear_group(const struct rt_model *m, enum fmt_name role, in
     return RT_ERR_NONE;
 }
 
+/* The optional act-order permutation `<prefix>.perm` I32 [K] of linear L (DESIGN 4.5): checked
+ * to be a permutation of 0..K-1 on the host mapping (a hostile file must not make the gather
+ * read out of bounds). Errors: RT_ERR_LAYOUT / RT_ERR_SHAPE (bind), RT_ERR_FORMAT (not a
+ * permutation: names the tensor and the entry), RT_ERR_NOMEM. */
+static enum rt_err bind_perm(struct rt_model *m, enum fmt_name role, int layer, int expert,
+                             struct rt_linear *L)
+{
+    char name[FMT_NAME_MAX + 1];
+    const void *p;
+    RT_TRY(bind_role(m, role, layer, expert, FMT_SUFFIX_PERM, FMT_DTYPE_I32, FMT_LAYOUT_ROW_MAJOR,
+                     L->K, -1, true, &p));
+    if (!p)
+        return RT_ERR_NONE;
+    fmt_name(name, sizeof(name), role, layer, expert, FMT_SUFFIX_PERM);
+    const struct fmt_tensor *t = fmt_shard_find(m->shard, name);
+    uint8_t *seen = calloc((size_t)L->K, 1);
+    if (!seen) {
+        qs_log_error(__func__, "out of memory");
+        return RT_ERR_NOMEM;
+    }
+    for (int j = 0; j < L->K; j++) {
+        int32_t v;
+        memcpy(&v, (const uint8_t *)t->data + 4 * (size_t)j, 4);
+        if (v < 0 || v >= L->K || seen[v]) {
+            qs_log_error(__func__, "file %s: tensor %s: entry %d is %d: not a permutation of "
+                         "0..%d", fmt_shard_path(m->shard), name, j, (int)v, L->K - 1);
+            free(seen);
+            return RT_ERR_FORMAT;
+        }
+        seen[v] = 1;
+    }
+    free(seen);
+    L->perm = p;
+    if ((size_t)L->K > m->perm_cols)
+        m->perm_cols = (size_t)L->K;
+    return RT_ERR_NONE;
+}
+
 /* Bind the linear of `role` (layer, expert): packed W4 triple (group size from its scales,
  * linear_group), else `<prefix>.weight` fp16 [N, K]; `<prefix>.bias` fp32 [N] optional unless
  * need_bias. */
@@ -215,7 +253,7 @@ static enum rt_err bind_linear(struct rt_model *m, enum fmt_name role, int layer
     RT_TRY(bind_role(m, role, layer, expert, FMT_SUFFIX_BIAS, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR,
                   N, -1, !need_bias, &p));
     L->bias = p;
-    return RT_ERR_NONE;
+    return bind_perm(m, role, layer, expert, L);
 }
 
 /* The MoE MLP of layer l: router + experts (the architecture says moe). */
@@ -356,6 +394,8 @@ static enum rt_err alloc_buffers(struct rt_model *m)
     RT_TRY(balloc(m, B * 2 * Ir * A, &m->gu));
     RT_TRY(balloc(m, B * Ir * A, &m->act));
     RT_TRY(balloc(m, B * H * A, &m->xe));
+    if (m->perm_cols)
+        RT_TRY(balloc(m, B * m->perm_cols * A, &m->xperm));
     if (c->arch->moe) {
         RT_TRY(balloc(m, B * H * A, &m->ye));
         RT_TRY(balloc(m, B * (size_t)c->n_experts * F, &m->router_logits));
@@ -590,7 +630,7 @@ void rt_model_free(struct rt_model *m)
         void *bufs[] = {m->h,   m->x,     m->o,      m->qkv,          m->att,
                         m->gu,  m->act,   m->xe,     m->ye,           m->acc,
                         m->router_logits, m->logits, m->logits_all,   m->inv_freq,
-                        m->tok, m->tabs};
+                        m->tok, m->tabs,  m->xperm};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
             OPS->free(BCTX, bufs[i]);
         OPS->destroy(BCTX);

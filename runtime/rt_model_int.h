@@ -19,6 +19,8 @@ struct rt_linear {
     const uint16_t *scales;     /* [K/G, N] fp16 packed 4.2 */
     const uint16_t *weight_f16; /* [N][K] fp16 row-major (modules_to_not_convert) */
     const float *bias;          /* [N] or NULL */
+    const int32_t *perm;        /* act-order [K] or NULL: the linear's input j is x[perm[j]]
+                                 * (DESIGN 4.5; validated a permutation of 0..K-1 at open) */
     bool acc_ok;                /* can leave fp32 sums for its consumer (packed, backend says) */
 };
 
@@ -64,6 +66,8 @@ struct rt_model {
     void *gu;        /* act [B][2 I_r] */
     void *act;       /* act [B][I_r] */
     void *xe, *ye;   /* act [B][H]: MoE expert input / output; xe also the out rows of x */
+    void *xperm;     /* act [B][perm_cols]: an act-order linear's gathered input, or NULL */
+    size_t perm_cols;/* widest K of a linear with a perm (0: none) */
     float *acc;      /* f32 [defer_m][acc_cols] deferred split-K sums, zero between uses */
     float *router_logits; /* f32, MoE: [B][E] */
     float *logits;   /* f32 [LB][V_r] this rank's lm_head output */

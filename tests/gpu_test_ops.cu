@@ -754,6 +754,38 @@ static void test_moe(void)
     TCUDA(cudaFree(dyy)); TCUDA(cudaFree(dg)); TCUDA(cudaFree(drows)); TCUDA(cudaFree(dw));
 }
 
+/* k_gather_cols (act-order input, DESIGN 4.5) vs ref_gather_cols on a fresh random permutation,
+ * bit for bit (a pure copy), at the shapes of a 7B's act-order linears (K 4096 and 11008) and
+ * an odd small one; refusals. */
+static void test_gather_cols(void)
+{
+    const int shapes[][2] = {{1, 4096}, {7, 11008}, {33, 96}};
+    for (const auto &sh : shapes) {
+        const int M = sh[0], K = sh[1];
+        std::vector<uint16_t> xh;
+        std::vector<float> xf, want((size_t)M * K);
+        rand_f16(xh, xf, (size_t)M * K, -1.0f, 1.0f);
+        std::vector<int32_t> perm(K);
+        for (int j = 0; j < K; ++j) perm[j] = j;
+        for (int j = K - 1; j > 0; --j) { /* Fisher-Yates with the test RNG */
+            int r = (int)(rng_uniform(0.0f, 1.0f) * (float)(j + 1));
+            if (r > j) r = j;
+            std::swap(perm[j], perm[r]);
+        }
+        ref_gather_cols(want.data(), xf.data(), perm.data(), M, K);
+        uint16_t *dx = dev_upload(xh), *dy = dev_poisoned<uint16_t>((size_t)M * K);
+        int32_t *dp = dev_upload(perm);
+        CHECK_EQ_INT(k_gather_cols(dy, dx, dp, M, K, nullptr), K_ERR_NONE);
+        const std::vector<float> got = f16_to_f32(dev_download(dy, (size_t)M * K));
+        size_t bad = 0;
+        for (size_t i = 0; i < got.size(); ++i) bad += memcmp(&got[i], &want[i], 4) != 0;
+        CHECK_MSG(bad == 0, "gather_cols M=%d K=%d: %zu values differ", M, K, bad);
+        CHECK_EQ_INT(k_gather_cols(dy, dx, dp, 0, K, nullptr), K_ERR_SHAPE);
+        CHECK_EQ_INT(k_gather_cols(dy, dx, nullptr, M, K, nullptr), K_ERR_ARG);
+        TCUDA(cudaFree(dx)); TCUDA(cudaFree(dy)); TCUDA(cudaFree(dp));
+    }
+}
+
 // --- all-reduce across GPUs ------------------------------------------------------------------------
 
 /* Between all-reduce rounds, on rank `rank`'s GPU: optionally hold the GPU for ~spin_ns (so the
@@ -947,6 +979,7 @@ int main(int argc, char **argv)
         {"sample", test_sample},
         {"attention", test_attention},
         {"moe", [](bool) { test_moe(); }},
+        {"gather_cols", [](bool) { test_gather_cols(); }},
         {"allreduce", test_allreduce},
     };
     return gpu_test_main(argc, argv, "gpu_test_ops", "", areas, (int)(sizeof(areas) / sizeof(areas[0])));

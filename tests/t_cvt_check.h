@@ -28,6 +28,7 @@ struct model_ck {
     long nq_r, nkv_r, rep, I_r, I_pad, V_r;
     int n_checked;              /* tensors checked on the current rank */
     int n_local;                /* packed linears seen with a local group size below G */
+    int max_tp;                 /* INDEX.json "max_tp" (act-order fixtures: 1), 0 = none */
 };
 
 /* Largest common divisor of a and b, by counting down (not the converter's gcd). */
@@ -43,6 +44,8 @@ static inline long gcd_slow(long a, long b)
  * row-parallel o_proj's local group size gcd(G, K_r) must be a multiple of 16. */
 static inline bool tp_possible(const struct model_ck *m, int tp)
 {
+    if (m->max_tp > 0 && tp > m->max_tp) /* act-order row-parallel linears: tp 1 only */
+        return false;
     if (m->nq % tp)
         return false;
     if (tp <= m->nkv ? m->nkv % tp : tp % m->nkv)
@@ -221,6 +224,54 @@ static inline void ck_vocab(struct model_ck *m, const struct fmt_shard *s, int r
     free(v);
 }
 
+/* The act-order permutation `<out>.perm` of output p (DESIGN 4.5): present exactly when the
+ * source g_idx of `src_prefix` is not k / G, and then it must list, for every group in order, the
+ * source rows of that group in ascending order, computed here from the source g_idx by a double
+ * loop (not the converter's counting sort); padding rows past the source's K map to themselves.
+ * Counted as checked. */
+static inline void ck_perm(struct model_ck *m, const struct fmt_shard *s, const char *p,
+                           const char *src_prefix, long K_src)
+{
+    char pn[240], gn[220];
+    snprintf(pn, sizeof(pn), "%s.perm", p);
+    const struct fmt_tensor *t = fmt_shard_find(s, pn);
+    snprintf(gn, sizeof(gn), "%s.g_idx", src_prefix);
+    const struct cvt_src_tensor *g = cvt_source_find(m->src, gn);
+    if (!g) {
+        snprintf(gn, sizeof(gn), "%s.weight_g_idx", src_prefix);
+        g = cvt_source_find(m->src, gn);
+    }
+    long G = m->G > 0 ? m->G : K_src;
+    int32_t *gi = NULL;
+    bool act = false;
+    if (g) {
+        gi = malloc((size_t)K_src * 4);
+        CHECK(gi && cvt_source_read(m->src, g, gi, (size_t)K_src * 4) == CVT_ERR_NONE);
+        for (long k = 0; gi && k < K_src; k++)
+            act |= gi[k] != (int32_t)(k / G);
+    }
+    CHECK_MSG(act == (t != NULL), "%s: %s although the source g_idx is %s", pn,
+              t ? "present" : "missing", act ? "act-order" : "k / G or absent");
+    if (!t || !act) {
+        free(gi);
+        return;
+    }
+    m->n_checked++;
+    CHECK(t->dtype == FMT_DTYPE_I32 && t->n_dims == 1);
+    const int32_t *pm = t->data;
+    long j = 0, bad = 0;
+    for (long grp = 0; grp < K_src / G; grp++)
+        for (long k = 0; k < K_src && j < (long)t->shape[0]; k++)
+            if (gi[k] == grp)
+                bad += pm[j++] != (int32_t)k;
+    long n_src = j;
+    for (; j < (long)t->shape[0]; j++)
+        bad += pm[j] != (int32_t)j;
+    CHECK_MSG(bad == 0 && n_src == K_src, "%s: %ld entries differ from the group order of %s", pn,
+              bad, gn);
+    free(gi);
+}
+
 /* Fused column-parallel q/k/v (+ bias) of layer i on rank r. */
 static inline void ck_attention(struct model_ck *m, const struct fmt_shard *s, int r, int i)
 {
@@ -243,6 +294,11 @@ static inline void ck_attention(struct model_ck *m, const struct fmt_shard *s, i
                 CHECK_MSG(block_eq(w, N, 0, dc, src, Ns, 0, c0, m->H, n),
                           "%s rank %d: %s slice differs from the source", p, r, part[j]);
             free(src);
+            if (j == 0) {
+                char p0[160];
+                snprintf(p0, sizeof(p0), "model.layers.%d.self_attn.q_proj", i);
+                ck_perm(m, s, p, p0, m->H);
+            }
             /* bias (Qwen2): same columns */
             char bn[200];
             snprintf(bn, sizeof(bn), "%s.bias", sp);
@@ -270,6 +326,7 @@ static inline void ck_attention(struct model_ck *m, const struct fmt_shard *s, i
                       "%s rank %d differs from the source rows", p, r);
         free(src);
         free(w);
+        ck_perm(m, s, p, p, m->nq * hd);
     }
 }
 
@@ -296,6 +353,8 @@ static inline void ck_mlp(struct model_ck *m, const struct fmt_shard *s, int r, 
             free(src);
         }
         free(w);
+        snprintf(sp, sizeof(sp), "%s.%s", base, gate);
+        ck_perm(m, s, p, sp, m->H);
     }
     snprintf(p, sizeof(p), "%s.down_proj", base);
     w = deq_rank(m, s, p, m->I, &K, &N);
@@ -309,6 +368,7 @@ static inline void ck_mlp(struct model_ck *m, const struct fmt_shard *s, int r, 
         CHECK_MSG(block_zero(w, N, held, K, 0, N), "%s rank %d: padding rows not zero", p, r);
         free(src);
         free(w);
+        ck_perm(m, s, p, sp, m->I);
     }
 }
 
@@ -403,6 +463,7 @@ static inline cJSON *config_sans_source(const struct fmt_shard *s)
     cJSON *q = cJSON_GetObjectItem(j, "quant");
     cJSON_DeleteItemFromObject(q, "source_variant");
     cJSON_DeleteItemFromObject(q, "source_container");
+    cJSON_DeleteItemFromObject(q, "source_format");
     return j;
 }
 

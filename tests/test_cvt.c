@@ -67,6 +67,8 @@ static void test_models(void)
         m.G = m.cfg->quant.group_size;
         m.L = m.cfg->num_hidden_layers;
         m.E = m.cfg->num_local_experts;
+        const cJSON *mt = cJSON_GetObjectItem(it, "max_tp");
+        m.max_tp = cJSON_IsNumber(mt) ? mt->valueint : 0;
         /* INDEX.json agrees with the config the converter reads */
         CHECK_EQ_INT(m.H, cJSON_GetNumberValue(cJSON_GetObjectItem(it, "hidden_size")));
         CHECK_EQ_INT(m.G, cJSON_GetNumberValue(cJSON_GetObjectItem(it, "group_size")));

@@ -122,8 +122,7 @@ static void test_configs(void)
         enum cvt_err want;
     } bad[] = {
         {"{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"awq\", \"bits\": 8, \"group_size\": 128}}", NULL, "bits", CVT_ERR_UNSUPPORTED},
-        {"{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": 128, \"zero_point\": false}}", NULL, "zero_point", CVT_ERR_UNSUPPORTED},
-        {"{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128}}", NULL, "gptq", CVT_ERR_UNSUPPORTED},
+        {"{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"bitsandbytes\", \"bits\": 4, \"group_size\": 128}}", NULL, "bitsandbytes", CVT_ERR_UNSUPPORTED},
         {"{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": 128, \"version\": \"marlin\"}}", NULL, "marlin", CVT_ERR_UNSUPPORTED},
         {"{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": 128, \"version\": \"gemm_v9\"}}", NULL, "gemm_v9", CVT_ERR_UNSUPPORTED},
         {"{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": 128}}",
@@ -172,11 +171,13 @@ static void test_config_spellings(void)
     CHECK_EQ_INT(cfg.quant.group_size, 64);
     CHECK_EQ_INT(cfg.quant.variant_mask, CVT_VARIANT_BIT(CVT_VARIANT_GEMV));
     cvt_config_free(&cfg);
-    /* quantize_config.json that is really GPTQ */
-    qs_log_set_quiet(true);
+    /* AutoGPTQ's quantize_config.json has no quant_method: its keys make it GPTQ */
     CHECK_EQ_INT(cfg_parse("{" BASE_CFG "}", NULL, "{\"bits\": 4, \"group_size\": 128, \"desc_act\": false, \"sym\": true}", NULL, &cfg),
-                 CVT_ERR_UNSUPPORTED);
-    qs_log_set_quiet(false);
+                 CVT_ERR_NONE);
+    CHECK_EQ_INT(cfg.quant.method, CVT_QM_GPTQ);
+    CHECK(!cfg.quant.zero_point && cfg.quant.gptq_v1 && !cfg.quant.act_order);
+    CHECK_EQ_INT(cfg.quant.variant_mask, CVT_VARIANT_BIT(CVT_VARIANT_GPTQ));
+    cvt_config_free(&cfg);
     /* defaults and two agreeing quant configs (AutoAWQ 0.1.6-0.1.8 wrote both) */
     CHECK_EQ_INT(cfg_parse("{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": 128, "
                            "\"version\": \"gemm\", \"modules_to_not_convert\": [\"gate\"]}}",
@@ -188,6 +189,88 @@ static void test_config_spellings(void)
     CHECK(cfg.rms_norm_eps == 1e-6 && cfg.rope_theta == 10000.0);
     CHECK_EQ_INT(cfg.max_position_embeddings, 2048);
     cvt_config_free(&cfg);
+}
+
+/* GPTQ and compressed-tensors quant configs (docs/FORMATS.md 14.1, 15.1), symmetric AWQ: what
+ * is read, and every refusal naming its key. */
+static void test_config_gptq_ct(void)
+{
+    struct cvt_hf_config cfg;
+    CHECK_EQ_INT(cfg_parse("{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 64, "
+                           "\"desc_act\": true, \"sym\": false, \"checkpoint_format\": \"gptq_v2\", \"pack_dtype\": \"int32\", "
+                           "\"meta\": {\"quantizer\": [\"gptqmodel:2.2.0\"]}, \"dynamic\": null}}", NULL, NULL, NULL, &cfg),
+                 CVT_ERR_NONE);
+    CHECK(cfg.quant.method == CVT_QM_GPTQ && cfg.quant.zero_point && cfg.quant.act_order && !cfg.quant.gptq_v1);
+    CHECK_EQ_INT(cfg.quant.group_size, 64);
+    cvt_config_free(&cfg);
+    CHECK_EQ_INT(cfg_parse("{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": 128, \"zero_point\": false}}",
+                           NULL, NULL, NULL, &cfg), CVT_ERR_NONE);
+    CHECK(cfg.quant.method == CVT_QM_AWQ && !cfg.quant.zero_point);
+    cvt_config_free(&cfg);
+#define CT_PRE "{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"format\": \"pack-quantized\", " \
+               "\"quantization_status\": \"compressed\", "
+#define CT_W(w) "\"config_groups\": {\"group_0\": {\"targets\": [\"Linear\"], \"input_activations\": null, \"weights\": {" w "}}}"
+    CHECK_EQ_INT(cfg_parse(CT_PRE CT_W("\"num_bits\": 4, \"type\": \"int\", \"symmetric\": true, \"strategy\": \"channel\", \"group_size\": null, "
+                                      "\"actorder\": null, \"dynamic\": false")
+                           ", \"ignore\": [\"lm_head\", \"re:.*mlp\\\\.gate$\", \"re:model\\\\.layers\\\\.\\\\d+\\\\.self_attn\\\\.k_proj\", \"re:mlp\"], "
+                           "\"sparsity_config\": {}, \"kv_cache_scheme\": null}}", NULL, NULL, NULL, &cfg),
+                 CVT_ERR_NONE);
+    CHECK(cfg.quant.method == CVT_QM_CT && !cfg.quant.zero_point && !cfg.quant.act_order);
+    CHECK_EQ_INT(cfg.quant.group_size, -1);
+    CHECK_EQ_INT(cfg.quant.n_ignore, 4);
+    CHECK(cvt_config_ignores_module(&cfg, "lm_head"));
+    CHECK(cvt_config_ignores_module(&cfg, "model.layers.3.mlp.gate"));
+    CHECK(!cvt_config_ignores_module(&cfg, "model.layers.3.mlp.gate_proj"));
+    CHECK(cvt_config_ignores_module(&cfg, "model.layers.12.self_attn.k_proj"));
+    CHECK(!cvt_config_ignores_module(&cfg, "model.layers.x.self_attn.k_proj"));
+    CHECK(!cvt_config_ignores_module(&cfg, "model.layers.0.mlp.up_proj")); /* re.match: anchored */
+    CHECK(!cvt_config_ignores_module(&cfg, "lm_head2"));
+    cvt_config_free(&cfg);
+    CHECK_EQ_INT(cfg_parse(CT_PRE CT_W("\"num_bits\": 4, \"type\": \"int\", \"symmetric\": false, \"strategy\": \"group\", \"group_size\": 32, "
+                                      "\"actorder\": \"group\"") "}}", NULL, NULL, NULL, &cfg),
+                 CVT_ERR_NONE);
+    CHECK(cfg.quant.zero_point && cfg.quant.act_order && cfg.quant.group_size == 32);
+    cvt_config_free(&cfg);
+    static const struct {
+        const char *cfg, *qz, *want_msg;
+        enum cvt_err want;
+    } bad[] = {
+        {"{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"gptq\", \"bits\": 8, \"group_size\": 128}}", NULL, "bits", CVT_ERR_UNSUPPORTED},
+        {"{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, \"checkpoint_format\": \"marlin\"}}", NULL, "marlin", CVT_ERR_UNSUPPORTED},
+        {"{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, \"checkpoint_format\": \"gptq\", \"format\": \"gptq_v2\"}}", NULL, "disagree", CVT_ERR_CONFIG},
+        {"{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, \"dynamic\": {\"-:.*down\": {}}}}", NULL, "dynamic", CVT_ERR_UNSUPPORTED},
+        {"{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, \"lm_head\": true}}", NULL, "lm_head", CVT_ERR_UNSUPPORTED},
+        {"{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, \"pack_dtype\": \"int16\"}}", NULL, "pack_dtype", CVT_ERR_UNSUPPORTED},
+        {"{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, \"desc_act\": true}}",
+         "{\"bits\": 4, \"group_size\": 128, \"desc_act\": false, \"sym\": true}", "disagree", CVT_ERR_CONFIG},
+        {CT_PRE CT_W("\"num_bits\": 8, \"type\": \"int\", \"symmetric\": true, \"strategy\": \"channel\"") "}}", NULL, "num_bits", CVT_ERR_UNSUPPORTED},
+        {CT_PRE CT_W("\"num_bits\": 4, \"type\": \"float\", \"symmetric\": true, \"strategy\": \"channel\"") "}}", NULL, "type", CVT_ERR_UNSUPPORTED},
+        {CT_PRE CT_W("\"num_bits\": 4, \"type\": \"int\", \"symmetric\": true, \"strategy\": \"tensor\"") "}}", NULL, "strategy", CVT_ERR_UNSUPPORTED},
+        {CT_PRE CT_W("\"num_bits\": 4, \"type\": \"int\", \"symmetric\": true, \"strategy\": \"group\", \"group_size\": 128, \"actorder\": \"sideways\"") "}}", NULL, "actorder", CVT_ERR_UNSUPPORTED},
+        {CT_PRE CT_W("\"num_bits\": 4, \"type\": \"int\", \"symmetric\": true, \"strategy\": \"group\", \"group_size\": 128, \"dynamic\": true") "}}", NULL, "dynamic", CVT_ERR_UNSUPPORTED},
+        {"{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"format\": \"int-quantized\", \"quantization_status\": \"compressed\", "
+         CT_W("\"num_bits\": 4, \"type\": \"int\", \"symmetric\": true, \"strategy\": \"channel\"") "}}", NULL, "int-quantized", CVT_ERR_UNSUPPORTED},
+        {"{" BASE_CFG ", \"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"format\": \"pack-quantized\", \"quantization_status\": \"frozen\", "
+         CT_W("\"num_bits\": 4, \"type\": \"int\", \"symmetric\": true, \"strategy\": \"channel\"") "}}", NULL, "frozen", CVT_ERR_UNSUPPORTED},
+        {CT_PRE "\"config_groups\": {\"group_0\": {\"targets\": [\"re:.*q_proj$\"], \"weights\": {\"num_bits\": 4, \"symmetric\": true, \"strategy\": \"group\", \"group_size\": 128}}, "
+         "\"group_1\": {\"targets\": [\"re:.*down_proj$\"], \"weights\": {\"num_bits\": 4, \"symmetric\": true, \"strategy\": \"group\", \"group_size\": 64}}}}}", NULL, "config_groups", CVT_ERR_UNSUPPORTED},
+        {CT_PRE "\"config_groups\": {\"group_0\": {\"targets\": [\"Linear\"], \"input_activations\": {\"num_bits\": 8}, \"weights\": {\"num_bits\": 4, \"symmetric\": true, \"strategy\": \"channel\"}}}}}", NULL, "activations", CVT_ERR_UNSUPPORTED},
+        {CT_PRE CT_W("\"num_bits\": 4, \"symmetric\": true, \"strategy\": \"channel\"") ", \"sparsity_config\": {\"format\": \"sparse-24-bitmask\"}}}", NULL, "sparsity", CVT_ERR_UNSUPPORTED},
+        {CT_PRE CT_W("\"num_bits\": 4, \"symmetric\": true, \"strategy\": \"channel\"") ", \"ignore\": [\"re:(?i)LM_HEAD\"]}}", NULL, "(?i)", CVT_ERR_UNSUPPORTED},
+        {CT_PRE CT_W("\"num_bits\": 4, \"symmetric\": true, \"strategy\": \"channel\"") ", \"ignore\": \"lm_head\"}}", NULL, "ignore", CVT_ERR_CONFIG},
+    };
+    qs_log_set_quiet(true);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        enum cvt_err e = cfg_parse(bad[i].cfg, NULL, bad[i].qz, NULL, &cfg);
+        CHECK_MSG(e == bad[i].want, "bad gptq/ct config %zu: got %s, want %s (%s)", i, cvt_err_str(e),
+                  cvt_err_str(bad[i].want), qs_log_last());
+        CHECK_MSG(strstr(qs_log_last(), bad[i].want_msg) != NULL, "bad gptq/ct config %zu: message '%s' lacks '%s'", i,
+                  qs_log_last(), bad[i].want_msg);
+        CHECK(cfg.config_json == NULL);
+    }
+    qs_log_set_quiet(false);
+#undef CT_PRE
+#undef CT_W
 }
 
 /* A config of family `cls` (a HF class) with 32 heads of 128 and `extra` keys (",\"k\": v..."
@@ -713,6 +796,7 @@ int main(void)
         return 1;
     test_configs();
     test_config_spellings();
+    test_config_gptq_ct();
     test_arch_defaults();
     test_family_keys();
     test_rope_t5_files();

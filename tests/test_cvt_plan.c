@@ -445,7 +445,7 @@ static void model_names(const struct cvt_dims *d, struct names *l, bool emb, boo
 static enum cvt_err plan_names(const struct cvt_dims *d, const struct names *l, int tp,
                                struct cvt_plan **p)
 {
-    struct cvt_name_list nl = {l->n, (const char *const *)l->v};
+    struct cvt_name_list nl = {.n = l->n, .names = (const char *const *)l->v};
     qs_log_clear();
     return cvt_plan_build(d, &nl, tp, p);
 }

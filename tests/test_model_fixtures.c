@@ -113,8 +113,10 @@ static float *fixture_run(const char *dir, const int32_t *ids, int T, int V, int
  * per-rank K a multiple of 16 and G, and qkv's per-rank N a multiple of 64. */
 static bool tp_possible(int nh, int nkv, int hd, int G, int tp)
 {
-    if (nh % tp || G <= 0 || hd <= 0)
+    if (nh % tp || hd <= 0)
         return false;
+    if (G <= 0) /* per channel (group_size -1): o_proj's one group is its K = nh * hd */
+        G = nh * hd;
     if (tp <= nkv ? nkv % tp != 0 : tp % nkv != 0)
         return false;
     /* o_proj's local group size gcd(G, K_r) must be a multiple of 16 (DESIGN 4) */
@@ -155,7 +157,9 @@ static void test_fixture(const cJSON *model, const char *qshard, bool tp_all)
         snprintf(cmd, sizeof(cmd), "'%s' convert '%s' '%s' --tp %d -q 2>'%s.log'", qshard, src,
                  out, tp, out);
         int rc = run_cmd(cmd);
-        if (!tp_possible(nh, nkv, hd, G, tp)) { /* DESIGN 4/5 rules: must be refused */
+        int max_tp = json_int(model, "max_tp", 0); /* act-order fixtures: 1 */
+        if (!tp_possible(nh, nkv, hd, G, tp) || (max_tp > 0 && tp > max_tp)) {
+            /* DESIGN 4/5 rules (4.5: act-order row-parallel linears at tp 1 only): refused */
             printf("  %-24s TP-%d: impossible split (%d heads), converter exit %d\n", name, tp, nh,
                    rc);
             CHECK_MSG(rc == 2, "%s: convert --tp %d should be refused with exit 2, got %d", name,

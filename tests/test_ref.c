@@ -766,6 +766,37 @@ static void test_silu_softmax_argmax_embed(void)
     CHECK_EQ_INT(bad, 0);
 }
 
+/* ref_gather_cols: distinct values m*K + k under a fresh random permutation must come out as
+ * m*K + perm[j]; the source is left alone. */
+static void test_gather_cols(void)
+{
+    enum { M = 3, K = 200 };
+    static float src[M * K], dst[M * K];
+    int32_t perm[K];
+    for (int j = 0; j < K; j++)
+        perm[j] = j;
+    for (int j = K - 1; j > 0; j--) {
+        int r = (int)(rnd_uniform(0, 1) * (float)(j + 1));
+        r = r > j ? j : r;
+        int32_t t = perm[j];
+        perm[j] = perm[r];
+        perm[r] = t;
+    }
+    for (int i = 0; i < M * K; i++)
+        src[i] = (float)i;
+    ref_gather_cols(dst, src, perm, M, K);
+    int bad = 0, moved = 0;
+    for (int m = 0; m < M; m++)
+        for (int j = 0; j < K; j++) {
+            bad += dst[m * K + j] != (float)(m * K + perm[j]);
+            moved += perm[j] != j;
+        }
+    for (int i = 0; i < M * K; i++)
+        bad += src[i] != (float)i;
+    CHECK_EQ_INT(bad, 0);
+    CHECK(moved > K / 2);
+}
+
 static void test_rope(void)
 {
     /* inv_freq: default vs double math */
@@ -995,5 +1026,6 @@ int main(void)
     test_pack_errors();
     test_fast_packers();
     test_ops();
+    test_gather_cols();
     return t_done();
 }

@@ -192,6 +192,24 @@ static cJSON *shard_json(const struct fmt_shard *s)
 
 // --- summary ----------------------------------------------------------------------------------
 
+/* What the file was converted from (config "quant": source_format, source_variant,
+ * source_container, zero_point, act_order); nothing for files written before these keys. */
+static void print_source_summary(const char *cfg, size_t cl)
+{
+    cJSON *j = cJSON_ParseWithLength(cfg, cl);
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(j, "quant");
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(q, "source_format");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(q, "source_variant");
+    const cJSON *k = cJSON_GetObjectItemCaseSensitive(q, "source_container");
+    const cJSON *z = cJSON_GetObjectItemCaseSensitive(q, "zero_point");
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(q, "act_order");
+    if (cJSON_IsString(v) && cJSON_IsString(k))
+        printf("  source: %s checkpoint (layout %s, container %s)%s%s\n",
+               cJSON_IsString(f) ? f->valuestring : "awq", v->valuestring, k->valuestring,
+               cJSON_IsFalse(z) ? ", symmetric" : "", cJSON_IsTrue(a) ? ", act-order" : "");
+    cJSON_Delete(j);
+}
+
 static void print_config_summary(const struct fmt_shard *s)
 {
     const char *cfg;
@@ -207,11 +225,12 @@ static void print_config_summary(const struct fmt_shard *s)
         return;
     }
     printf("  config: %s, %d layers, hidden %d, intermediate %d, %d heads (%d kv, head_dim %d), "
-           "vocab %d, max_position_embeddings %d, rope_theta %g, AWQ w%d g%d%s%s%s\n",
+           "vocab %d, max_position_embeddings %d, rope_theta %g, W%dA16 g%d%s%s%s\n",
            c.architecture, c.n_layers, c.hidden_size, c.intermediate_size, c.n_heads,
            c.n_kv_heads, c.head_dim, c.vocab_size, c.max_position_embeddings, c.rope_theta,
            c.w_bit, c.group_size, c.tie_word_embeddings ? ", tied embeddings" : "",
            c.n_experts ? ", MoE" : "", c.attention_bias ? ", qkv bias" : "");
+    print_source_summary(cfg, cl);
 }
 
 static void tok_file_line(void *ctx, const char *name, uint64_t size)
