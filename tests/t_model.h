@@ -1078,6 +1078,18 @@ T_FN enum rt_err emu_gather_rows(void *ctx, void *dst, const void *src, const in
     return RT_ERR_NONE;
 }
 
+/* act-order input (DESIGN 4.5) on fp16 rows: dst[m][j] = src[m][perm[j]], a plain copy as
+ * k_gather_cols does */
+T_FN enum rt_err emu_gather_cols(void *ctx, void *dst, const void *src, const int32_t *perm,
+                                 int M, int K)
+{
+    (void)ctx;
+    for (int m = 0; m < M; m++)
+        for (int j = 0; j < K; j++)
+            ((uint16_t *)dst)[(size_t)m * K + j] = ((const uint16_t *)src)[(size_t)m * K + perm[j]];
+    return RT_ERR_NONE;
+}
+
 T_FN enum rt_err emu_scatter_add(void *ctx, void *y, const void *src, const int32_t *rows,
                                  const float *weights, int n, int width)
 {
@@ -1143,6 +1155,7 @@ static const struct rt_backend_ops emu_ops = {
     .kv_copy_block = emu_kv_copy_block,
     .act_mul = emu_act_mul,
     .gather_rows = emu_gather_rows,
+    .gather_cols = emu_gather_cols,
     .scatter_add_rows = emu_scatter_add,
     .all_reduce = emu_all_reduce,
     .gather = emu_gather,

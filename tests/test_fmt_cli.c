@@ -353,12 +353,44 @@ out:
     free(good1);
 }
 
+/* `inspect` names what a file was converted from (config "quant": source_format, layout,
+ * container, symmetric, act-order), for one fixture of each source format (tests/data/models). */
+static void test_cli_source(void)
+{
+    static char out[1 << 16];
+    static const struct {
+        const char *fixture, *want;
+    } cases[] = {
+        {"llama-gqa-gemm", "source: awq checkpoint (layout gemm, container safetensors)\n"},
+        {"llama-sym-awq-gemm", "source: awq checkpoint (layout gemm, container safetensors), symmetric\n"},
+        {"llama-gqa-gptq", "source: gptq checkpoint (layout gptq, container safetensors)\n"},
+        {"llama-sym-ct", "source: compressed-tensors checkpoint (layout compressed-tensors, "
+                         "container safetensors), symmetric\n"},
+        {"llama-actorder-gptq", "source: gptq checkpoint (layout gptq, container safetensors), "
+                                "act-order\n"},
+        {"llama-actorder-ct", "source: compressed-tensors checkpoint (layout compressed-tensors, "
+                              "container safetensors), act-order\n"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char dir[400], args[1500];
+        snprintf(dir, sizeof(dir), "%s/src-%zu", g_dir, i);
+        snprintf(args, sizeof(args), "convert tests/data/models/%s %s --tp 1 -q", cases[i].fixture,
+                 dir);
+        CHECK_MSG(run_cli(args, out, sizeof(out)) == 0, "convert %s: %s", cases[i].fixture, out);
+        snprintf(args, sizeof(args), "inspect %s", dir);
+        CHECK_EQ_INT(run_cli(args, out, sizeof(out)), 0);
+        CHECK_MSG(strstr(out, cases[i].want) != NULL, "inspect of %s lacks '%s': %s",
+                  cases[i].fixture, cases[i].want, out);
+    }
+}
+
 int main(void)
 {
     if (!t_fmt_init("fmt_cli", true))
         return 1;
     test_cli();
     test_cli_verify();
+    test_cli_source();
     rm_rf(g_dir);
     return t_done();
 }
