@@ -249,7 +249,7 @@ $(SERVE_SDK):
 	$(Q)npm ci --prefix tests/serve --silent || echo "make: npm ci --prefix tests/serve failed (node/npm missing or no registry)"
 
 test: info tests | $(SERVE_SDK) ## build and run every CPU test (what CI runs)
-	$(Q)QSHARD=$(QSHARD) BUILD=$(BUILD) sh tests/run_tests.sh $(TEST_BIN) tests/serve/test_serve.sh
+	$(Q)QSHARD=$(QSHARD) BUILD=$(BUILD) sh tests/run_tests.sh $(TEST_BIN) tests/serve/test_serve.sh tests/test_mpi.sh
 
 check: ## run the CPU tests under AddressSanitizer + UndefinedBehaviorSanitizer
 	$(Q)$(MAKE) --no-print-directory BUILD=build-san NO_CUDA=1 OPT="-O1 -fno-omit-frame-pointer" \
