@@ -64,10 +64,31 @@ CUDA_STATE := OFF (NO_CUDA=1: CPU-only build, CUDA backend and GPU tests skipped
 else
 CUDA_STATE := OFF (no nvcc at $(NVCC); set CUDA_HOME: CPU-only build, CUDA backend and GPU tests skipped)
 endif
+# MPI (one process per rank, runtime/rt_comm_mpi.c): OpenMPI's pkg-config file, else mpicc's
+# flags; NO_MPI=1 builds without it (runtime/rt_comm_mpi_nompi.c says so at run time).
+NO_MPI ?= 0
+HAVE_MPI := 0
+ifeq ($(NO_MPI),0)
+ifeq ($(shell $(PKG_CONFIG) --exists ompi-c 2>/dev/null && echo ok),ok)
+HAVE_MPI := 1
+MPI_CFLAGS := $(shell $(PKG_CONFIG) --cflags ompi-c)
+MPI_LIBS := $(shell $(PKG_CONFIG) --libs ompi-c)
+else ifneq ($(shell command -v mpicc 2>/dev/null),)
+HAVE_MPI := 1
+MPI_CFLAGS := $(shell mpicc --showme:compile)
+MPI_LIBS := $(shell mpicc --showme:link)
+endif
+endif
+ifeq ($(HAVE_MPI),1)
+MPI_STATE := ON (mpirun -np N qshard run|logits|perplexity|serve)
+else
+MPI_STATE := OFF (no libopenmpi-dev: one process drives every rank; mpirun refused)
+endif
 # Say once, at the top-level make, which backends this build has.
 ifeq ($(MAKELEVEL),0)
 ifeq ($(filter help clean,$(MAKECMDGOALS)),)
 $(info qshard: CUDA backend $(CUDA_STATE))
+$(info qshard: MPI $(MPI_STATE))
 endif
 endif
 
@@ -122,6 +143,12 @@ else
 LIB_C     := $(LIB_C_ALL)
 LIB_CU    :=
 endif
+# X_nompi.c stands in for X.c without MPI (and X.c is left out)
+ifeq ($(HAVE_MPI),1)
+LIB_C     := $(filter-out %_nompi.c,$(LIB_C))
+else
+LIB_C     := $(filter-out $(patsubst %_nompi.c,%.c,$(filter %_nompi.c,$(LIB_C))),$(LIB_C))
+endif
 TOOL_C    := $(wildcard tools/*.c tools/serve/*.c)
 TEST_C    := $(wildcard tests/test_*.c)
 FUZZ_C    := $(wildcard tests/fuzz_*.c)
@@ -145,8 +172,10 @@ $(call obj_of,kernels): INCLUDES := $(INC_kernels)
 $(call obj_of,convert): INCLUDES := $(INC_convert)
 $(call obj_of,runtime): INCLUDES := $(INC_runtime)
 $(BUILD)/k_bench.cu.o:  INCLUDES := $(INC_kernels) -Iruntime
+$(BUILD)/rt_comm_mpi.o: INCLUDES := $(INC_runtime) $(MPI_CFLAGS)
 QSHARD    := $(BUILD)/qshard
-LINK_LIBS  = $(DEP_LIBS) $(if $(filter 1,$(HAVE_CUDA)),$(CUDA_LIBS))
+MPI_LINK   = $(if $(filter 1,$(HAVE_MPI)),$(MPI_LIBS))
+LINK_LIBS  = $(DEP_LIBS) $(if $(filter 1,$(HAVE_CUDA)),$(CUDA_LIBS)) $(MPI_LINK)
 
 vpath %.c format convert convert/arch runtime kernels tools tools/serve tests
 vpath %.cu kernels runtime tests
@@ -159,6 +188,7 @@ all: $(QSHARD) tests ## build the qshard binary and the test programs
 
 info:
 	@echo "CUDA backend: $(CUDA_STATE)"
+	@echo "MPI: $(MPI_STATE)"
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(firstword $(MAKEFILE_LIST)) | sed 's/:.*## /\t/' | awk -F'\t' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -191,7 +221,7 @@ $(BUILD)/test_%: $(BUILD)/test_%.o $(LIBQS)
 
 $(BUILD)/gpu_test_%: tests/gpu_test_%.cu $(LIBQS)
 	@[ "$(V)" = 1 ] || echo "  NVCC  $<"
-	$(Q)$(NVCC) $(NVCCFLAGS) $(INC_all) -o $@ $< $(LIBQS) $(DEP_LIBS) -lcublas -lnccl -Xlinker -rpath,'$$ORIGIN'
+	$(Q)$(NVCC) $(NVCCFLAGS) $(INC_all) -o $@ $< $(LIBQS) $(DEP_LIBS) $(MPI_LINK) -lcublas -lnccl -Xlinker -rpath,'$$ORIGIN'
 
 tests: $(TEST_BIN) $(QSHARD)
 
@@ -219,7 +249,7 @@ $(SERVE_SDK):
 	$(Q)npm ci --prefix tests/serve --silent || echo "make: npm ci --prefix tests/serve failed (node/npm missing or no registry)"
 
 test: info tests | $(SERVE_SDK) ## build and run every CPU test (what CI runs)
-	$(Q)QSHARD=$(QSHARD) BUILD=$(BUILD) sh tests/run_tests.sh $(TEST_BIN) tests/serve/test_serve.sh
+	$(Q)QSHARD=$(QSHARD) BUILD=$(BUILD) sh tests/run_tests.sh $(TEST_BIN) tests/serve/test_serve.sh tests/test_mpi.sh
 
 check: ## run the CPU tests under AddressSanitizer + UndefinedBehaviorSanitizer
 	$(Q)$(MAKE) --no-print-directory BUILD=build-san NO_CUDA=1 OPT="-O1 -fno-omit-frame-pointer" \
@@ -240,7 +270,7 @@ fuzz: ## build the libFuzzer targets and run each for FUZZ_SECONDS (default 60) 
 FUZZ_BIN := $(patsubst tests/%.c,$(BUILD)/%,$(FUZZ_C))
 $(BUILD)/fuzz_%: $(BUILD)/fuzz_%.o $(LIBQS)
 	@[ "$(V)" = 1 ] || echo "  LD    $@"
-	$(Q)$(CC) $(SAN) -fsanitize=fuzzer -o $@ $< $(LIBQS) $(DEP_LIBS)
+	$(Q)$(CC) $(SAN) -fsanitize=fuzzer -o $@ $< $(LIBQS) $(DEP_LIBS) $(MPI_LINK)
 
 fuzz-run: $(FUZZ_BIN)
 	$(Q)QSHARD_FUZZ_SECONDS=$(FUZZ_SECONDS) BUILD=$(BUILD) sh tests/run_fuzz.sh $(FUZZ_BIN)

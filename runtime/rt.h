@@ -4,9 +4,9 @@
  * executor that runs every rank of this process.
  *
  * Layers (docs/DESIGN.md section 7):
- *   rt_exec   all tensor-parallel ranks this process drives (today: every rank of the
- *             conversion, one thread per rank after the first; a later MPI launch gives each
- *             process one rank). Rank 0's thread is the caller's: it broadcasts every step's
+ *   rt_exec   all tensor-parallel ranks this process drives (every rank of the conversion,
+ *             one thread per rank after the first; under mpirun one rank per process,
+ *             runtime/rt_mpi.h). Rank 0's thread is the caller's: it broadcasts every step's
  *             batch to the other ranks, runs its own rank, and returns the logits (or the next
  *             token chosen on the device). Who calls it: the session (rt_session.h), tests.
  *   rt_model  ONE rank: its rank file's weights bound by the architecture descriptor, its

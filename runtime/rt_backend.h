@@ -2,7 +2,8 @@
  * rt_backend.h - the interfaces under the rank-local model (runtime/rt.h): the backend that runs
  * one rank's ops (runtime/rt_cpu.c on host memory with the plain-C references, runtime/rt_cuda.cu
  * on one GPU) and the communicator through which the ranks' collectives go (runtime/rt_comm.c:
- * the ranks of one process; a later MPI/NCCL communicator slots in beside it).
+ * the ranks of one process; runtime/rt_comm_mpi.c, rt_mpi.h: one rank per process over MPI and
+ * NCCL).
  *
  * Who includes it: the model (rt_model.c), the executor (rt_exec.c), the backends, the
  * communicators, and tests that wrap or emulate a backend. Not for other callers: they use rt.h.
@@ -62,6 +63,10 @@ struct rt_comm_ops {
                           void *stream);
     /* Host memory: rank 0's buf[bytes] copied into every other rank's buf. */
     enum rt_err (*broadcast)(struct rt_comm *c, void *buf, size_t bytes);
+    /* Optional (NULL: broadcast): the same, where a rank other than 0 may wait without a time
+     * limit (a follower waiting for the next step: a server may be idle for hours). A
+     * communicator whose collectives have a deadline (MPI, rt_mpi.h) bounds every other call. */
+    enum rt_err (*broadcast_wait)(struct rt_comm *c, void *buf, size_t bytes);
     /* Give up: every rank waiting in, or later entering, a collective of this group returns
      * RT_ERR_PEER. Safe from any rank at any time; idempotent. */
     void (*abort)(struct rt_comm *c);

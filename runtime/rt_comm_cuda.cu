@@ -9,11 +9,16 @@
  *   - NVLink SHARP / multicast (NVLS) is off unless NCCL_NVLS_ENABLE is set: our all-reduces are
  *     a few KB to MB of activations, latency-bound, and multicast on shared machines is a hazard.
  *   - gather: cudaMemcpyPeerAsync into rank 0's memory (rt_comm.c orders it with barriers).
+ *   - one process per rank (rt_nccl_rank_*, used by rt_comm_mpi.c): a communicator of one GPU
+ *     made with ncclCommInitRank from an id rank 0 sends over MPI; all-reduce by ncclAllReduce,
+ *     gather by ncclSend/ncclRecv, waited for with a deadline.
  * Test: `make test-gpu` (tests/gpu_test_e2e.py --tp 2 on two GPUs).
  */
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <stdlib.h>
+#include <string.h> /* memcpy */
+#include <time.h>   /* clock_gettime, nanosleep */
 
 #include "kernels.h" /* k_allreduce_* */
 #include "qs_log.h"
@@ -152,4 +157,150 @@ enum rt_err rt_comm_cuda_copy_from(const struct rt_comm_cuda *d, void *dst, cons
     }
     CUDA_TRY(cudaMemcpyPeerAsync(dst, d->device[0], src, d->device[src_rank], bytes, st));
     return RT_ERR_NONE;
+}
+
+/* --- one GPU rank of a multi-process group (rt_comm_mpi.c) ------------------------------------ */
+
+struct rt_nccl_rank {
+    int world, rank, gpu;
+    ncclComm_t comm; /* NULL once aborted */
+};
+
+static_assert(sizeof(ncclUniqueId) == RT_NCCL_ID_BYTES, "NCCL unique id size");
+
+enum rt_err rt_nccl_rank_id(void *id)
+{
+    const ncclResult_t nr = ncclGetUniqueId(static_cast<ncclUniqueId *>(id));
+    if (nr != ncclSuccess) {
+        qs_log_error(__func__, "NCCL: cannot make a unique id: %s (%s)", ncclGetErrorString(nr),
+                     ncclGetLastError(NULL));
+        return RT_ERR_DEVICE;
+    }
+    return RT_ERR_NONE;
+}
+
+enum rt_err rt_nccl_rank_create(int world, int rank, const void *id, int gpu,
+                                struct rt_nccl_rank **out)
+{
+    *out = NULL;
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || gpu < 0 || gpu >= n_dev) {
+        (void)cudaGetLastError();
+        qs_log_error(__func__, "rank %d needs GPU %d, but %d GPU(s) are visible on this node",
+                     rank, gpu, n_dev);
+        return RT_ERR_NO_DEVICE;
+    }
+    CUDA_TRY(cudaSetDevice(gpu));
+    struct rt_nccl_rank *d = static_cast<struct rt_nccl_rank *>(calloc(1, sizeof(*d)));
+    if (!d) {
+        qs_log_error(__func__, "out of host memory");
+        return RT_ERR_NOMEM;
+    }
+    *d = rt_nccl_rank{world, rank, gpu, NULL};
+    setenv("NCCL_NVLS_ENABLE", "0", 0); /* see the header comment; a user's setting wins */
+    ncclUniqueId uid;
+    memcpy(&uid, id, sizeof(uid));
+    const ncclResult_t nr = ncclCommInitRank(&d->comm, world, uid, rank);
+    if (nr != ncclSuccess) {
+        qs_log_error(__func__, "NCCL: rank %d of %d (GPU %d) cannot join the communicator: %s "
+                     "(%s)", rank, world, gpu, ncclGetErrorString(nr), ncclGetLastError(NULL));
+        free(d);
+        return RT_ERR_DEVICE;
+    }
+    qs_log_debug("rank %d of %d: NCCL communicator on GPU %d", rank, world, gpu);
+    *out = d;
+    return RT_ERR_NONE;
+}
+
+enum rt_err rt_nccl_rank_all_reduce(struct rt_nccl_rank *d, void *buf, size_t n,
+                                    enum rt_dtype t, void *stream)
+{
+    if (!d->comm) {
+        qs_log_error(__func__, "rank %d: the NCCL communicator was aborted", d->rank);
+        return RT_ERR_PEER;
+    }
+    const ncclResult_t nr = ncclAllReduce(buf, buf, n, t == RT_DTYPE_F32 ? ncclFloat32 : ncclFloat16,
+                                          ncclSum, d->comm, static_cast<cudaStream_t>(stream));
+    if (nr != ncclSuccess) {
+        qs_log_error(__func__, "rank %d: NCCL all-reduce of %zu values over %d ranks: %s (%s)",
+                     d->rank, n, d->world, ncclGetErrorString(nr), ncclGetLastError(NULL));
+        return RT_ERR_DEVICE;
+    }
+    return RT_ERR_NONE;
+}
+
+/* Wait for `st` at most timeout_s, watching the communicator for asynchronous errors. */
+static enum rt_err wait_stream(struct rt_nccl_rank *d, cudaStream_t st, double timeout_s)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        const cudaError_t ce = cudaStreamQuery(st);
+        if (ce == cudaSuccess)
+            return RT_ERR_NONE;
+        if (ce != cudaErrorNotReady) {
+            qs_log_error(__func__, "rank %d: CUDA error %s while waiting for a collective",
+                         d->rank, cudaGetErrorString(ce));
+            return RT_ERR_DEVICE;
+        }
+        ncclResult_t async = ncclSuccess;
+        if (ncclCommGetAsyncError(d->comm, &async) == ncclSuccess && async != ncclSuccess &&
+            async != ncclInProgress) {
+            qs_log_error(__func__, "rank %d: NCCL: %s (%s)", d->rank, ncclGetErrorString(async),
+                         ncclGetLastError(d->comm));
+            return RT_ERR_DEVICE;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((double)(t.tv_sec - t0.tv_sec) + 1e-9 * (double)(t.tv_nsec - t0.tv_nsec) > timeout_s) {
+            qs_log_error(__func__, "rank %d: a collective did not finish within %.0f s (a rank "
+                         "hung or never joined)", d->rank, timeout_s);
+            return RT_ERR_DEVICE;
+        }
+        const struct timespec nap = {0, 20000};
+        nanosleep(&nap, NULL);
+    }
+}
+
+enum rt_err rt_nccl_rank_gather(struct rt_nccl_rank *d, const void *send, size_t bytes,
+                                void *recv, void *stream, double timeout_s)
+{
+    if (!d->comm) {
+        qs_log_error(__func__, "rank %d: the NCCL communicator was aborted", d->rank);
+        return RT_ERR_PEER;
+    }
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    ncclResult_t nr = ncclGroupStart();
+    if (d->rank == 0) {
+        if (bytes)
+            CUDA_TRY(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, st));
+        for (int r = 1; r < d->world && nr == ncclSuccess; ++r)
+            nr = ncclRecv(static_cast<char *>(recv) + (size_t)r * bytes, bytes, ncclChar, r,
+                          d->comm, st);
+    } else if (nr == ncclSuccess) {
+        nr = ncclSend(send, bytes, ncclChar, 0, d->comm, st);
+    }
+    const ncclResult_t ne = ncclGroupEnd();
+    if (nr == ncclSuccess)
+        nr = ne;
+    if (nr != ncclSuccess) {
+        qs_log_error(__func__, "rank %d: NCCL gather of %zu bytes per rank: %s (%s)", d->rank,
+                     bytes, ncclGetErrorString(nr), ncclGetLastError(NULL));
+        return RT_ERR_DEVICE;
+    }
+    return wait_stream(d, st, timeout_s);
+}
+
+void rt_nccl_rank_abort(struct rt_nccl_rank *d)
+{
+    if (d && d->comm) {
+        ncclCommAbort(d->comm);
+        d->comm = NULL;
+    }
+}
+
+void rt_nccl_rank_destroy(struct rt_nccl_rank *d)
+{
+    if (!d) return;
+    if (d->comm) ncclCommDestroy(d->comm);
+    free(d);
 }

@@ -40,6 +40,31 @@ enum rt_err rt_comm_cuda_sync(const struct rt_comm_cuda *d, int rank, void *stre
 enum rt_err rt_comm_cuda_copy_from(const struct rt_comm_cuda *d, void *dst, const void *src,
                                    int src_rank, size_t bytes, void *stream);
 
+/* --- one GPU rank of a multi-process group (runtime/rt_comm_mpi.c, one process per rank) --- */
+
+#define RT_NCCL_ID_BYTES 128 /* NCCL_UNIQUE_ID_BYTES */
+
+struct rt_nccl_rank;
+
+/* A new NCCL unique id into id[RT_NCCL_ID_BYTES] (rank 0; the caller sends it to the others).
+ * Errors: RT_ERR_DEVICE, RT_ERR_NO_DEVICE (built without CUDA). */
+enum rt_err rt_nccl_rank_id(void *id);
+/* Rank `rank` of `world` on GPU `gpu` (made current) joins the communicator of `id`
+ * (ncclCommInitRank; NCCL_NVLS_ENABLE=0 unless the user set it). Every rank calls it at once.
+ * Errors: RT_ERR_NO_DEVICE (no such GPU, no CUDA), RT_ERR_DEVICE (NCCL), RT_ERR_NOMEM. */
+enum rt_err rt_nccl_rank_create(int world, int rank, const void *id, int gpu,
+                                struct rt_nccl_rank **out);
+/* ncclAllReduce (sum, in place) of buf[n] on `stream` (NCCL's order of the sums). */
+enum rt_err rt_nccl_rank_all_reduce(struct rt_nccl_rank *d, void *buf, size_t n,
+                                    enum rt_dtype t, void *stream);
+/* send[bytes] of every rank into rank 0's recv [world][bytes] (ncclSend / ncclRecv on `stream`),
+ * then wait for the stream at most timeout_s seconds (RT_ERR_DEVICE when it passes: a peer
+ * never joined). */
+enum rt_err rt_nccl_rank_gather(struct rt_nccl_rank *d, const void *send, size_t bytes,
+                                void *recv, void *stream, double timeout_s);
+void rt_nccl_rank_abort(struct rt_nccl_rank *d);   /* ncclCommAbort; NULL is fine */
+void rt_nccl_rank_destroy(struct rt_nccl_rank *d); /* NULL is fine */
+
 #ifdef __cplusplus
 }
 #endif

@@ -43,3 +43,36 @@ enum rt_err rt_comm_cuda_copy_from(const struct rt_comm_cuda *d, void *dst, cons
     (void)d, (void)dst, (void)src, (void)src_rank, (void)bytes, (void)stream;
     return RT_ERR_NO_DEVICE;
 }
+
+enum rt_err rt_nccl_rank_id(void *id)
+{
+    (void)id;
+    qs_log_error(__func__, "this qshard was built without CUDA (no nvcc): no NCCL; run with "
+                 "--device cpu");
+    return RT_ERR_NO_DEVICE;
+}
+
+enum rt_err rt_nccl_rank_create(int world, int rank, const void *id, int gpu,
+                                struct rt_nccl_rank **out)
+{
+    (void)world, (void)rank, (void)id, (void)gpu;
+    *out = NULL;
+    return rt_nccl_rank_id(NULL);
+}
+
+enum rt_err rt_nccl_rank_all_reduce(struct rt_nccl_rank *d, void *buf, size_t n,
+                                    enum rt_dtype t, void *stream)
+{
+    (void)d, (void)buf, (void)n, (void)t, (void)stream;
+    return RT_ERR_NO_DEVICE;
+}
+
+enum rt_err rt_nccl_rank_gather(struct rt_nccl_rank *d, const void *send, size_t bytes,
+                                void *recv, void *stream, double timeout_s)
+{
+    (void)d, (void)send, (void)bytes, (void)recv, (void)stream, (void)timeout_s;
+    return RT_ERR_NO_DEVICE;
+}
+
+void rt_nccl_rank_abort(struct rt_nccl_rank *d) { (void)d; }
+void rt_nccl_rank_destroy(struct rt_nccl_rank *d) { (void)d; }

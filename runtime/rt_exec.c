@@ -8,12 +8,20 @@
  * broadcasts and run theirs. The ranks meet in the collectives of the forward pass, so the
  * followers never run ahead by more than a step. A rank that fails aborts the communicator: the
  * others return RT_ERR_PEER from their next collective and the executor is dead (every later
- * call fails; rt_exec_free still releases everything). This is the structure one process per
- * rank will have (a later MPI launch): rank 0's process leads, the others run the follower loop.
+ * call fails; rt_exec_free still releases everything).
+ *
+ * One process per rank (mpirun, rt_mpi.h; docs/DESIGN.md section 12): the same executor drives
+ * only this process's rank through the MPI communicator. Rank 0's rt_exec_open sends the path
+ * and its options to the other processes, which wait in rt_exec_follow: every rank checks its
+ * own file against rank 0's manifest and config before loading, then opens its rank; rank 0
+ * collects every verdict and broadcasts go or quit; then the followers loop on the steps as the
+ * threads do. rt_exec_mpi_end (main, rank 0) ends the followers' wait with rank 0's exit code.
  *
  * Test: ./build/test_model (TP-N equal to TP-1, batches vs sequences one at a time).
  */
 #include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -22,6 +30,7 @@
 #include "qs_log.h"
 #include "rt_blocks.h"
 #include "rt_model_int.h"
+#include "rt_mpi.h"
 
 enum cmd_kind { CMD_FORWARD = 1, CMD_NOOP = 2, CMD_QUIT = 3 };
 
@@ -59,7 +68,10 @@ struct rt_exec {
     rt_backend_factory factory;   /* NULL: from opts */
     void *user;
     struct rt_comm *comm[FMT_MAX_WORLD_SIZE]; /* endpoints; NULL at world size 1 */
-    struct rank_slot *slots;      /* [world] */
+    struct rank_slot *slots;      /* [world]; [1] in MPI mode */
+    bool mpi;                     /* one rank per process: slots[0] is rank `me` */
+    int me;
+    bool joined;                  /* MPI: every rank opened (the followers follow the steps) */
     bool dead;                    /* a step failed after it was broadcast */
     int32_t *scratch;             /* rank 0: the payload of one step */
     size_t scratch_cap;
@@ -122,7 +134,7 @@ static int pool_blocks(const struct rt_exec *e, const struct rt_model *m)
 static enum rt_err open_rank(struct rank_slot *s)
 {
     struct rt_exec *e = s->e;
-    struct rt_comm *comm = e->world > 1 ? e->comm[s->rank] : NULL;
+    struct rt_comm *comm = e->mpi ? e->comm[0] : e->world > 1 ? e->comm[s->rank] : NULL;
     struct rt_backend be = {NULL, NULL};
     if (e->factory)
         RT_TRY(e->factory(e->user, s->rank, e->world, comm, &be));
@@ -133,8 +145,9 @@ static enum rt_err open_rank(struct rank_slot *s)
 /* Receive one step from rank 0 and run it; false when the loop ends (quit or failure). */
 static bool follow_step(struct rank_slot *s, struct rt_comm *comm)
 {
-    struct cmd_hdr h;
-    if (comm->ops->broadcast(comm, &h, sizeof(h)))
+    struct cmd_hdr h; /* the wait for the next step has no deadline (rt_backend.h) */
+    if ((comm->ops->broadcast_wait ? comm->ops->broadcast_wait : comm->ops->broadcast)(
+            comm, &h, sizeof(h)))
         return false;
     if (h.kind == CMD_QUIT)
         return false;
@@ -249,14 +262,20 @@ static enum rt_err start_followers(struct rt_exec *e)
     return RT_ERR_NONE;
 }
 
-/* Rank 0's block manager over the smallest pool of the ranks (all open). */
-static enum rt_err open_blocks(struct rt_exec *e)
+/* The smallest pool of this process's ranks (all open). */
+static int min_blocks(const struct rt_exec *e)
 {
-    const struct rt_model *m0 = e->slots[0].m;
     int n_blocks = rt_kv_n_blocks(e->slots[0].kv);
-    for (int r = 1; r < e->world; r++)
+    for (int r = 1; r < e->world && !e->mpi; r++)
         if (rt_kv_n_blocks(e->slots[r].kv) < n_blocks)
             n_blocks = rt_kv_n_blocks(e->slots[r].kv);
+    return n_blocks;
+}
+
+/* Rank 0's block manager over n_blocks blocks (the smallest pool of the ranks). */
+static enum rt_err open_blocks(struct rt_exec *e, int n_blocks)
+{
+    const struct rt_model *m0 = e->slots[0].m;
     e->n_seqs = e->opts.n_seqs;
     e->n_ctx = m0->n_ctx;
     e->block_size = m0->block_size;
@@ -281,7 +300,7 @@ static enum rt_err exec_open(struct rt_exec *e)
 {
     if (e->world == 1) {
         RT_TRY(open_rank(&e->slots[0]));
-        return open_blocks(e);
+        return open_blocks(e, min_blocks(e));
     }
     enum rt_err err = start_followers(e);
     if (err) { /* the threads started so far leave through the failed communicator */
@@ -297,7 +316,7 @@ static enum rt_err exec_open(struct rt_exec *e)
     if (!err)
         err = open_verdict(e);
     if (!err)
-        err = open_blocks(e);
+        err = open_blocks(e, min_blocks(e));
     /* the verdict: quit, or a no-op step after which the followers wait for the first batch */
     h = (struct cmd_hdr){.kind = err ? CMD_QUIT : CMD_NOOP};
     if (c->ops->broadcast(c, &h, sizeof(h)) && !err)
@@ -307,12 +326,280 @@ static enum rt_err exec_open(struct rt_exec *e)
     return err;
 }
 
+// --- one process per rank (MPI, rt_mpi.h) ------------------------------------------------------
+
+enum { HELLO_OPEN = 1, HELLO_END = 2 };
+
+/* What rank 0 sends the waiting followers: a model to open (then path_len bytes of path and
+ * opts_size bytes of struct rt_opts), or the end of the job with rank 0's exit code. */
+struct hello {
+    int32_t kind, code, log_level;
+    uint32_t path_len, opts_size;
+};
+
+/* Rank 0's conversion, sent before any rank loads (then [world][2] sizes and digests of the
+ * manifest's ranks and cfg_len bytes of rank 0's config JSON, when ok). */
+struct ident {
+    int32_t ok; /* rank 0 could read its manifest and its own file */
+    uint8_t model_id[16];
+    uint32_t world, cfg_len;
+};
+
+/* One rank's answer in a phase of the handshake, gathered on rank 0. */
+struct answer {
+    int32_t err;      /* enum rt_err */
+    int32_t n_blocks; /* its KV-cache pool (open phase) */
+    char file[248];   /* the rank file it checked or opened */
+};
+
+static enum rt_err rt_of_fmt(enum fmt_err fe)
+{
+    return fe == FMT_ERR_NONE    ? RT_ERR_NONE
+           : fe == FMT_ERR_IO    ? RT_ERR_IO
+           : fe == FMT_ERR_NOMEM ? RT_ERR_NOMEM
+           : fe == FMT_ERR_RANK_MISMATCH || fe == FMT_ERR_MISSING_RANK || fe == FMT_ERR_DIGEST ||
+                   fe == FMT_ERR_RANK
+               ? RT_ERR_RANK_MISMATCH
+               : RT_ERR_FORMAT;
+}
+
+/* This rank's file in dir checked against rank 0's conversion (id, sd [world][2] sizes and
+ * digests, cfg0 its config JSON [cfg0_len]) without loading it: the node's manifest is rank 0's,
+ * the file is the manifest's (fmt_manifest_open_rank: size, digest, model id, rank, world) and
+ * its config is rank 0's (rt_config_same). */
+static enum rt_err check_own_file(const char *dir, int me, const struct ident *id,
+                                  const uint64_t *sd, const char *cfg0, const char *file)
+{
+    struct fmt_manifest *mf = NULL;
+    struct fmt_shard *sh = NULL;
+    enum rt_err err = rt_of_fmt(fmt_manifest_load(dir, &mf));
+    if (!err && (memcmp(mf->model_id, id->model_id, 16) || mf->world_size != id->world ||
+                 mf->ranks[me].size != sd[2 * me] || mf->ranks[me].digest != sd[2 * me + 1])) {
+        qs_log_error(__func__, "rank %d: %s/manifest.json on this node does not describe rank 0's "
+                     "conversion (another model, conversion or TP size): copy rank 0's "
+                     "manifest.json and this rank's file here", me, dir);
+        err = RT_ERR_RANK_MISMATCH;
+    }
+    if (!err)
+        err = rt_of_fmt(fmt_manifest_open_rank(dir, (uint32_t)me, &sh));
+    const char *json = NULL;
+    size_t len = 0;
+    struct rt_config c0, cr;
+    if (!err)
+        err = rt_of_fmt(fmt_shard_config_json(sh, &json, &len));
+    if (!err)
+        err = rt_config_parse(cfg0, id->cfg_len, "rank 0's config", &c0);
+    if (!err)
+        err = rt_config_parse(json, len, file, &cr);
+    if (!err && (!rt_config_same(&c0, "rank 0's file", &cr, file) || cr.rank != me)) {
+        qs_log_error(__func__, "rank %d: %s is not rank %d of rank 0's model", me, file, me);
+        err = RT_ERR_RANK_MISMATCH;
+    }
+    fmt_shard_close(sh);
+    fmt_manifest_free(mf);
+    return err;
+}
+
+/* Rank 0: its conversion's identity into *id, sd and *cfg0 (malloc'd); id->ok = 0 when its own
+ * manifest or file cannot be read (reported). */
+static void own_ident(const char *dir, struct ident *id, uint64_t *sd, char **cfg0)
+{
+    struct fmt_manifest *mf = NULL;
+    struct fmt_shard *sh = NULL;
+    const char *json = NULL;
+    size_t len = 0;
+    *cfg0 = NULL;
+    if (rt_of_fmt(fmt_manifest_load(dir, &mf)) || (int)mf->world_size != rt_mpi_world() ||
+        rt_of_fmt(fmt_manifest_open_rank(dir, 0, &sh)) ||
+        rt_of_fmt(fmt_shard_config_json(sh, &json, &len)) || !(*cfg0 = malloc(len + 1))) {
+        id->ok = 0;
+    } else {
+        id->ok = 1;
+        memcpy(id->model_id, mf->model_id, 16);
+        id->world = mf->world_size;
+        id->cfg_len = (uint32_t)len;
+        memcpy(*cfg0, json, len);
+        for (uint32_t r = 0; r < mf->world_size; r++) {
+            sd[2 * r] = mf->ranks[r].size;
+            sd[2 * r + 1] = mf->ranks[r].digest;
+        }
+    }
+    fmt_shard_close(sh);
+    fmt_manifest_free(mf);
+}
+
+/* Every rank's answer gathered on rank 0, which reports each failure (naming the rank and its
+ * file) and broadcasts the verdict: the first failure, or (open phase) its block manager's. */
+static enum rt_err mpi_verdict(struct rt_exec *e, const struct answer *mine, const char *phase,
+                               bool open_phase)
+{
+    struct answer *all = NULL;
+    if (e->me == 0 && !(all = calloc((size_t)e->world, sizeof(*all))))
+        rt_mpi_abort("out of memory for the ranks' answers");
+    int32_t v = RT_ERR_NONE;
+    enum rt_err err = rt_mpi_gather(mine, sizeof(*mine), all, phase);
+    if (!err && e->me == 0) {
+        int n_blocks = INT32_MAX;
+        for (int r = 0; r < e->world; r++) {
+            if (all[r].err) {
+                qs_log_error(__func__, "rank %d cannot %s %s: %s", r, phase, all[r].file,
+                             rt_err_str((enum rt_err)all[r].err));
+                if (!v)
+                    v = all[r].err;
+            }
+            if (all[r].n_blocks < n_blocks)
+                n_blocks = all[r].n_blocks;
+        }
+        if (!v && open_phase)
+            v = open_blocks(e, n_blocks);
+    }
+    free(all);
+    if (!err)
+        err = rt_mpi_bcast(&v, sizeof(v), true, phase);
+    return err ? err : (enum rt_err)v;
+}
+
+/* Both sides: the communicator, then the checks of every rank's file, then the open. */
+static enum rt_err mpi_join(struct rt_exec *e)
+{
+    const int gpu = e->opts.cuda_device + rt_mpi_local_rank();
+    if (rt_comm_mpi_create(e->opts.device, gpu, &e->comm[0])) {
+        rt_mpi_abort("cannot join the communicator (the error above)");
+        return RT_ERR_PEER;
+    }
+    e->opts.cuda_device = gpu - e->me; /* the backend takes GPU cuda_device + rank */
+    struct ident id = {0};
+    uint64_t *sd = calloc(2 * (size_t)e->world, sizeof(uint64_t));
+    char *cfg0 = NULL;
+    if (!sd)
+        rt_mpi_abort("out of memory");
+    if (e->me == 0)
+        own_ident(e->path, &id, sd, &cfg0);
+    enum rt_err err = rt_mpi_bcast(&id, sizeof(id), true, "the conversion's identity");
+    if (!err && id.ok && e->me != 0 && !(cfg0 = malloc(id.cfg_len + 1)))
+        rt_mpi_abort("out of memory");
+    if (!err && id.ok)
+        err = rt_mpi_bcast(sd, 2 * (size_t)e->world * sizeof(uint64_t), true, "the digests");
+    if (!err && id.ok)
+        err = rt_mpi_bcast(cfg0, id.cfg_len, true, "rank 0's config");
+    struct answer a = {0};
+    char name[64];
+    fmt_rank_file_name(name, sizeof name, (uint32_t)e->me, (uint32_t)e->world);
+    snprintf(a.file, sizeof a.file, "%s/%s", e->path, name);
+    if (!err && (id.ok || e->me == 0))
+        a.err = id.ok ? check_own_file(e->path, e->me, &id, sd, cfg0, a.file) : RT_ERR_IO;
+    free(sd);
+    free(cfg0);
+    if (!err)
+        err = mpi_verdict(e, &a, "use", false);
+    if (!err) {
+        a.err = open_rank(&e->slots[0]);
+        a.n_blocks = a.err ? 0 : rt_kv_n_blocks(e->slots[0].kv);
+        err = mpi_verdict(e, &a, "open", true);
+    }
+    e->joined = !err;
+    return err;
+}
+
+/* Both sides: this process's rank of the model at path, opened with rank 0's options. */
+static enum rt_err mpi_open(const char *path, const struct rt_opts *o, struct rt_exec **out)
+{
+    *out = NULL;
+    struct rt_exec *e = calloc(1, sizeof(*e));
+    if (!e || !(e->slots = calloc(1, sizeof(*e->slots))) || !(e->path = strdup(path))) {
+        rt_mpi_abort("out of memory");
+        rt_exec_free(e);
+        return RT_ERR_NOMEM;
+    }
+    e->mpi = true;
+    e->world = rt_mpi_world();
+    e->me = rt_mpi_rank();
+    e->opts = *o;
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN); /* the node's cores, shared by its ranks */
+    e->opts.n_threads = o->n_threads > 0 ? o->n_threads / e->world
+                                         : (int)(cores > 0 ? cores : 1) / rt_mpi_local_size();
+    if (e->opts.n_threads < 1)
+        e->opts.n_threads = 1;
+    if (e->opts.n_seqs < 1)
+        e->opts.n_seqs = 1;
+    e->slots[0] = (struct rank_slot){.e = e, .rank = e->me};
+    enum rt_err err = mpi_join(e);
+    if (err) {
+        rt_exec_free(e);
+        return err;
+    }
+    *out = e;
+    return RT_ERR_NONE;
+}
+
+/* Rank 0: tell the followers what to open, then open rank 0. */
+static enum rt_err open_exec_mpi(const char *path, const struct rt_opts *opts, int world,
+                                 struct rt_exec **out)
+{
+    if (world != rt_mpi_world()) {
+        qs_log_error(__func__, "%s has %d rank%s (manifest.json) but mpirun started %d processes: "
+                     "run it with mpirun -np %d", path, world, world == 1 ? "" : "s",
+                     rt_mpi_world(), world);
+        return RT_ERR_ARG;
+    }
+    struct rt_opts o = opts ? *opts : rt_opts_default();
+    if (o.device == RT_DEVICE_AUTO) /* every rank runs on rank 0's kind of device */
+        o.device = rt_cuda_available() ? RT_DEVICE_CUDA : RT_DEVICE_CPU;
+    struct hello h = {HELLO_OPEN, 0, (int32_t)qs_log_get_level(), (uint32_t)strlen(path),
+                      (uint32_t)sizeof(o)};
+    RT_TRY(rt_mpi_bcast(&h, sizeof(h), true, "the model to open"));
+    RT_TRY(rt_mpi_bcast((void *)path, h.path_len, true, "the model path"));
+    RT_TRY(rt_mpi_bcast(&o, sizeof(o), true, "the options"));
+    return mpi_open(path, &o, out);
+}
+
+enum rt_err rt_exec_follow(int *code)
+{
+    *code = QS_EXIT_OK;
+    for (;;) {
+        struct hello h;
+        RT_TRY(rt_mpi_bcast(&h, sizeof(h), false, "rank 0's next command"));
+        if (h.kind == HELLO_END) {
+            *code = h.code;
+            return RT_ERR_NONE;
+        }
+        char *path = h.path_len < 1 << 16 ? calloc(h.path_len + 1, 1) : NULL;
+        struct rt_opts o;
+        if (h.kind != HELLO_OPEN || h.opts_size != sizeof(o) || !path) {
+            rt_mpi_abort("rank 0 sent a message this build does not know (another qshard?)");
+            free(path);
+            return RT_ERR_ARG;
+        }
+        enum rt_err err = rt_mpi_bcast(path, h.path_len, true, "the model path");
+        if (!err)
+            err = rt_mpi_bcast(&o, sizeof(o), true, "the options");
+        qs_log_set_level((enum qs_log_level)h.log_level);
+        struct rt_exec *e = NULL;
+        if (!err && !mpi_open(path, &o, &e)) {
+            while (follow_step(&e->slots[0], e->comm[0]))
+                ;
+            rt_exec_free(e);
+        }
+        free(path);
+    }
+}
+
+void rt_exec_mpi_end(int code)
+{
+    if (rt_mpi_world() <= 1 || rt_mpi_rank() != 0)
+        return;
+    struct hello h = {HELLO_END, code, 0, 0, 0};
+    (void)rt_mpi_bcast(&h, sizeof(h), true, "the end of the job");
+}
+
 static enum rt_err open_exec(const char *path, const struct rt_opts *opts,
                              rt_backend_factory factory, void *user, struct rt_exec **out)
 {
     *out = NULL;
     int world = 1;
     RT_TRY(peek_world(path, &world));
+    if (rt_mpi_world() > 1 && !factory)
+        return open_exec_mpi(path, opts, world, out);
     struct rt_exec *e = calloc(1, sizeof(*e));
     if (!e || !(e->slots = calloc((size_t)world, sizeof(*e->slots))) || !(e->path = strdup(path))) {
         qs_log_error(__func__, "out of memory");
@@ -355,7 +642,7 @@ void rt_exec_free(struct rt_exec *e)
 {
     if (!e)
         return;
-    if (e->world > 1 && e->comm[0]) {
+    if (e->world > 1 && e->comm[0] && e->me == 0 && (!e->mpi || e->joined)) {
         if (!e->dead) {
             struct cmd_hdr h = {.kind = CMD_QUIT};
             if (e->comm[0]->ops->broadcast(e->comm[0], &h, sizeof(h)))
@@ -364,7 +651,7 @@ void rt_exec_free(struct rt_exec *e)
             e->comm[0]->ops->abort(e->comm[0]);
         }
     }
-    for (int r = 1; r < e->world && e->slots; r++)
+    for (int r = 1; r < e->world && e->slots && !e->mpi; r++)
         if (e->slots[r].started)
             pthread_join(e->slots[r].th, NULL);
     if (e->slots) {
@@ -374,6 +661,8 @@ void rt_exec_free(struct rt_exec *e)
     for (int r = 0; r < e->world; r++)
         if (e->comm[r])
             e->comm[r]->ops->destroy(e->comm[r]);
+    if (e->slots)
+        free(e->slots[0].buf);
     free(e->slots);
     free(e->scratch);
     free(e->seqbuf);

@@ -6,15 +6,23 @@
  *   qshard run MODEL_DIR -p "text"              generate text (CPU or CUDA)
  *   qshard inspect|verify FILE|DIR              look at / check .qshard files
  *   qshard logits|perplexity|tokenize|bench ...
+ *
+ * Under mpirun (rt_mpi.h; README "Several processes"): MPI is initialised here and only here;
+ * rank 0 runs the command (run, logits, perplexity, serve; the others are refused when the world
+ * is larger than 1) and, on every way out, ends the followers' wait with its exit code; ranks > 0
+ * never run the command: they follow rank 0's models (rt_exec_follow) and exit with rank 0's
+ * code. QSHARD_MPI_TIMEOUT (seconds, default 30) bounds each collective of a step.
  */
 #include <execinfo.h> /* backtrace: a crash report */
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h> /* getenv, strtod */
 #include <string.h>
 #include <unistd.h>
 
 #include "cmd.h"    /* cmd_* entry points, QS_EXIT_* */
 #include "qs_log.h" /* qs_log_set_prog */
+#include "rt_mpi.h" /* one process per rank */
 
 #ifndef QSHARD_VERSION
 #define QSHARD_VERSION "0.1.0"
@@ -64,13 +72,17 @@ static void on_crash(int sig)
 }
 #endif
 
-int main(int argc, char **argv)
+/* The command of argv[1] (argv[0] is the program), or NULL. */
+static const struct subcommand *find_command(const char *name)
 {
-#ifndef __SANITIZE_ADDRESS__ /* AddressSanitizer reports crashes itself */
-    signal(SIGSEGV, on_crash);
-    signal(SIGBUS, on_crash);
-    signal(SIGFPE, on_crash);
-#endif
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        if (!strcmp(name, commands[i].name))
+            return &commands[i];
+    return NULL;
+}
+
+static int dispatch(int argc, char **argv)
+{
     if (argc < 2) {
         usage(stderr);
         return QS_EXIT_USAGE;
@@ -84,13 +96,60 @@ int main(int argc, char **argv)
         return QS_EXIT_OK;
     }
     static char prog[64];
-    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-        if (!strcmp(argv[1], commands[i].name)) {
-            snprintf(prog, sizeof(prog), "qshard %s", commands[i].name);
-            qs_log_set_prog(prog);
-            return commands[i].fn(argc - 1, argv + 1);
-        }
+    const struct subcommand *c = find_command(argv[1]);
+    if (c) {
+        snprintf(prog, sizeof(prog), "qshard %s", c->name);
+        qs_log_set_prog(prog);
+        return c->fn(argc - 1, argv + 1);
+    }
     fprintf(stderr, "qshard: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return QS_EXIT_USAGE;
+}
+
+/* Under mpirun: rank 0 runs the command (those that run a model across processes), the others
+ * follow it; every rank returns rank 0's exit code. */
+static int mpi_main(int argc, char **argv)
+{
+    if (rt_mpi_init(&argc, &argv)) {
+        fprintf(stderr, "qshard: started by mpirun, but MPI cannot start (the error above)\n");
+        rt_mpi_finalize();
+        return QS_EXIT_RUNTIME;
+    }
+    const char *t = getenv("QSHARD_MPI_TIMEOUT");
+    if (t)
+        rt_mpi_set_timeout(strtod(t, NULL));
+    static char prog[96];
+    const int rank = rt_mpi_rank(), world = rt_mpi_world();
+    const struct subcommand *c = argc > 1 ? find_command(argv[1]) : NULL;
+    int rc = QS_EXIT_OK;
+    if (world > 1 && rank > 0) {
+        snprintf(prog, sizeof(prog), "qshard %s (rank %d)", c ? c->name : "", rank);
+        qs_log_set_prog(prog);
+        if (rt_exec_follow(&rc))
+            rc = QS_EXIT_RUNTIME;
+    } else if (world > 1 && c && strcmp(c->name, "run") && strcmp(c->name, "logits") &&
+               strcmp(c->name, "perplexity") && strcmp(c->name, "serve")) {
+        fprintf(stderr, "qshard %s: runs in one process: under mpirun (here %d processes) only "
+                        "run, logits, perplexity and serve run, one rank per process\n",
+                c->name, world);
+        rc = QS_EXIT_USAGE;
+    } else {
+        rc = dispatch(argc, argv);
+    }
+    rt_exec_mpi_end(rc);
+    rt_mpi_finalize();
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+#ifndef __SANITIZE_ADDRESS__ /* AddressSanitizer reports crashes itself */
+    signal(SIGSEGV, on_crash);
+    signal(SIGBUS, on_crash);
+    signal(SIGFPE, on_crash);
+#endif
+    if (rt_mpi_launched())
+        return mpi_main(argc, argv);
+    return dispatch(argc, argv);
 }
