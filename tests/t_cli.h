@@ -214,6 +214,17 @@ static inline char *convert(const cJSON *m, int tp)
     snprintf(dst, 512, "%s/%s-tp%d", g_tmp, jstr(m, "name"), tp);
     snprintf(tps, sizeof(tps), "%d", tp);
     struct proc p = run("convert", src, dst, "--tp", tps, NULL);
+    /* INDEX "max_tp" (act-order fixtures: row-parallel act-order linears stay whole, DESIGN
+     * 4.5): a larger tp is refused with exit 2 naming --tp */
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(m, "max_tp");
+    if (cJSON_IsNumber(mt) && tp > mt->valueint) {
+        CHECK_EXIT(p, 2, jstr(m, "name"));
+        CHECK_MSG(p.err && strstr(p.err, "--tp"), "%s: refusal of --tp %d does not name --tp",
+                  jstr(m, "name"), tp);
+        proc_free(&p);
+        free(dst);
+        return NULL;
+    }
     CHECK_EXIT(p, 0, jstr(m, "name"));
     bool ok = p.code == 0;
     proc_free(&p);
