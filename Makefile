@@ -180,7 +180,7 @@ LINK_LIBS  = $(DEP_LIBS) $(if $(filter 1,$(HAVE_CUDA)),$(CUDA_LIBS)) $(MPI_LINK)
 vpath %.c format convert convert/arch runtime kernels tools tools/serve tests
 vpath %.cu kernels runtime tests
 
-.PHONY: carry all help test check lint fuzz fuzz-run bench test-gpu bench-gpu bench-batch-gpu bench-actorder-gpu bench-serve-gpu demo sass clean info tests lab lab-run
+.PHONY: carry carry-mpi pack all help test check lint fuzz fuzz-run bench test-gpu bench-gpu bench-batch-gpu bench-actorder-gpu bench-serve-gpu demo sass clean info tests lab lab-run
 .DEFAULT_GOAL := all
 .SECONDARY:
 
@@ -292,7 +292,7 @@ CARRY ?= build-dev
 CARRY_ARCHS ?= -gencode arch=compute_90a,code=sm_90a
 carry: ## build sm_90a binaries (qshard, GPU tests, lab) + libcjson.so.1 into build-dev/ (CARRY=) for a GPU machine without compilers
 	$(Q)test "$(HAVE_CUDA)" = 1 || { echo "carry needs nvcc (CUDA_HOME=$(CUDA_HOME))"; exit 1; }
-	$(Q)$(MAKE) --no-print-directory BUILD=$(CARRY)-obj CUDA_ARCHS="$(CARRY_ARCHS)" \
+	$(Q)$(MAKE) --no-print-directory BUILD=$(CARRY)-obj CUDA_ARCHS="$(CARRY_ARCHS)" NO_MPI=1 \
 	    $(CARRY)-obj/qshard $(CARRY)-obj/test_cli_batch \
 	    $(patsubst $(BUILD)/%,$(CARRY)-obj/%,$(GPU_TEST_BIN) $(LAB_BIN))
 	$(Q)mkdir -p $(CARRY)/lab
@@ -304,6 +304,21 @@ carry: ## build sm_90a binaries (qshard, GPU tests, lab) + libcjson.so.1 into bu
 	$(Q)lib=$$(ldconfig -p | awk '/libmicrohttpd.so.12 /{print $$NF; exit}'); \
 	    test -f "$$lib" || { echo "carry: libmicrohttpd.so.12 not found"; exit 1; }; cp -L "$$lib" $(CARRY)/
 	$(Q)echo "carry: $$(du -sh $(CARRY) | cut -f1) in $(CARRY)/: run 'make test-gpu PREBUILT=1 BUILD=$(CARRY)' there"
+
+# carry-mpi: carry, plus qshard-mpi (the same objects linked with MPI) and ompi/ (this machine's
+# OpenMPI made relocatable, tools/mpi_bundle.sh) for `make test-gpu` at world size 1 under mpirun
+# on a GPU machine without OpenMPI; pack: all of $(CARRY)/ as one xz archive (the fat binaries
+# compress ~10x) for a carry limit: `tar xJf $(CARRY)-pack/dev.tar.xz` there first
+carry-mpi: carry ## carry + build-dev/qshard-mpi and a relocatable OpenMPI (build-dev/ompi) for the GPU machine
+	$(Q)test "$(HAVE_MPI)" = 1 || { echo "carry-mpi needs OpenMPI (apt-get install libopenmpi-dev openmpi-bin)"; exit 1; }
+	$(Q)rm -rf $(CARRY)-mpi-obj && cp -a $(CARRY)-obj $(CARRY)-mpi-obj && rm -f $(CARRY)-mpi-obj/libqshard.a $(CARRY)-mpi-obj/qshard
+	$(Q)$(MAKE) --no-print-directory BUILD=$(CARRY)-mpi-obj CUDA_ARCHS="$(CARRY_ARCHS)" $(CARRY)-mpi-obj/qshard
+	$(Q)cp $(CARRY)-mpi-obj/qshard $(CARRY)/qshard-mpi
+	$(Q)sh tools/mpi_bundle.sh $(CARRY)/ompi
+pack: ## $(CARRY)/ (stripped, no lab) as $(CARRY)-pack/dev.tar.xz
+	$(Q)strip $(CARRY)/qshard* $(CARRY)/gpu_test_* $(CARRY)/test_cli_batch
+	$(Q)mkdir -p $(CARRY)-pack && tar cf - --exclude=$(CARRY)/lab $(CARRY) | xz -T0 -6 > $(CARRY)-pack/dev.tar.xz
+	$(Q)echo "pack: $$(du -h $(CARRY)-pack/dev.tar.xz | cut -f1): carry $(CARRY)-pack, run 'tar xJf $(CARRY)-pack/dev.tar.xz' first"
 
 bench: $(QSHARD) ## CPU benchmarks: format open/verify, then converter throughput (needs python3-numpy, time)
 	$(Q)QSHARD=$(QSHARD) sh tools/bench_cpu.sh

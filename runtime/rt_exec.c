@@ -598,7 +598,7 @@ static enum rt_err open_exec(const char *path, const struct rt_opts *opts,
     *out = NULL;
     int world = 1;
     RT_TRY(peek_world(path, &world));
-    if (rt_mpi_world() > 1 && !factory)
+    if (rt_mpi_world() >= 1 && !factory) /* under mpirun, even -np 1: the multi-process path */
         return open_exec_mpi(path, opts, world, out);
     struct rt_exec *e = calloc(1, sizeof(*e));
     if (!e || !(e->slots = calloc((size_t)world, sizeof(*e->slots))) || !(e->path = strdup(path))) {

@@ -48,6 +48,20 @@ if [ -x "$B/test_cli_batch" ]; then
     QSHARD="$QSHARD" QSHARD_DEVICE=cuda "$B/test_cli_batch" >"$tmp" 2>&1; rc=$?
     tally "cli_batch (cuda)" "$tmp" "$rc"
 fi
+# one process per GPU (mpirun) at world size 1 on this GPU: tests/test_mpi.sh with
+# QSHARD_MPI_DEVICE=cuda, when `make carry-mpi` put an MPI build (qshard-mpi) and, for a machine
+# without OpenMPI, a relocatable OpenMPI (ompi/with-mpi, tools/mpi_bundle.sh) next to qshard
+if [ -x "$B/qshard-mpi" ]; then
+    W=""
+    command -v mpirun >/dev/null 2>&1 || W="$B/ompi/with-mpi"
+    if [ -z "$W" ] || [ -x "$W" ]; then
+        QSHARD="$B/qshard-mpi" QSHARD_MPI_DEVICE=cuda $W bash "$(dirname "$0")/test_mpi.sh" >"$tmp" 2>&1; rc=$?
+        grep -E '^(ok|FAIL) ' "$tmp" | head -n 40
+        tally "mpi (cuda, world size 1)" "$tmp" "$rc"
+    else
+        echo "mpi (cuda) skipped: no mpirun and no $W (make carry-mpi)"
+    fi
+fi
 if [ -x "$SAN" ] && [ -x "$QSHARD" ]; then
     # a small batch through the engine under memcheck: paged attention, bucketed decode graphs,
     # chunked prefill beside decode rows, preemption in a pool of 6 blocks

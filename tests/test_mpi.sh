@@ -90,9 +90,13 @@ for l in open(sys.argv[1]):
 ids_of() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["ids"])' "$1"; }
 no_qshard_left() { ! pgrep -f "^$QSHARD " >/dev/null; }
 
+# QSHARD_MPI_DEVICE=cuda (make test-gpu on the GPU machine, one GPU): the same checks at world
+# size 1 on the GPU (one process per GPU needs several GPUs: README "Several processes")
+DEV=${QSHARD_MPI_DEVICE:-cpu}
+if [ "$DEV" = cuda ]; then NPS=1; NPB=1; else NPS="1 2 4"; NPB=2; fi
 M=$TMP/m
 for src in llama-gqa-gemm kjv-llama-awq-gemm; do
-    for tp in 1 2 4; do
+    for tp in $NPS; do
         "$QSHARD" convert "tests/data/models/$src" "$M-$src-$tp" --tp "$tp" -q >/dev/null 2>&1 ||
             bad "convert $src --tp $tp"
     done
@@ -101,20 +105,20 @@ K=$M-kjv-llama-awq-gemm
 G=$M-llama-gqa-gemm
 
 # --- equal to one process and to TP-1 -----------------------------------------------------------
-"$QSHARD" logits "$G-1" --tokens 1,5,9,100,31,7,64,3 --out "$TMP/g1.npy" 2>/dev/null
-"$QSHARD" logits "$K-1" --text 'And God said unto Moses' --out "$TMP/k1.npy" 2>/dev/null
-"$QSHARD" run "$K-1" -p 'And God said' -n 16 --temp 0 --json > "$TMP/run1.json" 2>/dev/null
-for np in 2 4; do
+"$QSHARD" logits --device "$DEV" "$G-1" --tokens 1,5,9,100,31,7,64,3 --out "$TMP/g1.npy" 2>/dev/null
+"$QSHARD" logits --device "$DEV" "$K-1" --text 'And God said unto Moses' --out "$TMP/k1.npy" 2>/dev/null
+"$QSHARD" run --device "$DEV" "$K-1" -p 'And God said' -n 16 --temp 0 --json > "$TMP/run1.json" 2>/dev/null
+for np in $NPS; do
     for m in g k; do
         d=$G; args="--tokens 1,5,9,100,31,7,64,3"
         [ $m = k ] && d=$K
         if [ $m = k ]; then
-            "$QSHARD" logits "$d-$np" --text 'And God said unto Moses' --out "$TMP/$m$np-one.npy" 2>/dev/null
-            $MPIRUN -np $np "$QSHARD" logits "$d-$np" --text 'And God said unto Moses' \
+            "$QSHARD" logits --device "$DEV" "$d-$np" --text 'And God said unto Moses' --out "$TMP/$m$np-one.npy" 2>/dev/null
+            $MPIRUN -np $np "$QSHARD" logits --device "$DEV" "$d-$np" --text 'And God said unto Moses' \
                 --out "$TMP/$m$np-mpi.npy" > "$TMP/out" 2> "$TMP/err"
         else
-            "$QSHARD" logits "$d-$np" $args --out "$TMP/$m$np-one.npy" 2>/dev/null
-            $MPIRUN -np $np "$QSHARD" logits "$d-$np" $args --out "$TMP/$m$np-mpi.npy" \
+            "$QSHARD" logits --device "$DEV" "$d-$np" $args --out "$TMP/$m$np-one.npy" 2>/dev/null
+            $MPIRUN -np $np "$QSHARD" logits --device "$DEV" "$d-$np" $args --out "$TMP/$m$np-mpi.npy" \
                 > "$TMP/out" 2> "$TMP/err"
         fi
         rc=$?
@@ -129,8 +133,8 @@ for np in 2 4; do
             bad "logits $m -np $np: rel L2 $e1 vs TP-1, $en vs one process (> 1e-5)"
         fi
     done
-    "$QSHARD" run "$K-$np" -p 'And God said' -n 16 --temp 0 --json > "$TMP/one.json" 2>/dev/null
-    $MPIRUN -np $np "$QSHARD" run "$K-$np" -p 'And God said' -n 16 --temp 0 --json \
+    "$QSHARD" run --device "$DEV" "$K-$np" -p 'And God said' -n 16 --temp 0 --json > "$TMP/one.json" 2>/dev/null
+    $MPIRUN -np $np "$QSHARD" run --device "$DEV" "$K-$np" -p 'And God said' -n 16 --temp 0 --json \
         > "$TMP/mpi.json" 2> "$TMP/err"
     rc=$?
     if [ $rc -eq 0 ] && [ "$(ids_of "$TMP/mpi.json")" = "$(ids_of "$TMP/run1.json")" ] &&
@@ -142,7 +146,7 @@ for np in 2 4; do
     fi
 done
 
-# --- the batched engine and perplexity at TP 2 ----------------------------------------------
+# --- the batched engine and perplexity at TP 2 (cuda: 1) ---------------------------------------
 cat > "$TMP/req.jsonl" <<'JSONL'
 {"prompt": "And God said", "max_tokens": 12, "temperature": 0}
 {"prompt": "In the beginning", "max_tokens": 20, "temperature": 0.8, "top_k": 40, "seed": 7}
@@ -150,26 +154,48 @@ cat > "$TMP/req.jsonl" <<'JSONL'
 {"prompt": "And Moses went up", "max_tokens": 10, "temperature": 0, "stop": ["LORD"]}
 {"prompt": "And the LORD spake unto Moses, saying", "max_tokens": 16, "temperature": 0.7, "seed": 11, "stop": ["."]}
 JSONL
-"$QSHARD" run "$K-2" --prompts "$TMP/req.jsonl" --max-num-seqs 4 > "$TMP/b-one.jsonl" 2>/dev/null
+"$QSHARD" run --device "$DEV" "$K-$NPB" --prompts "$TMP/req.jsonl" --max-num-seqs 4 > "$TMP/b-one.jsonl" 2>/dev/null
 rc1=$?
-$MPIRUN -np 2 "$QSHARD" run "$K-2" --prompts "$TMP/req.jsonl" --max-num-seqs 4 \
+$MPIRUN -np $NPB "$QSHARD" run --device "$DEV" "$K-$NPB" --prompts "$TMP/req.jsonl" --max-num-seqs 4 \
     > "$TMP/b-mpi.jsonl" 2> "$TMP/err"
 rc=$?
 if [ $rc -eq $rc1 ] && [ -s "$TMP/b-mpi.jsonl" ] &&
     [ "$(strip_timing "$TMP/b-mpi.jsonl")" = "$(strip_timing "$TMP/b-one.jsonl")" ]; then
-    ok "run --prompts -np 2: $(wc -l < "$TMP/b-mpi.jsonl") lines as one process (exit $rc)"
+    ok "run --prompts -np $NPB: $(wc -l < "$TMP/b-mpi.jsonl") lines as one process (exit $rc)"
 else
-    bad "run --prompts -np 2: exit $rc vs $rc1, output differs"; tail -5 "$TMP/err"
+    bad "run --prompts -np $NPB: exit $rc vs $rc1, output differs"; tail -5 "$TMP/err"
 fi
 printf 'And God said unto Moses, Go thy way.\nAnd the LORD spake unto Aaron, saying.\n' > "$TMP/t.txt"
-"$QSHARD" perplexity "$K-2" --file "$TMP/t.txt" --ctx 8 > "$TMP/p-one" 2>/dev/null
-$MPIRUN -np 2 "$QSHARD" perplexity "$K-2" --file "$TMP/t.txt" --ctx 8 > "$TMP/p-mpi" 2> "$TMP/err"
+"$QSHARD" perplexity --device "$DEV" "$K-$NPB" --file "$TMP/t.txt" --ctx 8 > "$TMP/p-one" 2>/dev/null
+$MPIRUN -np $NPB "$QSHARD" perplexity --device "$DEV" "$K-$NPB" --file "$TMP/t.txt" --ctx 8 > "$TMP/p-mpi" 2> "$TMP/err"
 rc=$?
 if [ $rc -eq 0 ] && grep -q 'PPL' "$TMP/p-mpi" && cmp -s "$TMP/p-one" "$TMP/p-mpi"; then
-    ok "perplexity -np 2: $(grep PPL "$TMP/p-mpi")"
+    ok "perplexity -np $NPB: $(grep PPL "$TMP/p-mpi")"
 else
-    bad "perplexity -np 2 (exit $rc): $(cat "$TMP/p-mpi") vs $(cat "$TMP/p-one")"
+    bad "perplexity -np $NPB (exit $rc): $(cat "$TMP/p-mpi") vs $(cat "$TMP/p-one")"
 fi
+
+# --- serve: rank 0 listens, rank 1 follows; SIGTERM; kill -9 of rank 1 while serving --------------
+serve_mpi() { # $1 model dir, $2 np, $3 device, [$4 kill]
+    QSHARD="$QSHARD" QSHARD_SERVE_TMP="$TMP" QSHARD_MPIRUN="${MPIRUN#timeout -k 5 120 }" \
+        timeout -k 5 300 python3 tests/serve/mpi_serve.py "$@" > "$TMP/serve.out" 2>&1
+    local rc=$? p f
+    p=$(sed -n 's/^# mpi-serve: \([0-9]*\) passed, \([0-9]*\) failed$/\1/p' "$TMP/serve.out")
+    f=$(sed -n 's/^# mpi-serve: \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' "$TMP/serve.out")
+    grep -E '^(ok|FAIL) ' "$TMP/serve.out"
+    if [ -z "$p" ] || { [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; }; then
+        bad "serve -np $2 on $3: exit $rc, no summary"; tail -20 "$TMP/serve.out"; return
+    fi
+    pass=$((pass + p)); fail=$((fail + f))
+    [ "$f" -eq 0 ] || tail -30 "$TMP/serve.out"
+}
+if [ "$DEV" = cuda ]; then
+    serve_mpi "$K-1" 1 cuda
+    finish
+fi
+serve_mpi "$K-1" 1 cpu
+serve_mpi "$K-2" 2 cpu kill
+pkill -KILL -f "^$QSHARD " 2>/dev/null
 
 # --- failures ---------------------------------------------------------------------------------
 python3 -c '
@@ -180,12 +206,12 @@ for i in range(64):
 # $1 signal for rank 1, then the wait bound in seconds
 signal_rank1() {
     rm -f "$TMP/rc"
-    (QSHARD_MPI_TIMEOUT=3 $MPIRUN -np 2 "$QSHARD" run "$K-2" --prompts "$TMP/long.jsonl" \
+    (QSHARD_MPI_TIMEOUT=3 $MPIRUN -np 2 "$QSHARD" run --device "$DEV" "$K-2" --prompts "$TMP/long.jsonl" \
         > /dev/null 2> "$TMP/err"; echo $? > "$TMP/rc") &
     local t=0 pid=""
     while [ $t -lt 100 ]; do # rank 1's process (its environment says) once the engine runs
         pid=""
-        for p in $(pgrep -f "^$QSHARD run $K-2 --prompts"); do
+        for p in $(pgrep -f "^$QSHARD run --device $DEV $K-2 --prompts"); do
             tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1' &&
                 pid=$p
         done
@@ -218,7 +244,7 @@ pkill -KILL -f "^$QSHARD " 2>/dev/null
 
 # $1 what, $2 dir, then the expected text of rank 0's message
 refuse() {
-    $MPIRUN -np 2 "$QSHARD" run "$2" -p 'And' -n 4 > "$TMP/out" 2> "$TMP/err"
+    $MPIRUN -np 2 "$QSHARD" run --device "$DEV" "$2" -p 'And' -n 4 > "$TMP/out" 2> "$TMP/err"
     local rc=$?
     if [ $rc -ne 0 ] && grep -qF "$3" "$TMP/err" && ! grep -q 'weights .* MiB per rank' "$TMP/err" &&
         [ ! -s "$TMP/out" ] && no_qshard_left; then
@@ -232,7 +258,7 @@ cp "$K-2"/* "$TMP/swap/" && cp "$G-2/rank-1-of-2.qshard" "$TMP/swap/rank-1-of-2.
 refuse "rank-1 file of another conversion" "$TMP/swap" "rank 1 cannot use $TMP/swap/rank-1-of-2.qshard"
 cp "$K-2/manifest.json" "$K-2/rank-0-of-2.qshard" "$TMP/miss/"
 refuse "missing rank-1 file" "$TMP/miss" "rank 1 cannot use $TMP/miss/rank-1-of-2.qshard"
-$MPIRUN -np 3 "$QSHARD" run "$K-2" -p 'And' -n 4 > "$TMP/out" 2> "$TMP/err"
+$MPIRUN -np 3 "$QSHARD" run --device "$DEV" "$K-2" -p 'And' -n 4 > "$TMP/out" 2> "$TMP/err"
 rc=$?
 [ $rc -ne 0 ] && grep -q 'has 2 ranks (manifest.json) but mpirun started 3 processes' "$TMP/err" &&
     no_qshard_left && ok "-np 3 on TP-2: refused (exit $rc)" || { bad "-np 3 on TP-2: exit $rc"; tail -3 "$TMP/err"; }

@@ -126,6 +126,10 @@ static int mpi_main(int argc, char **argv)
     if (world > 1 && rank > 0) {
         snprintf(prog, sizeof(prog), "qshard %s (rank %d)", c ? c->name : "", rank);
         qs_log_set_prog(prog);
+        /* rank 0 decides when the job ends (Ctrl-C of run, a server's drain) and tells the
+         * followers; mpirun's own kill of the job (SIGTERM to mpirun) still ends with SIGKILL */
+        signal(SIGINT, SIG_IGN);
+        signal(SIGTERM, SIG_IGN);
         if (rt_exec_follow(&rc))
             rc = QS_EXIT_RUNTIME;
     } else if (world > 1 && c && strcmp(c->name, "run") && strcmp(c->name, "logits") &&

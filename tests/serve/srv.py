@@ -90,11 +90,14 @@ class Server:
     """One `qshard serve` process, stderr to a log file (read while it runs: a pipe that nobody
     drains would block the server once it filled)."""
 
-    def __init__(self, name, args=(), env=None, wait_ready=True, model=None):
+    def __init__(self, name, args=(), env=None, wait_ready=True, model=None, launcher=(),
+                 device="cpu"):
+        """launcher: a command put before qshard (mpirun -np N); device: --device."""
         self.name = name
         self.model = model or MODEL
         self.log_path = os.path.join(TMP, "%s.%d.log" % (name, len(_servers)))
-        self.args = [QSHARD, "serve", self.model, "--port", "0", "--device", "cpu"] + list(args)
+        self.args = (list(launcher) + [QSHARD, "serve", self.model, "--port", "0", "--device",
+                                        device] + list(args))
         e = dict(os.environ)
         if env:
             e.update(env)
