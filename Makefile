@@ -180,7 +180,7 @@ LINK_LIBS  = $(DEP_LIBS) $(if $(filter 1,$(HAVE_CUDA)),$(CUDA_LIBS)) $(MPI_LINK)
 vpath %.c format convert convert/arch runtime kernels tools tools/serve tests
 vpath %.cu kernels runtime tests
 
-.PHONY: carry carry-mpi pack all help test check lint fuzz fuzz-run bench test-gpu bench-gpu bench-batch-gpu bench-actorder-gpu bench-serve-gpu demo sass clean info tests lab lab-run
+.PHONY: carry carry-mpi pack all help test check lint fuzz fuzz-run bench test-gpu bench-gpu bench-batch-gpu bench-actorder-gpu bench-arch-gpu bench-serve-gpu demo sass clean info tests lab lab-run
 .DEFAULT_GOAL := all
 .SECONDARY:
 
@@ -332,6 +332,9 @@ bench-batch-gpu: $(if $(filter 1,$(PREBUILT)),,$(QSHARD)) ## on the GPU machine:
 
 bench-actorder-gpu: $(if $(filter 1,$(PREBUILT)),,$(QSHARD)) ## on the GPU machine: act-order's cost (synthetic 7B as AWQ and as GPTQ desc_act: convert, pp512, tg128; the gather kernel)
 	$(Q)QSHARD=$(QSHARD) sh tools/bench_actorder_gpu.sh
+
+bench-arch-gpu: $(if $(filter 1,$(PREBUILT)),,$(QSHARD)) ## on the GPU machine: the newer architectures (synthetic Qwen3-8B beside Llama-3-8B: convert, pp512, tg128)
+	$(Q)QSHARD=$(QSHARD) sh tools/bench_arch_gpu.sh
 
 bench-serve-gpu: $(if $(filter 1,$(PREBUILT)),,$(QSHARD)) ## on the GPU machine: qshard serve on cuda (answers vs run --prompts, start -> /health, bench serve vs bench batch on a synthetic 7B)
 	$(Q)QSHARD=$(QSHARD) sh tools/bench_serve_gpu.sh

@@ -77,6 +77,8 @@ enum cvt_arch_op {
     CVT_ARCH_OP_ROUTER = 4,  /* replicated F32 [num_local_experts, H] MoE router: module `hf`
                               * under the layer, its ".weight" -> role; a quantized router
                               * (`hf`.qweight) is refused */
+    CVT_ARCH_OP_HEAD_NORM = 5, /* replicated F32 vector [head_dim]: tensor `hf` under the layer
+                                * -> role (Qwen3's per-head q_norm / k_norm) */
 };
 
 /* One step of a layer's plan. Steps run in order; the outputs they make are written in that
@@ -104,6 +106,7 @@ struct cvt_arch {
     int64_t num_key_value_heads;       /* absent: this, 0 = num_attention_heads (LlamaConfig);
                                         * null: num_attention_heads in every class */
     double rms_norm_eps;               /* absent or null */
+    int64_t head_dim;                  /* absent: this, 0 = hidden_size / num_attention_heads */
     int64_t sliding_window;            /* absent: this window length, 0 = none; null: none. Read
                                         * by the family's read_keys (Mistral's always, Qwen2's only
                                         * with use_sliding_window) */
@@ -141,10 +144,16 @@ void cvt_arch_list(bool hf_class, char *buf, size_t cap);
 /* The LLaMA family's attention (q/k/v -> qkv_proj column-parallel, o_proj row-parallel), which
  * Mixtral shares (convert/arch/cvt_arch_llama.c). */
 extern const struct cvt_arch_linear cvt_arch_llama_attention[2];
+/* The LLaMA MLP: gate_proj + up_proj -> gate_up_proj (column), down_proj (row). */
+extern const struct cvt_arch_linear cvt_arch_llama_mlp[2];
 /* MistralConfig's sliding_window into cfg->sliding_window: a length, null (no window) or absent
  * (cfg->arch->sliding_window). Mistral's read_keys, which Mixtral's calls first. */
 enum cvt_err cvt_arch_mistral_keys(const struct qs_json_ctx *c, const struct cJSON *o,
                                    struct cvt_hf_config *cfg);
+/* Qwen2Config / Qwen3Config's window keys (use_sliding_window, sliding_window, layer_types,
+ * max_window_layers) into cfg->sliding_window; a window on some layers only is refused. */
+enum cvt_err cvt_arch_qwen_window(const struct qs_json_ctx *c, const struct cJSON *o,
+                                  struct cvt_hf_config *cfg);
 
 #ifdef __cplusplus
 }

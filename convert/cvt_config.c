@@ -478,7 +478,7 @@ static enum cvt_err parse_model(const struct qs_json_ctx *c, const cJSON *o, str
     CVT_TRY(parse_kv_heads(c, o, cfg));
     CVT_TRY_JSON(qs_json_int(c, o, "vocab_size", true, 0, 1, CFG_MAX_VOCAB, &cfg->vocab_size));
     const int64_t H = cfg->hidden_size, nq = cfg->num_attention_heads;
-    int64_t hd_def = H % nq == 0 ? H / nq : 0;
+    int64_t hd_def = a->head_dim ? a->head_dim : H % nq == 0 ? H / nq : 0;
     CVT_TRY_JSON(qs_json_int(c, o, "head_dim", false, hd_def, 1, 65536, &cfg->head_dim));
     if (cfg->head_dim == 0) {
         qs_log_error("cvt_config_parse", "%s/%s: hidden_size %lld is not a multiple of num_attention_heads %lld and no head_dim is given",

@@ -826,6 +826,19 @@ static enum cvt_err plan_layer_float(struct builder *b, const char *prefix, cons
     return emit_replicated(b, src, out, rows, b->p->d.hidden);
 }
 
+/* A HEAD_NORM step: `hf` under the layer replicated as F32 [head_dim] (Qwen3 q_norm / k_norm). */
+static enum cvt_err plan_head_norm(struct builder *b, const char *prefix, const char *hf,
+                                   enum fmt_name role, int layer)
+{
+    char src[200], out[160];
+    snprintf(src, sizeof(src), "%s.%s", prefix, hf);
+    if (!fmt_name(out, sizeof(out), role, layer, -1, NULL)) {
+        qs_log_error(__func__, "layer %d: no canonical name for role %d", layer, (int)role);
+        return CVT_ERR_CONFIG;
+    }
+    return emit_replicated(b, src, out, 1, b->p->d.head_dim);
+}
+
 /* A ROUTER step: `hf`.weight replicated as F32 [E, H]; a quantized router is refused. */
 static enum cvt_err plan_router(struct builder *b, const struct cvt_arch_step *st,
                                 const char *prefix, int layer)
@@ -855,6 +868,7 @@ static enum cvt_err plan_layer(struct builder *b, int i)
         const struct cvt_arch_step *st = &d->arch->steps[s];
         switch (st->op) {
         case CVT_ARCH_OP_NORM: e = plan_layer_float(b, prefix, st->hf, st->role, i, 1); break;
+        case CVT_ARCH_OP_HEAD_NORM: e = plan_head_norm(b, prefix, st->hf, st->role, i); break;
         case CVT_ARCH_OP_IGNORE:
             snprintf(nm, sizeof(nm), "%s.%s", prefix, st->hf);
             if (b->have_names)

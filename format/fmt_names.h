@@ -41,7 +41,9 @@ extern "C" {
     X(FMT_N_EXPERT_GATE_UP, FMT_NAME_LAYER "block_sparse_moe.experts.%d.gate_up_proj", true,    \
       true, true)                                                                               \
     X(FMT_N_EXPERT_DOWN, FMT_NAME_LAYER "block_sparse_moe.experts.%d.down_proj", true, true,    \
-      true)
+      true)                                                                                     \
+    X(FMT_N_Q_NORM, FMT_NAME_LAYER "self_attn.q_norm.weight", true, false, false)               \
+    X(FMT_N_K_NORM, FMT_NAME_LAYER "self_attn.k_norm.weight", true, false, false)
 
 enum fmt_name {
 #define FMT_X_ENUM(role, pattern, per_layer, per_expert, linear) role,

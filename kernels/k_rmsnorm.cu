@@ -6,7 +6,9 @@
  * (4 values per 16-byte load, kept in registers), so a row costs one memory round trip instead
  * of one per loop iteration: at decode (M = 1) the generic loop took ~16 us per call on the
  * H200 (ncu), more than a 4096 x 4096 W4A16 linear. Other shapes take the generic kernel.
- * Test: build/gpu_test_ops (area rmsnorm).
+ * k_head_rmsnorm: the same norm on each q and k head of fused qkv rows (Qwen3 q_norm / k_norm),
+ * one warp per head, in place on the fp16 rows or on the fp32 sums of an ACC route.
+ * Test: build/gpu_test_ops (areas rmsnorm, head_rmsnorm).
  */
 #include "k_common.cuh" /* K_CUDA_CHECK, K_REFUSE */
 
@@ -158,4 +160,60 @@ int k_rmsnorm_acc(uint16_t *out, float *residual, float *x_acc, const float *w, 
         K_REFUSE(K_ERR_ARG, "rmsnorm_acc: out %p, w %p, x_acc %p, residual %p, eps %g",
                  (void *)out, (const void *)w, (void *)x_acc, (void *)residual, (double)eps);
     return launch_rmsnorm(out, residual, nullptr, x_acc, w, M, H, eps, stream);
+}
+
+/* --- per-head RMSNorm of q and k (Qwen3) ------------------------------------------------------ */
+
+constexpr int HEAD_NORM_WARPS = 4; /* heads per block */
+
+static __global__ void __launch_bounds__(HEAD_NORM_WARPS * K_WARP)
+head_rmsnorm_kernel(__half *__restrict__ x,      /* [M, row_stride] fp16, or NULL */
+                    float *__restrict__ acc,     /* [M, row_stride] fp32, or NULL */
+                    int n_heads, int n_q, int hd, size_t row_stride, int n_rows_heads,
+                    const float *__restrict__ wq, const float *__restrict__ wk, float eps)
+{
+    k_pdl_launch_dependents();
+    k_pdl_wait(); /* the qkv linear's output (or sums) is complete */
+    const int lane = threadIdx.x % K_WARP;
+    const int item = blockIdx.x * HEAD_NORM_WARPS + (int)(threadIdx.x / K_WARP);
+    if (item >= n_rows_heads) return;
+    const int m = item / n_heads, h = item % n_heads;
+    const size_t base = (size_t)m * row_stride + (size_t)h * (size_t)hd;
+    const float *w = h < n_q ? wq : wk;
+    float ss = 0.0f;
+    for (int i = lane; i < hd; i += K_WARP) {
+        const float v = acc ? acc[base + i] : __half2float(x[base + i]);
+        ss += v * v;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float r = rsqrtf(ss / (float)hd + eps);
+    for (int i = lane; i < hd; i += K_WARP) {
+        if (acc)
+            acc[base + i] = w[i] * (acc[base + i] * r);
+        else
+            x[base + i] = __float2half_rn(w[i] * (__half2float(x[base + i]) * r));
+    }
+}
+
+int k_head_rmsnorm(uint16_t *x, float *acc, int M, int n_q, int n_kv, int hd, size_t row_stride,
+                   const float *wq, const float *wk, float eps, struct CUstream_st *stream)
+{
+    if (M < 1 || n_q < 1 || n_kv < 0 || hd < 1 || hd > 1024 ||
+        row_stride < (size_t)(n_q + n_kv) * (size_t)hd)
+        K_REFUSE(K_ERR_SHAPE, "head_rmsnorm M=%d n_q=%d n_kv=%d hd=%d row_stride=%zu: need M, "
+                 "n_q >= 1, n_kv >= 0, 1 <= hd <= 1024, row_stride >= (n_q + n_kv) * hd", M,
+                 n_q, n_kv, hd, row_stride);
+    if ((!x && !acc) || !wq || (n_kv && !wk) || !(eps >= 0.0f))
+        K_REFUSE(K_ERR_ARG, "head_rmsnorm: x %p, acc %p, wq %p, wk %p, eps %g", (void *)x,
+                 (void *)acc, (const void *)wq, (const void *)wk, (double)eps);
+    if ((long long)M * (n_q + n_kv) > (long long)INT32_MAX - HEAD_NORM_WARPS)
+        K_REFUSE(K_ERR_SHAPE, "head_rmsnorm: M=%d x %d heads is too many", M, n_q + n_kv);
+    const int items = M * (n_q + n_kv);
+    const int blocks = (items + HEAD_NORM_WARPS - 1) / HEAD_NORM_WARPS;
+    k_launch_ex(head_rmsnorm_kernel, dim3(blocks), dim3(HEAD_NORM_WARPS * K_WARP), 0, stream,
+                k_pdl_usable(), acc ? nullptr : reinterpret_cast<__half *>(x), acc, n_q + n_kv,
+                n_q, hd, row_stride, items, wq, wk, eps);
+    K_LAUNCH_CHECK();
+    return K_ERR_NONE;
 }

@@ -300,6 +300,18 @@ int k_rmsnorm_acc(uint16_t *out, float *residual, float *x_acc, const float *w, 
                   float eps, struct CUstream_st *stream);
 
 /*
+ * Per-head RMSNorm of the q and k heads of fused qkv rows, in place (Qwen3 q_norm / k_norm;
+ * reference ref_head_rmsnorm): row m (row_stride elements) is [q (n_q heads) | k (n_kv) | v];
+ * each q head becomes wq * h * rsqrt(mean(h^2) + eps), each k head the same with wk; mean in
+ * fp32. acc == NULL: x fp16 [M, row_stride] in place; else the fp32 sums acc [M, row_stride]
+ * of an ACC route in place (x untouched; the next kernel, k_rope_kv_store_paged, reads acc).
+ * One warp per head. wq, wk: [hd] fp32. Errors: K_ERR_SHAPE (M, n_q, hd < 1, n_kv < 0,
+ * row_stride < (n_q + n_kv) * hd, hd > 1024), K_ERR_ARG (NULL, eps < 0).
+ */
+int k_head_rmsnorm(uint16_t *x, float *acc, int M, int n_q, int n_kv, int hd, size_t row_stride,
+                   const float *wq, const float *wk, float eps, struct CUstream_st *stream);
+
+/*
  * RoPE, transformers rotate_half form (reference ref_rope), in place on fp16: rows m = 0..M-1
  * at x + m*row_stride (fp16 elements), n_heads heads of hd values each, pairs (i, i + hd/2):
  * a = pos[m] * inv_freq[i] (fp32 product), x' = x cos a - x[i+hd/2] sin a, ... computed in fp32

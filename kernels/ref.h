@@ -184,6 +184,16 @@ void ref_linear_f32(const float *x, const float *W, const float *bias, int M, in
 void ref_rmsnorm(float *out, float *residual, const float *x, const float *w, int M, int H,
                  float eps);
 
+/*
+ * Per-head RMSNorm of the q and k heads of fused qkv rows, in place (Qwen3: q_norm / k_norm
+ * before RoPE; transformers modeling_qwen3.py Qwen3Attention with Qwen3RMSNorm): row m of x
+ * (row_stride floats) is [q (n_q heads) | k (n_kv heads) | v]; each q head v[hd] becomes
+ * wq * v * rsqrt(mean(v^2) + eps), each k head the same with wk; v is untouched. Mean of
+ * squares in double, as ref_rmsnorm. wq, wk: [hd].
+ */
+void ref_head_rmsnorm(float *x, int M, int n_q, int n_kv, int hd, size_t row_stride,
+                      const float *wq, const float *wk, float eps);
+
 /* out[i] = sum over q = 0, 1, .., world-1 of bufs[q][i], added in that order in fp32 starting
  * from 0.0f: the tensor-parallel all-reduce as every rank of k_allreduce_sum computes it (fp16
  * buffers: each value converted to fp32 first, the sum rounded once). bufs: world x [n]. */

@@ -1,6 +1,8 @@
 /*
  * ref_rmsnorm.c - RMSNorm with optional fused residual add (transformers LlamaRMSNorm:
  * variance = mean(h^2); h * rsqrt(variance + eps); weight * h), fp32; reference of k_rmsnorm.
+ * ref_head_rmsnorm: the same norm on every q and k head of a fused qkv row (Qwen3 q_norm /
+ * k_norm, transformers modeling_qwen3.py Qwen3Attention); reference of k_head_rmsnorm.
  * Test: ./build/test_ref
  */
 #include <math.h>
@@ -28,5 +30,26 @@ void ref_rmsnorm(float *out, float *residual, const float *x, const float *w, in
         float *orow = out + (size_t)m * (size_t)H;
         for (int i = 0; i < H; i++)
             orow[i] = w[i] * (hr[i] * r);
+    }
+}
+
+/* One vector v[hd] in place: v * rsqrt(mean(v^2) + eps) * w. */
+static void norm_head(float *v, const float *w, int hd, float eps)
+{
+    double ss = 0.0;
+    for (int i = 0; i < hd; i++)
+        ss += (double)v[i] * (double)v[i];
+    float r = 1.0f / sqrtf((float)(ss / hd) + eps);
+    for (int i = 0; i < hd; i++)
+        v[i] = w[i] * (v[i] * r);
+}
+
+void ref_head_rmsnorm(float *x, int M, int n_q, int n_kv, int hd, size_t row_stride,
+                      const float *wq, const float *wk, float eps)
+{
+    for (int m = 0; m < M; m++) {
+        float *row = x + (size_t)m * row_stride;
+        for (int h = 0; h < n_q + n_kv; h++)
+            norm_head(row + (size_t)h * (size_t)hd, h < n_q ? wq : wk, hd, eps);
     }
 }

@@ -1,11 +1,11 @@
 /*
  * rt_arch_llama.c - the LLaMA family's descriptors (rt.h struct rt_arch): LLaMA 1/2/3/3.1,
- * Mistral, Qwen2. One decoder block: RMSNorm -> fused qkv (q/k/v biases when the config's
+ * Mistral, Qwen2, Qwen3 (+ per-head q/k RMSNorm before RoPE). One decoder block: RMSNorm -> fused qkv (q/k/v biases when the config's
  * attention_bias says so: Qwen2 always, written by the converter) -> RoPE on all of head_dim
  * (rotate_half form; llama3 / linear scaling in inv_freq) -> causal GQA attention (Mistral's
  * sliding window from the config) -> o_proj -> residual; RMSNorm -> gate_up -> SiLU(gate) * up
  * -> down -> residual. Source of the math: transformers modeling_llama.py (LlamaDecoderLayer),
- * modeling_mistral.py, modeling_qwen2.py.
+ * modeling_mistral.py, modeling_qwen2.py, modeling_qwen3.py.
  */
 #include "qs_log.h"
 #include "rt.h"
@@ -21,12 +21,15 @@ static enum rt_err check_dense(const struct rt_config *c, const char *where)
     return RT_ERR_NONE;
 }
 
-#define LLAMA_FAMILY(arch_name)                                                               \
+#define LLAMA_FAMILY(arch_name, qk)                                                           \
     {                                                                                         \
         .name = arch_name, .norm = RT_NORM_RMS, .act = RT_ACT_SILU, .rotary_fraction = 1.0f,  \
-        .parallel_residual = false, .qk_norm = false, .moe = false, .check = check_dense,     \
+        .parallel_residual = false, .qk_norm = qk, .moe = false, .check = check_dense,        \
     }
 
-const struct rt_arch rt_arch_llama = LLAMA_FAMILY("llama");
-const struct rt_arch rt_arch_mistral = LLAMA_FAMILY("mistral");
-const struct rt_arch rt_arch_qwen2 = LLAMA_FAMILY("qwen2");
+const struct rt_arch rt_arch_llama = LLAMA_FAMILY("llama", false);
+const struct rt_arch rt_arch_mistral = LLAMA_FAMILY("mistral", false);
+const struct rt_arch rt_arch_qwen2 = LLAMA_FAMILY("qwen2", false);
+/* Qwen3: q_norm / k_norm (RMSNorm over each head's head_dim values, weights [head_dim]) on q and
+ * k before RoPE (modeling_qwen3.py Qwen3Attention) */
+const struct rt_arch rt_arch_qwen3 = LLAMA_FAMILY("qwen3", true);

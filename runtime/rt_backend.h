@@ -206,6 +206,12 @@ struct rt_backend_ops {
                                  int hd, size_t row_stride, const int32_t *pos,
                                  const float *inv_freq, void *k_pool, void *v_pool,
                                  const int32_t *slots, int block_size);
+    /* Per-head RMSNorm of the q and k heads of the fused qkv rows (ref_head_rmsnorm; Qwen3
+     * q_norm / k_norm before RoPE): in place on x (act rows of row_stride), or with x_acc (the
+     * qkv linear's deferred f32 sums, which rope_kv_store reads next) in place on x_acc. wq,
+     * wk: f32 [hd]. NULL in a backend that lacks it: a qk_norm architecture is refused at open. */
+    enum rt_err (*head_norm)(void *ctx, void *x, float *x_acc, int M, int n_q, int n_kv, int hd,
+                             size_t row_stride, const float *wq, const float *wk, float eps);
     /* ref_attention_paged (causal, GQA, sliding window <= 0 = none) of the M rows of `a`: act
      * out, act q, the pools. While a graph is being recorded every run has one row and the
      * backend must read everything but the host fields at replay. */

@@ -206,6 +206,15 @@ static enum rt_err cpu_rope_kv_store(void *ctx, void *vx, float *x_acc, int M, i
     return RT_ERR_NONE;
 }
 
+static enum rt_err cpu_head_norm(void *ctx, void *x, float *x_acc, int M, int n_q, int n_kv,
+                                 int hd, size_t row_stride, const float *wq, const float *wk,
+                                 float eps)
+{
+    (void)ctx;
+    ref_head_rmsnorm(x_acc ? x_acc : (float *)x, M, n_q, n_kv, hd, row_stride, wq, wk, eps);
+    return RT_ERR_NONE;
+}
+
 static enum rt_err cpu_attention(void *vctx, void *out, size_t out_stride, const void *q,
                                  size_t q_stride, const void *k_pool, const void *v_pool, int M,
                                  const struct rt_attn_rows *a, int n_heads, int n_kv_heads,
@@ -320,6 +329,7 @@ static const struct rt_backend_ops cpu_ops = {
     .lm_head = cpu_lm_head,
     .router = cpu_router,
     .rope_kv_store = cpu_rope_kv_store,
+    .head_norm = cpu_head_norm,
     .attention = cpu_attention,
     .kv_copy_block = cpu_kv_copy_block,
     .act_mul = cpu_act_mul,

@@ -506,6 +506,16 @@ static enum rt_err cuda_rope_kv_store(void *ctx, void *x, float *x_acc, int M, i
     return RT_ERR_NONE;
 }
 
+/* Per-head RMSNorm of q and k (Qwen3), on the fp16 rows or in place on the deferred sums */
+static enum rt_err cuda_head_norm(void *ctx, void *x, float *x_acc, int M, int n_q, int n_kv,
+                                  int hd, size_t row_stride, const float *wq, const float *wk,
+                                  float eps)
+{
+    RT_K_TRY(k_head_rmsnorm(static_cast<uint16_t *>(x), x_acc, M, n_q, n_kv, hd, row_stride, wq,
+                            wk, eps, R(ctx)->stream));
+    return RT_ERR_NONE;
+}
+
 /* Attention of a chunk over the paged cache: runs of >= 16 rows (prompt chunks) through
  * k_attention_paged_prefill (FlashAttention-2 on tensor cores), consecutive shorter runs
  * (decode rows of many sequences, short chunks) together through one k_attention_paged; while
@@ -824,6 +834,7 @@ static struct rt_backend_ops make_ops(void)
     o.lm_head = cuda_lm_head;
     o.router = cuda_router;
     o.rope_kv_store = cuda_rope_kv_store;
+    o.head_norm = cuda_head_norm;
     o.attention = cuda_attention;
     o.kv_copy_block = cuda_kv_copy_block;
     o.mem_info = cuda_mem_info;

@@ -134,7 +134,10 @@ static int pool_blocks(const struct rt_exec *e, const struct rt_model *m)
 static enum rt_err open_rank(struct rank_slot *s)
 {
     struct rt_exec *e = s->e;
-    struct rt_comm *comm = e->mpi ? e->comm[0] : e->world > 1 ? e->comm[s->rank] : NULL;
+    /* world size 1 under mpirun: the model runs as in one process (no collective is needed, and
+     * a communicator would change where the fp32 sums are rounded); the job's handshake and its
+     * end still go through MPI */
+    struct rt_comm *comm = e->world == 1 ? NULL : e->mpi ? e->comm[0] : e->comm[s->rank];
     struct rt_backend be = {NULL, NULL};
     if (e->factory)
         RT_TRY(e->factory(e->user, s->rank, e->world, comm, &be));

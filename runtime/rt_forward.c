@@ -185,6 +185,9 @@ static enum rt_err attn_block(struct rt_model *m, struct rt_kv *kv, int l, int M
     float *qacc = use_acc(m, &ly->qkv, M) ? m->acc : NULL;
 
     RT_TRY(linear(m, &ly->qkv, m->x, M, m->qkv, qacc));
+    if (ly->q_norm) /* Qwen3: q_norm / k_norm per head before RoPE */
+        RT_TRY(OPS->head_norm(BCTX, m->qkv, qacc, M, nq, nkv, hd, stride, ly->q_norm, ly->k_norm,
+                              c->rms_norm_eps));
     RT_TRY(OPS->rope_kv_store(BCTX, m->qkv, qacc, M, nq, nkv, hd, stride, m->pos, m->inv_freq,
                               kv->k[l], kv->v[l], m->slots, kv->block_size));
     const struct rt_attn_rows a = {m->pos, m->row_tab, m->tabs, m->tab_stride, kv->block_size,

@@ -294,6 +294,19 @@ static enum rt_err bind_layer(struct rt_model *m, int l)
     RT_TRY(bind_role(m, FMT_N_MLP_NORM, l, -1, NULL, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR, H, -1,
                   false, &p));
     ly->mlp_norm = p;
+    if (c->arch->qk_norm) {
+        if (!m->be.ops->head_norm) {
+            qs_log_error(__func__, "%s: architecture %s needs per-head q/k norms, which this "
+                         "backend lacks", m->path, c->arch->name);
+            return RT_ERR_UNSUPPORTED;
+        }
+        RT_TRY(bind_role(m, FMT_N_Q_NORM, l, -1, NULL, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR, hd, -1,
+                      false, &p));
+        ly->q_norm = p;
+        RT_TRY(bind_role(m, FMT_N_K_NORM, l, -1, NULL, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR, hd, -1,
+                      false, &p));
+        ly->k_norm = p;
+    }
     RT_TRY(bind_linear(m, FMT_N_QKV, l, -1, H, (nq + 2 * nkv) * hd, c->attention_bias, &ly->qkv));
     RT_TRY(bind_linear(m, FMT_N_O, l, -1, nq * hd, H, false, &ly->o));
     if (c->arch->moe)

@@ -27,6 +27,7 @@ struct rt_linear {
 struct rt_layer {
     const float *attn_norm;           /* [H] input_layernorm */
     const float *mlp_norm;            /* [H] post_attention_layernorm */
+    const float *q_norm, *k_norm;     /* [hd] per-head norms (qk_norm architectures) or NULL */
     struct rt_linear qkv;             /* [H] -> [(nq_r + 2 nkv_r) * hd], columns [q | k | v] */
     struct rt_linear o;               /* [nq_r * hd] -> [H], row-parallel */
     struct rt_linear gate_up;         /* dense MLP: [H] -> [2 I_r], columns [gate | up] */

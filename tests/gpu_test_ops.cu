@@ -2,7 +2,7 @@
  * gpu_test_ops.cu - every CUDA kernel but the W4A16 linear (kernels/kernels.h) against its
  * plain-C reference (kernels/ref.h) on fresh random inputs (never zeros), outputs poisoned with
  * NaN beforehand (harness: tests/gpu_t.cuh).
- * Areas: rmsnorm (and rmsnorm_acc from fp32 sums), silu_mul (and _acc), rope (and _acc),
+ * Areas: rmsnorm (and rmsnorm_acc from fp32 sums), head_rmsnorm (Qwen3 q/k norms), silu_mul (and _acc), rope (and _acc),
  * rope_kv_store, embed, argmax, sample (vs runtime/rt_sample.c), attention (with the paged KV
  * cache: k_*_paged, k_kv_copy_block), moe, allreduce.
  * The W4A16 routes and their ACC epilogue feeding these consumers: tests/gpu_test_w4a16.cu.
@@ -75,6 +75,56 @@ static void test_rmsnorm(void)
     CHECK_EQ_INT(k_rmsnorm_acc(nullptr, nullptr, nullptr, nullptr, 1, 64, 1e-5f, nullptr), K_ERR_ARG);
     CHECK_EQ_INT(k_rmsnorm(nullptr, nullptr, nullptr, nullptr, 1, 64, 1e-5f, nullptr), K_ERR_ARG);
     CHECK_EQ_INT(k_rmsnorm(nullptr, nullptr, nullptr, nullptr, 0, 64, 1e-5f, nullptr), K_ERR_SHAPE);
+    qs_log_set_quiet(false);
+}
+
+/* k_head_rmsnorm (Qwen3 q_norm / k_norm) vs ref_head_rmsnorm on fresh random rows: fp16 rows in
+ * place (v and the padding past the heads untouched) and fp32 sums in place */
+static void test_head_rmsnorm(void)
+{
+    const int shapes[][4] = {{1, 32, 8, 128}, {7, 16, 8, 128}, {3, 8, 2, 64}, {2, 4, 0, 256},
+                             {5, 2, 1, 96}};
+    for (auto &s : shapes) {
+        const int M = s[0], nq = s[1], nkv = s[2], hd = s[3];
+        const size_t stride = (size_t)(nq + 2 * nkv) * hd + 8, n = (size_t)M * stride;
+        std::vector<float> wq(hd), wk(hd);
+        for (auto &v : wq) v = rng_uniform(0.5f, 1.5f);
+        for (auto &v : wk) v = rng_uniform(0.5f, 1.5f);
+        float *dwq = dev_upload(wq), *dwk = dev_upload(wk);
+        char what[96];
+        { /* fp16 rows */
+            std::vector<uint16_t> xh;
+            std::vector<float> xf;
+            rand_f16(xh, xf, n, -6.0f, 6.0f);
+            uint16_t *dx = dev_upload(xh);
+            CHECK_EQ_INT(k_head_rmsnorm(dx, nullptr, M, nq, nkv, hd, stride, dwq, dwk, 1e-6f,
+                                        nullptr), K_ERR_NONE);
+            ref_head_rmsnorm(xf.data(), M, nq, nkv, hd, stride, wq.data(), wk.data(), 1e-6f);
+            const std::vector<float> got = f16_to_f32(dev_download(dx, n));
+            snprintf(what, sizeof what, "head_rmsnorm M=%d nq=%d nkv=%d hd=%d", M, nq, nkv, hd);
+            compare(what, got.data(), xf.data(), n, 1e-3, 2e-3, 2e-3);
+            TCUDA(cudaFree(dx));
+        }
+        { /* fp32 sums (ACC route) */
+            std::vector<float> xa(n), want;
+            for (auto &v : xa) v = rng_uniform(-6.0f, 6.0f);
+            want = xa;
+            float *da = dev_upload(xa);
+            CHECK_EQ_INT(k_head_rmsnorm(nullptr, da, M, nq, nkv, hd, stride, dwq, dwk, 1e-6f,
+                                        nullptr), K_ERR_NONE);
+            ref_head_rmsnorm(want.data(), M, nq, nkv, hd, stride, wq.data(), wk.data(), 1e-6f);
+            const std::vector<float> got = dev_download(da, n);
+            snprintf(what, sizeof what, "head_rmsnorm acc M=%d nq=%d nkv=%d hd=%d", M, nq, nkv, hd);
+            compare(what, got.data(), want.data(), n, 1e-5, 1e-5, 1e-5);
+            TCUDA(cudaFree(da));
+        }
+        TCUDA(cudaFree(dwq)); TCUDA(cudaFree(dwk));
+    }
+    qs_log_set_quiet(true);
+    CHECK_EQ_INT(k_head_rmsnorm(nullptr, nullptr, 1, 2, 1, 64, 256, nullptr, nullptr, 1e-6f, nullptr),
+                 K_ERR_ARG);
+    CHECK_EQ_INT(k_head_rmsnorm(nullptr, nullptr, 1, 2, 1, 64, 100, nullptr, nullptr, 1e-6f, nullptr),
+                 K_ERR_SHAPE);
     qs_log_set_quiet(false);
 }
 
@@ -971,6 +1021,7 @@ int main(int argc, char **argv)
 {
     static const gpu_area areas[] = {
         {"rmsnorm", [](bool) { test_rmsnorm(); }},
+        {"head_rmsnorm", [](bool) { test_head_rmsnorm(); }},
         {"silu_mul", [](bool) { test_silu_mul(); }},
         {"rope", [](bool) { test_rope(); }},
         {"rope_kv_store", [](bool) { test_rope_kv_store(); }},

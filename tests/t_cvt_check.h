@@ -428,6 +428,12 @@ static inline void ck_model(struct model_ck *m, const char *out_dir)
             ck_replicated(m, s, nm);
             snprintf(nm, sizeof(nm), "model.layers.%d.post_attention_layernorm.weight", i);
             ck_replicated(m, s, nm);
+            snprintf(nm, sizeof(nm), "model.layers.%d.self_attn.q_norm.weight", i);
+            if (cvt_source_find(m->src, nm)) { /* Qwen3: per-head norms [hd], replicated */
+                ck_replicated(m, s, nm);
+                snprintf(nm, sizeof(nm), "model.layers.%d.self_attn.k_norm.weight", i);
+                ck_replicated(m, s, nm);
+            }
             ck_attention(m, s, r, i);
             if (m->E) {
                 snprintf(nm, sizeof(nm), "model.layers.%d.block_sparse_moe.gate.weight", i);

@@ -162,6 +162,22 @@ T_FN enum rt_err emu_router(void *ctx, const void *x, const float *W, int M, int
     return RT_ERR_NONE;
 }
 
+T_FN enum rt_err emu_head_norm(void *ctx, void *x, float *x_acc, int M, int n_q, int n_kv, int hd,
+                               size_t row_stride, const float *wq, const float *wk, float eps)
+{
+    (void)ctx;
+    if (x_acc) { /* the sums stay f32, as the CUDA kernel leaves them */
+        ref_head_rmsnorm(x_acc, M, n_q, n_kv, hd, row_stride, wq, wk, eps);
+        return RT_ERR_NONE;
+    }
+    const size_t n = (size_t)M * row_stride;
+    float *xf = h2f(x, n);
+    ref_head_rmsnorm(xf, M, n_q, n_kv, hd, row_stride, wq, wk, eps);
+    f2h(x, xf, n);
+    free(xf);
+    return RT_ERR_NONE;
+}
+
 T_FN enum rt_err emu_rope_kv_store(void *ctx, void *x, float *x_acc, int M, int n_q, int n_kv,
                                    int hd, size_t row_stride, const int32_t *pos,
                                    const float *inv_freq, void *k_pool, void *v_pool,
@@ -325,6 +341,7 @@ static const struct rt_backend_ops emu_ops = {
     .lm_head = emu_lm_head,
     .router = emu_router,
     .rope_kv_store = emu_rope_kv_store,
+    .head_norm = emu_head_norm,
     .attention = emu_attention,
     .kv_copy_block = emu_kv_copy_block,
     .act_mul = emu_act_mul,

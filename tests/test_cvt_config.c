@@ -326,6 +326,7 @@ static void test_arch_defaults(void)
         {"LlamaForCausalLM", 10000.0, 1e-6, 2048, 32, 0, 0, 0, 0},
         {"MistralForCausalLM", 10000.0, 1e-6, 4096 * 32, 8, 4096, 0, 0, 0},
         {"Qwen2ForCausalLM", 10000.0, 1e-6, 32768, 32, 0, 0, 0, CVT_ROLE_BIT(FMT_N_QKV)},
+        {"Qwen3ForCausalLM", 10000.0, 1e-6, 32768, 32, 0, 0, 0, 0},
         {"MixtralForCausalLM", 1e6, 1e-5, 4096 * 32, 8, 0, 8, 2, 0},
     };
     struct cvt_hf_config cfg;
@@ -357,6 +358,27 @@ static void test_arch_defaults(void)
         CHECK_EQ_INT(cfg.sliding_window, strcmp(want[i].cls, "LlamaForCausalLM") ? 64 : 0); /* no window in llama */
         cvt_config_free(&cfg);
     }
+    /* Qwen3Config: head_dim 128 when absent, whatever hidden / heads is (LLaMA: hidden / heads);
+     * attention_bias biases q/k/v and o */
+    static const char qw3[] = "{\"architectures\": [\"%s\"], \"hidden_size\": 256, "
+                              "\"intermediate_size\": 512, \"num_hidden_layers\": 2, "
+                              "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+                              "\"vocab_size\": 64%s}";
+    char js[512];
+    snprintf(js, sizeof js, qw3, "Qwen3ForCausalLM", "");
+    CHECK_EQ_INT(cfg_parse(js, NULL, NULL, NULL, &cfg), CVT_ERR_NONE);
+    CHECK_EQ_INT(cfg.head_dim, 128);
+    CHECK_EQ_INT(cfg.bias_roles, 0);
+    cvt_config_free(&cfg);
+    snprintf(js, sizeof js, qw3, "LlamaForCausalLM", "");
+    CHECK_EQ_INT(cfg_parse(js, NULL, NULL, NULL, &cfg), CVT_ERR_NONE);
+    CHECK_EQ_INT(cfg.head_dim, 64);
+    cvt_config_free(&cfg);
+    snprintf(js, sizeof js, qw3, "Qwen3ForCausalLM", ", \"head_dim\": 32, \"attention_bias\": true");
+    CHECK_EQ_INT(cfg_parse(js, NULL, NULL, NULL, &cfg), CVT_ERR_NONE);
+    CHECK_EQ_INT(cfg.head_dim, 32);
+    CHECK_EQ_INT(cfg.bias_roles, CVT_ROLE_BIT(FMT_N_QKV) | CVT_ROLE_BIT(FMT_N_O));
+    cvt_config_free(&cfg);
     /* a default that does not fit the heads is refused and the message says it was a default */
     qs_log_set_quiet(true);
     CHECK_EQ_INT(cfg_parse("{\"architectures\": [\"MistralForCausalLM\"], \"hidden_size\": 256, \"intermediate_size\": 512, "
@@ -427,7 +449,7 @@ static void test_family_keys(void)
     /* the "supported" list comes from the registry */
     CHECK_EQ_INT(cfg_parse("{\"architectures\": [\"GemmaForCausalLM\"]}", NULL, NULL, NULL, &cfg),
                  CVT_ERR_UNSUPPORTED);
-    CHECK(strstr(qs_log_last(), "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM") != NULL);
+    CHECK(strstr(qs_log_last(), "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM") != NULL);
     qs_log_set_quiet(false);
 }
 

@@ -698,6 +698,38 @@ static void test_rmsnorm(void)
     CHECK_EQ_INT(bad, 0);
 }
 
+/* ref_head_rmsnorm against a double-precision norm of each head written here: q heads with wq,
+ * k heads with wk, v and the row's padding untouched */
+static void test_head_rmsnorm(void)
+{
+    enum { M = 3, NQ = 4, NKV = 2, HD = 48, STRIDE = (NQ + 2 * NKV) * HD + 5 };
+    float x[M * STRIDE], x0[M * STRIDE], wq[HD], wk[HD];
+    fill_uniform(x, M * STRIDE, -3, 3);
+    fill_uniform(wq, HD, 0.5f, 1.5f);
+    fill_uniform(wk, HD, 0.5f, 1.5f);
+    memcpy(x0, x, sizeof(x));
+    const float eps = 0.05f;
+    ref_head_rmsnorm(x, M, NQ, NKV, HD, STRIDE, wq, wk, eps);
+    int bad = 0, moved = 0;
+    for (int m = 0; m < M; m++) {
+        for (int h = 0; h < NQ + NKV; h++) {
+            const float *v0 = x0 + m * STRIDE + h * HD, *v = x + m * STRIDE + h * HD;
+            double ss = 0;
+            for (int i = 0; i < HD; i++)
+                ss += (double)v0[i] * v0[i];
+            for (int i = 0; i < HD; i++) {
+                double want = (h < NQ ? wq[i] : wk[i]) * v0[i] / sqrt(ss / HD + eps);
+                if (fabs(v[i] - want) > 1e-6 + 1e-5 * fabs(want))
+                    bad++;
+            }
+        }
+        for (int i = (NQ + NKV) * HD; i < STRIDE; i++)
+            moved += x[m * STRIDE + i] != x0[m * STRIDE + i];
+    }
+    CHECK_EQ_INT(bad, 0);
+    CHECK_EQ_INT(moved, 0);
+}
+
 static void test_silu_softmax_argmax_embed(void)
 {
     enum { M = 3, I = 50, V = 40, H = 16 };
@@ -1005,6 +1037,7 @@ static void test_ops(void)
     test_linear_f16(1, 100, 37, pools[2]);
     test_linear_f16(4, 1100, 13, pools[1]);
     test_rmsnorm();
+    test_head_rmsnorm();
     test_silu_softmax_argmax_embed();
     test_rope();
     test_attention(pools[2]);

@@ -23,7 +23,8 @@
  * A null num_key_value_heads is num_attention_heads in all three; a null window is none.
  *
  * Entry points: the descriptors cvt_arch_llama, cvt_arch_mistral, cvt_arch_qwen2 (registry:
- * convert/cvt_arch.c), cvt_arch_llama_attention and cvt_arch_mistral_keys (shared with Mixtral).
+ * convert/cvt_arch.c), cvt_arch_llama_attention and cvt_arch_mistral_keys (shared with Mixtral),
+ * cvt_arch_llama_mlp and cvt_arch_qwen_window (shared with Qwen3).
  * Tests: ./build/test_cvt_plan, ./build/test_cvt_src (configs), ./build/test_cvt (fixtures).
  */
 #include <string.h>
@@ -42,7 +43,7 @@ const struct cvt_arch_linear cvt_arch_llama_attention[2] = {
     {FMT_N_O, FMT_SPLIT_ROW, 1, {{"self_attn.o_proj", CVT_AXIS_Q, CVT_AXIS_HIDDEN}}},
 };
 
-static const struct cvt_arch_linear mlp[2] = {
+const struct cvt_arch_linear cvt_arch_llama_mlp[2] = {
     {FMT_N_GATE_UP, FMT_SPLIT_COLUMN, 2,
      {{"mlp.gate_proj", CVT_AXIS_HIDDEN, CVT_AXIS_INTER},
       {"mlp.up_proj", CVT_AXIS_HIDDEN, CVT_AXIS_INTER}}},
@@ -54,7 +55,7 @@ static const struct cvt_arch_step layer[] = {
     {CVT_ARCH_OP_NORM, FMT_N_MLP_NORM, "post_attention_layernorm.weight", false, 0, NULL},
     {CVT_ARCH_OP_LINEARS, FMT_N_COUNT, NULL, false, 2, cvt_arch_llama_attention},
     {CVT_ARCH_OP_IGNORE, FMT_N_COUNT, "self_attn.rotary_emb.inv_freq", false, 0, NULL},
-    {CVT_ARCH_OP_LINEARS, FMT_N_COUNT, NULL, false, 2, mlp},
+    {CVT_ARCH_OP_LINEARS, FMT_N_COUNT, NULL, false, 2, cvt_arch_llama_mlp},
 };
 
 /* LlamaConfig: attention_bias puts a bias on q, k, v and o; mlp_bias is refused. */
@@ -118,8 +119,8 @@ static enum cvt_err qwen2_layer_types(const struct qs_json_ctx *c, const struct 
  * on the "sliding_attention" layers: those of layer_types when given, else those from
  * max_window_layers on (Qwen2Config builds layer_types that way; modeling_qwen2.py). All layers
  * or none is supported. */
-static enum cvt_err qwen2_keys(const struct qs_json_ctx *c, const struct cJSON *o,
-                               struct cvt_hf_config *cfg)
+enum cvt_err cvt_arch_qwen_window(const struct qs_json_ctx *c, const struct cJSON *o,
+                                  struct cvt_hf_config *cfg)
 {
     bool use_sw = false;
     int64_t sw = 0, mwl, L = cfg->num_hidden_layers, n_sliding = 0;
@@ -142,12 +143,19 @@ static enum cvt_err qwen2_keys(const struct qs_json_ctx *c, const struct cJSON *
         n_sliding = mwl < L ? L - mwl : 0;
     }
     if (n_sliding != 0 && n_sliding != L) {
-        qs_log_error(c->fn, "%s/%s: Qwen2 sliding window on %lld of %lld layers (by %s: per-layer "
+        qs_log_error(c->fn, "%s/%s: Qwen sliding window on %lld of %lld layers (by %s: per-layer "
                             "windows) is not supported",
                      c->where, c->file, (long long)n_sliding, (long long)L, by);
         return CVT_ERR_UNSUPPORTED;
     }
     cfg->sliding_window = n_sliding ? sw : 0;
+    return CVT_ERR_NONE;
+}
+
+static enum cvt_err qwen2_keys(const struct qs_json_ctx *c, const struct cJSON *o,
+                               struct cvt_hf_config *cfg)
+{
+    CVT_TRY(cvt_arch_qwen_window(c, o, cfg));
     cfg->bias_roles = CVT_ROLE_BIT(FMT_N_QKV);
     return CVT_ERR_NONE;
 }
@@ -160,7 +168,7 @@ static enum cvt_err qwen2_keys(const struct qs_json_ctx *c, const struct cJSON *
 const struct cvt_arch cvt_arch_llama = {
     .name = "llama", .hf_class = "LlamaForCausalLM", .model_type = "llama",
     .rope_theta = 10000.0, .max_position_embeddings = 2048, .num_key_value_heads = 0,
-    .rms_norm_eps = 1e-6, .sliding_window = 0, .hidden_act = "silu", .moe = false,
+    .rms_norm_eps = 1e-6, .head_dim = 0, .sliding_window = 0, .hidden_act = "silu", .moe = false,
     .read_keys = llama_keys, LLAMA_TENSORS,
 };
 
