@@ -35,7 +35,7 @@ done
 QSHARD=${QSHARD:-$(dirname "$1")/qshard}
 if [ -x "$QSHARD" ] && python3 -c 'import numpy' 2>/dev/null; then
     QSHARD="$QSHARD" python3 "$(dirname "$0")/gpu_test_e2e.py" >"$tmp" 2>&1; rc=$?
-    grep -E '^(FAIL|.*rel L2)' "$tmp" | head -n 60
+    grep -E '^FAIL|vs golden' "$tmp" | head -n 120
     tally "e2e" "$tmp" "$rc"
 else
     echo "e2e skipped: no $QSHARD or no python3 numpy"

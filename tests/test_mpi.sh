@@ -2,16 +2,21 @@
 # test_mpi.sh - one process per rank under mpirun on the CPU (README "Several processes (MPI)",
 # runtime/rt_mpi.h), run by `make test` through tests/run_tests.sh from any directory.
 # Converts tests/data/models/llama-gqa-gemm and the KJV demo model at --tp 1, 2 and 4, then with
-# `mpirun --oversubscribe -np 2` and `-np 4`:
+# `mpirun --oversubscribe -np 1`, `-np 2` and `-np 4`:
 #   logits          .npy equal to the one-process TP-N run and to TP-1 within 1e-5 relative L2
 #   run --json      greedy ids identical to TP-1; stdout identical to the one-process TP-N run
 #   run --prompts   the batched engine (greedy and seeded sampling) identical to one process
 #   perplexity      identical to the one-process run
+#   serve           -np 1 and 2 (tests/serve/mpi_serve.py): concurrent completions (one streamed)
+#                   equal to the one-process `run --prompts`; SIGTERM to rank 0 (exit 0) or to
+#                   mpirun; kill -9 of rank 1 while a request runs
 #   failures        kill -9 of rank 1 mid-generation, a stopped rank 1 (the collective's bound,
 #                   QSHARD_MPI_TIMEOUT=3), a rank-1 file of another conversion, a missing rank-1
 #                   file, -np 3 on a TP-2 directory, a one-process command (inspect) under mpirun:
 #                   every process exits non-zero within the bound, messages name the rank and
 #                   the file, nothing is loaded, no qshard process is left.
+# QSHARD_MPI_DEVICE=cuda (tests/run_gpu_tests.sh, one GPU): the same checks at -np 1 on the GPU
+# against the one-process GPU run, the failure cases left out (they need two ranks).
 # Prints "mpi: N passed, M failed" last. Without MPI in the build (`make info`) or without
 # mpirun it says why and reports 0 failed (CI installs OpenMPI, so CI runs it).
 # Sanitizer builds (make check, BUILD=build-san or a binary linked with libasan): skipped, as
