@@ -15,6 +15,7 @@
     X(cvt_arch_mistral)      \
     X(cvt_arch_qwen2)        \
     X(cvt_arch_qwen3)        \
+    X(cvt_arch_phi3)         \
     X(cvt_arch_mixtral)
 
 #define CVT_X_EXTERN(d) extern const struct cvt_arch d;

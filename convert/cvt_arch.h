@@ -45,7 +45,9 @@ enum cvt_axis {
 
 /* One HF linear feeding an output: module `hf` under the layer prefix ("self_attn.q_proj"; in a
  * per-expert step a pattern taking the expert index, "block_sparse_moe.experts.%d.w1"), with
- * in_features along axis k and out_features along axis n. */
+ * in_features along axis k and out_features along axis n. Consecutive parts of one output that
+ * name the same module are column ranges of one fused source, in order (Phi-3's qkv_proj = parts
+ * (qkv_proj, Q), (qkv_proj, KV), (qkv_proj, KV)): the source is [k, sum of their n]. */
 struct cvt_arch_part {
     const char *hf;
     enum cvt_axis k, n;

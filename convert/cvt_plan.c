@@ -473,7 +473,8 @@ struct lin {
     bool bias;
     int src;                /* plan source index of the weight (AWQ prefix or float .weight) */
     int src_bias;           /* plan source index of .bias, -1 if none */
-    int64_t K, N;
+    int64_t K, N;           /* the source's shape (a fused source: all of its parts) */
+    int64_t n_off;          /* first source column of this part (a fused source's later parts) */
     bool act_order;         /* quantized with an act-order g_idx (cvt_name_list.act_order) */
 };
 
@@ -771,7 +772,7 @@ static enum cvt_err emit_linear(struct builder *b, const struct cvt_arch_linear 
         struct colpiece pc[CVT_ARCH_MAX_PARTS];
         for (int i = 0; i < lin->n_parts; i++) {
             axis_slice(&g, lin->parts[i].n, r, &st, &cnt, &w);
-            pc[i] = (struct colpiece){&l[i], st, cnt, dst};
+            pc[i] = (struct colpiece){&l[i], l[i].n_off + st, cnt, dst};
             dst += w;
         }
         if ((e = emit_column(b, r, out, axis_full(&b->p->d, lin->parts[0].k), dst, pc,
@@ -798,13 +799,23 @@ static enum cvt_err plan_linears(struct builder *b, const struct cvt_arch_step *
     for (int j = 0; j < st->n_linears; j++) {
         const struct cvt_arch_linear *lin = &st->linears[j];
         bool bias = (d->bias_roles & CVT_ROLE_BIT(lin->role)) != 0;
-        for (int i = 0; i < lin->n_parts; i++) {
+        for (int i = 0; i < lin->n_parts;) {
+            /* parts i..i1-1 with one module name are column ranges of one fused source (Phi-3's
+             * qkv_proj, gate_up_proj), in order: resolved once, [K, sum of their widths] */
             const struct cvt_arch_part *pt = &lin->parts[i];
+            int i1 = i + 1;
+            int64_t n_all = axis_full(d, pt->n);
+            for (; i1 < lin->n_parts && !strcmp(lin->parts[i1].hf, pt->hf); i1++)
+                n_all += axis_full(d, lin->parts[i1].n);
             snprintf(part, sizeof(part), pt->hf, expert);
             snprintf(mod, sizeof(mod), "%.70s.%.70s", prefix, part);
-            if ((e = lin_resolve(b, mod, axis_full(d, pt->k), axis_full(d, pt->n), bias,
-                                 &l[j][i])))
+            if ((e = lin_resolve(b, mod, axis_full(d, pt->k), n_all, bias, &l[j][i])))
                 return e;
+            for (int x = i + 1; x < i1; x++) {
+                l[j][x] = l[j][x - 1];
+                l[j][x].n_off += axis_full(d, lin->parts[x - 1].n);
+            }
+            i = i1;
         }
     }
     for (int j = 0; j < st->n_linears; j++)

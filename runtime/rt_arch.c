@@ -9,8 +9,8 @@
 
 #include "rt.h"
 
-extern const struct rt_arch rt_arch_llama, rt_arch_mistral, rt_arch_qwen2,
-    rt_arch_qwen3;                                                  /* rt_arch_llama.c */
+extern const struct rt_arch rt_arch_llama, rt_arch_mistral, rt_arch_qwen2, rt_arch_qwen3,
+    rt_arch_phi3;                                                   /* rt_arch_llama.c */
 extern const struct rt_arch rt_arch_mixtral;                              /* rt_arch_mixtral.c */
 
 static const struct rt_arch *const registry[] = {
@@ -18,6 +18,7 @@ static const struct rt_arch *const registry[] = {
     &rt_arch_mistral,
     &rt_arch_qwen2,
     &rt_arch_qwen3,
+    &rt_arch_phi3,
     &rt_arch_mixtral,
 };
 

@@ -130,6 +130,25 @@ static inline float *deq_src(struct model_ck *m, const char *prefix, long K, lon
     return w;
 }
 
+/* Source linear `prefix` [K][N], or, when the files have no such linear, columns [off, off + N)
+ * of the fused source `fused` [K][N_fused] (Phi-3's qkv_proj, gate_up_proj). */
+static inline float *deq_src_part(struct model_ck *m, const char *prefix, const char *fused,
+                                  long K, long N, long off, long N_fused)
+{
+    static const char *const sfx[] = {"qweight", "weight", "weight_packed"};
+    char nm[220];
+    for (size_t i = 0; i < sizeof(sfx) / sizeof(sfx[0]); i++) {
+        snprintf(nm, sizeof(nm), "%s.%s", prefix, sfx[i]);
+        if (cvt_source_find(m->src, nm))
+            return deq_src(m, prefix, K, N);
+    }
+    float *f = deq_src(m, fused, K, N_fused), *w = f ? malloc((size_t)(K * N) * sizeof(float)) : NULL;
+    for (long k = 0; w && k < K; k++)
+        memcpy(w + k * N, f + k * N_fused + off, (size_t)N * sizeof(float));
+    free(f);
+    return w;
+}
+
 /* ours[r][dc + c] == src[src_r0 + r][src_c0 + c] bitwise for r < n_rows, c < n_cols. */
 static inline bool block_eq(const float *ours, long ours_N, long dr, long dc, const float *src,
                      long src_N, long src_r0, long src_c0, long n_rows, long n_cols)
@@ -286,7 +305,8 @@ static inline void ck_attention(struct model_ck *m, const struct fmt_shard *s, i
             char sp[160];
             snprintf(sp, sizeof(sp), "model.layers.%d.self_attn.%s", i, part[j]);
             long Ns = (j == 0 ? m->nq : m->nkv) * hd;
-            float *src = deq_src(m, sp, m->H, Ns);
+            long off = j == 0 ? 0 : (m->nq + (j - 1) * m->nkv) * hd;
+            float *src = deq_src_part(m, sp, p, m->H, Ns, off, (m->nq + 2 * m->nkv) * hd);
             long c0 = j == 0 ? r * m->nq_r * hd : kv_head * hd;
             long n = (j == 0 ? m->nq_r : m->nkv_r) * hd;
             long dc = j == 0 ? 0 : (m->nq_r + (j - 1) * m->nkv_r) * hd;
@@ -344,7 +364,7 @@ static inline void ck_mlp(struct model_ck *m, const struct fmt_shard *s, int r, 
         const char *parts[2] = {gate, up};
         for (int j = 0; j < 2; j++) {
             snprintf(sp, sizeof(sp), "%s.%s", base, parts[j]);
-            float *src = deq_src(m, sp, m->H, m->I);
+            float *src = deq_src_part(m, sp, p, m->H, m->I, j * m->I, 2 * m->I);
             if (src && held)
                 CHECK_MSG(block_eq(w, N, 0, j * m->I_r, src, m->I, 0, lo, m->H, held),
                           "%s rank %d: %s columns differ", p, r, parts[j]);

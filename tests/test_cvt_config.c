@@ -327,6 +327,7 @@ static void test_arch_defaults(void)
         {"MistralForCausalLM", 10000.0, 1e-6, 4096 * 32, 8, 4096, 0, 0, 0},
         {"Qwen2ForCausalLM", 10000.0, 1e-6, 32768, 32, 0, 0, 0, CVT_ROLE_BIT(FMT_N_QKV)},
         {"Qwen3ForCausalLM", 10000.0, 1e-6, 32768, 32, 0, 0, 0, 0},
+        {"Phi3ForCausalLM", 10000.0, 1e-5, 4096, 32, 0, 0, 0, 0},
         {"MixtralForCausalLM", 1e6, 1e-5, 4096 * 32, 8, 0, 8, 2, 0},
     };
     struct cvt_hf_config cfg;
@@ -443,13 +444,20 @@ static void test_family_keys(void)
          "config.json", CVT_ERR_CONFIG},
         {"Qwen2ForCausalLM", ", \"layer_types\": [\"full_attention\", \"chunked_attention\"]", "layer_types[1]",
          "sliding_attention", CVT_ERR_UNSUPPORTED},
+        /* Phi-3-*-128k: longrope (or its old name su) is not implemented: refused, never ignored */
+        {"Phi3ForCausalLM", ", \"rope_scaling\": {\"type\": \"longrope\", \"short_factor\": [1.0], \"long_factor\": [1.0]}",
+         "\"longrope\" is not supported", "config.json", CVT_ERR_UNSUPPORTED},
+        {"Phi3ForCausalLM", ", \"rope_scaling\": {\"type\": \"su\", \"short_factor\": [1.0], \"long_factor\": [1.0]}",
+         "\"su\" is not supported", "config.json", CVT_ERR_UNSUPPORTED},
+        {"Phi3ForCausalLM", ", \"partial_rotary_factor\": 0.75", "partial_rotary_factor 0.75", "config.json",
+         CVT_ERR_UNSUPPORTED},
     };
     check_refusals("family", bad, sizeof bad / sizeof bad[0]);
     qs_log_set_quiet(true);
     /* the "supported" list comes from the registry */
     CHECK_EQ_INT(cfg_parse("{\"architectures\": [\"GemmaForCausalLM\"]}", NULL, NULL, NULL, &cfg),
                  CVT_ERR_UNSUPPORTED);
-    CHECK(strstr(qs_log_last(), "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM") != NULL);
+    CHECK(strstr(qs_log_last(), "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM") != NULL);
     qs_log_set_quiet(false);
 }
 
