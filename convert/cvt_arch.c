@@ -16,7 +16,8 @@
     X(cvt_arch_qwen2)        \
     X(cvt_arch_qwen3)        \
     X(cvt_arch_phi3)         \
-    X(cvt_arch_mixtral)
+    X(cvt_arch_mixtral)      \
+    X(cvt_arch_qwen3_moe)
 
 #define CVT_X_EXTERN(d) extern const struct cvt_arch d;
 CVT_ARCH_REGISTRY(CVT_X_EXTERN)

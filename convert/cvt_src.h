@@ -205,6 +205,8 @@ struct cvt_hf_config {
     int64_t sliding_window;           /* 0 = none (null, or Qwen2 use_sliding_window false) */
     int64_t num_local_experts;        /* Mixtral E; 0 otherwise */
     int64_t num_experts_per_tok;      /* Mixtral top-k; 0 otherwise */
+    bool no_topk_renorm;              /* Qwen3-MoE norm_topk_prob false: the kept router weights
+                                       * are not renormalised (Mixtral: false) */
     unsigned bias_roles;              /* CVT_ROLE_BIT()s of the outputs whose linears carry a
                                        * bias by config (Qwen2 qkv_proj; llama attention_bias:
                                        * qkv_proj and o_proj) */

@@ -135,6 +135,8 @@ static char *config_json(const struct cvt_run_state *R, int rank)
     cJSON_AddBoolToObject(j, "attention_bias", (p->bias_roles & CVT_ROLE_BIT(FMT_N_QKV)) != 0);
     cJSON_AddNumberToObject(j, "num_local_experts", (double)c->num_local_experts);
     cJSON_AddNumberToObject(j, "num_experts_per_tok", (double)c->num_experts_per_tok);
+    if (c->num_local_experts > 0)
+        cJSON_AddBoolToObject(j, "norm_topk_prob", !c->no_topk_renorm);
     q = cJSON_AddObjectToObject(j, "quant");
     cJSON_AddNumberToObject(q, "w_bit", c->quant.w_bit);
     cJSON_AddNumberToObject(q, "group_size", p->d.group_size);

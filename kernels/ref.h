@@ -22,6 +22,7 @@
 #ifndef QS_REF_H
 #define QS_REF_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -318,10 +319,13 @@ enum ref_err ref_attention_paged(float *out, size_t out_stride, const float *q, 
 
 /*
  * Mixtral routing (transformers MixtralSparseMoeBlock): for each of M tokens, softmax over the
- * E router logits (fp32), keep the top_k largest (ties: lower expert id first), and renormalise
- * the kept weights to sum 1. logits [M][E]; ids, weights [M][top_k], in descending weight order.
+ * E router logits (fp32), keep the top_k largest (ties: lower expert id first), and, with renorm,
+ * renormalise the kept weights to sum 1 (Mixtral always; Qwen3-MoE when norm_topk_prob, else
+ * the kept softmax probabilities as they are). logits [M][E]; ids, weights [M][top_k], in
+ * descending weight order.
  */
-void ref_moe_route(const float *logits, int M, int E, int top_k, int32_t *ids, float *weights);
+void ref_moe_route(const float *logits, int M, int E, int top_k, bool renorm, int32_t *ids,
+                   float *weights);
 
 #ifdef __cplusplus
 }

@@ -1,12 +1,15 @@
 /*
  * ref_moe_route.c - Mixtral top-k routing (transformers MixtralSparseMoeBlock.forward:
- * softmax(router_logits, dtype=float) -> topk -> divide by the kept sum). Test: ./build/test_ref
+ * softmax(router_logits, dtype=float) -> topk -> divide by the kept sum); Qwen3-MoE the same with
+ * the division only when norm_topk_prob (modeling_qwen2_moe.py Qwen2MoeTopKRouter).
+ * Test: ./build/test_ref
  */
 #include <math.h>
 
 #include "ref.h"
 
-void ref_moe_route(const float *logits, int M, int E, int top_k, int32_t *ids, float *weights)
+void ref_moe_route(const float *logits, int M, int E, int top_k, bool renorm, int32_t *ids,
+                   float *weights)
 {
     for (int m = 0; m < M; m++) {
         const float *l = logits + (size_t)m * (size_t)E;
@@ -31,7 +34,7 @@ void ref_moe_route(const float *logits, int M, int E, int top_k, int32_t *ids, f
             wt[k] = expf(l[best] - mx) / sum;
             kept += wt[k];
         }
-        for (int k = 0; k < top_k; k++)
+        for (int k = 0; renorm && k < top_k; k++)
             wt[k] /= kept;
     }
 }

@@ -144,6 +144,7 @@ struct rt_config {
     bool attention_bias;            /* qkv biases (config key, or the architecture's rule) */
     int n_experts;                  /* num_local_experts; 0 = dense MLP */
     int n_experts_per_tok;          /* top-k of the Mixtral router */
+    bool norm_topk_prob;            /* renormalise the kept router weights (Mixtral: always) */
     int w_bit;                      /* 4 */
     int group_size;                 /* G */
     bool zero_point;

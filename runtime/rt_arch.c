@@ -11,7 +11,7 @@
 
 extern const struct rt_arch rt_arch_llama, rt_arch_mistral, rt_arch_qwen2, rt_arch_qwen3,
     rt_arch_phi3;                                                   /* rt_arch_llama.c */
-extern const struct rt_arch rt_arch_mixtral;                              /* rt_arch_mixtral.c */
+extern const struct rt_arch rt_arch_mixtral, rt_arch_qwen3_moe;          /* rt_arch_mixtral.c */
 
 static const struct rt_arch *const registry[] = {
     &rt_arch_llama,
@@ -20,6 +20,7 @@ static const struct rt_arch *const registry[] = {
     &rt_arch_qwen3,
     &rt_arch_phi3,
     &rt_arch_mixtral,
+    &rt_arch_qwen3_moe,
 };
 
 #define N_ARCH (sizeof(registry) / sizeof(registry[0]))

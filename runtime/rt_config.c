@@ -219,6 +219,9 @@ enum rt_err rt_config_parse(const char *json, size_t len, const char *where,
     TRY(get_int(j, root, "num_local_experts", false, 0, 1 << 16, 0, &c.n_experts));
     TRY(get_int(j, root, "num_experts_per_tok", false, 0, 1 << 16, 0,
                 &c.n_experts_per_tok));
+    TRY(from_json(qs_json_bool(j, root, "norm_topk_prob", false, &c.norm_topk_prob)));
+    if (!cJSON_GetObjectItemCaseSensitive(root, "norm_topk_prob"))
+        c.norm_topk_prob = true; /* files before Qwen3-MoE: Mixtral, which always renormalises */
     TRY(parse_quant(j, root, where, &c));
     TRY(parse_tokens(j, root, where, &c));
     TRY(parse_tp(j, root, where, &c));
@@ -245,7 +248,7 @@ bool rt_config_same(const struct rt_config *a, const char *where_a, const struct
     SAME(rope_scaling.factor) SAME(rope_scaling.low_freq_factor)
     SAME(rope_scaling.high_freq_factor) SAME(rope_scaling.original_max_position_embeddings)
     SAME(max_position_embeddings) SAME(tie_word_embeddings) SAME(sliding_window)
-    SAME(attention_bias) SAME(n_experts) SAME(n_experts_per_tok) SAME(group_size)
+    SAME(attention_bias) SAME(n_experts) SAME(n_experts_per_tok) SAME(norm_topk_prob) SAME(group_size)
     SAME(zero_point) SAME(world_size) SAME(heads_per_rank) SAME(kv_heads_per_rank)
     SAME(kv_head_replicas) SAME(intermediate_per_rank) SAME(bos_token_id) SAME(n_eos)
 #undef SAME

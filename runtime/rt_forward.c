@@ -224,7 +224,7 @@ static enum rt_err moe(struct rt_model *m, int l, int M)
 
     RT_TRY(OPS->router(BCTX, m->x, ly->router, M, H, E, m->router_logits));
     RT_TRY(OPS->download(BCTX, m->h_router, m->router_logits, (size_t)M * E * sizeof(float)));
-    ref_moe_route(m->h_router, M, E, k, m->h_ids, m->h_w);
+    ref_moe_route(m->h_router, M, E, k, c->norm_topk_prob, m->h_ids, m->h_w);
     RT_TRY(OPS->zero(BCTX, m->o, (size_t)M * H * OPS->act_size));
     for (int e = 0; e < E; e++) {
         int n = 0;

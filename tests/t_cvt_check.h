@@ -204,12 +204,13 @@ static inline uint16_t *src_f16(struct model_ck *m, const char *name, long *n)
     return v;
 }
 
-/* Replicated F32 tensor `name` equals the source converted to fp32. */
-static inline void ck_replicated(struct model_ck *m, const struct fmt_shard *s, const char *name)
+/* Replicated F32 tensor `name` equals source `src` (NULL: the same name) converted to fp32. */
+static inline void ck_replicated_from(struct model_ck *m, const struct fmt_shard *s,
+                                      const char *name, const char *src)
 {
     const struct fmt_tensor *t = find(s, "%s", name);
     long n = 0;
-    float *v = src_f32(m, name, &n);
+    float *v = src_f32(m, src ? src : name, &n);
     if (t && v) {
         CHECK(t->dtype == FMT_DTYPE_F32 && t->numel == (uint64_t)n);
         CHECK_MSG(t->numel == (uint64_t)n && !memcmp(t->data, v, (size_t)n * 4), "%s differs",
@@ -217,6 +218,11 @@ static inline void ck_replicated(struct model_ck *m, const struct fmt_shard *s, 
         m->n_checked++;
     }
     free(v);
+}
+
+static inline void ck_replicated(struct model_ck *m, const struct fmt_shard *s, const char *name)
+{
+    ck_replicated_from(m, s, name, NULL);
 }
 
 /* Vocab-parallel F16 table `out_name` of rank r vs source `src_name`. */
@@ -352,7 +358,7 @@ static inline void ck_attention(struct model_ck *m, const struct fmt_shard *s, i
 
 /* Gated MLP (dense or one expert) on rank r: gate_up [H, 2 I_r], down [I_r, H]. */
 static inline void ck_mlp(struct model_ck *m, const struct fmt_shard *s, int r, const char *base,
-                   const char *gate, const char *up, const char *down)
+                   const char *src_base, const char *gate, const char *up, const char *down)
 {
     char p[200], sp[200];
     long K, N, lo = r * m->I_r, hi = (r + 1) * m->I_r < m->I ? (r + 1) * m->I_r : m->I;
@@ -363,8 +369,10 @@ static inline void ck_mlp(struct model_ck *m, const struct fmt_shard *s, int r, 
         CHECK(K == m->H && N == 2 * m->I_r);
         const char *parts[2] = {gate, up};
         for (int j = 0; j < 2; j++) {
-            snprintf(sp, sizeof(sp), "%s.%s", base, parts[j]);
-            float *src = deq_src_part(m, sp, p, m->H, m->I, j * m->I, 2 * m->I);
+            snprintf(sp, sizeof(sp), "%s.%s", src_base, parts[j]);
+            char fu[220]; /* Phi-3's fused source */
+            snprintf(fu, sizeof(fu), "%s.gate_up_proj", src_base);
+            float *src = deq_src_part(m, sp, fu, m->H, m->I, j * m->I, 2 * m->I);
             if (src && held)
                 CHECK_MSG(block_eq(w, N, 0, j * m->I_r, src, m->I, 0, lo, m->H, held),
                           "%s rank %d: %s columns differ", p, r, parts[j]);
@@ -373,14 +381,14 @@ static inline void ck_mlp(struct model_ck *m, const struct fmt_shard *s, int r, 
             free(src);
         }
         free(w);
-        snprintf(sp, sizeof(sp), "%s.%s", base, gate);
+        snprintf(sp, sizeof(sp), "%s.%s", src_base, gate);
         ck_perm(m, s, p, sp, m->H);
     }
     snprintf(p, sizeof(p), "%s.down_proj", base);
     w = deq_rank(m, s, p, m->I, &K, &N);
     if (w) {
         CHECK(K == m->I_r && N == m->H);
-        snprintf(sp, sizeof(sp), "%s.%s", base, down);
+        snprintf(sp, sizeof(sp), "%s.%s", src_base, down);
         float *src = deq_src(m, sp, m->I, m->H);
         if (src && held)
             CHECK_MSG(block_eq(w, N, 0, 0, src, m->H, lo, 0, held, m->H),
@@ -456,16 +464,27 @@ static inline void ck_model(struct model_ck *m, const char *out_dir)
             }
             ck_attention(m, s, r, i);
             if (m->E) {
+                /* Mixtral: block_sparse_moe.{gate, experts.e.w1/w3/w2}; Qwen3-MoE:
+                 * mlp.{gate, experts.e.gate_proj/up_proj/down_proj}; both written in Mixtral's
+                 * canonical names */
+                char src_nm[200], src_base[200];
+                snprintf(src_nm, sizeof(src_nm), "model.layers.%d.mlp.gate.weight", i);
+                const bool qm = cvt_source_find(m->src, src_nm) != NULL;
                 snprintf(nm, sizeof(nm), "model.layers.%d.block_sparse_moe.gate.weight", i);
-                ck_replicated(m, s, nm);
+                ck_replicated_from(m, s, nm, qm ? src_nm : NULL);
                 for (int e = 0; e < m->E; e++) {
                     snprintf(base, sizeof(base), "model.layers.%d.block_sparse_moe.experts.%d", i,
                              e);
-                    ck_mlp(m, s, r, base, "w1", "w3", "w2");
+                    snprintf(src_base, sizeof(src_base), "model.layers.%d.%s.experts.%d", i,
+                             qm ? "mlp" : "block_sparse_moe", e);
+                    if (qm)
+                        ck_mlp(m, s, r, base, src_base, "gate_proj", "up_proj", "down_proj");
+                    else
+                        ck_mlp(m, s, r, base, src_base, "w1", "w3", "w2");
                 }
             } else {
                 snprintf(base, sizeof(base), "model.layers.%d.mlp", i);
-                ck_mlp(m, s, r, base, "gate_proj", "up_proj", "down_proj");
+                ck_mlp(m, s, r, base, base, "gate_proj", "up_proj", "down_proj");
             }
         }
         /* nothing in the rank file that this test did not check */

@@ -329,6 +329,7 @@ static void test_arch_defaults(void)
         {"Qwen3ForCausalLM", 10000.0, 1e-6, 32768, 32, 0, 0, 0, 0},
         {"Phi3ForCausalLM", 10000.0, 1e-5, 4096, 32, 0, 0, 0, 0},
         {"MixtralForCausalLM", 1e6, 1e-5, 4096 * 32, 8, 0, 8, 2, 0},
+        {"Qwen3MoeForCausalLM", 10000.0, 1e-6, 32768, 4, 0, 128, 8, 0},
     };
     struct cvt_hf_config cfg;
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
@@ -444,6 +445,13 @@ static void test_family_keys(void)
          "config.json", CVT_ERR_CONFIG},
         {"Qwen2ForCausalLM", ", \"layer_types\": [\"full_attention\", \"chunked_attention\"]", "layer_types[1]",
          "sliding_attention", CVT_ERR_UNSUPPORTED},
+        /* Qwen3-MoE: dense layers among the sparse ones are refused */
+        {"Qwen3MoeForCausalLM", ", \"mlp_only_layers\": [0]", "mlp_only_layers", "every layer must be sparse",
+         CVT_ERR_UNSUPPORTED},
+        {"Qwen3MoeForCausalLM", ", \"decoder_sparse_step\": 2", "decoder_sparse_step 2", "config.json",
+         CVT_ERR_UNSUPPORTED},
+        {"Qwen3MoeForCausalLM", ", \"num_experts\": 16, \"num_local_experts\": 8", "num_experts 16",
+         "disagree", CVT_ERR_CONFIG},
         /* Phi-3-*-128k: longrope (or its old name su) is not implemented: refused, never ignored */
         {"Phi3ForCausalLM", ", \"rope_scaling\": {\"type\": \"longrope\", \"short_factor\": [1.0], \"long_factor\": [1.0]}",
          "\"longrope\" is not supported", "config.json", CVT_ERR_UNSUPPORTED},
@@ -457,7 +465,7 @@ static void test_family_keys(void)
     /* the "supported" list comes from the registry */
     CHECK_EQ_INT(cfg_parse("{\"architectures\": [\"GemmaForCausalLM\"]}", NULL, NULL, NULL, &cfg),
                  CVT_ERR_UNSUPPORTED);
-    CHECK(strstr(qs_log_last(), "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM") != NULL);
+    CHECK(strstr(qs_log_last(), "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM") != NULL);
     qs_log_set_quiet(false);
 }
 

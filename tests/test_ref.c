@@ -983,7 +983,7 @@ static void test_moe_route(void)
     int32_t ids[M * TOPK];
     fill_uniform(lg, M * E, -3, 3);
     lg[5 * E + 2] = lg[5 * E + 6] = 10; /* tie at the top: lower expert first */
-    ref_moe_route(lg, M, E, TOPK, ids, w);
+    ref_moe_route(lg, M, E, TOPK, true, ids, w);
     int bad = 0;
     for (int m = 0; m < M; m++) {
         double p[E], sum = 0;
@@ -1012,6 +1012,23 @@ static void test_moe_route(void)
     }
     CHECK_EQ_INT(bad, 0);
     CHECK(ids[5 * TOPK] == 2 && ids[5 * TOPK + 1] == 6);
+    /* without renorm (Qwen3-MoE norm_topk_prob false): the same experts, the plain softmax
+     * probabilities */
+    float w2[M * TOPK];
+    int32_t ids2[M * TOPK];
+    ref_moe_route(lg, M, E, TOPK, false, ids2, w2);
+    bad = 0;
+    for (int m = 0; m < M; m++) {
+        double sum = 0;
+        for (int e = 0; e < E; e++)
+            sum += exp((double)lg[m * E + e]);
+        for (int k = 0; k < TOPK; k++) {
+            bad += ids2[m * TOPK + k] != ids[m * TOPK + k];
+            double want = exp((double)lg[m * E + ids2[m * TOPK + k]]) / sum;
+            bad += fabs(w2[m * TOPK + k] - want) > 1e-6;
+        }
+    }
+    CHECK_EQ_INT(bad, 0);
 }
 
 static void test_ops(void)
