@@ -180,7 +180,7 @@ LINK_LIBS  = $(DEP_LIBS) $(if $(filter 1,$(HAVE_CUDA)),$(CUDA_LIBS)) $(MPI_LINK)
 vpath %.c format convert convert/arch runtime kernels tools tools/serve tests
 vpath %.cu kernels runtime tests
 
-.PHONY: carry carry-mpi pack all help test check lint fuzz fuzz-run bench test-gpu bench-gpu bench-batch-gpu bench-actorder-gpu bench-arch-gpu bench-load-gpu bench-serve-gpu demo sass clean info tests lab lab-run
+.PHONY: carry carry-mpi pack all help test check lint fuzz fuzz-run bench test-gpu bench-gpu bench-batch-gpu bench-actorder-gpu bench-arch-gpu bench-serve-gpu demo sass clean info tests lab lab-run
 .DEFAULT_GOAL := all
 .SECONDARY:
 
@@ -335,9 +335,6 @@ bench-actorder-gpu: $(if $(filter 1,$(PREBUILT)),,$(QSHARD)) ## on the GPU machi
 
 bench-arch-gpu: $(if $(filter 1,$(PREBUILT)),,$(QSHARD)) ## on the GPU machine: the newer architectures (synthetic Qwen3-8B beside Llama-3-8B: convert, pp512, tg128)
 	$(Q)QSHARD=$(QSHARD) sh tools/bench_arch_gpu.sh
-
-bench-load-gpu: $(if $(filter 1,$(PREBUILT)),,$(QSHARD)) ## on the GPU machine: weight upload rate by reader threads and pread vs mmap (synthetic 7B in /dev/shm)
-	$(Q)QSHARD=$(QSHARD) sh tools/bench_load_gpu.sh
 
 bench-serve-gpu: $(if $(filter 1,$(PREBUILT)),,$(QSHARD)) ## on the GPU machine: qshard serve on cuda (answers vs run --prompts, start -> /health, bench serve vs bench batch on a synthetic 7B)
 	$(Q)QSHARD=$(QSHARD) sh tools/bench_serve_gpu.sh

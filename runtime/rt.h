@@ -215,10 +215,6 @@ struct rt_opts {
     bool no_wgmma;          /* CUDA: dequant + cuBLAS instead of the wgmma kernel at 65-128 rows */
     bool host_sample;       /* choose the next token on the host (rt_sampler) from the
                                downloaded logits, even where the backend can on the device */
-    int upload_threads;     /* CUDA: reader threads of the weight upload, 0 = the default (4),
-                               at most 32 */
-    bool upload_pread;      /* CUDA: the upload reads the file with pread instead of copying
-                               from the mapping */
 };
 
 /* Defaults: AUTO device, all cores, default context and batch, one sequence slot, GPU 0,

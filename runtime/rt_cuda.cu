@@ -33,10 +33,8 @@
 
 #include <cublas_v2.h>    /* cublasGemmEx */
 #include <cuda_runtime.h> /* cudaMalloc, streams, events */
-#include <fcntl.h>        /* open (QSHARD_UPLOAD_PREAD) */
 #include <pthread.h>
 #include <stdio.h>
-#include <unistd.h>       /* pread */
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,8 +44,7 @@
 #include "qs_util.h" /* qs_now_s */
 #include "rt_backend.h"
 
-#define RT_CUDA_UPLOAD_THREADS 4            /* readers: one page-cache stream each (default) */
-#define RT_CUDA_UPLOAD_THREADS_MAX 32       /* rt_opts.upload_threads (--debug-upload-threads) */
+#define RT_CUDA_UPLOAD_THREADS 4            /* readers: one page-cache stream each */
 #define RT_CUDA_STAGE_BYTES (16u << 20)     /* pinned staging buffer: >= 16 MiB runs at ~55 GB/s */
 #define RT_CUDA_MIN_CC 80                   /* mma.sync m16n8k16, cp.async, ldmatrix */
 #define RT_CUDA_SMALL_SLOTS 8               /* pinned staging of small uploads (token ids, ...): */
@@ -100,8 +97,6 @@ struct cuda_rank {
     int rank, device;
     struct rt_comm *comm;   /* borrowed; NULL at world size 1 */
     bool no_rope_kv;        /* rt_opts: rope and kv_store as two kernels */
-    int upload_threads;     /* rt_opts: weight upload readers (0: RT_CUDA_UPLOAD_THREADS) */
-    bool upload_pread;      /* rt_opts: the upload preads the file instead of the mapping */
     struct k_w4a16_caps caps; /* what the W4A16 router may use on this GPU (probed at creation;
                                  allow_wgmma off with rt_opts.no_wgmma) */
     cudaStream_t stream;
@@ -242,8 +237,6 @@ struct upload_job {
     unsigned char *dst;       /* device */
     size_t bytes;
     int device, slot, n_slots;
-    int fd;                   /* >= 0: pread(fd, file_off + ...) instead of memcpy from src */
-    uint64_t file_off;
     double copy_s;            /* time in memcpy from the mapping (page cache or disk) */
     char err[256];
 };
@@ -270,29 +263,13 @@ static void *upload_worker(void *arg)
         e = cudaEventSynchronize(done[k]); /* buffer k's previous copy has finished */
         if (e != cudaSuccess) break;
         const double t0 = qs_now_s();
-        if (j->fd >= 0) { /* the kernel copies from the page cache: no page faults of ours */
-            size_t got = 0;
-            while (got < len) {
-                const ssize_t n = pread(j->fd, pin[k] + got, len - got,
-                                        (off_t)(j->file_off + off + got));
-                if (n <= 0) break;
-                got += (size_t)n;
-            }
-            if (got < len) {
-                snprintf(j->err, sizeof j->err, "upload worker %d: read of %zu bytes at file "
-                         "offset %llu came up short", j->slot, len,
-                         (unsigned long long)(j->file_off + off));
-                break;
-            }
-        } else {
-            memcpy(pin[k], j->src + off, len);
-        }
+        memcpy(pin[k], j->src + off, len);
         j->copy_s += qs_now_s() - t0;
         e = cudaMemcpyAsync(j->dst + off, pin[k], len, cudaMemcpyHostToDevice, st);
         if (e == cudaSuccess) e = cudaEventRecord(done[k], st);
     }
     if (e == cudaSuccess) e = cudaStreamSynchronize(st);
-    if (e != cudaSuccess && !j->err[0])
+    if (e != cudaSuccess)
         snprintf(j->err, sizeof j->err, "upload worker %d on GPU %d: %s", j->slot, j->device,
                  cudaGetErrorString(e));
     for (int b = 0; b < 2; ++b) {
@@ -331,43 +308,32 @@ static enum rt_err cuda_load_weights(void *ctx, const struct fmt_shard *s)
     r->region_off = lo->offset;
     const double t1 = qs_now_s();
 
-    /* A/B switches (README "Debug options"): reader threads, pread instead of the mapping */
-    int n_th = RT_CUDA_UPLOAD_THREADS;
-    if (r->upload_threads >= 1 && r->upload_threads <= RT_CUDA_UPLOAD_THREADS_MAX)
-        n_th = r->upload_threads;
-    const int fd = r->upload_pread ? open(fmt_shard_path(s), O_RDONLY | O_CLOEXEC) : -1;
-    if (r->upload_pread && fd < 0) {
-        qs_log_error(__func__, "rank %d: cannot open %s for pread", rank, fmt_shard_path(s));
-        return RT_ERR_IO;
-    }
-    struct upload_job jobs[RT_CUDA_UPLOAD_THREADS_MAX];
-    pthread_t th[RT_CUDA_UPLOAD_THREADS_MAX];
-    bool started[RT_CUDA_UPLOAD_THREADS_MAX] = {false};
-    for (int i = 0; i < n_th; ++i) {
-        jobs[i] = upload_job{src, r->weights, bytes, r->device, i, n_th, fd, lo->offset, 0.0, {0}};
+    struct upload_job jobs[RT_CUDA_UPLOAD_THREADS];
+    pthread_t th[RT_CUDA_UPLOAD_THREADS];
+    bool started[RT_CUDA_UPLOAD_THREADS] = {false};
+    for (int i = 0; i < RT_CUDA_UPLOAD_THREADS; ++i) {
+        jobs[i] = upload_job{src, r->weights, bytes, r->device, i, RT_CUDA_UPLOAD_THREADS, 0.0, {0}};
         started[i] = pthread_create(&th[i], NULL, upload_worker, &jobs[i]) == 0;
         if (!started[i]) upload_worker(&jobs[i]); /* no thread: do its share here */
     }
     double copy_s = 0;
     const char *err = NULL;
-    for (int i = 0; i < n_th; ++i) {
+    for (int i = 0; i < RT_CUDA_UPLOAD_THREADS; ++i) {
         if (started[i]) pthread_join(th[i], NULL);
         copy_s += jobs[i].copy_s;
         if (jobs[i].err[0] && !err) err = jobs[i].err;
     }
     cudaSetDevice(r->device);
-    if (fd >= 0) close(fd);
     if (err) {
         qs_log_error(__func__, "rank %d: %s", rank, err);
         return RT_ERR_DEVICE;
     }
     const double t2 = qs_now_s();
     qs_log_debug("rank %d on GPU %d: weights %.3f GB: device alloc %.3f s; read + upload %.3f s "
-                 "(%.1f GB/s, %d threads, %u MiB pinned buffers; %s %.3f thread-s = %.1f GB/s "
-                 "per thread)",
+                 "(%.1f GB/s, %d threads, %u MiB pinned buffers; memcpy from the mapping %.3f "
+                 "thread-s = %.1f GB/s per thread)",
                  rank, r->device, bytes / 1e9, t1 - t0, t2 - t1, bytes / 1e9 / (t2 - t1),
-                 n_th, RT_CUDA_STAGE_BYTES >> 20, fd >= 0 ? "pread" : "memcpy from the mapping",
-                 copy_s,
+                 RT_CUDA_UPLOAD_THREADS, RT_CUDA_STAGE_BYTES >> 20, copy_s,
                  copy_s > 0 ? bytes / 1e9 / copy_s : 0.0);
     return RT_ERR_NONE;
 }
@@ -948,8 +914,6 @@ enum rt_err rt_cuda_backend_create(const struct rt_opts *opts, struct rt_comm *c
     r->device = device;
     r->comm = comm;
     r->no_rope_kv = opts && opts->no_rope_kv;
-    r->upload_threads = opts ? opts->upload_threads : 0;
-    r->upload_pread = opts && opts->upload_pread;
     k_set_pdl(!(opts && opts->no_pdl));
     cudaError_t e = cudaSetDevice(device);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking);

@@ -63,8 +63,7 @@ struct cli_args {
     const char *device;
     long threads, ctx, batch;
     bool verbose;
-    bool no_graph, no_pdl, no_defer, no_rope_kv, no_wgmma, no_p2p, host_sample, upload_pread;
-    long upload_threads;
+    bool no_graph, no_pdl, no_defer, no_rope_kv, no_wgmma, no_p2p, host_sample;
     /* prompts */
     const char *prompt, *file, *tokens, *text, *decode, *system, *chat_template, *out;
     bool chat, no_bos, no_parse_special, print_ids, truncate, no_echo, ignore_eos, json;

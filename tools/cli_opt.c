@@ -422,8 +422,6 @@ struct rt_opts cli_model_opts(const struct cli_args *a)
     o.no_rope_kv = a->no_rope_kv;
     o.no_wgmma = a->no_wgmma;
     o.host_sample = a->host_sample;
-    o.upload_threads = (int)a->upload_threads;
-    o.upload_pread = a->upload_pread;
     if (a->no_p2p)
         o.p2p_allreduce = 0;
     if (a->block_size > 0)

@@ -413,13 +413,6 @@ const struct cli_opt cli_table[] = {
     {.lng = "debug-host-sample", .kind = CLI_FLAG, .cmds = CLI_MODEL_CMDS, .sec = CLI_SEC_DEBUG,
      .off = F(host_sample), .help = "choose the next token on the host from the downloaded "
                                     "logits row, not on the GPU (rt_opts.host_sample)"},
-    {.lng = "debug-upload-threads", .kind = CLI_INT, .metavar = "N", .cmds = CLI_MODEL_CMDS,
-     .sec = CLI_SEC_DEBUG, .off = F(upload_threads), .lo = 1, .hi = 32,
-     .help = "CUDA: reader threads of the weight upload, 1..32 (default 4; "
-             "rt_opts.upload_threads)"},
-    {.lng = "debug-upload-pread", .kind = CLI_FLAG, .cmds = CLI_MODEL_CMDS, .sec = CLI_SEC_DEBUG,
-     .off = F(upload_pread), .help = "CUDA: the weight upload reads the file with pread "
-                                     "instead of copying from the mapping (rt_opts.upload_pread)"},
 };
 
 const size_t cli_table_n = sizeof(cli_table) / sizeof(cli_table[0]);
