@@ -601,7 +601,9 @@ static enum rt_err open_exec(const char *path, const struct rt_opts *opts,
     *out = NULL;
     int world = 1;
     RT_TRY(peek_world(path, &world));
-    if (rt_mpi_world() >= 1 && !factory) /* under mpirun, even -np 1: the multi-process path */
+    /* under mpirun: one rank per process (also at -np 1 with a TP-1 model, so that path runs
+     * at world size 1); a TP-N model under -np 1 runs all its ranks here, as without mpirun */
+    if (!factory && (rt_mpi_world() > 1 || (rt_mpi_world() == 1 && world == 1)))
         return open_exec_mpi(path, opts, world, out);
     struct rt_exec *e = calloc(1, sizeof(*e));
     if (!e || !(e->slots = calloc((size_t)world, sizeof(*e->slots))) || !(e->path = strdup(path))) {

@@ -151,6 +151,19 @@ for np in $NPS; do
     fi
 done
 
+# --- -np 1 with a TP-2 model: every rank in the one process, as without mpirun (README) ---------
+if [ "$DEV" = cpu ]; then
+    "$QSHARD" run --device "$DEV" "$K-2" -p 'And God said' -n 8 --temp 0 --json > "$TMP/one.json" 2>/dev/null
+    $MPIRUN -np 1 "$QSHARD" run --device "$DEV" "$K-2" -p 'And God said' -n 8 --temp 0 --json \
+        > "$TMP/mpi.json" 2> "$TMP/err"
+    rc=$?
+    if [ $rc -eq 0 ] && [ "$(strip_timing "$TMP/mpi.json")" = "$(strip_timing "$TMP/one.json")" ]; then
+        ok "-np 1 with a TP-2 model: runs its ranks in one process, output of one process"
+    else
+        bad "-np 1 with a TP-2 model (exit $rc)"; tail -3 "$TMP/err"
+    fi
+fi
+
 # --- the batched engine and perplexity at TP 2 (cuda: 1) ---------------------------------------
 cat > "$TMP/req.jsonl" <<'JSONL'
 {"prompt": "And God said", "max_tokens": 12, "temperature": 0}
