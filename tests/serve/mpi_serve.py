@@ -113,16 +113,7 @@ def case_equal():
              % (NP, DEVICE, i, " (streamed)" if i == len(REQS) - 1 else ""))
     # a process manager stops the server through rank 0 (the listener): every rank ends, exit 0
     pid0 = rank_pid(0)
-    t0 = time.monotonic()
-    if pid0:
-        os.kill(pid0, signal.SIGTERM)
-    try:
-        rc = s.proc.wait(30)
-    except subprocess.TimeoutExpired:
-        rc = None
-    dt = time.monotonic() - t0
-    time.sleep(0.5)
-    left = qshard_pids()
+    rc, dt, left = signal_and_wait(s, pid0, signal.SIGTERM)
     t.check(pid0 and rc == 0 and not left and "qshard serve: stopped" in s.log_text(),
             "SIGTERM to rank 0: every rank gone after %.1f s, mpirun exit 0" % dt,
             "rank-0 pid %r, exit %r after %.1f s, left %s; log:\n%s"
@@ -154,6 +145,21 @@ def rank_pid(r):
     return None
 
 
+def signal_and_wait(s, pid, sig):
+    """Send sig to process pid (when found), wait up to 30 s for mpirun: (its exit status or
+    None, seconds, the qshard processes left half a second later)."""
+    t0 = time.monotonic()
+    if pid:
+        os.kill(pid, sig)
+    try:
+        rc = s.proc.wait(30)
+    except subprocess.TimeoutExpired:
+        rc = None
+    dt = time.monotonic() - t0
+    time.sleep(0.5)
+    return rc, dt, qshard_pids()
+
+
 def case_kill():
     s = srv.Server("mpi-kill", [], model=MODEL, launcher=MPIRUN, device=DEVICE,
                    env={"QSHARD_MPI_TIMEOUT": "3"})
@@ -171,17 +177,8 @@ def case_kill():
     th.start()
     time.sleep(1.0)
     pid = rank_pid(1)
-    t0 = time.monotonic()
-    if pid:
-        os.kill(pid, signal.SIGKILL)
-    try:
-        rc = s.proc.wait(30)
-    except subprocess.TimeoutExpired:
-        rc = None
-    dt = time.monotonic() - t0
+    rc, dt, left = signal_and_wait(s, pid, signal.SIGKILL)
     th.join(30)
-    time.sleep(0.5)
-    left = qshard_pids()
     t.check(pid is not None and rc not in (None, 0) and not left and
             str(res.get("r")).startswith("ended"),
             "kill -9 of rank 1 while serving: mpirun gone after %.1f s (exit %r), request %s"
