@@ -17,7 +17,9 @@
     X(cvt_arch_qwen3)        \
     X(cvt_arch_phi3)         \
     X(cvt_arch_mixtral)      \
-    X(cvt_arch_qwen3_moe)
+    X(cvt_arch_qwen3_moe)    \
+    X(cvt_arch_falcon)       \
+    X(cvt_arch_falcon_rw)
 
 #define CVT_X_EXTERN(d) extern const struct cvt_arch d;
 CVT_ARCH_REGISTRY(CVT_X_EXTERN)

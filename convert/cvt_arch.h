@@ -81,6 +81,7 @@ enum cvt_arch_op {
                               * (`hf`.qweight) is refused */
     CVT_ARCH_OP_HEAD_NORM = 5, /* replicated F32 vector [head_dim]: tensor `hf` under the layer
                                 * -> role (Qwen3's per-head q_norm / k_norm) */
+    /* (a LayerNorm's bias is a NORM step of its own, role FMT_N_*_NORM_BIAS) */
 };
 
 /* One step of a layer's plan. Steps run in order; the outputs they make are written in that
@@ -113,6 +114,13 @@ struct cvt_arch {
                                         * by the family's read_keys (Mistral's always, Qwen2's only
                                         * with use_sliding_window) */
     const char *hidden_act;            /* the only "hidden_act" accepted (absent = this one) */
+    int64_t ffn_mult;                  /* 0: intermediate_size is required; k: absent = k *
+                                        * hidden_size (FalconConfig's ffn_hidden_size) */
+    bool tie_word_embeddings;          /* absent tie_word_embeddings (PretrainedConfig: true;
+                                        * LlamaConfig and the others here: false) */
+    /* Other spellings of the common keys: pairs {key, alias}, NULL-terminated; the alias is read
+     * when config.json lacks the key (Falcon: num_attention_heads <- n_head, ...). NULL: none. */
+    const char *const *key_aliases;
     bool moe;                          /* experts: num_local_experts > 0 after read_keys */
     /* The family's own keys (sliding window, biases, experts), read after the common ones into
      * cfg (sliding_window, bias_roles, num_local_experts, num_experts_per_tok); reports and
@@ -123,6 +131,7 @@ struct cvt_arch {
     const char *hf_embed;      /* module of the token embedding [V, H] ("model.embed_tokens") */
     const char *hf_lm_head;    /* module of the output projection [V, H] ("lm_head") */
     const char *hf_final_norm; /* tensor of the final norm [H] ("model.norm.weight") */
+    const char *hf_final_norm_bias; /* its bias [H] (LayerNorm families), or NULL */
     const char *hf_layer;      /* prefix of layer i's names, taking i ("model.layers.%d") */
     int n_steps;
     const struct cvt_arch_step *steps; /* one decoder layer */

@@ -446,17 +446,29 @@ static enum cvt_err parse_rope(const struct qs_json_ctx *c, const cJSON *o,
 
 /* --- model keys ----------------------------------------------------------------------------- */
 
+/* The spelling of common key `key` to read: the key itself, or the family's alias of it when
+ * config.json has only the alias (cvt_arch key_aliases). */
+static const char *key_of(const cJSON *o, const struct cvt_arch *a, const char *key)
+{
+    if (!a->key_aliases || cJSON_GetObjectItemCaseSensitive(o, key))
+        return key;
+    for (const char *const *p = a->key_aliases; p[0] && p[1]; p += 2)
+        if (strcmp(p[0], key) == 0 && cJSON_GetObjectItemCaseSensitive(o, p[1]))
+            return p[1];
+    return key;
+}
+
 /* num_key_value_heads: absent = the family's default (cfg->arch), null = num_attention_heads
  * (every class's "for backward compatibility" branch); it must divide the query heads. */
 static enum cvt_err parse_kv_heads(const struct qs_json_ctx *c, const cJSON *o,
                                    struct cvt_hf_config *cfg)
 {
     const int64_t nq = cfg->num_attention_heads;
-    const bool absent = !cJSON_GetObjectItemCaseSensitive(o, "num_key_value_heads");
+    const char *kvk = key_of(o, cfg->arch, "num_key_value_heads");
+    const bool absent = !cJSON_GetObjectItemCaseSensitive(o, kvk);
     const int64_t def = absent && cfg->arch->num_key_value_heads ? cfg->arch->num_key_value_heads
                                                                    : nq;
-    CVT_TRY_JSON(qs_json_int(c, o, "num_key_value_heads", false, def, 1, 65536,
-                             &cfg->num_key_value_heads));
+    CVT_TRY_JSON(qs_json_int(c, o, kvk, false, def, 1, 65536, &cfg->num_key_value_heads));
     if (nq % cfg->num_key_value_heads != 0) {
         qs_log_error(c->fn, "%s/%s: num_attention_heads %lld is not a multiple of num_key_value_heads %lld%s%s%s",
                      c->where, c->file, (long long)nq, (long long)cfg->num_key_value_heads,
@@ -471,10 +483,17 @@ static enum cvt_err parse_model(const struct qs_json_ctx *c, const cJSON *o, str
 {
     CVT_TRY(parse_arch(c, o, cfg));
     const struct cvt_arch *a = cfg->arch;
-    CVT_TRY_JSON(qs_json_int(c, o, "hidden_size", true, 0, 1, CFG_MAX_DIM, &cfg->hidden_size));
-    CVT_TRY_JSON(qs_json_int(c, o, "intermediate_size", true, 0, 1, CFG_MAX_DIM, &cfg->intermediate_size));
-    CVT_TRY_JSON(qs_json_int(c, o, "num_hidden_layers", true, 0, 1, 4096, &cfg->num_hidden_layers));
-    CVT_TRY_JSON(qs_json_int(c, o, "num_attention_heads", true, 0, 1, 65536, &cfg->num_attention_heads));
+    CVT_TRY_JSON(qs_json_int(c, o, key_of(o, a, "hidden_size"), true, 0, 1, CFG_MAX_DIM,
+                             &cfg->hidden_size));
+    const char *ik = key_of(o, a, "intermediate_size");
+    const cJSON *iv = cJSON_GetObjectItemCaseSensitive(o, ik);
+    const bool i_def = a->ffn_mult > 0 && (!iv || cJSON_IsNull(iv)); /* None: the default too */
+    CVT_TRY_JSON(qs_json_int(c, o, ik, !i_def, a->ffn_mult * cfg->hidden_size, 1, CFG_MAX_DIM,
+                             &cfg->intermediate_size));
+    CVT_TRY_JSON(qs_json_int(c, o, key_of(o, a, "num_hidden_layers"), true, 0, 1, 4096,
+                             &cfg->num_hidden_layers));
+    CVT_TRY_JSON(qs_json_int(c, o, key_of(o, a, "num_attention_heads"), true, 0, 1, 65536,
+                             &cfg->num_attention_heads));
     CVT_TRY(parse_kv_heads(c, o, cfg));
     CVT_TRY_JSON(qs_json_int(c, o, "vocab_size", true, 0, 1, CFG_MAX_VOCAB, &cfg->vocab_size));
     const int64_t H = cfg->hidden_size, nq = cfg->num_attention_heads;
@@ -490,17 +509,20 @@ static enum cvt_err parse_model(const struct qs_json_ctx *c, const cJSON *o, str
                      c->file, (long long)cfg->head_dim);
         return CVT_ERR_CONFIG;
     }
-    CVT_TRY_JSON(qs_json_number(c, o, "rms_norm_eps", false, a->rms_norm_eps, 0.0, 1.0, &cfg->rms_norm_eps));
+    CVT_TRY_JSON(qs_json_number(c, o, key_of(o, a, "rms_norm_eps"), false, a->rms_norm_eps, 0.0,
+                                1.0, &cfg->rms_norm_eps));
     CVT_TRY_JSON(qs_json_int(c, o, "max_position_embeddings", false, a->max_position_embeddings, 1, 1ll << 30, &cfg->max_position_embeddings));
     CVT_TRY(parse_rope(c, o, cfg));
-    CVT_TRY_JSON(qs_json_bool(c, o, "tie_word_embeddings", false, &cfg->tie_word_embeddings));
+    CVT_TRY_JSON(qs_json_bool(c, o, "tie_word_embeddings", a->tie_word_embeddings,
+                              &cfg->tie_word_embeddings));
 
     /* hidden_act: the family's activation only */
     char act[32];
-    CVT_TRY_JSON(qs_json_string(c, o, "hidden_act", false, act, sizeof act));
+    const char *actk = key_of(o, a, "hidden_act");
+    CVT_TRY_JSON(qs_json_string(c, o, actk, false, act, sizeof act));
     if (act[0] && strcmp(act, a->hidden_act) != 0) {
-        qs_log_error(c->fn, "%s/%s: hidden_act \"%s\" is not supported (%s only)", c->where,
-                     c->file, act, a->hidden_act);
+        qs_log_error(c->fn, "%s/%s: %s \"%s\" is not supported (%s only)", c->where, c->file,
+                     actk, act, a->hidden_act);
         return CVT_ERR_UNSUPPORTED;
     }
 

@@ -969,6 +969,11 @@ static enum cvt_err plan_model(struct builder *b)
     fmt_name(out, sizeof(out), FMT_N_FINAL_NORM, -1, -1, NULL);
     if ((e = emit_replicated(b, d->arch->hf_final_norm, out, 1, d->hidden)))
         return e;
+    if (d->arch->hf_final_norm_bias) { /* LayerNorm families */
+        fmt_name(out, sizeof(out), FMT_N_FINAL_NORM_BIAS, -1, -1, NULL);
+        if ((e = emit_replicated(b, d->arch->hf_final_norm_bias, out, 1, d->hidden)))
+            return e;
+    }
     for (int i = 0; i < d->n_layers; i++)
         if ((e = plan_layer(b, i)))
             return e;

@@ -15,7 +15,7 @@
  * lookup (a shuffle); v2 looks up each of the 64 rows of a K/V tile as it loads it.
  *
  * v2 (prefill, M >= 16, hd 64 / 128, host start position): FlashAttention-2 on tensor cores,
- * below. v1 (decode, the device-position launches, hd 256), CUDA cores, fp32 math: one block per
+ * below. v1 (decode, the device-position launches, hd 96 and 256), CUDA cores, fp32 math: one block per
  * (query row, head, key split); its ATT_WARPS warps take interleaved tiles of 32 keys. In a
  * tile each lane owns one key (q . k over hd from its key row, 16-byte loads in flight
  * together, against q in shared memory), the warp updates the running max / sum with two
@@ -208,8 +208,28 @@ attention_kernel(__half *__restrict__ out, size_t out_stride, const __half *__re
 #pragma unroll
         for (int d = 0; d < DPL; ++d) acc[d] *= corr;
         const int nt = min(K_WARP, cend - t0);
+        if constexpr (DPL % 2 == 1) { /* hd 96 (Phi-3-mini): 3 dims per lane, fp16 loads */
+            for (int j0 = 0; j0 < nt; j0 += VB) {
+                __half vh[VB][DPL];
+#pragma unroll
+                for (int j = 0; j < VB; ++j) {
+                    if (j0 + j >= nt) continue;
+                    const uint32_t vrow = __shfl_sync(0xffffffffu, row, j0 + j);
+                    const __half *vr = kv.v + (size_t)vrow * HD + lane * DPL;
+#pragma unroll
+                    for (int d = 0; d < DPL; ++d) vh[j][d] = vr[d];
+                }
+#pragma unroll
+                for (int j = 0; j < VB; ++j) {
+                    if (j0 + j >= nt) continue;
+                    const float pj = __shfl_sync(0xffffffffu, pl, j0 + j);
+#pragma unroll
+                    for (int d = 0; d < DPL; ++d) acc[d] = fmaf(pj, __half2float(vh[j][d]), acc[d]);
+                }
+            }
+        } else {
         for (int j0 = 0; j0 < nt; j0 += VB) { /* VB value rows loaded, then accumulated */
-            uint32_t vw[VB][DPL / 2];
+            uint32_t vw[VB][DPL / 2 > 0 ? DPL / 2 : 1];
 #pragma unroll
             for (int j = 0; j < VB; ++j) {
                 if (j0 + j >= nt) continue; /* (not break: the unrolled slots stay registers) */
@@ -238,6 +258,7 @@ attention_kernel(__half *__restrict__ out, size_t out_stride, const __half *__re
                 }
             }
         }
+        } /* DPL even */
         m_run = m_new;
     }
 
@@ -706,6 +727,7 @@ static int attention_launch(uint16_t *out, size_t out_stride, const uint16_t *q,
                 k_pdl_usable(), oh, out_stride, qh, q_stride, kv, n_heads, sliding_window, wsf, \
                 counters)
     if (hd == 64) ATT_LAUNCH(64);
+    else if (hd == 96) ATT_LAUNCH(96);
     else if (hd == 128) ATT_LAUNCH(128);
     else ATT_LAUNCH(256);
 #undef ATT_LAUNCH
@@ -718,7 +740,7 @@ static bool attention_heads_ok(int M, int n_heads, int n_kv_heads, int hd, size_
                                size_t out_stride)
 {
     return M >= 1 && M <= 65535 && n_heads >= 1 && n_kv_heads >= 1 && n_heads % n_kv_heads == 0 &&
-           (hd == 64 || hd == 128 || hd == 256) && q_stride >= (size_t)n_heads * hd &&
+           (hd == 64 || hd == 96 || hd == 128 || hd == 256) && q_stride >= (size_t)n_heads * hd &&
            out_stride >= (size_t)n_heads * hd;
 }
 
@@ -730,7 +752,7 @@ int k_attention(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q_st
     if (!attention_heads_ok(M, n_heads, n_kv_heads, hd, q_stride, out_stride) || start_pos < 0 ||
         (long long)start_pos + M > T_cap)
         K_REFUSE(K_ERR_SHAPE, "attention M=%d start_pos=%d n_heads=%d n_kv_heads=%d hd=%d "
-                 "T_cap=%d: need hd in {64,128,256}, n_heads %% n_kv_heads == 0, "
+                 "T_cap=%d: need hd in {64,96,128,256}, n_heads %% n_kv_heads == 0, "
                  "start_pos + M <= T_cap", M, start_pos, n_heads, n_kv_heads, hd, T_cap);
     if (!out || !q || !k_cache || !v_cache) K_REFUSE(K_ERR_ARG, "attention: NULL pointer");
     const att_kv kv = att_kv_contiguous(k_cache, v_cache, start_pos, nullptr, n_kv_heads, T_cap);
@@ -745,7 +767,7 @@ int k_attention_at(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q
 {
     if (!attention_heads_ok(M, n_heads, n_kv_heads, hd, q_stride, out_stride) || M > T_cap)
         K_REFUSE(K_ERR_SHAPE, "attention_at M=%d n_heads=%d n_kv_heads=%d hd=%d T_cap=%d: need "
-                 "hd in {64,128,256}, n_heads %% n_kv_heads == 0", M, n_heads, n_kv_heads, hd,
+                 "hd in {64,96,128,256}, n_heads %% n_kv_heads == 0", M, n_heads, n_kv_heads, hd,
                  T_cap);
     if (!out || !q || !k_cache || !v_cache || !start_pos_dev)
         K_REFUSE(K_ERR_ARG, "attention_at: NULL pointer");
@@ -763,7 +785,7 @@ int k_attention_paged(uint16_t *out, size_t out_stride, const uint16_t *q, size_
     if (!attention_heads_ok(M, n_heads, n_kv_heads, hd, q_stride, out_stride) ||
         block_size < 1 || table_stride < 1 || max_keys < 1)
         K_REFUSE(K_ERR_SHAPE, "attention_paged M=%d n_heads=%d n_kv_heads=%d hd=%d "
-                 "block_size=%d table_stride=%d max_keys=%d: need hd in {64,128,256}, n_heads %% "
+                 "block_size=%d table_stride=%d max_keys=%d: need hd in {64,96,128,256}, n_heads %% "
                  "n_kv_heads == 0, M <= 65535, block_size, table_stride, max_keys >= 1", M,
                  n_heads, n_kv_heads, hd, block_size, table_stride, max_keys);
     if (!out || !q || !k_pool || !v_pool || !pos || !tables)
@@ -786,7 +808,7 @@ int k_attention_paged_prefill(uint16_t *out, size_t out_stride, const uint16_t *
     if (!attention_heads_ok(M, n_heads, n_kv_heads, hd, q_stride, out_stride) || start_pos < 0 ||
         block_size < 1 || (long long)start_pos + M > INT_MAX)
         K_REFUSE(K_ERR_SHAPE, "attention_paged_prefill M=%d start_pos=%d n_heads=%d "
-                 "n_kv_heads=%d hd=%d block_size=%d: need hd in {64,128,256}, n_heads %% "
+                 "n_kv_heads=%d hd=%d block_size=%d: need hd in {64,96,128,256}, n_heads %% "
                  "n_kv_heads == 0, start_pos >= 0, block_size >= 1", M, start_pos, n_heads,
                  n_kv_heads, hd, block_size);
     if (!out || !q || !k_pool || !v_pool || !table)

@@ -8,7 +8,8 @@
  * H200 (ncu), more than a 4096 x 4096 W4A16 linear. Other shapes take the generic kernel.
  * k_head_rmsnorm: the same norm on each q and k head of fused qkv rows (Qwen3 q_norm / k_norm),
  * one warp per head, in place on the fp16 rows or on the fp32 sums of an ACC route.
- * Test: build/gpu_test_ops (areas rmsnorm, head_rmsnorm).
+ * k_layernorm: LayerNorm with bias (Falcon), the same residual modes, a plain three-pass kernel.
+ * Test: build/gpu_test_ops (areas rmsnorm, head_rmsnorm, layernorm).
  */
 #include "k_common.cuh" /* K_CUDA_CHECK, K_REFUSE */
 
@@ -160,6 +161,99 @@ int k_rmsnorm_acc(uint16_t *out, float *residual, float *x_acc, const float *w, 
         K_REFUSE(K_ERR_ARG, "rmsnorm_acc: out %p, w %p, x_acc %p, residual %p, eps %g",
                  (void *)out, (const void *)w, (void *)x_acc, (void *)residual, (double)eps);
     return launch_rmsnorm(out, residual, nullptr, x_acc, w, M, H, eps, stream);
+}
+
+/* --- LayerNorm (Falcon) ------------------------------------------------------------------------ */
+
+/* One block per row, three passes over the row (h -> mean -> centred sum of squares -> out); the
+ * residual row is written in the first pass and read back (L1/L2) in the others. */
+static __global__ void __launch_bounds__(RMS_THREADS)
+layernorm_kernel(__half *__restrict__ out,         /* [M, H] */
+                 float *__restrict__ residual,     /* [M, H] fp32 in/out, or NULL */
+                 const __half *__restrict__ x,     /* [M, H] or NULL */
+                 float *__restrict__ xf,           /* [M, H] fp32 (zeroed after), or NULL */
+                 const float *__restrict__ w,      /* [H] */
+                 const float *__restrict__ b,      /* [H] or NULL */
+                 int H, float eps)
+{
+    k_pdl_launch_dependents();
+    k_pdl_wait(); /* launched early (PDL): the previous kernel's output is complete */
+    __shared__ float red[RMS_THREADS / K_WARP];
+    const size_t row = (size_t)blockIdx.x * H;
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        float h;
+        if (residual) {
+            float a = 0.0f;
+            if (xf) {
+                a = xf[row + i];
+                xf[row + i] = 0.0f;
+            } else if (x) {
+                a = __half2float(x[row + i]);
+            }
+            h = residual[row + i] + a;
+            if (xf || x) residual[row + i] = h;
+        } else {
+            h = __half2float(x[row + i]);
+        }
+        s += h;
+    }
+    const float mean = block_sum(s, red) / (float)H;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        const float d = (residual ? residual[row + i] : __half2float(x[row + i])) - mean;
+        ss += d * d;
+    }
+    const float r = rsqrtf(block_sum(ss, red) / (float)H + eps);
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        const float h = residual ? residual[row + i] : __half2float(x[row + i]);
+        out[row + i] = __float2half_rn(w[i] * ((h - mean) * r) + (b ? b[i] : 0.0f));
+    }
+}
+
+int k_layernorm(uint16_t *out, float *residual, const uint16_t *x, float *x_acc, const float *w,
+                const float *b, int M, int H, float eps, struct CUstream_st *stream)
+{
+    if (M < 1 || H < 1) K_REFUSE(K_ERR_SHAPE, "layernorm M=%d H=%d: need M, H >= 1", M, H);
+    if (!out || !w || (!x && !residual) || (x && x_acc) || (x_acc && !residual) || !(eps >= 0.0f))
+        K_REFUSE(K_ERR_ARG, "layernorm: out %p, w %p, x %p, x_acc %p, residual %p, eps %g",
+                 (void *)out, (const void *)w, (const void *)x, (void *)x_acc, (void *)residual,
+                 (double)eps);
+    k_launch_ex(layernorm_kernel, dim3(M), dim3(RMS_THREADS), 0, stream, k_pdl_usable(),
+                reinterpret_cast<__half *>(out), residual, reinterpret_cast<const __half *>(x),
+                x_acc, w, b, H, eps);
+    K_LAUNCH_CHECK();
+    return K_ERR_NONE;
+}
+
+static __global__ void residual_add_kernel(float *__restrict__ residual,
+                                           const __half *__restrict__ x, float *__restrict__ xf,
+                                           size_t n)
+{
+    k_pdl_launch_dependents();
+    k_pdl_wait();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    if (xf) {
+        residual[i] += xf[i];
+        xf[i] = 0.0f;
+    } else {
+        residual[i] += __half2float(x[i]);
+    }
+}
+
+int k_residual_add(float *residual, const uint16_t *x, float *x_acc, size_t n,
+                   struct CUstream_st *stream)
+{
+    if (n < 1 || n > ((size_t)1 << 38))
+        K_REFUSE(K_ERR_SHAPE, "residual_add n=%zu: need 1 .. 2^38", n);
+    if (!residual || (!x) == (!x_acc))
+        K_REFUSE(K_ERR_ARG, "residual_add: residual %p, x %p, x_acc %p (exactly one input)",
+                 (void *)residual, (const void *)x, (void *)x_acc);
+    k_launch_ex(residual_add_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, stream,
+                k_pdl_usable(), residual, reinterpret_cast<const __half *>(x), x_acc, n);
+    K_LAUNCH_CHECK();
+    return K_ERR_NONE;
 }
 
 /* --- per-head RMSNorm of q and k (Qwen3) ------------------------------------------------------ */

@@ -514,7 +514,8 @@ static __device__ bool sp_fast(const sp_args &a, float mx, int nfin, sp_smem &sm
     return true;
 }
 
-static __global__ void __launch_bounds__(SP_THREADS) sample_kernel(const sp_args a)
+/* One row's choice by one block of SP_THREADS (sample_kernel, sample_rows_kernel). */
+static __device__ __forceinline__ void sample_row(const sp_args &a)
 {
     __shared__ sp_smem sm;
     const int V = a.V, tid = threadIdx.x;
@@ -724,6 +725,87 @@ static __global__ void __launch_bounds__(SP_THREADS) sample_kernel(const sp_args
         });
 }
 
+static __global__ void __launch_bounds__(SP_THREADS) sample_kernel(const sp_args a)
+{
+    sample_row(a);
+}
+
+/* block b: row b of the batch, its arguments from device memory */
+static __global__ void __launch_bounds__(SP_THREADS) sample_rows_kernel(const sp_args *__restrict__ all)
+{
+    const sp_args a = all[blockIdx.x];
+    sample_row(a);
+}
+
+/* The checks of one row's parameters (k_sample, k_sample_rows). */
+static int sample_params_ok(const struct k_sample_params *p, const uint8_t *seen, double u,
+                            const char *fn, int row)
+{
+    if (!(p->temperature >= 0.0f) || isinf(p->temperature) || p->top_k < 0 ||
+        !(p->top_p > 0.0f && p->top_p <= 1.0f) || !(p->min_p >= 0.0f && p->min_p <= 1.0f) ||
+        !(p->repeat_penalty > 0.0f) || isinf(p->repeat_penalty))
+        K_REFUSE(K_ERR_ARG, "%s row %d: parameter out of range (temperature %g, top_k %d, "
+                 "top_p %g, min_p %g, repeat_penalty %g)", fn, row, (double)p->temperature,
+                 (int)p->top_k, (double)p->top_p, (double)p->min_p, (double)p->repeat_penalty);
+    if (p->repeat_penalty != 1.0f && !seen)
+        K_REFUSE(K_ERR_ARG, "%s row %d: repeat_penalty %g needs the history bitmap", fn, row,
+                 (double)p->repeat_penalty);
+    if (!(u >= 0.0 && u < 1.0))
+        K_REFUSE(K_ERR_ARG, "%s row %d: draw u = %g is not in [0, 1)", fn, row, u);
+    return K_ERR_NONE;
+}
+
+static sp_args make_args(int32_t *out_id, uint8_t *keep, const float *logits, int V,
+                         const uint8_t *seen, const struct k_sample_params *p, double u)
+{
+    sp_args a;
+    a.logits = logits;
+    a.seen = seen;
+    a.out_id = out_id;
+    a.keep = keep;
+    a.V = V;
+    a.top_k = p->top_k;
+    a.temperature = p->temperature;
+    a.top_p = p->top_p;
+    a.min_p = p->min_p;
+    a.rp = p->repeat_penalty;
+    a.u = u;
+    return a;
+}
+
+size_t k_sample_rows_args_bytes(int n)
+{
+    return n > 0 ? (size_t)n * sizeof(sp_args) : 0;
+}
+
+int k_sample_rows(int32_t *out_ids, const float *logits, size_t row_stride, int n,
+                  int vocab_size, const struct k_sample_row *rows, void *h_args, void *d_args,
+                  struct CUstream_st *stream)
+{
+    if (vocab_size < 1 || vocab_size > (1 << 30) || n < 1 || n > 65535 ||
+        row_stride < (size_t)vocab_size)
+        K_REFUSE(K_ERR_SHAPE, "sample_rows: n %d, vocab_size %d, row_stride %zu (need 1 <= n <= "
+                 "65535, 1 <= vocab_size <= 2^30, row_stride >= vocab_size)", n, vocab_size,
+                 row_stride);
+    if (!out_ids || !logits || !rows || !h_args || !d_args)
+        K_REFUSE(K_ERR_ARG, "sample_rows: NULL pointer");
+    if ((uintptr_t)d_args % 16 || (uintptr_t)h_args % 16)
+        K_REFUSE(K_ERR_ARG, "sample_rows: argument buffers must be 16-byte aligned");
+    sp_args *h = static_cast<sp_args *>(h_args);
+    for (int i = 0; i < n; ++i) {
+        const double u = rows[i].p.temperature > 0.0f ? rows[i].u : 0.0; /* greedy: unused */
+        const int e = sample_params_ok(&rows[i].p, rows[i].seen, u, "sample_rows", i);
+        if (e) return e;
+        h[i] = make_args(out_ids + i, nullptr, logits + (size_t)i * row_stride, vocab_size,
+                         rows[i].seen, &rows[i].p, u);
+    }
+    K_CUDA_CHECK(cudaMemcpyAsync(d_args, h_args, (size_t)n * sizeof(sp_args),
+                                 cudaMemcpyHostToDevice, stream));
+    sample_rows_kernel<<<n, SP_THREADS, 0, stream>>>(static_cast<const sp_args *>(d_args));
+    K_LAUNCH_CHECK();
+    return K_ERR_NONE;
+}
+
 int k_sample(int32_t *out_id, uint8_t *keep, const float *logits, int vocab_size,
              const uint8_t *seen, const struct k_sample_params *p, double u,
              struct CUstream_st *stream)
@@ -731,29 +813,9 @@ int k_sample(int32_t *out_id, uint8_t *keep, const float *logits, int vocab_size
     if (vocab_size < 1 || vocab_size > (1 << 30)) /* ids, 4 * id and V + 1023 stay in int */
         K_REFUSE(K_ERR_SHAPE, "sample: vocab_size %d outside [1, 2^30]", vocab_size);
     if (!out_id || !logits || !p) K_REFUSE(K_ERR_ARG, "sample: NULL pointer");
-    if (!(p->temperature >= 0.0f) || isinf(p->temperature) || p->top_k < 0 ||
-        !(p->top_p > 0.0f && p->top_p <= 1.0f) || !(p->min_p >= 0.0f && p->min_p <= 1.0f) ||
-        !(p->repeat_penalty > 0.0f) || isinf(p->repeat_penalty))
-        K_REFUSE(K_ERR_ARG, "sample: parameter out of range (temperature %g, top_k %d, top_p %g, "
-                 "min_p %g, repeat_penalty %g)", (double)p->temperature, (int)p->top_k,
-                 (double)p->top_p, (double)p->min_p, (double)p->repeat_penalty);
-    if (p->repeat_penalty != 1.0f && !seen)
-        K_REFUSE(K_ERR_ARG, "sample: repeat_penalty %g needs the history bitmap",
-                 (double)p->repeat_penalty);
-    if (!(u >= 0.0 && u < 1.0)) K_REFUSE(K_ERR_ARG, "sample: draw u = %g is not in [0, 1)", u);
-    sp_args a;
-    a.logits = logits;
-    a.seen = seen;
-    a.out_id = out_id;
-    a.keep = keep;
-    a.V = vocab_size;
-    a.top_k = p->top_k;
-    a.temperature = p->temperature;
-    a.top_p = p->top_p;
-    a.min_p = p->min_p;
-    a.rp = p->repeat_penalty;
-    a.u = u;
-    sample_kernel<<<1, SP_THREADS, 0, stream>>>(a);
+    const int e = sample_params_ok(p, seen, u, "sample", 0);
+    if (e) return e;
+    sample_kernel<<<1, SP_THREADS, 0, stream>>>(make_args(out_id, keep, logits, vocab_size, seen, p, u));
     K_LAUNCH_CHECK();
     return K_ERR_NONE;
 }

@@ -300,6 +300,24 @@ int k_rmsnorm_acc(uint16_t *out, float *residual, float *x_acc, const float *w, 
                   float eps, struct CUstream_st *stream);
 
 /*
+ * LayerNorm with the fused residual add (reference ref_layernorm; torch.nn.LayerNorm as
+ * transformers' Falcon uses it), the three modes of k_rmsnorm, or with x_acc (fp32 sums, read
+ * and zeroed; residual required) in place of x:
+ *   out = (h - mean(h)) * rsqrt(var(h) + eps) * w + b,  h = residual[m] (after += x) or x[m],
+ * mean and biased variance in fp32 (two passes over the row). b may be NULL (no bias). One block
+ * per row. Errors: K_ERR_SHAPE (M < 1, H < 1), K_ERR_ARG (out or w NULL, no input, both x and
+ * x_acc, x_acc without residual, eps < 0).
+ */
+int k_layernorm(uint16_t *out, float *residual, const uint16_t *x, float *x_acc, const float *w,
+                const float *b, int M, int H, float eps, struct CUstream_st *stream);
+
+/* residual[i] += x[i] (fp16 -> fp32) or += x_acc[i] (fp32 sums, zeroed after), n values: the
+ * residual add without a norm (reference ref_residual_add; a parallel residual's attention
+ * output). Errors: K_ERR_SHAPE (n < 1), K_ERR_ARG (residual NULL, not exactly one input). */
+int k_residual_add(float *residual, const uint16_t *x, float *x_acc, size_t n,
+                   struct CUstream_st *stream);
+
+/*
  * Per-head RMSNorm of the q and k heads of fused qkv rows, in place (Qwen3 q_norm / k_norm;
  * reference ref_head_rmsnorm): row m (row_stride elements) is [q (n_q heads) | k (n_kv) | v];
  * each q head becomes wq * h * rsqrt(mean(h^2) + eps), each k head the same with wk; mean in
@@ -352,6 +370,12 @@ int k_silu_mul(uint16_t *out, const uint16_t *gate_up, int M, int I, struct CUst
  * Errors: K_ERR_SHAPE (M < 1, I < 1), K_ERR_ARG (NULL). */
 int k_silu_mul_acc(uint16_t *out, float *gate_up_acc, int M, int I, struct CUstream_st *stream);
 
+/* out[i] = gelu(x[i]), exact erf form (reference ref_gelu; torch.nn.GELU()), for n fp16 values,
+ * fp32 math; or from fp32 sums x_acc[n] (x NULL; an ACC route), which it zeroes. The plain MLP
+ * activation of Falcon. Errors: K_ERR_SHAPE (n < 1), K_ERR_ARG (out NULL, not exactly one of x
+ * and x_acc). */
+int k_gelu(uint16_t *out, const uint16_t *x, float *x_acc, size_t n, struct CUstream_st *stream);
+
 /*
  * Vocab-parallel embedding lookup into the fp32 residual stream (reference ref_embed):
  * out[m][:] = table[tokens[m] - row_begin][:] when row_begin <= tokens[m] < row_begin + V_r,
@@ -399,6 +423,31 @@ struct k_sample_params {
 int k_sample(int32_t *out_id, uint8_t *keep, const float *logits, int vocab_size,
              const uint8_t *seen, const struct k_sample_params *p, double u,
              struct CUstream_st *stream);
+
+/* One row of k_sample_rows: its parameters, draw and history bitmap (device, or NULL). */
+struct k_sample_row {
+    struct k_sample_params p;
+    double u;            /* [0, 1); unused when greedy */
+    const uint8_t *seen; /* as k_sample's */
+};
+
+/* Bytes of the argument buffers k_sample_rows needs for n rows (host staging and device). */
+size_t k_sample_rows_args_bytes(int n);
+
+/*
+ * k_sample of n rows in one launch (one block per row, the same device code, so each row's id
+ * is k_sample's for that row): out_ids[i] from logits + i * row_stride (fp32, the first
+ * vocab_size read), rows[i] (host) its parameters. The per-row arguments go through h_args
+ * (host, pinned for an asynchronous copy; unchanged until the stream has passed this call) and
+ * d_args (device), each at least k_sample_rows_args_bytes(n) bytes, 16-byte aligned. A decode
+ * step of many sequences thus costs one launch instead of one per sequence.
+ * Errors: K_ERR_SHAPE (n outside [1, 65535], vocab_size outside [1, 2^30], row_stride <
+ * vocab_size), K_ERR_ARG (NULL or misaligned buffer; a row's parameters as k_sample, naming the
+ * row).
+ */
+int k_sample_rows(int32_t *out_ids, const float *logits, size_t row_stride, int n,
+                  int vocab_size, const struct k_sample_row *rows, void *h_args, void *d_args,
+                  struct CUstream_st *stream);
 
 /* --- all-reduce across the GPUs of one process (kernels/k_allreduce.cu) ---------------------- */
 
@@ -456,7 +505,7 @@ int k_kv_store(uint16_t *k_cache, uint16_t *v_cache, const uint16_t *k, const ui
  * tensors, fp32 math). Query row m is at position p = start_pos + m and attends to keys
  * [max(0, p - sliding_window + 1), p] (sliding_window <= 0: [0, p]); head h reads kv head
  * h / (n_heads / n_kv_heads). q row m at q + m*q_stride: [n_heads][hd] (rotated); out likewise
- * with out_stride. M >= 16 with hd 64 or 128 (prefill; q and the caches 16-byte aligned, q_stride
+ * with out_stride. hd 64, 96, 128 or 256. M >= 16 with hd 64 or 128 (prefill; q and the caches 16-byte aligned, q_stride
  * a multiple of 8, out_stride even, as the runtime's buffers are): FlashAttention-2 on tensor cores (Dao
  * 2023; one block per 64 rows and head, K/V tiles of 64 keys in shared memory, mma.sync with
  * fp32 accumulation, P rounded to fp16 for P V); otherwise (decode) one block per (row, head,

@@ -186,6 +186,20 @@ void ref_rmsnorm(float *out, float *residual, const float *x, const float *w, in
                  float eps);
 
 /*
+ * LayerNorm (Ba et al. 2016; torch.nn.LayerNorm as transformers' Falcon and MPT use it) over rows
+ * of H with the residual add fused in, the same three modes as ref_rmsnorm:
+ *   out[m] = (h - mean(h)) * rsqrt(var(h) + eps) * w + b,  h = residual[m] (after += x[m]) or x[m]
+ * mean and the biased variance mean((h - mean)^2) accumulated in double (two passes); b may be
+ * NULL (MPT's no_bias LayerNorm). x, residual, out: [M][H]; w, b: [H]. out may alias x.
+ */
+void ref_layernorm(float *out, float *residual, const float *x, const float *w, const float *b,
+                   int M, int H, float eps);
+
+/* residual[i] += x[i] for n values, fp32: the residual add without a norm (a parallel
+ * residual's attention output); reference of k_residual_add. */
+void ref_residual_add(float *residual, const float *x, size_t n);
+
+/*
  * Per-head RMSNorm of the q and k heads of fused qkv rows, in place (Qwen3: q_norm / k_norm
  * before RoPE; transformers modeling_qwen3.py Qwen3Attention with Qwen3RMSNorm): row m of x
  * (row_stride floats) is [q (n_q heads) | k (n_kv heads) | v]; each q head v[hd] becomes
@@ -203,6 +217,11 @@ void ref_allreduce_sum(float *out, const float *const *bufs, int world, size_t n
 /* out[M][I] = silu(gate) * up with gate_up[M][2*I] = [gate | up] (the fused gate_up_proj
  * output of DESIGN 5); silu(g) = g / (1 + exp(-g)). fp32. */
 void ref_silu_mul(float *out, const float *gate_up, int M, int I);
+
+/* out[i] = gelu(x[i]) for n values, the exact form x/2 * (1 + erf(x / sqrt(2))) (Hendrycks &
+ * Gimpel 2016; torch.nn.GELU(approximate='none'), transformers ACT2FN["gelu"]: Falcon's and
+ * MPT's MLP activation), fp32 (erf in double). out may alias x. */
+void ref_gelu(float *out, const float *x, size_t n);
 
 /* Numerically stable softmax of each row of x[M][N], in place (fp32, max subtracted). */
 void ref_softmax(float *x, int M, int N);

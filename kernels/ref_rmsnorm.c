@@ -3,6 +3,8 @@
  * variance = mean(h^2); h * rsqrt(variance + eps); weight * h), fp32; reference of k_rmsnorm.
  * ref_head_rmsnorm: the same norm on every q and k head of a fused qkv row (Qwen3 q_norm /
  * k_norm, transformers modeling_qwen3.py Qwen3Attention); reference of k_head_rmsnorm.
+ * ref_layernorm: LayerNorm with bias (torch.nn.LayerNorm; Falcon, MPT) in the same three modes;
+ * reference of k_layernorm.
  * Test: ./build/test_ref
  */
 #include <math.h>
@@ -31,6 +33,39 @@ void ref_rmsnorm(float *out, float *residual, const float *x, const float *w, in
         for (int i = 0; i < H; i++)
             orow[i] = w[i] * (hr[i] * r);
     }
+}
+
+void ref_layernorm(float *out, float *residual, const float *x, const float *w, const float *b,
+                   int M, int H, float eps)
+{
+    for (int m = 0; m < M; m++) {
+        const float *xr = x ? x + (size_t)m * (size_t)H : NULL;
+        float *hr;
+        if (residual) {
+            hr = residual + (size_t)m * (size_t)H;
+            if (x)
+                for (int i = 0; i < H; i++)
+                    hr[i] += xr[i];
+        } else {
+            hr = (float *)xr; /* only read below */
+        }
+        double s = 0.0, ss = 0.0;
+        for (int i = 0; i < H; i++)
+            s += (double)hr[i];
+        const double mean = s / H;
+        for (int i = 0; i < H; i++)
+            ss += ((double)hr[i] - mean) * ((double)hr[i] - mean);
+        const float r = 1.0f / sqrtf((float)(ss / H) + eps), mf = (float)mean;
+        float *orow = out + (size_t)m * (size_t)H;
+        for (int i = 0; i < H; i++)
+            orow[i] = w[i] * ((hr[i] - mf) * r) + (b ? b[i] : 0.0f);
+    }
+}
+
+void ref_residual_add(float *residual, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        residual[i] += x[i];
 }
 
 /* One vector v[hd] in place: v * rsqrt(mean(v^2) + eps) * w. */

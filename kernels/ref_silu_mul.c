@@ -1,7 +1,9 @@
 /*
  * ref_silu_mul.c - the SiLU-gated MLP's elementwise step, out = silu(gate) * up, on the fused
  * gate_up_proj output [M][2*I] = [gate | up] (DESIGN 5); reference of k_silu_mul.
- * silu(g) = g * sigmoid(g) (Elfwing et al. 2018; torch.nn.functional.silu). Test: ./build/test_ref
+ * silu(g) = g * sigmoid(g) (Elfwing et al. 2018; torch.nn.functional.silu).
+ * ref_gelu: the plain (ungated) MLP activation of Falcon and MPT, exact erf GELU (Hendrycks &
+ * Gimpel 2016; torch.nn.GELU()); reference of k_gelu. Test: ./build/test_ref
  */
 #include <math.h>
 
@@ -14,5 +16,13 @@ void ref_silu_mul(float *out, const float *gate_up, int M, int I)
         float *o = out + (size_t)m * (size_t)I;
         for (int i = 0; i < I; i++)
             o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
+
+void ref_gelu(float *out, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const double v = (double)x[i];
+        out[i] = (float)(0.5 * v * (1.0 + erf(v * 0.70710678118654752440)));
     }
 }

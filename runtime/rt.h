@@ -86,9 +86,22 @@ int rt_err_exit_code(enum rt_err e);
 /* --- architectures (runtime/rt_arch*.c) -------------------------------------------------------- */
 
 /* Normalisation before attention, MLP and the lm_head. */
-enum rt_norm { RT_NORM_RMS = 1 /* transformers LlamaRMSNorm: x * rsqrt(mean(x^2) + eps) * w */ };
-/* Activation of the gated MLP: out = act(gate) * up. */
-enum rt_act { RT_ACT_SILU = 1 /* x * sigmoid(x) */ };
+enum rt_norm {
+    RT_NORM_RMS = 1,  /* transformers LlamaRMSNorm: x * rsqrt(mean(x^2) + eps) * w */
+    RT_NORM_LAYER = 2 /* torch LayerNorm: (x - mean) * rsqrt(var + eps) * w + b (Falcon) */
+};
+/* Activation of the MLP: a gated kind computes act(gate) * up from gate_up [M][2I]; a plain
+ * kind act(x) from the up projection's [M][I] (rt_act_gated). */
+enum rt_act {
+    RT_ACT_SILU = 1, /* gated: silu(gate) * up, silu(x) = x * sigmoid(x) (LLaMA) */
+    RT_ACT_GELU = 2  /* plain: exact erf GELU (Falcon's dense_h_to_4h -> GELU -> dense_4h_to_h) */
+};
+
+/* Whether activation kind a is gated (its input is [gate | up], twice the intermediate width). */
+static inline bool rt_act_gated(enum rt_act a)
+{
+    return a == RT_ACT_SILU;
+}
 
 struct rt_config;
 
@@ -102,7 +115,7 @@ struct rt_config;
 struct rt_arch {
     const char *name;        /* config "architecture" value: "llama", "mistral", ... */
     enum rt_norm norm;       /* every norm of the model */
-    enum rt_act act;         /* gated MLP activation */
+    enum rt_act act;         /* MLP activation (gated or plain: rt_act_gated) */
     float rotary_fraction;   /* share of head_dim rotated by RoPE (1: all) */
     bool parallel_residual;  /* attention and MLP both read norm(h) of the layer input */
     bool qk_norm;            /* per-head norm of q and k before RoPE */

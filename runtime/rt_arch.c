@@ -1,7 +1,8 @@
 /*
  * rt_arch.c - the registry of architecture descriptors (rt.h struct rt_arch): the config's
  * "architecture" string -> what the forward pass does. One line per descriptor; the
- * descriptors live in one file per family (rt_arch_llama.c, rt_arch_mixtral.c).
+ * descriptors live in one file per family (rt_arch_llama.c, rt_arch_mixtral.c,
+ * rt_arch_falcon.c).
  * Test: ./build/test_model (every fixture's architecture; an unknown name is refused).
  */
 #include <stdio.h>
@@ -12,6 +13,7 @@
 extern const struct rt_arch rt_arch_llama, rt_arch_mistral, rt_arch_qwen2, rt_arch_qwen3,
     rt_arch_phi3;                                                   /* rt_arch_llama.c */
 extern const struct rt_arch rt_arch_mixtral, rt_arch_qwen3_moe;          /* rt_arch_mixtral.c */
+extern const struct rt_arch rt_arch_falcon;                               /* rt_arch_falcon.c */
 
 static const struct rt_arch *const registry[] = {
     &rt_arch_llama,
@@ -21,6 +23,7 @@ static const struct rt_arch *const registry[] = {
     &rt_arch_phi3,
     &rt_arch_mixtral,
     &rt_arch_qwen3_moe,
+    &rt_arch_falcon,
 };
 
 #define N_ARCH (sizeof(registry) / sizeof(registry[0]))

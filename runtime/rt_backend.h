@@ -173,11 +173,14 @@ struct rt_backend_ops {
      * ids another rank holds (ref_embed). tokens: i32 [M] backend memory. */
     enum rt_err (*embed)(void *ctx, float *out, const uint16_t *table, const int32_t *tokens,
                          int M, int64_t row_begin, int V_r, int H);
-    /* Norm `kind` (ref_rmsnorm for RT_NORM_RMS), act out, f32 residual: residual and x (or
-     * x_acc): residual += x, out = norm(residual) * w (x_acc: the f32 sums, zeroed after);
-     * residual and neither: out = norm(residual) * w; no residual: out = norm(x) * w. */
+    /* Norm `kind` (ref_rmsnorm for RT_NORM_RMS, ref_layernorm for RT_NORM_LAYER with bias b or
+     * NULL; b is NULL for RMS), act out, f32 residual: residual and x (or x_acc): residual += x,
+     * out = norm(residual) (x_acc: the f32 sums, zeroed after); residual and neither:
+     * out = norm(residual); no residual: out = norm(x); norm(h) includes * w (+ b). out NULL
+     * (with residual and x or x_acc): the residual add alone, no norm (w, b unused: a parallel
+     * residual's attention output). */
     enum rt_err (*norm)(void *ctx, enum rt_norm kind, void *out, float *residual, const void *x,
-                        float *x_acc, const float *w, int M, int H, float eps);
+                        float *x_acc, const float *w, const float *b, int M, int H, float eps);
     /* ref_w4a16_linear: act y[M][N] = act x[M][K] . W + bias (packed DESIGN 4 tensors, bias f32
      * or NULL); with acc (y unused): acc[M][N] += x . W + bias (deferred split-K). */
     enum rt_err (*linear_w4)(void *ctx, const void *x, const uint8_t *qweight,
@@ -223,9 +226,10 @@ struct rt_backend_ops {
      * elements each): copy-on-write of a shared block. */
     enum rt_err (*kv_copy_block)(void *ctx, void *k_pool, void *v_pool, int src, int dst,
                                  size_t block_elems);
-    /* Gated activation `kind` (ref_silu_mul for RT_ACT_SILU): act out[M][I] = act(gate) * up,
-     * act gate_up [M][2I] = [gate | up]; with gate_up_acc (f32 [M][2I], the gate_up linear's
-     * deferred sums) the input is read from it and it is zeroed. */
+    /* MLP activation `kind`: gated (ref_silu_mul for RT_ACT_SILU): act out[M][I] = act(gate) *
+     * up, act gate_up [M][2I] = [gate | up]; plain (ref_gelu for RT_ACT_GELU): out[M][I] =
+     * act(gate_up[M][I]). With gate_up_acc (f32, the gate_up linear's deferred sums, the same
+     * shape) the input is read from it and it is zeroed. */
     enum rt_err (*act_mul)(void *ctx, enum rt_act kind, void *out, const void *gate_up,
                            float *gate_up_acc, int M, int I);
     /* MoE helpers on act rows of `width` elements: dst[i] = src[rows[i]], and

@@ -120,16 +120,27 @@ static void take_sums(float *residual, float *x_acc, size_t n)
 }
 
 static enum rt_err cpu_norm(void *ctx, enum rt_norm kind, void *out, float *residual,
-                            const void *x, float *x_acc, const float *w, int M, int H, float eps)
+                            const void *x, float *x_acc, const float *w, const float *b, int M,
+                            int H, float eps)
 {
     (void)ctx;
-    if (kind != RT_NORM_RMS)
+    if (kind != RT_NORM_RMS && kind != RT_NORM_LAYER)
         return unsupported("norm", (int)kind);
     if (x_acc && residual) {
         take_sums(residual, x_acc, (size_t)M * (size_t)H);
         x = NULL;
     }
-    ref_rmsnorm(out, residual, x, w, M, H, eps);
+    if (!out) { /* the residual add alone */
+        if (!residual)
+            return unsupported("norm without output or residual", (int)kind);
+        if (x)
+            ref_residual_add(residual, x, (size_t)M * (size_t)H);
+        return RT_ERR_NONE;
+    }
+    if (kind == RT_NORM_LAYER)
+        ref_layernorm(out, residual, x, w, b, M, H, eps);
+    else
+        ref_rmsnorm(out, residual, x, w, M, H, eps);
     return RT_ERR_NONE;
 }
 
@@ -240,14 +251,16 @@ static enum rt_err cpu_act_mul(void *ctx, enum rt_act kind, void *out, const voi
                                float *gate_up_acc, int M, int I)
 {
     (void)ctx;
-    if (kind != RT_ACT_SILU)
+    if (kind != RT_ACT_SILU && kind != RT_ACT_GELU)
         return unsupported("activation", (int)kind);
-    if (gate_up_acc) {
-        ref_silu_mul(out, gate_up_acc, M, I);
-        memset(gate_up_acc, 0, (size_t)M * 2 * (size_t)I * sizeof(float));
-    } else {
-        ref_silu_mul(out, gate_up, M, I);
-    }
+    const float *in = gate_up_acc ? gate_up_acc : gate_up;
+    const size_t n_in = (size_t)M * (size_t)I * (rt_act_gated(kind) ? 2 : 1);
+    if (kind == RT_ACT_GELU)
+        ref_gelu(out, in, (size_t)M * (size_t)I);
+    else
+        ref_silu_mul(out, in, M, I);
+    if (gate_up_acc)
+        memset(gate_up_acc, 0, n_in * sizeof(float));
     return RT_ERR_NONE;
 }
 

@@ -122,6 +122,8 @@ struct cuda_rank {
     unsigned char *d_pick;
     unsigned char *h_pick;  /* pinned host staging */
     size_t pick_bytes;
+    struct k_sample_row *pick_rows; /* host [n_pick_rows]: the rows of k_sample_rows */
+    int n_pick_rows;
 };
 
 /* cudaMalloc with an out-of-memory message naming what and how much was free. */
@@ -205,6 +207,7 @@ static void rank_free(struct cuda_rank *r)
         if (r->gexec[k]) cudaGraphExecDestroy(r->gexec[k]);
     cudaFree(r->d_pick);
     cudaFreeHost(r->h_pick);
+    free(r->pick_rows);
     cudaFreeHost(r->h_small);
     for (int i = 0; i < RT_CUDA_SMALL_SLOTS; ++i)
         if (r->small_done[i]) cudaEventDestroy(r->small_done[i]);
@@ -398,9 +401,23 @@ static enum rt_err cuda_embed(void *ctx, float *out, const uint16_t *table, cons
 }
 
 static enum rt_err cuda_norm(void *ctx, enum rt_norm kind, void *out, float *residual,
-                             const void *x, float *x_acc, const float *w, int M, int H, float eps)
+                             const void *x, float *x_acc, const float *w, const float *b, int M,
+                             int H, float eps)
 {
     struct cuda_rank *r = R(ctx);
+    if (!out) { /* the residual add alone */
+        const bool acc = x_acc && residual;
+        RT_K_TRY(k_residual_add(residual, acc ? nullptr : static_cast<const uint16_t *>(x),
+                                acc ? x_acc : nullptr, (size_t)M * (size_t)H, r->stream));
+        return RT_ERR_NONE;
+    }
+    if (kind == RT_NORM_LAYER) {
+        const bool acc = x_acc && residual;
+        RT_K_TRY(k_layernorm(static_cast<uint16_t *>(out), residual,
+                             acc ? nullptr : static_cast<const uint16_t *>(x), acc ? x_acc : nullptr,
+                             w, b, M, H, eps, r->stream));
+        return RT_ERR_NONE;
+    }
     if (kind != RT_NORM_RMS) {
         qs_log_error(__func__, "the CUDA backend has no norm of kind %d", (int)kind);
         return RT_ERR_UNSUPPORTED;
@@ -599,6 +616,12 @@ static enum rt_err cuda_act_mul(void *ctx, enum rt_act kind, void *out, const vo
                                 float *gate_up_acc, int M, int I)
 {
     struct cuda_rank *r = R(ctx);
+    if (kind == RT_ACT_GELU) {
+        RT_K_TRY(k_gelu(static_cast<uint16_t *>(out),
+                        gate_up_acc ? nullptr : static_cast<const uint16_t *>(gate_up), gate_up_acc,
+                        (size_t)M * (size_t)I, r->stream));
+        return RT_ERR_NONE;
+    }
     if (kind != RT_ACT_SILU) {
         qs_log_error(__func__, "the CUDA backend has no activation of kind %d", (int)kind);
         return RT_ERR_UNSUPPORTED;
@@ -770,7 +793,8 @@ static enum rt_err cuda_sample(void *ctx, const float *logits, size_t row_stride
     for (int i = 0; i < n; i++)
         n_seen += picks[i].p.repeat_penalty != 1.0f;
     const size_t id_bytes = ((size_t)n * sizeof(int32_t) + 15) / 16 * 16;
-    const size_t need = id_bytes + n_seen * ((seen_bytes + 15) / 16 * 16);
+    const size_t arg_bytes = (k_sample_rows_args_bytes(n) + 15) / 16 * 16;
+    const size_t need = id_bytes + arg_bytes + n_seen * ((seen_bytes + 15) / 16 * 16);
     if (r->pick_bytes < need) {
         RT_CUDA_TRY(cudaStreamSynchronize(r->stream));
         cudaFree(r->d_pick);
@@ -785,8 +809,19 @@ static enum rt_err cuda_sample(void *ctx, const float *logits, size_t row_stride
         RT_CUDA_TRY(cudaMallocHost(&r->h_pick, want));
         r->pick_bytes = want;
     }
+    /* every row in one launch (k_sample_rows): [ids | the rows' arguments | histories] */
     int32_t *d_ids = reinterpret_cast<int32_t *>(r->d_pick);
-    size_t at = id_bytes;
+    size_t at = id_bytes + arg_bytes;
+    if (n > r->n_pick_rows) {
+        struct k_sample_row *nr = static_cast<struct k_sample_row *>(
+            realloc(r->pick_rows, (size_t)n * sizeof(*nr)));
+        if (!nr) {
+            qs_log_error(__func__, "out of memory for %d sampling rows", n);
+            return RT_ERR_NOMEM;
+        }
+        r->pick_rows = nr;
+        r->n_pick_rows = n;
+    }
     for (int i = 0; i < n; i++) {
         const struct rt_sample_params *p = &picks[i].p;
         const uint8_t *seen = NULL;
@@ -797,11 +832,13 @@ static enum rt_err cuda_sample(void *ctx, const float *logits, size_t row_stride
             seen = r->d_pick + at;
             at += (seen_bytes + 15) / 16 * 16;
         }
-        const struct k_sample_params kp = {p->temperature, p->top_k, p->top_p, p->min_p,
-                                           p->repeat_penalty};
-        RT_K_TRY(k_sample(d_ids + i, NULL, logits + (size_t)i * row_stride, n_vocab, seen, &kp,
-                          p->temperature > 0.0f ? picks[i].u : 0.0, r->stream));
+        r->pick_rows[i].p = (struct k_sample_params){p->temperature, p->top_k, p->top_p,
+                                                     p->min_p, p->repeat_penalty};
+        r->pick_rows[i].u = picks[i].u;
+        r->pick_rows[i].seen = seen;
     }
+    RT_K_TRY(k_sample_rows(d_ids, logits, row_stride, n, n_vocab, r->pick_rows,
+                           r->h_pick + id_bytes, r->d_pick + id_bytes, r->stream));
     RT_CUDA_TRY(cudaMemcpyAsync(r->h_pick, r->d_pick, (size_t)n * sizeof(int32_t),
                                 cudaMemcpyDeviceToHost, r->stream));
     RT_CUDA_TRY(cudaStreamSynchronize(r->stream));

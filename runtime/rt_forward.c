@@ -5,7 +5,8 @@
  * Per chunk: the token ids and positions go to backend memory once; embed (vocab-parallel rows,
  * summed over the ranks); per layer the architecture's block (struct rt_arch): norm -> qkv ->
  * RoPE + KV-cache store and attention per run of one sequence's rows -> o_proj -> all-reduce ->
- * norm -> MLP (dense, or the MoE routed on the host) -> all-reduce; the final norm; then the
+ * norm -> MLP (dense, or the MoE routed on the host) -> all-reduce (parallel residual: the MLP
+ * reads the attention's input, both outputs added to h); the final norm; then the
  * lm_head on the rows whose logits are wanted, gathered on rank 0 (vocab-parallel columns).
  *
  * Deferred split-K is an explicit epilogue chosen here: a linear whose consumer is local and
@@ -206,7 +207,7 @@ static enum rt_err dense_mlp(struct rt_model *m, int l, int M, bool *deferred)
     float *gacc = use_acc(m, &ly->gate_up, M) ? m->acc : NULL;
     RT_TRY(linear(m, &ly->gate_up, m->x, M, m->gu, gacc));
     RT_TRY(OPS->act_mul(BCTX, m->cfg.arch->act, m->act, m->gu, gacc, M,
-                     m->cfg.intermediate_per_rank));
+                        m->cfg.intermediate_per_rank)); /* gated or plain (rt_act_gated) */
     float *dacc = use_acc(m, &ly->down, M) ? m->acc : NULL;
     *deferred = dacc != NULL;
     return linear(m, &ly->down, m->act, M, m->o, dacc);
@@ -254,6 +255,7 @@ static enum rt_err body(struct rt_model *m, struct rt_kv *kv, int M, int n_runs)
     const enum rt_norm nk = c->arch->norm;
     const int H = c->hidden_size;
     const float eps = c->rms_norm_eps;
+    const bool par = c->arch->parallel_residual;
 
     RT_TRY(OPS->embed(BCTX, m->h, m->embed, m->tok, M, (int64_t)m->rank * c->vocab_size_per_rank,
                    c->vocab_size_per_rank, H));
@@ -263,15 +265,19 @@ static enum rt_err body(struct rt_model *m, struct rt_kv *kv, int M, int n_runs)
         const struct rt_layer *ly = &m->layers[l];
         bool d;
         if (l == 0) /* h is the embedding: normalise it as it is */
-            RT_TRY(OPS->norm(BCTX, nk, m->x, m->h, NULL, NULL, ly->attn_norm, M, H, eps));
+            RT_TRY(OPS->norm(BCTX, nk, m->x, m->h, NULL, NULL, ly->attn_norm, ly->attn_norm_b, M, H,
+                             eps));
         else /* h += previous MLP output, then normalise */
             RT_TRY(OPS->norm(BCTX, nk, m->x, m->h, prev_acc ? NULL : m->o, prev_acc ? m->acc : NULL,
-                          ly->attn_norm, M, H, eps));
+                          ly->attn_norm, ly->attn_norm_b, M, H, eps));
         RT_TRY(attn_block(m, kv, l, M, n_runs, &d));
         if (!d)
             RT_TRY(OPS->all_reduce(BCTX, m->o, MH, RT_BUF_ACT));
-        RT_TRY(OPS->norm(BCTX, nk, m->x, m->h, d ? NULL : m->o, d ? m->acc : NULL, ly->mlp_norm, M,
-                      H, eps));
+        /* parallel (Falcon): h += attention output, the MLP reads the same x as attention
+         * (h + attn + mlp, transformers modeling_falcon.py FalconDecoderLayer); else h += o and
+         * the MLP reads its own norm of h */
+        RT_TRY(OPS->norm(BCTX, nk, par ? NULL : m->x, m->h, d ? NULL : m->o, d ? m->acc : NULL,
+                         ly->mlp_norm, ly->mlp_norm_b, M, H, eps));
         if (c->arch->moe) {
             RT_TRY(moe(m, l, M));
             d = false;
@@ -283,7 +289,7 @@ static enum rt_err body(struct rt_model *m, struct rt_kv *kv, int M, int n_runs)
         prev_acc = d;
     }
     return OPS->norm(BCTX, nk, m->x, m->h, prev_acc ? NULL : m->o, prev_acc ? m->acc : NULL,
-                     m->final_norm, M, H, eps);
+                     m->final_norm, m->final_norm_b, M, H, eps);
 }
 
 // --- outputs --------------------------------------------------------------------------------------

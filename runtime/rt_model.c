@@ -288,12 +288,25 @@ static enum rt_err bind_layer(struct rt_model *m, int l)
     int nq = c->heads_per_rank, nkv = c->kv_heads_per_rank, Ir = c->intermediate_per_rank;
     const void *p;
 
+    const bool ln = c->arch->norm == RT_NORM_LAYER, par = c->arch->parallel_residual;
     RT_TRY(bind_role(m, FMT_N_ATTN_NORM, l, -1, NULL, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR, H, -1,
                   false, &p));
     ly->attn_norm = p;
-    RT_TRY(bind_role(m, FMT_N_MLP_NORM, l, -1, NULL, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR, H, -1,
-                  false, &p));
-    ly->mlp_norm = p;
+    if (ln) { /* LayerNorm: its bias when the file has one (Falcon; MPT's no_bias has none) */
+        RT_TRY(bind_role(m, FMT_N_ATTN_NORM_BIAS, l, -1, NULL, FMT_DTYPE_F32,
+                         FMT_LAYOUT_ROW_MAJOR, H, -1, true, &p));
+        ly->attn_norm_b = p;
+    }
+    if (!par) { /* parallel residual: the MLP reads the attention's norm */
+        RT_TRY(bind_role(m, FMT_N_MLP_NORM, l, -1, NULL, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR, H, -1,
+                         false, &p));
+        ly->mlp_norm = p;
+        if (ln) {
+            RT_TRY(bind_role(m, FMT_N_MLP_NORM_BIAS, l, -1, NULL, FMT_DTYPE_F32,
+                             FMT_LAYOUT_ROW_MAJOR, H, -1, true, &p));
+            ly->mlp_norm_b = p;
+        }
+    }
     if (c->arch->qk_norm) {
         if (!m->be.ops->head_norm) {
             qs_log_error(__func__, "%s: architecture %s needs per-head q/k norms, which this "
@@ -311,7 +324,9 @@ static enum rt_err bind_layer(struct rt_model *m, int l)
     RT_TRY(bind_linear(m, FMT_N_O, l, -1, nq * hd, H, false, &ly->o));
     if (c->arch->moe)
         return bind_experts(m, l);
-    RT_TRY(bind_linear(m, FMT_N_GATE_UP, l, -1, H, 2 * Ir, false, &ly->gate_up));
+    /* gated: [gate | up] (2 I_r columns); plain (Falcon's dense_h_to_4h): I_r */
+    RT_TRY(bind_linear(m, FMT_N_GATE_UP, l, -1, H, (rt_act_gated(c->arch->act) ? 2 : 1) * Ir,
+                       false, &ly->gate_up));
     return bind_linear(m, FMT_N_DOWN, l, -1, Ir, H, false, &ly->down);
 }
 
@@ -340,6 +355,11 @@ static enum rt_err bind_all(struct rt_model *m)
     RT_TRY(bind_role(m, FMT_N_FINAL_NORM, -1, -1, NULL, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR,
                   c->hidden_size, -1, false, &p));
     m->final_norm = p;
+    if (c->arch->norm == RT_NORM_LAYER) {
+        RT_TRY(bind_role(m, FMT_N_FINAL_NORM_BIAS, -1, -1, NULL, FMT_DTYPE_F32,
+                         FMT_LAYOUT_ROW_MAJOR, c->hidden_size, -1, true, &p));
+        m->final_norm_b = p;
+    }
     for (int l = 0; l < c->n_layers; l++)
         RT_TRY(bind_layer(m, l));
     /* a tensor we do not use means a model feature we would silently ignore */

@@ -26,7 +26,9 @@ struct rt_linear {
 
 struct rt_layer {
     const float *attn_norm;           /* [H] input_layernorm */
-    const float *mlp_norm;            /* [H] post_attention_layernorm */
+    const float *mlp_norm;            /* [H] post_attention_layernorm (NULL: parallel residual) */
+    const float *attn_norm_b;         /* [H] LayerNorm biases (RT_NORM_LAYER) or NULL */
+    const float *mlp_norm_b;
     const float *q_norm, *k_norm;     /* [hd] per-head norms (qk_norm architectures) or NULL */
     struct rt_linear qkv;             /* [H] -> [(nq_r + 2 nkv_r) * hd], columns [q | k | v] */
     struct rt_linear o;               /* [nq_r * hd] -> [H], row-parallel */
@@ -51,6 +53,7 @@ struct rt_model {
     const uint16_t *embed;         /* [V_r][H] fp16 */
     const uint16_t *lm_head;       /* [V_r][H] fp16 (= embed when tied) */
     const float *final_norm;       /* [H] */
+    const float *final_norm_b;     /* [H] LayerNorm bias (RT_NORM_LAYER) or NULL */
     struct rt_layer *layers;       /* owned [n_layers] */
     uint64_t weight_bytes;         /* bytes of all bound tensors */
     int n_ctx;                     /* most positions per sequence slot a KV cache may have */

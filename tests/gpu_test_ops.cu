@@ -2,7 +2,8 @@
  * gpu_test_ops.cu - every CUDA kernel but the W4A16 linear (kernels/kernels.h) against its
  * plain-C reference (kernels/ref.h) on fresh random inputs (never zeros), outputs poisoned with
  * NaN beforehand (harness: tests/gpu_t.cuh).
- * Areas: rmsnorm (and rmsnorm_acc from fp32 sums), head_rmsnorm (Qwen3 q/k norms), silu_mul (and _acc), rope (and _acc),
+ * Areas: rmsnorm (and rmsnorm_acc from fp32 sums), head_rmsnorm (Qwen3 q/k norms), silu_mul (and _acc),
+ * layernorm (Falcon's LayerNorm with bias, and residual_add), gelu (and from sums), rope (and _acc),
  * rope_kv_store, embed, argmax, sample (vs runtime/rt_sample.c), attention (with the paged KV
  * cache: k_*_paged, k_kv_copy_block), moe, allreduce.
  * The W4A16 routes and their ACC epilogue feeding these consumers: tests/gpu_test_w4a16.cu.
@@ -13,6 +14,7 @@
 #include "gpu_t.cuh"              /* rng, device buffers, compare, gpu_test_main */
 #include "gpu_test_ops_paged.cuh" /* test_attention_paged (area attention) */
 #include "rt_sample.h"            /* rt_sampler: the reference of k_sample */
+#include "gpu_test_ops_rows.cuh"  /* test_sample_rows (area sample) */
 
 // --- rmsnorm, silu_mul, rope, embed, argmax -------------------------------------------------------
 
@@ -125,6 +127,106 @@ static void test_head_rmsnorm(void)
                  K_ERR_ARG);
     CHECK_EQ_INT(k_head_rmsnorm(nullptr, nullptr, 1, 2, 1, 64, 100, nullptr, nullptr, 1e-6f, nullptr),
                  K_ERR_SHAPE);
+    qs_log_set_quiet(false);
+}
+
+/* k_layernorm (Falcon) vs ref_layernorm on fresh random rows whose mean is far from zero: the
+ * three residual modes and the fp32-sums mode, with and without bias; k_residual_add (a parallel
+ * residual's attention output) vs ref_residual_add from fp16 and from fp32 sums */
+static void test_layernorm(void)
+{
+    const int shapes[][2] = {{1, 4544}, {3, 4096}, {17, 1000}, {2, 64}};
+    for (auto &s : shapes) {
+        const int M = s[0], H = s[1];
+        for (int mode = 0; mode < 4; ++mode) { /* x+residual, residual, x, x_acc+residual */
+            std::vector<uint16_t> xh;
+            std::vector<float> xf, xa((size_t)M * H), res((size_t)M * H), w(H), b(H), out((size_t)M * H);
+            rand_f16(xh, xf, (size_t)M * H, -4.0f, 4.0f);
+            for (auto &v : xa) v = rng_uniform(-4.0f, 4.0f);
+            for (auto &r : res) r = rng_uniform(100.0f, 140.0f); /* mean far from 0 */
+            for (auto &v : w) v = rng_uniform(0.5f, 1.5f);
+            for (auto &v : b) v = rng_uniform(-1.0f, 1.0f);
+            const bool bias = (M + mode) % 2 == 0;
+            uint16_t *dx = dev_upload(xh), *dout = dev_poisoned<uint16_t>((size_t)M * H);
+            float *dres = dev_upload(res), *dw = dev_upload(w), *db = dev_upload(b), *dxa = dev_upload(xa);
+            const bool use_x = mode == 0 || mode == 2, use_res = mode != 2, acc = mode == 3;
+            CHECK_EQ_INT(k_layernorm(dout, use_res ? dres : nullptr, use_x ? dx : nullptr,
+                                     acc ? dxa : nullptr, dw, bias ? db : nullptr, M, H, 1e-5f,
+                                     nullptr), K_ERR_NONE);
+            ref_layernorm(out.data(), use_res ? res.data() : nullptr,
+                          acc ? xa.data() : use_x ? xf.data() : nullptr, w.data(),
+                          bias ? b.data() : nullptr, M, H, 1e-5f);
+            const std::vector<float> got = f16_to_f32(dev_download(dout, (size_t)M * H));
+            char what[96];
+            snprintf(what, sizeof what, "layernorm M=%d H=%d mode %d bias %d", M, H, mode, bias);
+            compare(what, got.data(), out.data(), got.size(), 2e-3, 2e-3, 2e-3);
+            if (use_res) {
+                const std::vector<float> r2 = dev_download(dres, (size_t)M * H);
+                snprintf(what, sizeof what, "layernorm residual M=%d H=%d mode %d", M, H, mode);
+                compare(what, r2.data(), res.data(), r2.size(), 1e-6, 1e-6, 1e-6);
+            }
+            if (acc) {
+                const size_t nz = dev_nonzero(dxa, xa.size());
+                CHECK_MSG(nz == 0, "layernorm acc M=%d H=%d: %zu x_acc values not zeroed", M, H, nz);
+            }
+            TCUDA(cudaFree(dx)); TCUDA(cudaFree(dout)); TCUDA(cudaFree(dres)); TCUDA(cudaFree(dw));
+            TCUDA(cudaFree(db)); TCUDA(cudaFree(dxa));
+        }
+        for (int from_acc = 0; from_acc < 2; ++from_acc) {
+            std::vector<uint16_t> xh;
+            std::vector<float> xf, xa((size_t)M * H), res((size_t)M * H);
+            rand_f16(xh, xf, (size_t)M * H, -4.0f, 4.0f);
+            for (auto &v : xa) v = rng_uniform(-4.0f, 4.0f);
+            for (auto &r : res) r = rng_uniform(-300.0f, 300.0f);
+            uint16_t *dx = dev_upload(xh);
+            float *dres = dev_upload(res), *dxa = dev_upload(xa);
+            CHECK_EQ_INT(k_residual_add(dres, from_acc ? nullptr : dx, from_acc ? dxa : nullptr,
+                                        (size_t)M * H, nullptr), K_ERR_NONE);
+            ref_residual_add(res.data(), from_acc ? xa.data() : xf.data(), (size_t)M * H);
+            const std::vector<float> r2 = dev_download(dres, (size_t)M * H);
+            char what[96];
+            snprintf(what, sizeof what, "residual_add M=%d H=%d from %s", M, H, from_acc ? "acc" : "fp16");
+            compare(what, r2.data(), res.data(), r2.size(), 1e-6, 1e-6, 1e-6);
+            if (from_acc)
+                CHECK_MSG(dev_nonzero(dxa, xa.size()) == 0, "%s: sums not zeroed", what);
+            TCUDA(cudaFree(dx)); TCUDA(cudaFree(dres)); TCUDA(cudaFree(dxa));
+        }
+    }
+    qs_log_set_quiet(true);
+    CHECK_EQ_INT(k_layernorm(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 64, 1e-5f, nullptr), K_ERR_ARG);
+    CHECK_EQ_INT(k_layernorm(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 64, 1e-5f, nullptr), K_ERR_SHAPE);
+    CHECK_EQ_INT(k_residual_add(nullptr, nullptr, nullptr, 4, nullptr), K_ERR_ARG);
+    CHECK_EQ_INT(k_residual_add(nullptr, nullptr, nullptr, 0, nullptr), K_ERR_SHAPE);
+    qs_log_set_quiet(false);
+}
+
+/* k_gelu (Falcon's MLP) vs ref_gelu from fp16 and from fp32 sums (zeroed after) */
+static void test_gelu(void)
+{
+    for (size_t n : {(size_t)18176, (size_t)7 * 1408, (size_t)5}) {
+        std::vector<uint16_t> xh;
+        std::vector<float> xf, xa(n), out(n);
+        rand_f16(xh, xf, n, -8.0f, 8.0f);
+        for (auto &v : xa) v = rng_uniform(-8.0f, 8.0f);
+        uint16_t *dx = dev_upload(xh), *dout = dev_poisoned<uint16_t>(n);
+        float *dxa = dev_upload(xa);
+        CHECK_EQ_INT(k_gelu(dout, dx, nullptr, n, nullptr), K_ERR_NONE);
+        ref_gelu(out.data(), xf.data(), n);
+        std::vector<float> got = f16_to_f32(dev_download(dout, n));
+        char what[64];
+        snprintf(what, sizeof what, "gelu n=%zu", n);
+        compare(what, got.data(), out.data(), n, 1e-3, 1e-3, 1e-3);
+        CHECK_EQ_INT(k_gelu(dout, nullptr, dxa, n, nullptr), K_ERR_NONE);
+        ref_gelu(out.data(), xa.data(), n);
+        got = f16_to_f32(dev_download(dout, n));
+        snprintf(what, sizeof what, "gelu acc n=%zu", n);
+        compare(what, got.data(), out.data(), n, 1e-3, 1e-3, 1e-3);
+        CHECK_MSG(dev_nonzero(dxa, n) == 0, "%s: sums not zeroed", what);
+        TCUDA(cudaFree(dx)); TCUDA(cudaFree(dout)); TCUDA(cudaFree(dxa));
+    }
+    qs_log_set_quiet(true);
+    CHECK_EQ_INT(k_gelu(nullptr, nullptr, nullptr, 4, nullptr), K_ERR_ARG);
+    CHECK_EQ_INT(k_gelu(nullptr, nullptr, nullptr, 0, nullptr), K_ERR_SHAPE);
     qs_log_set_quiet(false);
 }
 
@@ -561,6 +663,7 @@ static void test_sample(bool quick)
     CHECK_EQ_INT(k_sample(cx.did, nullptr, cx.dl, 10, nullptr, &kp, 0.5, nullptr), K_ERR_ARG);
     TCUDA(cudaFree(cx.dl)); TCUDA(cudaFree(cx.dseen)); TCUDA(cudaFree(cx.did));
     TCUDA(cudaFree(cx.dkeep));
+    test_sample_rows();
 }
 
 // --- attention ------------------------------------------------------------------------------------
@@ -700,6 +803,9 @@ static void test_attention(bool quick)
     test_attention_case(17, 20, 6, 3, 128, 40, 0);    /* chunked prefill after a prefix */
     test_attention_case(9, 30, 4, 2, 128, 64, 16);    /* sliding window */
     test_attention_case(3, 5, 2, 2, 256, 16, 0);      /* hd 256 */
+    test_attention_case(1, 0, 4, 4, 96, 8, 0);        /* hd 96 (Phi-3-mini): v1 everywhere */
+    test_attention_case(1, 900, 8, 2, 96, 1024, 0);   /* hd 96 split-KV decode */
+    test_attention_case(33, 7, 4, 4, 96, 64, 12);     /* hd 96 prompt rows, window */
     /* M >= 16 with hd 64 / 128 runs the tensor-core prefill (v2): partial 64-row tiles, a start
      * inside a key tile, windows narrower and wider than a tile, GQA 4:1, hd 256 on v1 */
     test_attention_case(16, 0, 2, 1, 128, 16, 0);
@@ -737,7 +843,7 @@ static void test_attention(bool quick)
     test_attention_paged(quick);
     qs_log_set_quiet(true);
     uint16_t *d = dev_poisoned<uint16_t>(1024);
-    CHECK_EQ_INT(k_attention(d, 96, d, 96, d, d, 1, 0, 1, 1, 96, 4, 0, nullptr, 0, nullptr),
+    CHECK_EQ_INT(k_attention(d, 80, d, 80, d, d, 1, 0, 1, 1, 80, 4, 0, nullptr, 0, nullptr),
                  K_ERR_SHAPE);
     CHECK_EQ_INT(k_attention(d, 384, d, 384, d, d, 1, 0, 3, 2, 128, 4, 0, nullptr, 0, nullptr),
                  K_ERR_SHAPE);
@@ -1023,6 +1129,8 @@ int main(int argc, char **argv)
         {"rmsnorm", [](bool) { test_rmsnorm(); }},
         {"head_rmsnorm", [](bool) { test_head_rmsnorm(); }},
         {"silu_mul", [](bool) { test_silu_mul(); }},
+        {"layernorm", [](bool) { test_layernorm(); }},
+        {"gelu", [](bool) { test_gelu(); }},
         {"rope", [](bool) { test_rope(); }},
         {"rope_kv_store", [](bool) { test_rope_kv_store(); }},
         {"embed", [](bool) { test_embed(); }},

@@ -369,14 +369,18 @@ static void test_attention_paged(bool quick)
     paged_prefill_case(16, 5, 4, 1, 64, 1, 0);
     paged_prefill_case(20, 3, 2, 2, 256, 16, 0);
     paged_prefill_case(5, 2000, 4, 1, 128, 32, 0); /* v1 with split keys */
+    /* hd 96 (Phi-3-mini): v1 for decode and prompt chunks alike, 3 value dims per lane */
+    paged_decode_case("hd 96", {0, 17, 40, 1300}, {}, 1400, 8, 2, 96, 16, 0);
+    paged_prefill_case(40, 9, 4, 4, 96, 16, 0);
+    paged_prefill_case(3, 600, 4, 2, 96, 16, 64);
     if (!quick) paged_prefill_case(512, 1536, 32, 8, 128, 16, 0);
     test_rope_kv_store_paged();
     test_kv_copy_block();
     qs_log_set_quiet(true);
     uint16_t *d = dev_poisoned<uint16_t>(1024);
     const int32_t *di = reinterpret_cast<const int32_t *>(d);
-    CHECK_EQ_INT(k_attention_paged(d, 128, d, 128, d, d, 1, di, di, 1, nullptr, 1, 1, 96, 16, 16,
-                                   0, nullptr, 0, nullptr), K_ERR_SHAPE); /* hd 96 */
+    CHECK_EQ_INT(k_attention_paged(d, 128, d, 128, d, d, 1, di, di, 1, nullptr, 1, 1, 80, 16, 16,
+                                   0, nullptr, 0, nullptr), K_ERR_SHAPE); /* hd 80 */
     CHECK_EQ_INT(k_attention_paged(d, 128, d, 128, d, d, 1, di, di, 1, nullptr, 1, 1, 128, 0, 16,
                                    0, nullptr, 0, nullptr), K_ERR_SHAPE); /* block_size 0 */
     CHECK_EQ_INT(k_attention_paged(d, 128, d, 128, d, d, 1, nullptr, di, 1, nullptr, 1, 1, 128, 16,

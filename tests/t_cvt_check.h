@@ -297,22 +297,29 @@ static inline void ck_perm(struct model_ck *m, const struct fmt_shard *s, const 
     free(gi);
 }
 
-/* Fused column-parallel q/k/v (+ bias) of layer i on rank r. */
-static inline void ck_attention(struct model_ck *m, const struct fmt_shard *s, int r, int i)
+/* Fused column-parallel q/k/v (+ bias) of layer i on rank r. Source names: `att` the layer's
+ * attention module (a pattern taking i: "model.layers.%d.self_attn", Falcon's
+ * "transformer.h.%d.self_attention"), `fused` its fused q/k/v linear when the parts are absent
+ * (Phi-3's qkv_proj, Falcon's query_key_value), `o` its output projection. */
+static inline void ck_attention(struct model_ck *m, const struct fmt_shard *s, int r, int i,
+                                const char *att, const char *fused, const char *o)
 {
-    char p[160];
+    char p[160], sa[120], fu[200], so[200];
     long K, N, hd = m->hd, kv_head = m->tp <= m->nkv ? r * m->nkv_r : r / m->rep;
+    snprintf(sa, sizeof(sa), att, i);
+    snprintf(fu, sizeof(fu), "%s.%s", sa, fused);
+    snprintf(so, sizeof(so), "%s.%s", sa, o);
     snprintf(p, sizeof(p), "model.layers.%d.self_attn.qkv_proj", i);
     float *w = deq_rank(m, s, p, m->H, &K, &N);
     static const char *const part[3] = {"q_proj", "k_proj", "v_proj"};
     if (w) {
         CHECK(K == m->H && N == (m->nq_r + 2 * m->nkv_r) * hd);
         for (int j = 0; j < 3; j++) {
-            char sp[160];
-            snprintf(sp, sizeof(sp), "model.layers.%d.self_attn.%s", i, part[j]);
+            char sp[200];
+            snprintf(sp, sizeof(sp), "%s.%s", sa, part[j]);
             long Ns = (j == 0 ? m->nq : m->nkv) * hd;
             long off = j == 0 ? 0 : (m->nq + (j - 1) * m->nkv) * hd;
-            float *src = deq_src_part(m, sp, p, m->H, Ns, off, (m->nq + 2 * m->nkv) * hd);
+            float *src = deq_src_part(m, sp, fu, m->H, Ns, off, (m->nq + 2 * m->nkv) * hd);
             long c0 = j == 0 ? r * m->nq_r * hd : kv_head * hd;
             long n = (j == 0 ? m->nq_r : m->nkv_r) * hd;
             long dc = j == 0 ? 0 : (m->nq_r + (j - 1) * m->nkv_r) * hd;
@@ -321,12 +328,12 @@ static inline void ck_attention(struct model_ck *m, const struct fmt_shard *s, i
                           "%s rank %d: %s slice differs from the source", p, r, part[j]);
             free(src);
             if (j == 0) {
-                char p0[160];
-                snprintf(p0, sizeof(p0), "model.layers.%d.self_attn.q_proj", i);
+                char p0[200];
+                snprintf(p0, sizeof(p0), "%s.q_proj", sa);
                 ck_perm(m, s, p, p0, m->H);
             }
             /* bias (Qwen2): same columns */
-            char bn[200];
+            char bn[224];
             snprintf(bn, sizeof(bn), "%s.bias", sp);
             if (cvt_source_find(m->src, bn)) {
                 long nb = 0;
@@ -345,14 +352,53 @@ static inline void ck_attention(struct model_ck *m, const struct fmt_shard *s, i
     snprintf(p, sizeof(p), "model.layers.%d.self_attn.o_proj", i);
     w = deq_rank(m, s, p, m->nq * hd, &K, &N);
     if (w) {
-        float *src = deq_src(m, p, m->nq * hd, m->H);
+        float *src = deq_src(m, so, m->nq * hd, m->H);
         CHECK(K == m->nq_r * hd && N == m->H);
         if (src)
             CHECK_MSG(block_eq(w, N, 0, 0, src, m->H, r * m->nq_r * hd, 0, K, N),
                       "%s rank %d differs from the source rows", p, r);
         free(src);
         free(w);
-        ck_perm(m, s, p, p, m->nq * hd);
+        ck_perm(m, s, p, so, m->nq * hd);
+    }
+}
+
+/* Plain (ungated) MLP of layer i on rank r (Falcon): gate_up_proj [H, I_r] = the columns of the
+ * source's up projection `up`, down_proj [I_r, H] = the rows of `down` (source names under
+ * `base`, a pattern taking i). */
+static inline void ck_mlp_plain(struct model_ck *m, const struct fmt_shard *s, int r, int i,
+                                const char *base, const char *up, const char *down)
+{
+    char p[200], sp[200], sb[160];
+    long K, N, lo = r * m->I_r, hi = (r + 1) * m->I_r < m->I ? (r + 1) * m->I_r : m->I;
+    long held = hi > lo ? hi - lo : 0;
+    snprintf(sb, sizeof(sb), base, i);
+    snprintf(p, sizeof(p), "model.layers.%d.mlp.gate_up_proj", i);
+    float *w = deq_rank(m, s, p, m->H, &K, &N);
+    if (w) {
+        CHECK(K == m->H && N == m->I_r);
+        snprintf(sp, sizeof(sp), "%s.%s", sb, up);
+        float *src = deq_src(m, sp, m->H, m->I);
+        if (src && held)
+            CHECK_MSG(block_eq(w, N, 0, 0, src, m->I, 0, lo, m->H, held),
+                      "%s rank %d: columns differ from %s", p, r, sp);
+        CHECK_MSG(block_zero(w, N, 0, K, held, m->I_r), "%s rank %d: padding columns not zero",
+                  p, r);
+        free(src);
+        free(w);
+    }
+    snprintf(p, sizeof(p), "model.layers.%d.mlp.down_proj", i);
+    w = deq_rank(m, s, p, m->I, &K, &N);
+    if (w) {
+        CHECK(K == m->I_r && N == m->H);
+        snprintf(sp, sizeof(sp), "%s.%s", sb, down);
+        float *src = deq_src(m, sp, m->I, m->H);
+        if (src && held)
+            CHECK_MSG(block_eq(w, N, 0, 0, src, m->H, lo, 0, held, m->H),
+                      "%s rank %d: rows differ from %s", p, r, sp);
+        CHECK_MSG(block_zero(w, N, held, K, 0, N), "%s rank %d: padding rows not zero", p, r);
+        free(src);
+        free(w);
     }
 }
 
@@ -444,6 +490,32 @@ static inline void ck_model(struct model_ck *m, const char *out_dir)
         ck_config(m, s, r);
         bool tie = m->cfg->tie_word_embeddings;
         const char *emb = "model.embed_tokens.weight";
+        /* Falcon (transformers modeling_falcon.py names): its own embedding, final LayerNorm
+         * with bias, layers "transformer.h.%d" with one input_layernorm (+ bias), fused
+         * query_key_value, dense, a plain MLP */
+        const bool falcon = cvt_source_find(m->src, "transformer.word_embeddings.weight") != NULL;
+        if (falcon) {
+            ck_vocab(m, s, r, emb, "transformer.word_embeddings.weight");
+            CHECK_MSG(tie && fmt_shard_find(s, "lm_head.weight") == NULL, "%s: lm_head", m->name);
+            ck_replicated_from(m, s, "model.norm.weight", "transformer.ln_f.weight");
+            ck_replicated_from(m, s, "model.norm.bias", "transformer.ln_f.bias");
+            for (int i = 0; i < m->L; i++) {
+                char src_nm[200];
+                snprintf(nm, sizeof(nm), "model.layers.%d.input_layernorm.weight", i);
+                snprintf(src_nm, sizeof(src_nm), "transformer.h.%d.input_layernorm.weight", i);
+                ck_replicated_from(m, s, nm, src_nm);
+                snprintf(nm, sizeof(nm), "model.layers.%d.input_layernorm.bias", i);
+                snprintf(src_nm, sizeof(src_nm), "transformer.h.%d.input_layernorm.bias", i);
+                ck_replicated_from(m, s, nm, src_nm);
+                ck_attention(m, s, r, i, "transformer.h.%d.self_attention", "query_key_value",
+                             "dense");
+                ck_mlp_plain(m, s, r, i, "transformer.h.%d.mlp", "dense_h_to_4h", "dense_4h_to_h");
+            }
+            CHECK_MSG(m->n_checked == (int)fmt_shard_n_tensors(s), "%s tp %d rank %d: %d tensors "
+                      "checked, file has %u", m->name, m->tp, r, m->n_checked,
+                      fmt_shard_n_tensors(s));
+            continue;
+        }
         ck_vocab(m, s, r, emb, cvt_source_find(m->src, emb) ? emb : "lm_head.weight");
         if (tie)
             CHECK_MSG(fmt_shard_find(s, "lm_head.weight") == NULL, "%s: tied model has lm_head",
@@ -462,7 +534,7 @@ static inline void ck_model(struct model_ck *m, const char *out_dir)
                 snprintf(nm, sizeof(nm), "model.layers.%d.self_attn.k_norm.weight", i);
                 ck_replicated(m, s, nm);
             }
-            ck_attention(m, s, r, i);
+            ck_attention(m, s, r, i, "model.layers.%d.self_attn", "qkv_proj", "o_proj");
             if (m->E) {
                 /* Mixtral: block_sparse_moe.{gate, experts.e.w1/w3/w2}; Qwen3-MoE:
                  * mlp.{gate, experts.e.gate_proj/up_proj/down_proj}; both written in Mixtral's

@@ -91,10 +91,11 @@ T_FN enum rt_err emu_embed(void *ctx, float *out, const uint16_t *table, const i
 }
 
 T_FN enum rt_err emu_norm(void *ctx, enum rt_norm kind, void *out, float *residual,
-                          const void *x, float *x_acc, const float *w, int M, int H, float eps)
+                          const void *x, float *x_acc, const float *w, const float *b, int M,
+                          int H, float eps)
 {
     (void)ctx;
-    if (kind != RT_NORM_RMS)
+    if (kind != RT_NORM_RMS && kind != RT_NORM_LAYER)
         return RT_ERR_UNSUPPORTED;
     size_t n = (size_t)M * H;
     float *xf = x && !x_acc ? h2f(x, n) : NULL, *of = xcalloc(n, 4);
@@ -103,7 +104,16 @@ T_FN enum rt_err emu_norm(void *ctx, enum rt_norm kind, void *out, float *residu
             residual[i] += x_acc[i];
         memset(x_acc, 0, n * 4);
     }
-    ref_rmsnorm(of, residual, xf, w, M, H, eps);
+    if (!out) { /* the residual add alone */
+        if (xf)
+            ref_residual_add(residual, xf, n);
+        free(xf), free(of);
+        return residual ? RT_ERR_NONE : RT_ERR_ARG;
+    }
+    if (kind == RT_NORM_LAYER)
+        ref_layernorm(of, residual, xf, w, b, M, H, eps);
+    else
+        ref_rmsnorm(of, residual, xf, w, M, H, eps);
     f2h(out, of, n);
     free(xf), free(of);
     return RT_ERR_NONE;
@@ -247,15 +257,18 @@ T_FN enum rt_err emu_act_mul(void *ctx, enum rt_act kind, void *out, const void 
                              float *gate_up_acc, int M, int I)
 {
     (void)ctx;
-    if (kind != RT_ACT_SILU)
+    if (kind != RT_ACT_SILU && kind != RT_ACT_GELU)
         return RT_ERR_UNSUPPORTED;
-    const size_t n = (size_t)M * 2 * I;
+    const size_t n = (size_t)M * (rt_act_gated(kind) ? 2 : 1) * I;
     float *gf = gate_up_acc ? xcalloc(n, 4) : h2f(gate_up, n), *of = xcalloc((size_t)M * I, 4);
     if (gate_up_acc) {
         memcpy(gf, gate_up_acc, n * 4);
         memset(gate_up_acc, 0, n * 4);
     }
-    ref_silu_mul(of, gf, M, I);
+    if (kind == RT_ACT_GELU)
+        ref_gelu(of, gf, (size_t)M * I);
+    else
+        ref_silu_mul(of, gf, M, I);
     f2h(out, of, (size_t)M * I);
     free(gf), free(of);
     return RT_ERR_NONE;

@@ -129,7 +129,7 @@ static void test_configs(void)
          "{\"zero_point\": true, \"q_group_size\": 64, \"w_bit\": 4, \"version\": \"GEMM\"}", "disagree", CVT_ERR_CONFIG},
         {"{" BASE_CFG ", \"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0}}", NULL, "dynamic", CVT_ERR_UNSUPPORTED},
         {"{" BASE_CFG ", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 2.0}}", NULL, "yarn", CVT_ERR_UNSUPPORTED},
-        {"{\"architectures\": [\"FalconForCausalLM\"], \"hidden_size\": 4544}", NULL, "FalconForCausalLM", CVT_ERR_UNSUPPORTED},
+        {"{\"architectures\": [\"GPTNeoXForCausalLM\"], \"hidden_size\": 4544}", NULL, "GPTNeoXForCausalLM", CVT_ERR_UNSUPPORTED},
         {"{\"model_type\": \"mpt\"}", NULL, "mpt", CVT_ERR_UNSUPPORTED},
         {"{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"mistral\", \"hidden_size\": 8}", NULL, "disagree", CVT_ERR_CONFIG},
         {"[1, 2, 3]", NULL, "JSON object", CVT_ERR_JSON},
@@ -465,8 +465,64 @@ static void test_family_keys(void)
     /* the "supported" list comes from the registry */
     CHECK_EQ_INT(cfg_parse("{\"architectures\": [\"GemmaForCausalLM\"]}", NULL, NULL, NULL, &cfg),
                  CVT_ERR_UNSUPPORTED);
-    CHECK(strstr(qs_log_last(), "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM") != NULL);
+    CHECK(strstr(qs_log_last(), "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, FalconForCausalLM, RWForCausalLM") != NULL);
     qs_log_set_quiet(false);
+}
+
+/* Falcon (FalconConfig, configuration_falcon.py; RWConfig of the tiiuae remote code): the common
+ * keys under Falcon's names, FalconConfig's defaults (ffn_hidden_size 4 * hidden, eps 1e-5,
+ * 2048 positions, tied embeddings, one kv head with multi_query), biases with "bias", and every
+ * layout other than Falcon-7B's refused by name. */
+static void test_falcon_keys(void)
+{
+    struct cvt_hf_config cfg;
+    /* tiiuae/falcon-7b's config.json keys, tiny sizes */
+    static const char f7[] = "{\"architectures\": [\"%s\"], \"model_type\": \"%s\", "
+                             "\"hidden_size\": 256, \"%s\": 4, \"%s\": 2, \"vocab_size\": 64, "
+                             "\"layer_norm_epsilon\": 2e-05, \"multi_query\": true, "
+                             "\"parallel_attn\": true, \"alibi\": false%s}";
+    char js[1024];
+    snprintf(js, sizeof js, f7, "FalconForCausalLM", "falcon", "num_attention_heads",
+             "num_hidden_layers", ", \"new_decoder_architecture\": false, \"bias\": false");
+    CHECK_EQ_INT(cfg_parse(js, NULL, NULL, NULL, &cfg), CVT_ERR_NONE);
+    CHECK(cfg.arch == cvt_arch_find("falcon"));
+    CHECK_EQ_INT(cfg.num_attention_heads, 4);
+    CHECK_EQ_INT(cfg.num_hidden_layers, 2);
+    CHECK_EQ_INT(cfg.num_key_value_heads, 1);
+    CHECK_EQ_INT(cfg.intermediate_size, 1024); /* ffn_hidden_size None: 4 * hidden_size */
+    CHECK_EQ_INT(cfg.head_dim, 64);
+    CHECK(cfg.rms_norm_eps == 2e-5 && cfg.rope_theta == 10000.0); /* layer_norm_epsilon */
+    CHECK_EQ_INT(cfg.max_position_embeddings, 2048);
+    CHECK(cfg.tie_word_embeddings);
+    CHECK_EQ_INT(cfg.bias_roles, 0);
+    cvt_config_free(&cfg);
+    /* the remote-code spelling: n_head, n_layer, RWForCausalLM / RefinedWebModel; given keys
+     * win over the defaults */
+    snprintf(js, sizeof js, f7, "RWForCausalLM", "RefinedWebModel", "n_head", "n_layer",
+             ", \"ffn_hidden_size\": 640, \"tie_word_embeddings\": false, \"bias\": true, "
+             "\"activation\": \"gelu\"");
+    CHECK_EQ_INT(cfg_parse(js, NULL, NULL, NULL, &cfg), CVT_ERR_NONE);
+    CHECK(cfg.arch && strcmp(cfg.arch->name, "falcon") == 0);
+    CHECK_EQ_INT(cfg.num_attention_heads, 4);
+    CHECK_EQ_INT(cfg.num_hidden_layers, 2);
+    CHECK_EQ_INT(cfg.intermediate_size, 640);
+    CHECK(!cfg.tie_word_embeddings && cfg.rms_norm_eps == 2e-5);
+    CHECK_EQ_INT(cfg.bias_roles, CVT_ROLE_BIT(FMT_N_QKV) | CVT_ROLE_BIT(FMT_N_O) |
+                                     CVT_ROLE_BIT(FMT_N_GATE_UP) | CVT_ROLE_BIT(FMT_N_DOWN));
+    cvt_config_free(&cfg);
+    static const struct refusal bad[] = {
+        {"FalconForCausalLM", ", \"alibi\": true", "alibi true", "ALiBi", CVT_ERR_UNSUPPORTED},
+        {"FalconForCausalLM", ", \"new_decoder_architecture\": true", "new_decoder_architecture true",
+         "Falcon-40B", CVT_ERR_UNSUPPORTED},
+        {"FalconForCausalLM", ", \"multi_query\": false", "multi_query false", "per head",
+         CVT_ERR_UNSUPPORTED},
+        {"FalconForCausalLM", ", \"parallel_attn\": false", "parallel_attn false",
+         "post_attention_layernorm", CVT_ERR_UNSUPPORTED},
+        {"FalconForCausalLM", ", \"activation\": \"relu\"", "activation \"relu\"", "gelu only",
+         CVT_ERR_UNSUPPORTED},
+        {"FalconForCausalLM", ", \"multi_query\": 1", "multi_query", "true or false", CVT_ERR_CONFIG},
+    };
+    check_refusals("falcon", bad, sizeof bad / sizeof bad[0]);
 }
 
 /* Everything a config says about the model, as parsed (not the saved text, nor torch_dtype,
@@ -837,6 +893,7 @@ int main(void)
     test_config_gptq_ct();
     test_arch_defaults();
     test_family_keys();
+    test_falcon_keys();
     test_rope_t5_files();
     test_rope_spellings();
     test_directory();

@@ -431,10 +431,13 @@ static bool linear_dims(const struct cvt_hf_config *c, const char *prefix, int64
                   kv = c->num_key_value_heads * c->head_dim;
     static const struct {
         const char *suf;
-        int k, n; /* 0 H, 1 I, 2 q, 3 kv */
+        int k, n; /* 0 H, 1 I, 2 q, 3 kv, 4 q + 2 kv (fused qkv), 5 2 I (fused gate_up) */
     } map[] = {{".q_proj", 0, 2}, {".k_proj", 0, 3}, {".v_proj", 0, 3}, {".o_proj", 2, 0}, {".gate_proj", 0, 1},
-               {".up_proj", 0, 1}, {".down_proj", 1, 0}, {".w1", 0, 1}, {".w3", 0, 1}, {".w2", 1, 0}};
-    const int64_t v[4] = {H, I, q, kv};
+               {".up_proj", 0, 1}, {".down_proj", 1, 0}, {".w1", 0, 1}, {".w3", 0, 1}, {".w2", 1, 0},
+               {".qkv_proj", 0, 4}, {".gate_up_proj", 0, 5},                        /* Phi-3 */
+               {".query_key_value", 0, 4}, {".dense", 2, 0}, {".dense_h_to_4h", 0, 1}, /* Falcon */
+               {".dense_4h_to_h", 1, 0}};
+    const int64_t v[6] = {H, I, q, kv, q + 2 * kv, 2 * I};
     size_t pl = strlen(prefix);
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
         size_t sl = strlen(map[i].suf);

@@ -16,7 +16,9 @@
 #                   every process exits non-zero within the bound, messages name the rank and
 #                   the file, nothing is loaded, no qshard process is left.
 # QSHARD_MPI_DEVICE=cuda (tests/run_gpu_tests.sh, one GPU): the same checks at -np 1 on the GPU
-# against the one-process GPU run, the failure cases left out (they need two ranks).
+# against the one-process GPU run, the failure cases left out (they need two ranks); logits
+# within 1e-3 and perplexity within 1e-3 there, as two one-process GPU runs differ (split-K
+# atomics; the check reports their distance).
 # Prints "mpi: N passed, M failed" last. Without MPI in the build (`make info`) or without
 # mpirun it says why and reports 0 failed (CI installs OpenMPI, so CI runs it).
 # Sanitizer builds (make check, BUILD=build-san or a binary linked with libasan): skipped, as
@@ -110,8 +112,23 @@ K=$M-kjv-llama-awq-gemm
 G=$M-llama-gqa-gemm
 
 # --- equal to one process and to TP-1 -----------------------------------------------------------
+# On the CPU every path is bit-reproducible: 1e-5. On CUDA two runs of one process differ: the
+# split-K W4A16 kernels add fp32 partial sums with atomics in arrival order (docs/DESIGN.md
+# section 12), so the bound there is 1e-3 (the GPU e2e tests compare with the CPU at 1e-2) and
+# the distance between two one-process runs is reported beside it.
+TOL=1e-5
+[ "$DEV" = cuda ] && TOL=1e-3
 "$QSHARD" logits --device "$DEV" "$G-1" --tokens 1,5,9,100,31,7,64,3 --out "$TMP/g1.npy" 2>/dev/null
 "$QSHARD" logits --device "$DEV" "$K-1" --text 'And God said unto Moses' --out "$TMP/k1.npy" 2>/dev/null
+if [ "$DEV" = cuda ]; then
+    "$QSHARD" logits --device "$DEV" "$K-1" --text 'And God said unto Moses' --out "$TMP/k1b.npy" 2>/dev/null
+    e=$(rel_l2 "$TMP/k1b.npy" "$TMP/k1.npy")
+    if python3 -c "import sys; sys.exit(not ($e <= $TOL))"; then
+        ok "logits k: two one-process cuda runs differ by rel L2 $e (<= $TOL)"
+    else
+        bad "logits k: two one-process cuda runs differ by rel L2 $e (> $TOL)"
+    fi
+fi
 "$QSHARD" run --device "$DEV" "$K-1" -p 'And God said' -n 16 --temp 0 --json > "$TMP/run1.json" 2>/dev/null
 for np in $NPS; do
     for m in g k; do
@@ -132,10 +149,10 @@ for np in $NPS; do
         fi
         e1=$(rel_l2 "$TMP/$m$np-mpi.npy" "$TMP/${m}1.npy")
         en=$(rel_l2 "$TMP/$m$np-mpi.npy" "$TMP/$m$np-one.npy")
-        if python3 -c "import sys; sys.exit(not ($e1 <= 1e-5 and $en <= 1e-5))"; then
-            ok "logits $m -np $np: rel L2 $e1 vs TP-1, $en vs one process"
+        if python3 -c "import sys; sys.exit(not ($e1 <= $TOL and $en <= $TOL))"; then
+            ok "logits $m -np $np: rel L2 $e1 vs TP-1, $en vs one process (<= $TOL)"
         else
-            bad "logits $m -np $np: rel L2 $e1 vs TP-1, $en vs one process (> 1e-5)"
+            bad "logits $m -np $np: rel L2 $e1 vs TP-1, $en vs one process (> $TOL)"
         fi
     done
     "$QSHARD" run --device "$DEV" "$K-$np" -p 'And God said' -n 16 --temp 0 --json > "$TMP/one.json" 2>/dev/null
@@ -187,8 +204,16 @@ printf 'And God said unto Moses, Go thy way.\nAnd the LORD spake unto Aaron, say
 "$QSHARD" perplexity --device "$DEV" "$K-$NPB" --file "$TMP/t.txt" --ctx 8 > "$TMP/p-one" 2>/dev/null
 $MPIRUN -np $NPB "$QSHARD" perplexity --device "$DEV" "$K-$NPB" --file "$TMP/t.txt" --ctx 8 > "$TMP/p-mpi" 2> "$TMP/err"
 rc=$?
-if [ $rc -eq 0 ] && grep -q 'PPL' "$TMP/p-mpi" && cmp -s "$TMP/p-one" "$TMP/p-mpi"; then
-    ok "perplexity -np $NPB: $(grep PPL "$TMP/p-mpi")"
+# the final estimate: identical on the CPU; within 1e-3 relative on CUDA (the split-K atomics;
+# 5.7815 vs 5.7823 seen on an H100)
+ppl_of() { sed -n 's/.*PPL = \([0-9.]*\).*/\1/p' "$1"; }
+same_ppl() {
+    [ "$DEV" = cpu ] && { cmp -s "$1" "$2"; return; }
+    a=$(ppl_of "$1"); b=$(ppl_of "$2")
+    [ -n "$a" ] && [ -n "$b" ] && python3 -c "import sys; sys.exit(not abs($a - $b) <= 1e-3 * $b)"
+}
+if [ $rc -eq 0 ] && grep -q 'PPL' "$TMP/p-mpi" && same_ppl "$TMP/p-one" "$TMP/p-mpi"; then
+    ok "perplexity -np $NPB: $(grep PPL "$TMP/p-mpi") (one process: $(ppl_of "$TMP/p-one"))"
 else
     bad "perplexity -np $NPB (exit $rc): $(cat "$TMP/p-mpi") vs $(cat "$TMP/p-one")"
 fi

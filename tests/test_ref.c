@@ -698,6 +698,70 @@ static void test_rmsnorm(void)
     CHECK_EQ_INT(bad, 0);
 }
 
+/* ref_layernorm against a one-pass long double LayerNorm written here (E[h^2] - E[h]^2 instead of
+ * the two passes), on rows whose mean is far from zero (a variance about 0 instead of the mean
+ * would show), in the three residual modes, with and without bias */
+static void test_layernorm(void)
+{
+    enum { M = 4, H = 200 };
+    float x[M * H], res[M * H], res0[M * H], w[H], b[H], out[M * H];
+    fill_uniform(x, M * H, -3, 3);
+    fill_uniform(res, M * H, 20, 26);
+    fill_uniform(w, H, 0.5f, 1.5f);
+    fill_uniform(b, H, -1, 1);
+    const float eps = 0.05f;
+    for (int mode = 0; mode < 4; mode++) {
+        float *r = mode < 2 ? res : NULL;
+        const float *xi = mode == 1 ? NULL : x;
+        const float *bi = mode == 3 ? NULL : b;
+        memcpy(res0, res, sizeof(res));
+        ref_layernorm(out, r, xi, w, bi, M, H, eps);
+        int bad = 0, bad_res = 0;
+        for (int m = 0; m < M; m++) {
+            long double h[H], s = 0, ss = 0;
+            for (int i = 0; i < H; i++) {
+                h[i] = mode < 2 ? (long double)res0[m * H + i] + (xi ? x[m * H + i] : 0.0f)
+                                : x[m * H + i];
+                s += h[i];
+                ss += h[i] * h[i];
+            }
+            const long double mean = s / H, var = ss / H - mean * mean;
+            for (int i = 0; i < H; i++) {
+                const double want = (double)((h[i] - mean) / sqrtl(var + eps) * w[i] + (bi ? b[i] : 0));
+                if (fabs(out[m * H + i] - want) > 1e-5 + 1e-5 * fabs(want))
+                    bad++;
+                if (mode < 2 && res[m * H + i] != (float)h[i])
+                    bad_res++;
+            }
+        }
+        CHECK_MSG(bad == 0, "layernorm mode %d: %d values off", mode, bad);
+        CHECK_EQ_INT(bad_res, 0);
+    }
+}
+
+/* ref_gelu against x * Phi(x) with Phi from erfc (a different libm function than erf) and two
+ * known values */
+static void test_gelu(void)
+{
+    enum { N = 300 };
+    float x[N], y[N];
+    fill_uniform(x, N, -8, 8);
+    x[0] = 1.0f;
+    x[1] = -1.0f;
+    ref_gelu(y, x, N);
+    int bad = 0;
+    for (int i = 0; i < N; i++) {
+        const double want = x[i] * 0.5 * erfc(-x[i] / sqrt(2.0));
+        if (fabs(y[i] - want) > 1e-7 + 1e-6 * fabs(want))
+            bad++;
+    }
+    CHECK_EQ_INT(bad, 0);
+    CHECK(fabs(y[0] - 0.8413447460685429) < 1e-7);
+    CHECK(fabs(y[1] + 0.15865525393145707) < 1e-7);
+    ref_gelu(x, x, N); /* in place */
+    CHECK(memcmp(x, y, sizeof(y)) == 0);
+}
+
 /* ref_head_rmsnorm against a double-precision norm of each head written here: q heads with wq,
  * k heads with wk, v and the row's padding untouched */
 static void test_head_rmsnorm(void)
@@ -1054,6 +1118,8 @@ static void test_ops(void)
     test_linear_f16(1, 100, 37, pools[2]);
     test_linear_f16(4, 1100, 13, pools[1]);
     test_rmsnorm();
+    test_layernorm();
+    test_gelu();
     test_head_rmsnorm();
     test_silu_softmax_argmax_embed();
     test_rope();

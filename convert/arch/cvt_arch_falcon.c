@@ -1,0 +1,113 @@
+/*
+ * cvt_arch_falcon.c - Falcon on the converter side: FalconForCausalLM (model_type "falcon") and
+ * the older remote-code spelling RWForCausalLM (model_type "RefinedWebModel"), the layout of
+ * Falcon-7B and of AutoAWQ's Falcon exports: multi-query attention (one kv head) with q, k and v
+ * fused into self_attention.query_key_value as [q (num_attention_heads * head_dim) | k (head_dim)
+ * | v (head_dim)] along out_features, attention and MLP in parallel on one input_layernorm
+ * (LayerNorm with bias), MLP dense_h_to_4h -> GELU -> dense_4h_to_h (not gated), final
+ * transformer.ln_f with bias, rotary positions.
+ *
+ * Tensors (transformers models/falcon/modeling_falcon.py names -> canonical roles of
+ * format/fmt_names.h), per layer i of "transformer.h.%d":
+ *   input_layernorm.weight / .bias -> attn norm and its bias (replicated F32);
+ *   self_attention.query_key_value -> qkv_proj column-parallel [q_r | k | v] (the fused source cut
+ *     in three column ranges, cvt_arch.h; the one kv head replicated on every rank);
+ *   self_attention.dense -> o_proj (row-parallel);
+ *   mlp.dense_h_to_4h -> mlp.gate_up_proj holding the up projection alone (column-parallel,
+ *     I_r columns: the runtime's plain GELU reads it, rt_act_gated);
+ *   mlp.dense_4h_to_h -> down_proj (row-parallel).
+ * Config (configuration_falcon.py FalconConfig; RWConfig of the tiiuae remote code): the common
+ * keys under Falcon's spellings (n_head, n_layer, n_embed, num_kv_heads / n_head_kv,
+ * layer_norm_epsilon, ffn_hidden_size = 4 * hidden_size when absent, activation "gelu");
+ * defaults rope_theta 10000, max_position_embeddings 2048, layer_norm_epsilon 1e-5, tied
+ * embeddings (PretrainedConfig's default). Refused: alibi (falcon-rw: ALiBi instead of rotary),
+ * new_decoder_architecture (Falcon-40B/180B: q, k, v interleaved per kv group, two layernorms),
+ * multi_query false without it (q, k, v interleaved per head), parallel_attn false.
+ * bias true puts biases on all four linears (kept; the row-parallel ones on rank 0).
+ * Tests: ./build/test_cvt (fixture falcon-mqa-parallel at TP 1/2/4), ./build/test_cvt_config.
+ */
+#include "cvt_arch.h"
+#include "cvt_src_int.h" /* CVT_TRY_JSON */
+#include "qs_log.h"
+
+static const struct cvt_arch_linear attention[2] = {
+    {FMT_N_QKV, FMT_SPLIT_COLUMN, 3,
+     {{"self_attention.query_key_value", CVT_AXIS_HIDDEN, CVT_AXIS_Q},
+      {"self_attention.query_key_value", CVT_AXIS_HIDDEN, CVT_AXIS_KV},
+      {"self_attention.query_key_value", CVT_AXIS_HIDDEN, CVT_AXIS_KV}}},
+    {FMT_N_O, FMT_SPLIT_ROW, 1, {{"self_attention.dense", CVT_AXIS_Q, CVT_AXIS_HIDDEN}}},
+};
+
+static const struct cvt_arch_linear mlp[2] = {
+    {FMT_N_GATE_UP, FMT_SPLIT_COLUMN, 1, {{"mlp.dense_h_to_4h", CVT_AXIS_HIDDEN, CVT_AXIS_INTER}}},
+    {FMT_N_DOWN, FMT_SPLIT_ROW, 1, {{"mlp.dense_4h_to_h", CVT_AXIS_INTER, CVT_AXIS_HIDDEN}}},
+};
+
+static const struct cvt_arch_step layer[] = {
+    {CVT_ARCH_OP_NORM, FMT_N_ATTN_NORM, "input_layernorm.weight", false, 0, NULL},
+    {CVT_ARCH_OP_NORM, FMT_N_ATTN_NORM_BIAS, "input_layernorm.bias", false, 0, NULL},
+    {CVT_ARCH_OP_LINEARS, FMT_N_COUNT, NULL, false, 2, attention},
+    {CVT_ARCH_OP_IGNORE, FMT_N_COUNT, "self_attention.maybe_rotary.inv_freq", false, 0, NULL},
+    {CVT_ARCH_OP_LINEARS, FMT_N_COUNT, NULL, false, 2, mlp},
+};
+
+static const char *const aliases[] = {
+    "num_attention_heads", "n_head",  "num_hidden_layers", "n_layer",
+    "hidden_size", "n_embed",         "num_key_value_heads", "num_kv_heads",
+    "rms_norm_eps", "layer_norm_epsilon", "intermediate_size", "ffn_hidden_size",
+    "hidden_act", "activation",       NULL, NULL,
+};
+
+/* One refused Falcon layout flag: key == bad (absent: def). */
+static enum cvt_err refuse_flag(const struct qs_json_ctx *c, const struct cJSON *o,
+                                const char *key, bool def, bool bad, const char *what)
+{
+    bool v = def;
+    CVT_TRY_JSON(qs_json_bool(c, o, key, def, &v));
+    if (v == bad) {
+        qs_log_error(c->fn, "%s/%s: %s %s: %s is not supported (Falcon-7B's layout only: "
+                            "rotary, multi_query, parallel_attn)", c->where, c->file, key,
+                     bad ? "true" : "false", what);
+        return CVT_ERR_UNSUPPORTED;
+    }
+    return CVT_ERR_NONE;
+}
+
+static enum cvt_err falcon_keys(const struct qs_json_ctx *c, const struct cJSON *o,
+                                struct cvt_hf_config *cfg)
+{
+    bool bias = false;
+    CVT_TRY(refuse_flag(c, o, "alibi", false, true, "ALiBi position bias (falcon-rw)"));
+    CVT_TRY(refuse_flag(c, o, "new_decoder_architecture", false, true,
+                        "the grouped query_key_value and two layernorms of Falcon-40B/180B"));
+    CVT_TRY(refuse_flag(c, o, "multi_query", true, false,
+                        "query_key_value interleaved per head"));
+    CVT_TRY(refuse_flag(c, o, "parallel_attn", true, false,
+                        "sequential attention and MLP (post_attention_layernorm)"));
+    CVT_TRY_JSON(qs_json_bool(c, o, "bias", false, &bias));
+    /* FalconAttention: one kv head with multi_query unless new_decoder_architecture */
+    cfg->num_key_value_heads = 1;
+    cfg->bias_roles = bias ? CVT_ROLE_BIT(FMT_N_QKV) | CVT_ROLE_BIT(FMT_N_O) |
+                                 CVT_ROLE_BIT(FMT_N_GATE_UP) | CVT_ROLE_BIT(FMT_N_DOWN)
+                           : 0;
+    return CVT_ERR_NONE;
+}
+
+#define FALCON_COMMON                                                                          \
+    .rope_theta = 10000.0, .max_position_embeddings = 2048, .num_key_value_heads = 0,          \
+    .rms_norm_eps = 1e-5, .head_dim = 0, .sliding_window = 0, .hidden_act = "gelu",           \
+    .ffn_mult = 4, .tie_word_embeddings = true, .key_aliases = aliases, .moe = false,          \
+    .read_keys = falcon_keys, .hf_embed = "transformer.word_embeddings", .hf_lm_head = "lm_head", \
+    .hf_final_norm = "transformer.ln_f.weight", .hf_final_norm_bias = "transformer.ln_f.bias",  \
+    .hf_layer = "transformer.h.%d", .n_steps = (int)(sizeof(layer) / sizeof(layer[0])),        \
+    .steps = layer
+
+const struct cvt_arch cvt_arch_falcon = {
+    .name = "falcon", .hf_class = "FalconForCausalLM", .model_type = "falcon", FALCON_COMMON,
+};
+
+/* The same checkpoints under the tiiuae remote code's names (transformers maps them to
+ * FalconForCausalLM) */
+const struct cvt_arch cvt_arch_falcon_rw = {
+    .name = "falcon", .hf_class = "RWForCausalLM", .model_type = "RefinedWebModel", FALCON_COMMON,
+};
