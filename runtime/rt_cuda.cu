@@ -782,8 +782,9 @@ static enum rt_err cuda_graph_replay(void *ctx, int key, bool *done)
 
 // --- device sampling (rt_backend.h sample) -------------------------------------------------------
 
-/* ids[i] from row i: k_sample per row into device ids (the history bitmaps of the rows with a
- * repetition penalty sent along), then one copy of the n ids back. */
+/* ids[i] from row i: every row in one k_sample_rows launch into device ids (the history bitmaps
+ * of the rows with a repetition penalty sent along; per row, one launch cost 5.6 % of a decode
+ * step at 64 sequences: docs/BENCHMARKS.md), then one copy of the n ids back. */
 static enum rt_err cuda_sample(void *ctx, const float *logits, size_t row_stride, int n,
                                int n_vocab, const struct rt_pick *picks, int32_t *ids)
 {
