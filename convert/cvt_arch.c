@@ -19,7 +19,9 @@
     X(cvt_arch_mixtral)      \
     X(cvt_arch_qwen3_moe)    \
     X(cvt_arch_falcon)       \
-    X(cvt_arch_falcon_rw)
+    X(cvt_arch_falcon_rw)    \
+    X(cvt_arch_mpt)          \
+    X(cvt_arch_mpt_remote)
 
 #define CVT_X_EXTERN(d) extern const struct cvt_arch d;
 CVT_ARCH_REGISTRY(CVT_X_EXTERN)
@@ -72,6 +74,11 @@ void cvt_arch_list(bool hf_class, char *buf, size_t cap)
     size_t at = 0;
     buf[0] = '\0';
     for (int i = 0; i < N_REGISTRY && at < cap; i++) {
+        bool seen = false; /* a model_type two classes share is listed once (MPT) */
+        for (int j = 0; j < i && !hf_class; j++)
+            seen |= strcmp(registry[j]->model_type, registry[i]->model_type) == 0;
+        if (seen)
+            continue;
         int n = snprintf(buf + at, cap - at, "%s%s", i ? ", " : "",
                          hf_class ? registry[i]->hf_class : registry[i]->model_type);
         if (n < 0)

@@ -82,6 +82,10 @@ enum cvt_arch_op {
     CVT_ARCH_OP_HEAD_NORM = 5, /* replicated F32 vector [head_dim]: tensor `hf` under the layer
                                 * -> role (Qwen3's per-head q_norm / k_norm) */
     /* (a LayerNorm's bias is a NORM step of its own, role FMT_N_*_NORM_BIAS) */
+    CVT_ARCH_OP_INTER_VECTOR = 6, /* F32 vector [intermediate_size]: tensor `hf` under the
+                                   * layer -> role, split like the MLP's up columns (rank r:
+                                   * [r I_r, (r + 1) I_r)); refused when I needs padding
+                                   * (MPT's ffn.act.scales: a padded divisor would be 0) */
 };
 
 /* One step of a layer's plan. Steps run in order; the outputs they make are written in that
@@ -107,7 +111,8 @@ struct cvt_arch {
                                         * default_theta (cvt_config.c parse_rope) */
     int64_t max_position_embeddings;   /* absent or null */
     int64_t num_key_value_heads;       /* absent: this, 0 = num_attention_heads (LlamaConfig);
-                                        * null: num_attention_heads in every class */
+                                        * null: num_attention_heads in every class; -1: the
+                                        * key is not read, read_keys sets it (Falcon, MPT) */
     double rms_norm_eps;               /* absent or null */
     int64_t head_dim;                  /* absent: this, 0 = hidden_size / num_attention_heads */
     int64_t sliding_window;            /* absent: this window length, 0 = none; null: none. Read

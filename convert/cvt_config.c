@@ -129,7 +129,8 @@ static enum cvt_err parse_arch(const struct qs_json_ctx *c, const cJSON *o, stru
                      c->where, c->file);
         return CVT_ERR_CONFIG;
     }
-    if (from_cls && from_mt && from_cls != from_mt) {
+    /* one runtime architecture may have several classes (Falcon's RWForCausalLM, MPT's two) */
+    if (from_cls && from_mt && strcmp(from_cls->name, from_mt->name) != 0) {
         qs_log_error(c->fn, "%s/%s: architectures (%s) and model_type (%s) disagree", c->where,
                      c->file, cfg->architectures0, mt);
         return CVT_ERR_CONFIG;
@@ -448,14 +449,39 @@ static enum cvt_err parse_rope(const struct qs_json_ctx *c, const cJSON *o,
 
 /* The spelling of common key `key` to read: the key itself, or the family's alias of it when
  * config.json has only the alias (cvt_arch key_aliases). */
+static bool given_key(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return v && !cJSON_IsNull(v); /* null is "not given", as for every qs_json reader */
+}
+
 static const char *key_of(const cJSON *o, const struct cvt_arch *a, const char *key)
 {
-    if (!a->key_aliases || cJSON_GetObjectItemCaseSensitive(o, key))
+    if (!a->key_aliases || given_key(o, key))
         return key;
     for (const char *const *p = a->key_aliases; p[0] && p[1]; p += 2)
-        if (strcmp(p[0], key) == 0 && cJSON_GetObjectItemCaseSensitive(o, p[1]))
+        if (strcmp(p[0], key) == 0 && given_key(o, p[1]))
             return p[1];
     return key;
+}
+
+/* A config that gives both spellings of a key with different values is refused: the family's
+ * configuration class reads one of them and ignores the other, so either choice could be a
+ * silently wrong model. */
+static enum cvt_err check_aliases(const struct qs_json_ctx *c, const cJSON *o,
+                                  const struct cvt_arch *a)
+{
+    for (const char *const *p = a->key_aliases; p && p[0] && p[1]; p += 2) {
+        if (!given_key(o, p[0]) || !given_key(o, p[1]))
+            continue;
+        if (!cJSON_Compare(cJSON_GetObjectItemCaseSensitive(o, p[0]),
+                           cJSON_GetObjectItemCaseSensitive(o, p[1]), true)) {
+            qs_log_error(c->fn, "%s/%s: \"%s\" and \"%s\" (two spellings of one %s key) "
+                                "disagree", c->where, c->file, p[0], p[1], a->hf_class);
+            return CVT_ERR_CONFIG;
+        }
+    }
+    return CVT_ERR_NONE;
 }
 
 /* num_key_value_heads: absent = the family's default (cfg->arch), null = num_attention_heads
@@ -466,6 +492,10 @@ static enum cvt_err parse_kv_heads(const struct qs_json_ctx *c, const cJSON *o,
     const int64_t nq = cfg->num_attention_heads;
     const char *kvk = key_of(o, cfg->arch, "num_key_value_heads");
     const bool absent = !cJSON_GetObjectItemCaseSensitive(o, kvk);
+    if (cfg->arch->num_key_value_heads < 0) { /* the family sets it in read_keys (Falcon, MPT) */
+        cfg->num_key_value_heads = nq;
+        return CVT_ERR_NONE;
+    }
     const int64_t def = absent && cfg->arch->num_key_value_heads ? cfg->arch->num_key_value_heads
                                                                    : nq;
     CVT_TRY_JSON(qs_json_int(c, o, kvk, false, def, 1, 65536, &cfg->num_key_value_heads));
@@ -483,11 +513,17 @@ static enum cvt_err parse_model(const struct qs_json_ctx *c, const cJSON *o, str
 {
     CVT_TRY(parse_arch(c, o, cfg));
     const struct cvt_arch *a = cfg->arch;
+    CVT_TRY(check_aliases(c, o, a));
     CVT_TRY_JSON(qs_json_int(c, o, key_of(o, a, "hidden_size"), true, 0, 1, CFG_MAX_DIM,
                              &cfg->hidden_size));
     const char *ik = key_of(o, a, "intermediate_size");
-    const cJSON *iv = cJSON_GetObjectItemCaseSensitive(o, ik);
-    const bool i_def = a->ffn_mult > 0 && (!iv || cJSON_IsNull(iv)); /* None: the default too */
+    const bool i_def = a->ffn_mult > 0 && !given_key(o, ik); /* None: the default too */
+    if (i_def && a->ffn_mult * cfg->hidden_size > CFG_MAX_DIM) {
+        qs_log_error(c->fn, "%s/%s: the default intermediate size %lld x hidden_size %lld is "
+                            "too large", c->where, c->file, (long long)a->ffn_mult,
+                     (long long)cfg->hidden_size);
+        return CVT_ERR_CONFIG;
+    }
     CVT_TRY_JSON(qs_json_int(c, o, ik, !i_def, a->ffn_mult * cfg->hidden_size, 1, CFG_MAX_DIM,
                              &cfg->intermediate_size));
     CVT_TRY_JSON(qs_json_int(c, o, key_of(o, a, "num_hidden_layers"), true, 0, 1, 4096,
@@ -511,7 +547,8 @@ static enum cvt_err parse_model(const struct qs_json_ctx *c, const cJSON *o, str
     }
     CVT_TRY_JSON(qs_json_number(c, o, key_of(o, a, "rms_norm_eps"), false, a->rms_norm_eps, 0.0,
                                 1.0, &cfg->rms_norm_eps));
-    CVT_TRY_JSON(qs_json_int(c, o, "max_position_embeddings", false, a->max_position_embeddings, 1, 1ll << 30, &cfg->max_position_embeddings));
+    CVT_TRY_JSON(qs_json_int(c, o, key_of(o, a, "max_position_embeddings"), false,
+                             a->max_position_embeddings, 1, 1ll << 30, &cfg->max_position_embeddings));
     CVT_TRY(parse_rope(c, o, cfg));
     CVT_TRY_JSON(qs_json_bool(c, o, "tie_word_embeddings", a->tie_word_embeddings,
                               &cfg->tie_word_embeddings));

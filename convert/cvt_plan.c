@@ -824,9 +824,10 @@ static enum cvt_err plan_linears(struct builder *b, const struct cvt_arch_step *
     return CVT_ERR_NONE;
 }
 
-/* A replicated float output of layer `layer` from HF tensor `hf` under `prefix`. */
+/* A replicated float output [rows, cols] of layer `layer` from HF tensor `hf` under `prefix`:
+ * a norm ([1, H]), a HEAD_NORM step ([1, head_dim]: Qwen3's q_norm / k_norm), a router. */
 static enum cvt_err plan_layer_float(struct builder *b, const char *prefix, const char *hf,
-                                     enum fmt_name role, int layer, int64_t rows)
+                                     enum fmt_name role, int layer, int64_t rows, int64_t cols)
 {
     char src[200], out[160];
     snprintf(src, sizeof(src), "%s.%s", prefix, hf);
@@ -834,20 +835,46 @@ static enum cvt_err plan_layer_float(struct builder *b, const char *prefix, cons
         qs_log_error(__func__, "layer %d: no canonical name for role %d", layer, (int)role);
         return CVT_ERR_CONFIG;
     }
-    return emit_replicated(b, src, out, rows, b->p->d.hidden);
+    return emit_replicated(b, src, out, rows, cols);
 }
 
-/* A HEAD_NORM step: `hf` under the layer replicated as F32 [head_dim] (Qwen3 q_norm / k_norm). */
-static enum cvt_err plan_head_norm(struct builder *b, const char *prefix, const char *hf,
-                                   enum fmt_name role, int layer)
+/* An INTER_VECTOR step: `hf` under the layer, F32 [I], rank r's columns [r I_r, (r + 1) I_r)
+ * (the up projection's split). Refused when I_pad > I: the padding would be zero, and this
+ * vector is a divisor (MPT's ffn.act.scales). */
+static enum cvt_err plan_inter_vector(struct builder *b, const char *prefix, const char *hf,
+                                      enum fmt_name role, int layer)
 {
+    const struct cvt_plan *p = b->p;
+    const int64_t I = p->d.intermediate, I_r = p->inter_per_rank;
     char src[200], out[160];
     snprintf(src, sizeof(src), "%s.%s", prefix, hf);
     if (!fmt_name(out, sizeof(out), role, layer, -1, NULL)) {
         qs_log_error(__func__, "layer %d: no canonical name for role %d", layer, (int)role);
         return CVT_ERR_CONFIG;
     }
-    return emit_replicated(b, src, out, 1, b->p->d.head_dim);
+    if (b->have_names && !set_take(&b->set, src)) {
+        qs_log_error(__func__, "tensor %s: missing: the model needs it (shape [%" PRId64 "])",
+                     src, I);
+        return CVT_ERR_MISSING_TENSOR;
+    }
+    if ((int64_t)p->inter_padded != I) {
+        qs_log_error(__func__, "tensor %s: --tp %d would pad the intermediate size %" PRId64
+                     " to %d, and this vector divides the activation (no padding value is "
+                     "neutral); use a --tp that divides it into multiples of %d", src, p->tp, I,
+                     p->inter_padded, p->inter_unit);
+        return CVT_ERR_TP;
+    }
+    int s = add_src(b, src, CVT_SRC_FLOAT, 1, I);
+    if (s < 0)
+        return CVT_ERR_NOMEM;
+    for (int r = 0; r < p->tp; r++) {
+        struct cvt_out *o = add_out(b, r, out, CVT_OUT_VEC_F32, 1, I_r);
+        if (!o)
+            return CVT_ERR_NOMEM;
+        o->split = FMT_SPLIT_COLUMN;
+        add_seg(o, s, 0, (int64_t)r * I_r, 1, I_r, 0, 0);
+    }
+    return CVT_ERR_NONE;
 }
 
 /* A ROUTER step: `hf`.weight replicated as F32 [E, H]; a quantized router is refused. */
@@ -865,7 +892,7 @@ static enum cvt_err plan_router(struct builder *b, const struct cvt_arch_step *s
         }
     }
     snprintf(nm, sizeof(nm), "%s" FMT_SUFFIX_WEIGHT, st->hf);
-    return plan_layer_float(b, prefix, nm, st->role, layer, b->p->d.n_experts);
+    return plan_layer_float(b, prefix, nm, st->role, layer, b->p->d.n_experts, b->p->d.hidden);
 }
 
 /* One decoder layer: the descriptor's steps in order. */
@@ -878,8 +905,14 @@ static enum cvt_err plan_layer(struct builder *b, int i)
     for (int s = 0; s < d->arch->n_steps && !e; s++) {
         const struct cvt_arch_step *st = &d->arch->steps[s];
         switch (st->op) {
-        case CVT_ARCH_OP_NORM: e = plan_layer_float(b, prefix, st->hf, st->role, i, 1); break;
-        case CVT_ARCH_OP_HEAD_NORM: e = plan_head_norm(b, prefix, st->hf, st->role, i); break;
+        case CVT_ARCH_OP_NORM:
+        case CVT_ARCH_OP_HEAD_NORM:
+            e = plan_layer_float(b, prefix, st->hf, st->role, i, 1,
+                                 st->op == CVT_ARCH_OP_NORM ? d->hidden : d->head_dim);
+            break;
+        case CVT_ARCH_OP_INTER_VECTOR:
+            e = plan_inter_vector(b, prefix, st->hf, st->role, i);
+            break;
         case CVT_ARCH_OP_IGNORE:
             snprintf(nm, sizeof(nm), "%s.%s", prefix, st->hf);
             if (b->have_names)

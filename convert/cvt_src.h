@@ -207,6 +207,7 @@ struct cvt_hf_config {
     int64_t num_experts_per_tok;      /* Mixtral top-k; 0 otherwise */
     bool no_topk_renorm;              /* Qwen3-MoE norm_topk_prob false: the kept router weights
                                        * are not renormalised (Mixtral: false) */
+    double  alibi_bias_max;           /* MPT: ALiBi instead of rotary (attn_config); 0 = none */
     unsigned bias_roles;              /* CVT_ROLE_BIT()s of the outputs whose linears carry a
                                        * bias by config (Qwen2 qkv_proj; llama attention_bias:
                                        * qkv_proj and o_proj) */

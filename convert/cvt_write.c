@@ -137,6 +137,8 @@ static char *config_json(const struct cvt_run_state *R, int rank)
     cJSON_AddNumberToObject(j, "num_experts_per_tok", (double)c->num_experts_per_tok);
     if (c->num_local_experts > 0)
         cJSON_AddBoolToObject(j, "norm_topk_prob", !c->no_topk_renorm);
+    if (c->alibi_bias_max > 0.0)
+        cJSON_AddNumberToObject(j, "alibi_bias_max", c->alibi_bias_max);
     q = cJSON_AddObjectToObject(j, "quant");
     cJSON_AddNumberToObject(q, "w_bit", c->quant.w_bit);
     cJSON_AddNumberToObject(q, "group_size", p->d.group_size);

@@ -304,7 +304,7 @@ int k_rmsnorm_acc(uint16_t *out, float *residual, float *x_acc, const float *w, 
  * transformers' Falcon uses it), the three modes of k_rmsnorm, or with x_acc (fp32 sums, read
  * and zeroed; residual required) in place of x:
  *   out = (h - mean(h)) * rsqrt(var(h) + eps) * w + b,  h = residual[m] (after += x) or x[m],
- * mean and biased variance in fp32 (two passes over the row). b may be NULL (no bias). One block
+ * mean and biased variance in fp32 (three passes over the row: sum, centred squares, output). b may be NULL (no bias). One block
  * per row. Errors: K_ERR_SHAPE (M < 1, H < 1), K_ERR_ARG (out or w NULL, no input, both x and
  * x_acc, x_acc without residual, eps < 0).
  */

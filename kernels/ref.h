@@ -223,6 +223,11 @@ void ref_silu_mul(float *out, const float *gate_up, int M, int I);
  * MPT's MLP activation), fp32 (erf in double). out may alias x. */
 void ref_gelu(float *out, const float *x, size_t n);
 
+/* x[m][i] /= d[i] for M rows of I (fp32): AutoAWQ's ScaledActivation (awq/modules/act.py), the
+ * activation output divided by the smoothing scales AWQ could not fold into a weight (MPT's
+ * ffn.act.scales, docs/FORMATS.md 7.5). */
+void ref_div_cols(float *x, const float *d, int M, int I);
+
 /* Numerically stable softmax of each row of x[M][N], in place (fp32, max subtracted). */
 void ref_softmax(float *x, int M, int N);
 
@@ -325,6 +330,7 @@ void ref_kv_store_paged(float *k_pool, float *v_pool, const float *k, const floa
  * [max(0, pos[m] - sliding_window + 1), pos[m]], key t in pool block table[t / bs]. Same math
  * as ref_attention (fp32 scores, max subtracted, sum of softmax * v in key order), so a row gets
  * the same bits here as in ref_attention over a contiguous copy of its sequence's cache.
+ * alibi: NULL, or ALiBi slopes [n_heads] (ref_alibi_slopes): score += alibi[h] * (t - pos[m]).
  * Errors: REF_ERR_SHAPE (M < 1, heads, n_heads % n_kv_heads, hd, block_size < 1, a position
  * < 0, a table entry < 0 for a key that is read), REF_ERR_NOMEM.
  */
@@ -332,7 +338,16 @@ enum ref_err ref_attention_paged(float *out, size_t out_stride, const float *q, 
                                  const float *k_pool, const float *v_pool, int M,
                                  const int32_t *pos, const int32_t *tables, int table_stride,
                                  const int32_t *row_table, int n_heads, int n_kv_heads, int hd,
-                                 int block_size, int sliding_window, struct ref_pool *pool);
+                                 int block_size, int sliding_window, const float *alibi,
+                                 struct ref_pool *pool);
+
+/* ALiBi slopes of heads [h0, h0 + n) of a model with n_heads heads (Press et al., "Train Short,
+ * Test Long", 2022; MPT's form, transformers modeling_mpt.py build_mpt_alibi_tensor): with P the
+ * power of two >= n_heads, slope_i = 2^-(i * alibi_bias_max / P) for i = 1..P, in fp32; when
+ * P != n_heads the heads take the odd-numbered slopes first, then the even ones. Head h's score
+ * with key t at query position p gets slope_h * (t - p) (a per-row constant away from MPT's
+ * slope * (t - (T - 1)), which softmax ignores). out[n]. */
+void ref_alibi_slopes(float *out, int n_heads, int h0, int n, float alibi_bias_max);
 
 /* --- mixture of experts (kernels/ref_moe_route.c) ------------------------------------------- */
 

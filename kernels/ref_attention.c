@@ -1,7 +1,7 @@
 /*
  * ref_attention.c - causal GQA attention over a KV cache for prefill and decode, with an
  * optional sliding window (transformers eager attention: softmax(q k^T * hd^-0.5 + mask) v,
- * softmax in fp32), over the contiguous cache (ref_attention) or the paged one
+ * softmax in fp32) and, in the paged entry point, optional ALiBi biases (MPT), over the contiguous cache (ref_attention) or the paged one
  * (ref_attention_paged, ref_kv_store_paged: ref.h "paged KV cache"). Reference of
  * k_attention / k_attention_paged; the CPU backend's attention. One task per query head, each
  * over all M query rows; both entry points run the same row loop, so a row gets the same bits
@@ -20,6 +20,7 @@ struct attn_ctx {
     size_t q_stride;
     const float *k_pool, *v_pool;
     int M, n_heads, n_kv_heads, hd, block_size, window;
+    const float *alibi;       /* [n_heads] ALiBi slopes, or NULL */
     const int32_t *pos;       /* [M]; NULL: start_pos + m */
     int start_pos;
     const int32_t *tables;    /* [.][table_stride] */
@@ -68,6 +69,8 @@ static void attn_task(void *vctx, int h, int n_tasks)
             for (int d = 0; d < hd; d++)
                 dot += qv[d] * kv[d];
             sc[j] = dot * scale;
+            if (c->alibi) /* ALiBi (MPT): slope * (key position - query position) */
+                sc[j] += c->alibi[h] * (float)(j - p);
             mx = sc[j] > mx ? sc[j] : mx;
         }
         float sum = 0.0f;
@@ -130,7 +133,8 @@ enum ref_err ref_attention_paged(float *out, size_t out_stride, const float *q, 
                                  const float *k_pool, const float *v_pool, int M,
                                  const int32_t *pos, const int32_t *tables, int table_stride,
                                  const int32_t *row_table, int n_heads, int n_kv_heads, int hd,
-                                 int block_size, int sliding_window, struct ref_pool *pool)
+                                 int block_size, int sliding_window, const float *alibi,
+                                 struct ref_pool *pool)
 {
     if (M < 1 || !heads_ok(n_heads, n_kv_heads, hd) || block_size < 1 || table_stride < 1 ||
         !pos || !tables) {
@@ -142,7 +146,7 @@ enum ref_err ref_attention_paged(float *out, size_t out_stride, const float *q, 
     struct attn_ctx c = {.out = out, .out_stride = out_stride, .q = q, .q_stride = q_stride,
                          .k_pool = k_pool, .v_pool = v_pool, .M = M, .n_heads = n_heads,
                          .n_kv_heads = n_kv_heads, .hd = hd, .block_size = block_size,
-                         .window = sliding_window, .pos = pos, .tables = tables,
+                         .window = sliding_window, .alibi = alibi, .pos = pos, .tables = tables,
                          .table_stride = table_stride, .row_table = row_table, .max_T = 1};
     for (int m = 0; m < M; m++) {
         const int p = pos[m];
@@ -178,5 +182,22 @@ void ref_kv_store_paged(float *k_pool, float *v_pool, const float *k, const floa
                 v_pool[dst + d] = v[src + d];
             }
         }
+    }
+}
+
+void ref_alibi_slopes(float *out, int n_heads, int h0, int n, float alibi_bias_max)
+{
+    int P = 1;
+    while (P < n_heads)
+        P *= 2;
+    for (int j = 0; j < n; j++) {
+        const int h = h0 + j;
+        /* index i (1-based) of head h among the P slopes: with P != n_heads, heads take the
+         * slopes of odd positions (i = 2, 4, ..) first, then those of even ones (i = 1, 3, ..) */
+        int i = h + 1;
+        if (P != n_heads)
+            i = h < P / 2 ? 2 * h + 2 : 2 * (h - P / 2) + 1;
+        const float base = (float)i * (alibi_bias_max / (float)P);
+        out[j] = 1.0f / powf(2.0f, base);
     }
 }

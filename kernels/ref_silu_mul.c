@@ -26,3 +26,10 @@ void ref_gelu(float *out, const float *x, size_t n)
         out[i] = (float)(0.5 * v * (1.0 + erf(v * 0.70710678118654752440)));
     }
 }
+
+void ref_div_cols(float *x, const float *d, int M, int I)
+{
+    for (int m = 0; m < M; m++)
+        for (int i = 0; i < I; i++)
+            x[(size_t)m * (size_t)I + i] /= d[i];
+}

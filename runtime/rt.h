@@ -120,6 +120,11 @@ struct rt_arch {
     bool parallel_residual;  /* attention and MLP both read norm(h) of the layer input */
     bool qk_norm;            /* per-head norm of q and k before RoPE */
     bool moe;                /* sparse MoE MLP (router + experts) instead of the dense MLP */
+    bool norm_bias;          /* LayerNorm families: every norm has its bias (Falcon: required;
+                              * MPT: none, a bias tensor in the file is refused as unused) */
+    bool alibi;              /* ALiBi position biases instead of RoPE (MPT): the config's
+                              * alibi_bias_max > 0, inv_freq all zero (the rotation is the
+                              * identity), per-layer activation scales when the file has them */
     /* Architecture-specific checks of a parsed config `c` read from `where` (after the generic
      * ones of rt_config_parse); NULL: none. Reports the key, returns RT_ERR_CONFIG or
      * RT_ERR_UNSUPPORTED. */
@@ -158,6 +163,8 @@ struct rt_config {
     int n_experts;                  /* num_local_experts; 0 = dense MLP */
     int n_experts_per_tok;          /* top-k of the Mixtral router */
     bool norm_topk_prob;            /* renormalise the kept router weights (Mixtral: always) */
+    float alibi_bias_max;           /* > 0: ALiBi position biases of this maximum (MPT; no
+                                       rotary); 0: none */
     int w_bit;                      /* 4 */
     int group_size;                 /* G */
     bool zero_point;

@@ -24,5 +24,6 @@ static enum rt_err check_falcon(const struct rt_config *c, const char *where)
 
 const struct rt_arch rt_arch_falcon = {
     .name = "falcon", .norm = RT_NORM_LAYER, .act = RT_ACT_GELU, .rotary_fraction = 1.0f,
-    .parallel_residual = true, .qk_norm = false, .moe = false, .check = check_falcon,
+    .parallel_residual = true, .qk_norm = false, .moe = false, .norm_bias = true,
+    .check = check_falcon,
 };

@@ -139,6 +139,7 @@ struct rt_attn_rows {
     int max_keys;             /* >= pos + 1 of every row (host bound; the context when recording) */
     const struct rt_attn_run *runs; /* host [n_runs], in row order */
     int n_runs;
+    const float *alibi;       /* f32 [n_heads] ALiBi slopes of this rank's heads (MPT), or NULL */
 };
 
 struct rt_backend_ops {
@@ -150,6 +151,8 @@ struct rt_backend_ops {
                           cuBLAS fp16 per 256-512 rows but 0.9x at 2048 (docs/BENCHMARKS.md,
                           "Prompt chunk size") */
     int defer_max_m;   /* most rows a linear may leave as fp32 sums (0: never) */
+    bool alibi;        /* attention takes ALiBi slopes (rt_attn_rows.alibi) and act_mul an
+                          activation divisor (MPT); false: the model refuses such a file */
     void (*destroy)(void *ctx);
 
     /* weights: make shard `s` usable (CPU: nothing; CUDA: one device allocation filled from the
@@ -229,9 +232,11 @@ struct rt_backend_ops {
     /* MLP activation `kind`: gated (ref_silu_mul for RT_ACT_SILU): act out[M][I] = act(gate) *
      * up, act gate_up [M][2I] = [gate | up]; plain (ref_gelu for RT_ACT_GELU): out[M][I] =
      * act(gate_up[M][I]). With gate_up_acc (f32, the gate_up linear's deferred sums, the same
-     * shape) the input is read from it and it is zeroed. */
+     * shape) the input is read from it and it is zeroed. act_scale: NULL, or f32 [I]: out[m][i]
+     * /= act_scale[i] after the activation (AutoAWQ's ScaledActivation of MPT's GELU; only
+     * backends with `alibi` take it). */
     enum rt_err (*act_mul)(void *ctx, enum rt_act kind, void *out, const void *gate_up,
-                           float *gate_up_acc, int M, int I);
+                           float *gate_up_acc, const float *act_scale, int M, int I);
     /* MoE helpers on act rows of `width` elements: dst[i] = src[rows[i]], and
      * y[rows[i]] += weights[i] * src[i]. rows, weights: host [n]. */
     enum rt_err (*gather_rows)(void *ctx, void *dst, const void *src, const int32_t *rows, int n,

@@ -222,6 +222,12 @@ enum rt_err rt_config_parse(const char *json, size_t len, const char *where,
     TRY(from_json(qs_json_bool(j, root, "norm_topk_prob", false, &c.norm_topk_prob)));
     if (!cJSON_GetObjectItemCaseSensitive(root, "norm_topk_prob"))
         c.norm_topk_prob = true; /* files before Qwen3-MoE: Mixtral, which always renormalises */
+    double abm = 0.0;
+    TRY(from_json(qs_json_number(j, root, "alibi_bias_max", false, 0.0, 0.0, 1e6, &abm)));
+    c.alibi_bias_max = (float)abm;
+    if ((c.alibi_bias_max > 0.0f) != c.arch->alibi)
+        BAD("%s: config: alibi_bias_max %g with architecture %s (ALiBi is %s)", where,
+            (double)c.alibi_bias_max, c.arch->name, c.arch->alibi ? "required" : "not used");
     TRY(parse_quant(j, root, where, &c));
     TRY(parse_tokens(j, root, where, &c));
     TRY(parse_tp(j, root, where, &c));
@@ -249,6 +255,7 @@ bool rt_config_same(const struct rt_config *a, const char *where_a, const struct
     SAME(rope_scaling.high_freq_factor) SAME(rope_scaling.original_max_position_embeddings)
     SAME(max_position_embeddings) SAME(tie_word_embeddings) SAME(sliding_window)
     SAME(attention_bias) SAME(n_experts) SAME(n_experts_per_tok) SAME(norm_topk_prob) SAME(group_size)
+    SAME(alibi_bias_max)
     SAME(zero_point) SAME(world_size) SAME(heads_per_rank) SAME(kv_heads_per_rank)
     SAME(kv_head_replicas) SAME(intermediate_per_rank) SAME(bos_token_id) SAME(n_eos)
 #undef SAME

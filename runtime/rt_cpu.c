@@ -234,7 +234,8 @@ static enum rt_err cpu_attention(void *vctx, void *out, size_t out_stride, const
     struct cpu_ctx *c = vctx;
     return from_ref(ref_attention_paged(out, out_stride, q, q_stride, k_pool, v_pool, M, a->pos,
                                         a->tables, a->table_stride, a->row_table, n_heads,
-                                        n_kv_heads, hd, a->block_size, sliding_window, c->pool));
+                                        n_kv_heads, hd, a->block_size, sliding_window, a->alibi,
+                                        c->pool));
 }
 
 static enum rt_err cpu_kv_copy_block(void *ctx, void *k_pool, void *v_pool, int src, int dst,
@@ -248,7 +249,7 @@ static enum rt_err cpu_kv_copy_block(void *ctx, void *k_pool, void *v_pool, int 
 }
 
 static enum rt_err cpu_act_mul(void *ctx, enum rt_act kind, void *out, const void *gate_up,
-                               float *gate_up_acc, int M, int I)
+                               float *gate_up_acc, const float *act_scale, int M, int I)
 {
     (void)ctx;
     if (kind != RT_ACT_SILU && kind != RT_ACT_GELU)
@@ -261,6 +262,8 @@ static enum rt_err cpu_act_mul(void *ctx, enum rt_act kind, void *out, const voi
         ref_silu_mul(out, in, M, I);
     if (gate_up_acc)
         memset(gate_up_acc, 0, n_in * sizeof(float));
+    if (act_scale)
+        ref_div_cols(out, act_scale, M, I);
     return RT_ERR_NONE;
 }
 
@@ -326,6 +329,7 @@ static const struct rt_backend_ops cpu_ops = {
     .kv_size = sizeof(float),
     .default_batch = 512,
     .defer_max_m = CPU_DEFER_MAX_M,
+    .alibi = true,
     .destroy = cpu_destroy,
     .load_weights = cpu_load_weights,
     .tensor_ptr = cpu_tensor_ptr,

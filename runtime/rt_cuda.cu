@@ -613,9 +613,13 @@ static enum rt_err cuda_mem_info(void *ctx, size_t *free_bytes, size_t *total_by
 }
 
 static enum rt_err cuda_act_mul(void *ctx, enum rt_act kind, void *out, const void *gate_up,
-                                float *gate_up_acc, int M, int I)
+                                float *gate_up_acc, const float *act_scale, int M, int I)
 {
     struct cuda_rank *r = R(ctx);
+    if (act_scale) { /* the model refuses such files on this backend (rt_backend_ops.alibi) */
+        qs_log_error(__func__, "the CUDA backend has no scaled activation (MPT) yet");
+        return RT_ERR_UNSUPPORTED;
+    }
     if (kind == RT_ACT_GELU) {
         RT_K_TRY(k_gelu(static_cast<uint16_t *>(out),
                         gate_up_acc ? nullptr : static_cast<const uint16_t *>(gate_up), gate_up_acc,
@@ -838,8 +842,12 @@ static enum rt_err cuda_sample(void *ctx, const float *logits, size_t row_stride
         r->pick_rows[i].u = picks[i].u;
         r->pick_rows[i].seen = seen;
     }
-    RT_K_TRY(k_sample_rows(d_ids, logits, row_stride, n, n_vocab, r->pick_rows,
-                           r->h_pick + id_bytes, r->d_pick + id_bytes, r->stream));
+    const int ke = k_sample_rows(d_ids, logits, row_stride, n, n_vocab, r->pick_rows,
+                                 r->h_pick + id_bytes, r->d_pick + id_bytes, r->stream);
+    if (ke != K_ERR_NONE) {
+        cudaStreamSynchronize(r->stream); /* the history copies queued above read h_pick */
+        RT_K_TRY(ke);
+    }
     RT_CUDA_TRY(cudaMemcpyAsync(r->h_pick, r->d_pick, (size_t)n * sizeof(int32_t),
                                 cudaMemcpyDeviceToHost, r->stream));
     RT_CUDA_TRY(cudaStreamSynchronize(r->stream));

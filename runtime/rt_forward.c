@@ -191,8 +191,8 @@ static enum rt_err attn_block(struct rt_model *m, struct rt_kv *kv, int l, int M
                               c->rms_norm_eps));
     RT_TRY(OPS->rope_kv_store(BCTX, m->qkv, qacc, M, nq, nkv, hd, stride, m->pos, m->inv_freq,
                               kv->k[l], kv->v[l], m->slots, kv->block_size));
-    const struct rt_attn_rows a = {m->pos, m->row_tab, m->tabs, m->tab_stride, kv->block_size,
-                                   m->max_keys, m->runs, n_runs};
+    const struct rt_attn_rows a = {m->pos,     m->row_tab, m->tabs, m->tab_stride, kv->block_size,
+                                   m->max_keys, m->runs,    n_runs,  m->alibi};
     RT_TRY(OPS->attention(BCTX, m->att, (size_t)nq * hd, m->qkv, stride, kv->k[l], kv->v[l], M,
                           &a, nq, nkv, hd, c->sliding_window));
     float *oacc = use_acc(m, &ly->o, M) ? m->acc : NULL;
@@ -206,7 +206,7 @@ static enum rt_err dense_mlp(struct rt_model *m, int l, int M, bool *deferred)
     const struct rt_layer *ly = &m->layers[l];
     float *gacc = use_acc(m, &ly->gate_up, M) ? m->acc : NULL;
     RT_TRY(linear(m, &ly->gate_up, m->x, M, m->gu, gacc));
-    RT_TRY(OPS->act_mul(BCTX, m->cfg.arch->act, m->act, m->gu, gacc, M,
+    RT_TRY(OPS->act_mul(BCTX, m->cfg.arch->act, m->act, m->gu, gacc, ly->act_scale, M,
                         m->cfg.intermediate_per_rank)); /* gated or plain (rt_act_gated) */
     float *dacc = use_acc(m, &ly->down, M) ? m->acc : NULL;
     *deferred = dacc != NULL;
@@ -239,7 +239,8 @@ static enum rt_err moe(struct rt_model *m, int l, int M)
             continue;
         RT_TRY(OPS->gather_rows(BCTX, m->xe, m->x, m->h_rows, n, H));
         RT_TRY(linear(m, &ly->expert_gate_up[e], m->xe, n, m->gu, NULL));
-        RT_TRY(OPS->act_mul(BCTX, c->arch->act, m->act, m->gu, NULL, n, c->intermediate_per_rank));
+        RT_TRY(OPS->act_mul(BCTX, c->arch->act, m->act, m->gu, NULL, NULL, n,
+                            c->intermediate_per_rank));
         RT_TRY(linear(m, &ly->expert_down[e], m->act, n, m->ye, NULL));
         RT_TRY(OPS->scatter_add_rows(BCTX, m->o, m->ye, m->h_rows, m->h_roww, n, H));
     }

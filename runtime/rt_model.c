@@ -288,13 +288,13 @@ static enum rt_err bind_layer(struct rt_model *m, int l)
     int nq = c->heads_per_rank, nkv = c->kv_heads_per_rank, Ir = c->intermediate_per_rank;
     const void *p;
 
-    const bool ln = c->arch->norm == RT_NORM_LAYER, par = c->arch->parallel_residual;
+    const bool ln = c->arch->norm_bias, par = c->arch->parallel_residual;
     RT_TRY(bind_role(m, FMT_N_ATTN_NORM, l, -1, NULL, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR, H, -1,
                   false, &p));
     ly->attn_norm = p;
-    if (ln) { /* LayerNorm: its bias when the file has one (Falcon; MPT's no_bias has none) */
+    if (ln) { /* LayerNorm with bias (Falcon; MPT's have none) */
         RT_TRY(bind_role(m, FMT_N_ATTN_NORM_BIAS, l, -1, NULL, FMT_DTYPE_F32,
-                         FMT_LAYOUT_ROW_MAJOR, H, -1, true, &p));
+                         FMT_LAYOUT_ROW_MAJOR, H, -1, false, &p));
         ly->attn_norm_b = p;
     }
     if (!par) { /* parallel residual: the MLP reads the attention's norm */
@@ -303,7 +303,7 @@ static enum rt_err bind_layer(struct rt_model *m, int l)
         ly->mlp_norm = p;
         if (ln) {
             RT_TRY(bind_role(m, FMT_N_MLP_NORM_BIAS, l, -1, NULL, FMT_DTYPE_F32,
-                             FMT_LAYOUT_ROW_MAJOR, H, -1, true, &p));
+                             FMT_LAYOUT_ROW_MAJOR, H, -1, false, &p));
             ly->mlp_norm_b = p;
         }
     }
@@ -324,6 +324,11 @@ static enum rt_err bind_layer(struct rt_model *m, int l)
     RT_TRY(bind_linear(m, FMT_N_O, l, -1, nq * hd, H, false, &ly->o));
     if (c->arch->moe)
         return bind_experts(m, l);
+    if (c->arch->alibi) { /* MPT: AutoAWQ's ScaledActivation divisors, when quantized so */
+        RT_TRY(bind_role(m, FMT_N_ACT_SCALES, l, -1, NULL, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR, Ir,
+                         -1, true, &p));
+        ly->act_scale = p;
+    }
     /* gated: [gate | up] (2 I_r columns); plain (Falcon's dense_h_to_4h): I_r */
     RT_TRY(bind_linear(m, FMT_N_GATE_UP, l, -1, H, (rt_act_gated(c->arch->act) ? 2 : 1) * Ir,
                        false, &ly->gate_up));
@@ -355,9 +360,9 @@ static enum rt_err bind_all(struct rt_model *m)
     RT_TRY(bind_role(m, FMT_N_FINAL_NORM, -1, -1, NULL, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR,
                   c->hidden_size, -1, false, &p));
     m->final_norm = p;
-    if (c->arch->norm == RT_NORM_LAYER) {
+    if (c->arch->norm_bias) {
         RT_TRY(bind_role(m, FMT_N_FINAL_NORM_BIAS, -1, -1, NULL, FMT_DTYPE_F32,
-                         FMT_LAYOUT_ROW_MAJOR, c->hidden_size, -1, true, &p));
+                         FMT_LAYOUT_ROW_MAJOR, c->hidden_size, -1, false, &p));
         m->final_norm_b = p;
     }
     for (int l = 0; l < c->n_layers; l++)
@@ -451,9 +456,26 @@ static enum rt_err alloc_buffers(struct rt_model *m)
         qs_log_error(__func__, "out of memory");
         return RT_ERR_NOMEM;
     }
-    ref_rope_inv_freq(inv, c->head_dim, c->rope_theta, &c->rope_scaling);
+    if (c->arch->alibi) /* no rotary: cos 0 = 1, sin 0 = 0 leave q and k exactly as they are */
+        memset(inv, 0, hd / 2 * sizeof(float));
+    else
+        ref_rope_inv_freq(inv, c->head_dim, c->rope_theta, &c->rope_scaling);
     enum rt_err e = OPS->upload(BCTX, m->inv_freq, inv, hd / 2 * sizeof(float));
     free(inv);
+    if (e || !c->arch->alibi)
+        return e;
+    /* ALiBi: the slopes of this rank's heads [rank * nq_r, (rank + 1) * nq_r) */
+    const int nh = c->heads_per_rank;
+    float *sl = malloc((size_t)nh * sizeof(float));
+    if (!sl) {
+        qs_log_error(__func__, "out of memory");
+        return RT_ERR_NOMEM;
+    }
+    ref_alibi_slopes(sl, c->n_heads, m->rank * nh, nh, c->alibi_bias_max);
+    e = balloc(m, (size_t)nh * F, &m->alibi);
+    if (!e)
+        e = OPS->upload(BCTX, m->alibi, sl, (size_t)nh * sizeof(float));
+    free(sl);
     return e;
 }
 
@@ -587,6 +609,12 @@ static enum rt_err model_open(struct rt_model *m, const char *path)
         RT_TRY(create_backend(m));
     RT_TRY(size_model(m));
     RT_TRY(OPS->load_weights(BCTX, m->shard));
+    if (m->cfg.arch->alibi && !OPS->alibi) {
+        qs_log_error(__func__, "%s: architecture %s (ALiBi attention, scaled activation) does not "
+                     "run on the %s backend yet: use --device cpu", m->path,
+                     m->cfg.arch->name, OPS->name);
+        return RT_ERR_UNSUPPORTED;
+    }
     RT_TRY(bind_all(m));
     plan_defer(m);
     RT_TRY(alloc_buffers(m));
@@ -663,7 +691,7 @@ void rt_model_free(struct rt_model *m)
         void *bufs[] = {m->h,   m->x,     m->o,      m->qkv,          m->att,
                         m->gu,  m->act,   m->xe,     m->ye,           m->acc,
                         m->router_logits, m->logits, m->logits_all,   m->inv_freq,
-                        m->tok, m->tabs,  m->xperm};
+                        m->tok, m->tabs,  m->xperm,  m->alibi};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
             OPS->free(BCTX, bufs[i]);
         OPS->destroy(BCTX);

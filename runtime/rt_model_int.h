@@ -34,6 +34,7 @@ struct rt_layer {
     struct rt_linear o;               /* [nq_r * hd] -> [H], row-parallel */
     struct rt_linear gate_up;         /* dense MLP: [H] -> [2 I_r], columns [gate | up] */
     struct rt_linear down;            /* dense MLP: [I_r] -> [H], row-parallel */
+    const float *act_scale;           /* [I_r] activation divisors (MPT's ffn.act.scales) or NULL */
     const float *router;              /* MoE: [E][H] fp32, replicated */
     struct rt_linear *expert_gate_up; /* owned array [E] */
     struct rt_linear *expert_down;    /* owned array [E] */
@@ -76,7 +77,8 @@ struct rt_model {
     float *router_logits; /* f32, MoE: [B][E] */
     float *logits;   /* f32 [LB][V_r] this rank's lm_head output */
     float *logits_all; /* rank 0, world > 1: f32 [world][LB][V_r] gathered */
-    float *inv_freq; /* f32 [hd/2] */
+    float *inv_freq; /* f32 [hd/2] (all zero for ALiBi architectures: no rotation) */
+    float *alibi;    /* f32 [nq_r] ALiBi slopes of this rank's heads, or NULL */
     int32_t *tok;    /* i32 [4][B] (one allocation, one upload per chunk): [B] token ids of the chunk */
     int32_t *pos;    /* = tok + B: positions of the chunk */
     int32_t *slots;  /* = tok + 2B: pool rows the chunk's keys and values go to */

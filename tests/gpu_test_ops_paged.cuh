@@ -81,7 +81,7 @@ static void paged_decode_case(const char *name, const std::vector<int> &pos,
                        qkvf.data() + (size_t)(nh + nkv) * hd, qstride, M, slots.data(), nkv, hd, bs);
     CHECK_EQ_INT(ref_attention_paged(out.data(), (size_t)nh * hd, qkvf.data(), qstride, p.kf.data(),
                                      p.vf.data(), M, pc.data(), p.tab.data(), p.stride,
-                                     rt.empty() ? nullptr : rt32.data(), nh, nkv, hd, bs, sw,
+                                     rt.empty() ? nullptr : rt32.data(), nh, nkv, hd, bs, sw, nullptr,
                                      g_pool), REF_ERR_NONE);
     const size_t ws_bytes = k_attention_workspace_bytes(M, nh, hd, keys);
     void *dws = nullptr;
@@ -135,7 +135,7 @@ static void paged_prefill_case(int M, int start, int nh, int nkv, int hd, int bs
                        qkvf.data() + (size_t)(nh + nkv) * hd, qstride, M, slots.data(), nkv, hd, bs);
     CHECK_EQ_INT(ref_attention_paged(out.data(), (size_t)nh * hd, qkvf.data(), qstride, p.kf.data(),
                                      p.vf.data(), M, pc.data(), p.tab.data(), p.stride, rt0.data(),
-                                     nh, nkv, hd, bs, sw, g_pool), REF_ERR_NONE);
+                                     nh, nkv, hd, bs, sw, nullptr, g_pool), REF_ERR_NONE);
     std::vector<uint16_t> kc((size_t)nkv * T * hd), vc(kc.size()); /* the contiguous copy */
     for (int h = 0; h < nkv; ++h)
         for (int t = 0; t < T; ++t)

@@ -516,6 +516,40 @@ static inline void ck_model(struct model_ck *m, const char *out_dir)
                       fmt_shard_n_tensors(s));
             continue;
         }
+        /* MPT (modeling_mpt.py names): wte, blocks.{i}.norm_1 / norm_2 (no bias), attn.Wqkv
+         * fused, attn.out_proj, ffn.up_proj / down_proj (plain), ffn.act.scales split like up's
+         * columns; norm_f */
+        if (cvt_source_find(m->src, "transformer.wte.weight")) {
+            ck_vocab(m, s, r, emb, "transformer.wte.weight");
+            CHECK_MSG(tie && fmt_shard_find(s, "lm_head.weight") == NULL, "%s: lm_head", m->name);
+            ck_replicated_from(m, s, "model.norm.weight", "transformer.norm_f.weight");
+            for (int i = 0; i < m->L; i++) {
+                char src_nm[200];
+                snprintf(nm, sizeof(nm), "model.layers.%d.input_layernorm.weight", i);
+                snprintf(src_nm, sizeof(src_nm), "transformer.blocks.%d.norm_1.weight", i);
+                ck_replicated_from(m, s, nm, src_nm);
+                snprintf(nm, sizeof(nm), "model.layers.%d.post_attention_layernorm.weight", i);
+                snprintf(src_nm, sizeof(src_nm), "transformer.blocks.%d.norm_2.weight", i);
+                ck_replicated_from(m, s, nm, src_nm);
+                ck_attention(m, s, r, i, "transformer.blocks.%d.attn", "Wqkv", "out_proj");
+                ck_mlp_plain(m, s, r, i, "transformer.blocks.%d.ffn", "up_proj", "down_proj");
+                snprintf(src_nm, sizeof(src_nm), "transformer.blocks.%d.ffn.act.scales", i);
+                const struct fmt_tensor *t = find(s, "model.layers.%d.mlp.act_scales", i);
+                long n = 0;
+                float *v = src_f32(m, src_nm, &n);
+                if (t && v)
+                    CHECK_MSG((long)t->shape[0] == m->I_r && n == m->I &&
+                                  !memcmp(t->data, v + r * m->I_r, (size_t)m->I_r * 4),
+                              "%s rank %d: act_scales differ from %s's columns", m->name, r, src_nm);
+                if (t)
+                    m->n_checked++;
+                free(v);
+            }
+            CHECK_MSG(m->n_checked == (int)fmt_shard_n_tensors(s), "%s tp %d rank %d: %d tensors "
+                      "checked, file has %u", m->name, m->tp, r, m->n_checked,
+                      fmt_shard_n_tensors(s));
+            continue;
+        }
         ck_vocab(m, s, r, emb, cvt_source_find(m->src, emb) ? emb : "lm_head.weight");
         if (tie)
             CHECK_MSG(fmt_shard_find(s, "lm_head.weight") == NULL, "%s: tied model has lm_head",

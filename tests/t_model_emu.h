@@ -105,7 +105,7 @@ T_FN enum rt_err emu_norm(void *ctx, enum rt_norm kind, void *out, float *residu
         memset(x_acc, 0, n * 4);
     }
     if (!out) { /* the residual add alone */
-        if (xf)
+        if (xf && residual)
             ref_residual_add(residual, xf, n);
         free(xf), free(of);
         return residual ? RT_ERR_NONE : RT_ERR_ARG;
@@ -236,7 +236,8 @@ T_FN enum rt_err emu_attention(void *ctx, void *out, size_t out_stride, const vo
     float *qf = h2f(q, nq), *of = h2f(out, no), *kf = h2f(k_pool, nkv), *vf = h2f(v_pool, nkv);
     enum ref_err e = ref_attention_paged(of, out_stride, qf, q_stride, kf, vf, M, a->pos,
                                          a->tables, a->table_stride, a->row_table, n_heads,
-                                         n_kv_heads, hd, a->block_size, sliding_window, NULL);
+                                         n_kv_heads, hd, a->block_size, sliding_window, a->alibi,
+                                         NULL);
     f2h(out, of, no);
     free(qf), free(of), free(kf), free(vf);
     return e ? RT_ERR_SHAPE : RT_ERR_NONE;
@@ -254,7 +255,7 @@ T_FN enum rt_err emu_kv_copy_block(void *ctx, void *k_pool, void *v_pool, int sr
 }
 
 T_FN enum rt_err emu_act_mul(void *ctx, enum rt_act kind, void *out, const void *gate_up,
-                             float *gate_up_acc, int M, int I)
+                             float *gate_up_acc, const float *act_scale, int M, int I)
 {
     (void)ctx;
     if (kind != RT_ACT_SILU && kind != RT_ACT_GELU)
@@ -269,6 +270,8 @@ T_FN enum rt_err emu_act_mul(void *ctx, enum rt_act kind, void *out, const void 
         ref_gelu(of, gf, (size_t)M * I);
     else
         ref_silu_mul(of, gf, M, I);
+    if (act_scale)
+        ref_div_cols(of, act_scale, M, I);
     f2h(out, of, (size_t)M * I);
     free(gf), free(of);
     return RT_ERR_NONE;
@@ -338,6 +341,7 @@ static const struct rt_backend_ops emu_ops = {
     .kv_size = 2,
     .default_batch = 512,
     .defer_max_m = 16,
+    .alibi = true,
     .destroy = emu_destroy,
     .load_weights = emu_load,
     .tensor_ptr = emu_tensor,

@@ -130,7 +130,7 @@ static void test_configs(void)
         {"{" BASE_CFG ", \"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0}}", NULL, "dynamic", CVT_ERR_UNSUPPORTED},
         {"{" BASE_CFG ", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 2.0}}", NULL, "yarn", CVT_ERR_UNSUPPORTED},
         {"{\"architectures\": [\"GPTNeoXForCausalLM\"], \"hidden_size\": 4544}", NULL, "GPTNeoXForCausalLM", CVT_ERR_UNSUPPORTED},
-        {"{\"model_type\": \"mpt\"}", NULL, "mpt", CVT_ERR_UNSUPPORTED},
+        {"{\"model_type\": \"gpt_neox\"}", NULL, "gpt_neox", CVT_ERR_UNSUPPORTED},
         {"{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"mistral\", \"hidden_size\": 8}", NULL, "disagree", CVT_ERR_CONFIG},
         {"[1, 2, 3]", NULL, "JSON object", CVT_ERR_JSON},
         {"{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 4096", NULL, "JSON object", CVT_ERR_JSON},
@@ -465,7 +465,7 @@ static void test_family_keys(void)
     /* the "supported" list comes from the registry */
     CHECK_EQ_INT(cfg_parse("{\"architectures\": [\"GemmaForCausalLM\"]}", NULL, NULL, NULL, &cfg),
                  CVT_ERR_UNSUPPORTED);
-    CHECK(strstr(qs_log_last(), "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, FalconForCausalLM, RWForCausalLM") != NULL);
+    CHECK(strstr(qs_log_last(), "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, FalconForCausalLM, RWForCausalLM, MptForCausalLM, MPTForCausalLM") != NULL);
     qs_log_set_quiet(false);
 }
 
@@ -521,8 +521,93 @@ static void test_falcon_keys(void)
         {"FalconForCausalLM", ", \"activation\": \"relu\"", "activation \"relu\"", "gelu only",
          CVT_ERR_UNSUPPORTED},
         {"FalconForCausalLM", ", \"multi_query\": 1", "multi_query", "true or false", CVT_ERR_CONFIG},
+        /* None is false to transformers where the default is true: refused, not defaulted */
+        {"FalconForCausalLM", ", \"parallel_attn\": null", "parallel_attn is null", "true or false",
+         CVT_ERR_CONFIG},
+        {"FalconForCausalLM", ", \"n_head_kv\": 8", "n_head_kv", "Falcon-40B", CVT_ERR_UNSUPPORTED},
     };
     check_refusals("falcon", bad, sizeof bad / sizeof bad[0]);
+    /* two spellings of one key that disagree: refused (the class reads one, ignores the other);
+     * that agree, or a null LLaMA spelling: the Falcon one is read */
+    static const char two[] = "{\"architectures\": [\"FalconForCausalLM\"], \"hidden_size\": 256, "
+                              "\"num_attention_heads\": 4, \"num_hidden_layers\": 2, \"vocab_size\": 64%s}";
+    static const char *const conflicts[] = {
+        ", \"rms_norm_eps\": 1e-6, \"layer_norm_epsilon\": 1e-5",
+        ", \"hidden_act\": \"gelu\", \"activation\": \"relu\"",
+        ", \"n_embed\": 512",
+        ", \"n_head\": 8",
+    };
+    qs_log_set_quiet(true);
+    for (size_t i = 0; i < sizeof conflicts / sizeof conflicts[0]; i++) {
+        snprintf(js, sizeof js, two, conflicts[i]);
+        CHECK_MSG(cfg_parse(js, NULL, NULL, NULL, &cfg) == CVT_ERR_CONFIG && strstr(qs_log_last(), "disagree"),
+                  "falcon conflict %zu: %s", i, qs_log_last());
+    }
+    qs_log_set_quiet(false);
+    snprintf(js, sizeof js, two, ", \"rms_norm_eps\": null, \"layer_norm_epsilon\": 1e-3, \"n_head\": 4");
+    CHECK_EQ_INT(cfg_parse(js, NULL, NULL, NULL, &cfg), CVT_ERR_NONE);
+    CHECK(cfg.rms_norm_eps == 1e-3);
+    cvt_config_free(&cfg);
+}
+
+/* MPT (MptConfig / MptAttentionConfig, configuration_mpt.py; mosaicml/mpt-7b's spelling):
+ * d_model, n_heads, n_layers, max_seq_len for the common keys, intermediate = expansion_ratio *
+ * d_model (4 when absent), ALiBi with alibi_bias_max (8 when absent), tied embeddings, and every
+ * attention or norm option it does not implement refused by name. */
+static void test_mpt_keys(void)
+{
+    struct cvt_hf_config cfg;
+    static const char mp[] = "{\"architectures\": [\"%s\"], \"model_type\": \"mpt\", "
+                             "\"d_model\": 256, \"n_heads\": 4, \"n_layers\": 2, "
+                             "\"vocab_size\": 64, \"no_bias\": true%s}";
+    char js[1024];
+    snprintf(js, sizeof js, mp, "MPTForCausalLM", ", \"max_seq_len\": 8192, \"attn_config\": "
+             "{\"alibi\": true, \"alibi_bias_max\": 16, \"clip_qkv\": null, \"qk_ln\": false}");
+    CHECK_EQ_INT(cfg_parse(js, NULL, NULL, NULL, &cfg), CVT_ERR_NONE);
+    CHECK(cfg.arch && strcmp(cfg.arch->name, "mpt") == 0);
+    CHECK_EQ_INT(cfg.hidden_size, 256);
+    CHECK_EQ_INT(cfg.num_attention_heads, 4);
+    CHECK_EQ_INT(cfg.num_key_value_heads, 4);
+    CHECK_EQ_INT(cfg.num_hidden_layers, 2);
+    CHECK_EQ_INT(cfg.intermediate_size, 1024);
+    CHECK_EQ_INT(cfg.max_position_embeddings, 8192);
+    CHECK(cfg.alibi_bias_max == 16.0 && cfg.tie_word_embeddings && cfg.rms_norm_eps == 1e-5);
+    cvt_config_free(&cfg);
+    snprintf(js, sizeof js, mp, "MptForCausalLM", ", \"expansion_ratio\": 2");
+    CHECK_EQ_INT(cfg_parse(js, NULL, NULL, NULL, &cfg), CVT_ERR_NONE);
+    CHECK_EQ_INT(cfg.intermediate_size, 512);
+    CHECK(cfg.alibi_bias_max == 8.0); /* MptAttentionConfig's default */
+    CHECK_EQ_INT(cfg.max_position_embeddings, 2048);
+    cvt_config_free(&cfg);
+    static const char *const bad[][3] = {
+        {", \"attn_config\": {\"alibi\": false}", "alibi false", "learned position"},
+        {", \"attn_config\": {\"clip_qkv\": 6}", "clip_qkv", "not supported"},
+        {", \"attn_config\": {\"qk_ln\": true}", "qk_ln", "not supported"},
+        {", \"attn_config\": {\"softmax_scale\": 0.1}", "softmax_scale", "not supported"},
+        {", \"attn_config\": {\"prefix_lm\": true}", "prefix_lm", "not supported"},
+        {", \"attn_config\": {\"attn_type\": \"grouped_query_attention\"}", "grouped_query_attention",
+         "multihead_attention only"},
+        {", \"logit_scale\": \"inv_sqrt_d_model\"", "logit_scale", "not supported"},
+        {", \"norm_type\": \"rmsnorm\"", "norm_type \"rmsnorm\"", "LayerNorm only"},
+    };
+    qs_log_set_quiet(true);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(js, sizeof js, mp, "MPTForCausalLM", bad[i][0]);
+        CHECK_MSG(cfg_parse(js, NULL, NULL, NULL, &cfg) == CVT_ERR_UNSUPPORTED, "mpt case %zu: %s", i,
+                  qs_log_last());
+        CHECK_MSG(strstr(qs_log_last(), bad[i][1]) && strstr(qs_log_last(), bad[i][2]),
+                  "mpt case %zu: message '%s'", i, qs_log_last());
+    }
+    /* no_bias false, and attn_config of the wrong type */
+    char nb[1024];
+    snprintf(nb, sizeof nb, "{\"architectures\": [\"MPTForCausalLM\"], \"d_model\": 256, \"n_heads\": 4, "
+             "\"n_layers\": 2, \"vocab_size\": 64, \"no_bias\": false}");
+    CHECK_EQ_INT(cfg_parse(nb, NULL, NULL, NULL, &cfg), CVT_ERR_UNSUPPORTED);
+    CHECK(strstr(qs_log_last(), "no_bias false") != NULL);
+    snprintf(js, sizeof js, mp, "MPTForCausalLM", ", \"attn_config\": [1]");
+    CHECK_EQ_INT(cfg_parse(js, NULL, NULL, NULL, &cfg), CVT_ERR_CONFIG);
+    CHECK(strstr(qs_log_last(), "attn_config") != NULL);
+    qs_log_set_quiet(false);
 }
 
 /* Everything a config says about the model, as parsed (not the saved text, nor torch_dtype,
@@ -894,6 +979,7 @@ int main(void)
     test_arch_defaults();
     test_family_keys();
     test_falcon_keys();
+    test_mpt_keys();
     test_rope_t5_files();
     test_rope_spellings();
     test_directory();

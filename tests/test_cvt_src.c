@@ -436,7 +436,7 @@ static bool linear_dims(const struct cvt_hf_config *c, const char *prefix, int64
                {".up_proj", 0, 1}, {".down_proj", 1, 0}, {".w1", 0, 1}, {".w3", 0, 1}, {".w2", 1, 0},
                {".qkv_proj", 0, 4}, {".gate_up_proj", 0, 5},                        /* Phi-3 */
                {".query_key_value", 0, 4}, {".dense", 2, 0}, {".dense_h_to_4h", 0, 1}, /* Falcon */
-               {".dense_4h_to_h", 1, 0}};
+               {".dense_4h_to_h", 1, 0}, {".Wqkv", 0, 4}, {".out_proj", 2, 0}};         /* MPT */
     const int64_t v[6] = {H, I, q, kv, q + 2 * kv, 2 * I};
     size_t pl = strlen(prefix);
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {

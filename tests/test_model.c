@@ -265,8 +265,8 @@ static void test_config(void)
     } muts[] = {
         {"\"qshard_config_version\": 1", "\"qshard_config_version\": 2", RT_ERR_UNSUPPORTED,
          "qshard_config_version"},
-        {"\"architecture\": \"llama\"", "\"architecture\": \"mpt\"", RT_ERR_UNSUPPORTED,
-         "mpt"},
+        {"\"architecture\": \"llama\"", "\"architecture\": \"gemma2\"", RT_ERR_UNSUPPORTED,
+         "gemma2"},
         {"\"hidden_size\": 128", "\"hidden_size\": -128", RT_ERR_CONFIG, "hidden_size"},
         {"\"hidden_size\": 128", "\"hidden_size\": 12.5", RT_ERR_CONFIG, "hidden_size"},
         {"\"hidden_size\": 128", "\"hidden_size\": \"128\"", RT_ERR_CONFIG, "hidden_size"},

@@ -17,7 +17,8 @@
  *     I_r columns: the runtime's plain GELU reads it, rt_act_gated);
  *   mlp.dense_4h_to_h -> down_proj (row-parallel).
  * Config (configuration_falcon.py FalconConfig; RWConfig of the tiiuae remote code): the common
- * keys under Falcon's spellings (n_head, n_layer, n_embed, num_kv_heads / n_head_kv,
+ * keys under Falcon's spellings (n_head, n_layer, n_embed, both spellings refused when they
+ * disagree; num_kv_heads ignored as transformers ignores it with multi_query, n_head_kv refused,
  * layer_norm_epsilon, ffn_hidden_size = 4 * hidden_size when absent, activation "gelu");
  * defaults rope_theta 10000, max_position_embeddings 2048, layer_norm_epsilon 1e-5, tied
  * embeddings (PretrainedConfig's default). Refused: alibi (falcon-rw: ALiBi instead of rotary),
@@ -26,6 +27,8 @@
  * bias true puts biases on all four linears (kept; the row-parallel ones on rank 0).
  * Tests: ./build/test_cvt (fixture falcon-mqa-parallel at TP 1/2/4), ./build/test_cvt_config.
  */
+#include <cjson/cJSON.h> /* n_head_kv */
+
 #include "cvt_arch.h"
 #include "cvt_src_int.h" /* CVT_TRY_JSON */
 #include "qs_log.h"
@@ -53,16 +56,21 @@ static const struct cvt_arch_step layer[] = {
 
 static const char *const aliases[] = {
     "num_attention_heads", "n_head",  "num_hidden_layers", "n_layer",
-    "hidden_size", "n_embed",         "num_key_value_heads", "num_kv_heads",
-    "rms_norm_eps", "layer_norm_epsilon", "intermediate_size", "ffn_hidden_size",
+    "hidden_size", "n_embed",         "rms_norm_eps", "layer_norm_epsilon",
+    "intermediate_size", "ffn_hidden_size",
     "hidden_act", "activation",       NULL, NULL,
 };
 
-/* One refused Falcon layout flag: key == bad (absent: def). */
+/* One refused Falcon layout flag: key == bad (absent: def; null is refused: transformers reads
+ * None as false where the default is true). */
 static enum cvt_err refuse_flag(const struct qs_json_ctx *c, const struct cJSON *o,
                                 const char *key, bool def, bool bad, const char *what)
 {
     bool v = def;
+    if (qs_json_is_null(o, key)) {
+        qs_log_error(c->fn, "%s/%s: %s is null: give true or false", c->where, c->file, key);
+        return CVT_ERR_CONFIG;
+    }
     CVT_TRY_JSON(qs_json_bool(c, o, key, def, &v));
     if (v == bad) {
         qs_log_error(c->fn, "%s/%s: %s %s: %s is not supported (Falcon-7B's layout only: "
@@ -85,6 +93,11 @@ static enum cvt_err falcon_keys(const struct qs_json_ctx *c, const struct cJSON 
     CVT_TRY(refuse_flag(c, o, "parallel_attn", true, false,
                         "sequential attention and MLP (post_attention_layernorm)"));
     CVT_TRY_JSON(qs_json_bool(c, o, "bias", false, &bias));
+    if (cJSON_GetObjectItemCaseSensitive(o, "n_head_kv")) { /* RW-40B's spelling (grouped qkv) */
+        qs_log_error(c->fn, "%s/%s: n_head_kv (Falcon-40B's grouped query_key_value) is not "
+                            "supported", c->where, c->file);
+        return CVT_ERR_UNSUPPORTED;
+    }
     /* FalconAttention: one kv head with multi_query unless new_decoder_architecture */
     cfg->num_key_value_heads = 1;
     cfg->bias_roles = bias ? CVT_ROLE_BIT(FMT_N_QKV) | CVT_ROLE_BIT(FMT_N_O) |
@@ -94,7 +107,7 @@ static enum cvt_err falcon_keys(const struct qs_json_ctx *c, const struct cJSON 
 }
 
 #define FALCON_COMMON                                                                          \
-    .rope_theta = 10000.0, .max_position_embeddings = 2048, .num_key_value_heads = 0,          \
+    .rope_theta = 10000.0, .max_position_embeddings = 2048, .num_key_value_heads = -1,         \
     .rms_norm_eps = 1e-5, .head_dim = 0, .sliding_window = 0, .hidden_act = "gelu",           \
     .ffn_mult = 4, .tie_word_embeddings = true, .key_aliases = aliases, .moe = false,          \
     .read_keys = falcon_keys, .hf_embed = "transformer.word_embeddings", .hf_lm_head = "lm_head", \
