@@ -11,20 +11,25 @@
 
 #include "ref.h"
 
+/* Row m of a norm's input (the three modes of ref_rmsnorm / ref_layernorm): residual[m] after
+ * residual[m] += x[m], residual[m] as it is (x NULL), or x[m] (residual NULL). */
+static const float *norm_input(float *residual, const float *x, int m, int H)
+{
+    const float *xr = x ? x + (size_t)m * (size_t)H : NULL;
+    if (!residual)
+        return xr;
+    float *hr = residual + (size_t)m * (size_t)H;
+    if (x)
+        for (int i = 0; i < H; i++)
+            hr[i] += xr[i];
+    return hr;
+}
+
 void ref_rmsnorm(float *out, float *residual, const float *x, const float *w, int M, int H,
                  float eps)
 {
     for (int m = 0; m < M; m++) {
-        const float *xr = x ? x + (size_t)m * (size_t)H : NULL;
-        float *hr;
-        if (residual) {
-            hr = residual + (size_t)m * (size_t)H;
-            if (x)
-                for (int i = 0; i < H; i++)
-                    hr[i] += xr[i];
-        } else {
-            hr = (float *)xr; /* only read below */
-        }
+        const float *hr = norm_input(residual, x, m, H);
         double ss = 0.0;
         for (int i = 0; i < H; i++)
             ss += (double)hr[i] * (double)hr[i];
@@ -39,16 +44,7 @@ void ref_layernorm(float *out, float *residual, const float *x, const float *w, 
                    int M, int H, float eps)
 {
     for (int m = 0; m < M; m++) {
-        const float *xr = x ? x + (size_t)m * (size_t)H : NULL;
-        float *hr;
-        if (residual) {
-            hr = residual + (size_t)m * (size_t)H;
-            if (x)
-                for (int i = 0; i < H; i++)
-                    hr[i] += xr[i];
-        } else {
-            hr = (float *)xr; /* only read below */
-        }
+        const float *hr = norm_input(residual, x, m, H);
         double s = 0.0, ss = 0.0;
         for (int i = 0; i < H; i++)
             s += (double)hr[i];
