@@ -449,18 +449,12 @@ static enum cvt_err parse_rope(const struct qs_json_ctx *c, const cJSON *o,
 
 /* The spelling of common key `key` to read: the key itself, or the family's alias of it when
  * config.json has only the alias (cvt_arch key_aliases). */
-static bool given_key(const cJSON *o, const char *key)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    return v && !cJSON_IsNull(v); /* null is "not given", as for every qs_json reader */
-}
-
 static const char *key_of(const cJSON *o, const struct cvt_arch *a, const char *key)
 {
-    if (!a->key_aliases || given_key(o, key))
+    if (!a->key_aliases || qs_json_given(o, key))
         return key;
     for (const char *const *p = a->key_aliases; p[0] && p[1]; p += 2)
-        if (strcmp(p[0], key) == 0 && given_key(o, p[1]))
+        if (strcmp(p[0], key) == 0 && qs_json_given(o, p[1]))
             return p[1];
     return key;
 }
@@ -472,7 +466,7 @@ static enum cvt_err check_aliases(const struct qs_json_ctx *c, const cJSON *o,
                                   const struct cvt_arch *a)
 {
     for (const char *const *p = a->key_aliases; p && p[0] && p[1]; p += 2) {
-        if (!given_key(o, p[0]) || !given_key(o, p[1]))
+        if (!qs_json_given(o, p[0]) || !qs_json_given(o, p[1]))
             continue;
         if (!cJSON_Compare(cJSON_GetObjectItemCaseSensitive(o, p[0]),
                            cJSON_GetObjectItemCaseSensitive(o, p[1]), true)) {
@@ -517,7 +511,7 @@ static enum cvt_err parse_model(const struct qs_json_ctx *c, const cJSON *o, str
     CVT_TRY_JSON(qs_json_int(c, o, key_of(o, a, "hidden_size"), true, 0, 1, CFG_MAX_DIM,
                              &cfg->hidden_size));
     const char *ik = key_of(o, a, "intermediate_size");
-    const bool i_def = a->ffn_mult > 0 && !given_key(o, ik); /* None: the default too */
+    const bool i_def = a->ffn_mult > 0 && !qs_json_given(o, ik); /* None: the default too */
     if (i_def && a->ffn_mult * cfg->hidden_size > CFG_MAX_DIM) {
         qs_log_error(c->fn, "%s/%s: the default intermediate size %lld x hidden_size %lld is "
                             "too large", c->where, c->file, (long long)a->ffn_mult,

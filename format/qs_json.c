@@ -63,6 +63,11 @@ static const cJSON *given(const cJSON *o, const char *key)
     return v && !cJSON_IsNull(v) ? v : NULL;
 }
 
+bool qs_json_given(const cJSON *o, const char *key)
+{
+    return given(o, key) != NULL;
+}
+
 bool qs_json_is_null(const cJSON *o, const char *key)
 {
     return cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(o, key));

@@ -79,6 +79,10 @@ enum qs_json_err qs_json_number(const struct qs_json_ctx *c, const struct cJSON 
 enum qs_json_err qs_json_bool(const struct qs_json_ctx *c, const struct cJSON *o, const char *key,
                               bool def, bool *out);
 
+/* Whether key is in object o with a value other than JSON null (what every reader here treats
+ * as "given"). */
+bool qs_json_given(const struct cJSON *o, const char *key);
+
 /* Whether key is in object o with the value JSON null (absent or any other value: false).
  * MistralConfig's sliding_window is one such key: absent = 4096, null = no window. */
 bool qs_json_is_null(const struct cJSON *o, const char *key);

@@ -133,6 +133,10 @@ struct rt_arch {
 
 /* The descriptor of config architecture `name`, or NULL (the registry, rt_arch.c). */
 const struct rt_arch *rt_arch_find(const char *name);
+
+/* The check of a dense architecture (runtime/rt_arch_llama.c; LLaMA's family, Falcon, MPT): a
+ * config with experts (num_local_experts != 0) is refused, RT_ERR_CONFIG, reported. */
+enum rt_err rt_arch_check_dense(const struct rt_config *c, const char *where);
 /* Comma-separated names of every registered architecture, for messages. */
 const char *rt_arch_names(void);
 

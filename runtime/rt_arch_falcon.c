@@ -9,21 +9,10 @@
  * FalconAttention, FalconMLP).
  * Test: ./build/test_model (fixture falcon-mqa-parallel), tests/test_e2e (golden).
  */
-#include "qs_log.h"
 #include "rt.h"
-
-static enum rt_err check_falcon(const struct rt_config *c, const char *where)
-{
-    if (c->n_experts != 0) {
-        qs_log_error("rt_config_parse", "%s: config: num_local_experts %d for non-MoE "
-                     "architecture %s", where, c->n_experts, c->architecture);
-        return RT_ERR_CONFIG;
-    }
-    return RT_ERR_NONE;
-}
 
 const struct rt_arch rt_arch_falcon = {
     .name = "falcon", .norm = RT_NORM_LAYER, .act = RT_ACT_GELU, .rotary_fraction = 1.0f,
     .parallel_residual = true, .qk_norm = false, .moe = false, .norm_bias = true,
-    .check = check_falcon,
+    .check = rt_arch_check_dense,
 };

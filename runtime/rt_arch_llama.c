@@ -11,8 +11,7 @@
 #include "qs_log.h"
 #include "rt.h"
 
-/* A dense model: no experts. */
-static enum rt_err check_dense(const struct rt_config *c, const char *where)
+enum rt_err rt_arch_check_dense(const struct rt_config *c, const char *where)
 {
     if (c->n_experts != 0) {
         qs_log_error("rt_config_parse", "%s: config: num_local_experts %d for non-MoE "
@@ -25,7 +24,7 @@ static enum rt_err check_dense(const struct rt_config *c, const char *where)
 #define LLAMA_FAMILY(arch_name, qk)                                                           \
     {                                                                                         \
         .name = arch_name, .norm = RT_NORM_RMS, .act = RT_ACT_SILU, .rotary_fraction = 1.0f,  \
-        .parallel_residual = false, .qk_norm = qk, .moe = false, .check = check_dense,        \
+        .parallel_residual = false, .qk_norm = qk, .moe = false, .check = rt_arch_check_dense,        \
     }
 
 const struct rt_arch rt_arch_llama = LLAMA_FAMILY("llama", false);

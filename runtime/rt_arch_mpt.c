@@ -14,13 +14,12 @@
 
 static enum rt_err check_mpt(const struct rt_config *c, const char *where)
 {
-    if (c->n_experts != 0 || c->n_kv_heads != c->n_heads) {
-        qs_log_error("rt_config_parse", "%s: config: MPT has no experts and one kv head per "
-                     "head (num_local_experts %d, num_key_value_heads %d of %d)", where,
-                     c->n_experts, c->n_kv_heads, c->n_heads);
+    if (c->n_kv_heads != c->n_heads) {
+        qs_log_error("rt_config_parse", "%s: config: MPT has one kv head per head "
+                     "(num_key_value_heads %d of %d)", where, c->n_kv_heads, c->n_heads);
         return RT_ERR_CONFIG;
     }
-    return RT_ERR_NONE;
+    return rt_arch_check_dense(c, where);
 }
 
 const struct rt_arch rt_arch_mpt = {

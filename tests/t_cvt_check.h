@@ -474,6 +474,119 @@ static inline void ck_config(struct model_ck *m, const struct fmt_shard *s, int 
     cJSON_Delete(j);
 }
 
+/* Replicated float tensor of layer i: output name pattern `out`, source pattern `src` (each
+ * taking i). */
+static inline void ck_layer_float(struct model_ck *m, const struct fmt_shard *s, int i,
+                                  const char *out, const char *src)
+{
+    char nm[200], src_nm[200];
+    snprintf(nm, sizeof(nm), out, i);
+    snprintf(src_nm, sizeof(src_nm), src, i);
+    ck_replicated_from(m, s, nm, src_nm);
+}
+
+/* Falcon's tensors on rank r (transformers modeling_falcon.py names): its own embedding, final
+ * LayerNorm with bias, layers "transformer.h.%d" with one input_layernorm (+ bias), fused
+ * query_key_value, dense, a plain MLP. */
+static inline void ck_rank_falcon(struct model_ck *m, const struct fmt_shard *s, int r)
+{
+    ck_vocab(m, s, r, "model.embed_tokens.weight", "transformer.word_embeddings.weight");
+    CHECK_MSG(m->cfg->tie_word_embeddings && fmt_shard_find(s, "lm_head.weight") == NULL,
+              "%s: lm_head", m->name);
+    ck_replicated_from(m, s, "model.norm.weight", "transformer.ln_f.weight");
+    ck_replicated_from(m, s, "model.norm.bias", "transformer.ln_f.bias");
+    for (int i = 0; i < m->L; i++) {
+        ck_layer_float(m, s, i, "model.layers.%d.input_layernorm.weight",
+                       "transformer.h.%d.input_layernorm.weight");
+        ck_layer_float(m, s, i, "model.layers.%d.input_layernorm.bias",
+                       "transformer.h.%d.input_layernorm.bias");
+        ck_attention(m, s, r, i, "transformer.h.%d.self_attention", "query_key_value", "dense");
+        ck_mlp_plain(m, s, r, i, "transformer.h.%d.mlp", "dense_h_to_4h", "dense_4h_to_h");
+    }
+}
+
+/* MPT's tensors on rank r (modeling_mpt.py names): wte, blocks.{i}.norm_1 / norm_2 (no bias),
+ * attn.Wqkv fused, attn.out_proj, ffn.up_proj / down_proj (plain), ffn.act.scales split like
+ * up's columns; norm_f. */
+static inline void ck_rank_mpt(struct model_ck *m, const struct fmt_shard *s, int r)
+{
+    ck_vocab(m, s, r, "model.embed_tokens.weight", "transformer.wte.weight");
+    CHECK_MSG(m->cfg->tie_word_embeddings && fmt_shard_find(s, "lm_head.weight") == NULL,
+              "%s: lm_head", m->name);
+    ck_replicated_from(m, s, "model.norm.weight", "transformer.norm_f.weight");
+    for (int i = 0; i < m->L; i++) {
+        char src_nm[200];
+        ck_layer_float(m, s, i, "model.layers.%d.input_layernorm.weight",
+                       "transformer.blocks.%d.norm_1.weight");
+        ck_layer_float(m, s, i, "model.layers.%d.post_attention_layernorm.weight",
+                       "transformer.blocks.%d.norm_2.weight");
+        ck_attention(m, s, r, i, "transformer.blocks.%d.attn", "Wqkv", "out_proj");
+        ck_mlp_plain(m, s, r, i, "transformer.blocks.%d.ffn", "up_proj", "down_proj");
+        snprintf(src_nm, sizeof(src_nm), "transformer.blocks.%d.ffn.act.scales", i);
+        const struct fmt_tensor *t = find(s, "model.layers.%d.mlp.act_scales", i);
+        long n = 0;
+        float *v = src_f32(m, src_nm, &n);
+        if (t && v)
+            CHECK_MSG((long)t->shape[0] == m->I_r && n == m->I &&
+                          !memcmp(t->data, v + r * m->I_r, (size_t)m->I_r * 4),
+                      "%s rank %d: act_scales differ from %s's columns", m->name, r, src_nm);
+        if (t)
+            m->n_checked++;
+        free(v);
+    }
+}
+
+/* The LLaMA family's tensors on rank r (LLaMA, Mistral, Qwen2/3, Phi-3, Mixtral, Qwen3-MoE). */
+static inline void ck_rank_llama(struct model_ck *m, const struct fmt_shard *s, int r)
+{
+    char base[160], nm[200];
+    const bool tie = m->cfg->tie_word_embeddings;
+    const char *emb = "model.embed_tokens.weight";
+    ck_vocab(m, s, r, emb, cvt_source_find(m->src, emb) ? emb : "lm_head.weight");
+    if (tie)
+        CHECK_MSG(fmt_shard_find(s, "lm_head.weight") == NULL, "%s: tied model has lm_head",
+                  m->name);
+    else
+        ck_vocab(m, s, r, "lm_head.weight", "lm_head.weight");
+    ck_replicated(m, s, "model.norm.weight");
+    for (int i = 0; i < m->L; i++) {
+        snprintf(nm, sizeof(nm), "model.layers.%d.input_layernorm.weight", i);
+        ck_replicated(m, s, nm);
+        snprintf(nm, sizeof(nm), "model.layers.%d.post_attention_layernorm.weight", i);
+        ck_replicated(m, s, nm);
+        snprintf(nm, sizeof(nm), "model.layers.%d.self_attn.q_norm.weight", i);
+        if (cvt_source_find(m->src, nm)) { /* Qwen3: per-head norms [hd], replicated */
+            ck_replicated(m, s, nm);
+            snprintf(nm, sizeof(nm), "model.layers.%d.self_attn.k_norm.weight", i);
+            ck_replicated(m, s, nm);
+        }
+        ck_attention(m, s, r, i, "model.layers.%d.self_attn", "qkv_proj", "o_proj");
+        if (m->E) {
+            /* Mixtral: block_sparse_moe.{gate, experts.e.w1/w3/w2}; Qwen3-MoE:
+             * mlp.{gate, experts.e.gate_proj/up_proj/down_proj}; both written in Mixtral's
+             * canonical names */
+            char src_nm[200], src_base[200];
+            snprintf(src_nm, sizeof(src_nm), "model.layers.%d.mlp.gate.weight", i);
+            const bool qm = cvt_source_find(m->src, src_nm) != NULL;
+            snprintf(nm, sizeof(nm), "model.layers.%d.block_sparse_moe.gate.weight", i);
+            ck_replicated_from(m, s, nm, qm ? src_nm : NULL);
+            for (int e = 0; e < m->E; e++) {
+                snprintf(base, sizeof(base), "model.layers.%d.block_sparse_moe.experts.%d", i,
+                         e);
+                snprintf(src_base, sizeof(src_base), "model.layers.%d.%s.experts.%d", i,
+                         qm ? "mlp" : "block_sparse_moe", e);
+                if (qm)
+                    ck_mlp(m, s, r, base, src_base, "gate_proj", "up_proj", "down_proj");
+                else
+                    ck_mlp(m, s, r, base, src_base, "w1", "w3", "w2");
+            }
+        } else {
+            snprintf(base, sizeof(base), "model.layers.%d.mlp", i);
+            ck_mlp(m, s, r, base, base, "gate_proj", "up_proj", "down_proj");
+        }
+    }
+}
+
 /* Every tensor of every rank of out_dir vs the source. */
 static inline void ck_model(struct model_ck *m, const char *out_dir)
 {
@@ -485,114 +598,14 @@ static inline void ck_model(struct model_ck *m, const char *out_dir)
     CHECK_EQ_INT(fmt_model_world_size(fm), m->tp);
     for (int r = 0; r < m->tp; r++) {
         const struct fmt_shard *s = fmt_model_shard(fm, (uint32_t)r);
-        char base[160], nm[200];
         m->n_checked = 0;
         ck_config(m, s, r);
-        bool tie = m->cfg->tie_word_embeddings;
-        const char *emb = "model.embed_tokens.weight";
-        /* Falcon (transformers modeling_falcon.py names): its own embedding, final LayerNorm
-         * with bias, layers "transformer.h.%d" with one input_layernorm (+ bias), fused
-         * query_key_value, dense, a plain MLP */
-        const bool falcon = cvt_source_find(m->src, "transformer.word_embeddings.weight") != NULL;
-        if (falcon) {
-            ck_vocab(m, s, r, emb, "transformer.word_embeddings.weight");
-            CHECK_MSG(tie && fmt_shard_find(s, "lm_head.weight") == NULL, "%s: lm_head", m->name);
-            ck_replicated_from(m, s, "model.norm.weight", "transformer.ln_f.weight");
-            ck_replicated_from(m, s, "model.norm.bias", "transformer.ln_f.bias");
-            for (int i = 0; i < m->L; i++) {
-                char src_nm[200];
-                snprintf(nm, sizeof(nm), "model.layers.%d.input_layernorm.weight", i);
-                snprintf(src_nm, sizeof(src_nm), "transformer.h.%d.input_layernorm.weight", i);
-                ck_replicated_from(m, s, nm, src_nm);
-                snprintf(nm, sizeof(nm), "model.layers.%d.input_layernorm.bias", i);
-                snprintf(src_nm, sizeof(src_nm), "transformer.h.%d.input_layernorm.bias", i);
-                ck_replicated_from(m, s, nm, src_nm);
-                ck_attention(m, s, r, i, "transformer.h.%d.self_attention", "query_key_value",
-                             "dense");
-                ck_mlp_plain(m, s, r, i, "transformer.h.%d.mlp", "dense_h_to_4h", "dense_4h_to_h");
-            }
-            CHECK_MSG(m->n_checked == (int)fmt_shard_n_tensors(s), "%s tp %d rank %d: %d tensors "
-                      "checked, file has %u", m->name, m->tp, r, m->n_checked,
-                      fmt_shard_n_tensors(s));
-            continue;
-        }
-        /* MPT (modeling_mpt.py names): wte, blocks.{i}.norm_1 / norm_2 (no bias), attn.Wqkv
-         * fused, attn.out_proj, ffn.up_proj / down_proj (plain), ffn.act.scales split like up's
-         * columns; norm_f */
-        if (cvt_source_find(m->src, "transformer.wte.weight")) {
-            ck_vocab(m, s, r, emb, "transformer.wte.weight");
-            CHECK_MSG(tie && fmt_shard_find(s, "lm_head.weight") == NULL, "%s: lm_head", m->name);
-            ck_replicated_from(m, s, "model.norm.weight", "transformer.norm_f.weight");
-            for (int i = 0; i < m->L; i++) {
-                char src_nm[200];
-                snprintf(nm, sizeof(nm), "model.layers.%d.input_layernorm.weight", i);
-                snprintf(src_nm, sizeof(src_nm), "transformer.blocks.%d.norm_1.weight", i);
-                ck_replicated_from(m, s, nm, src_nm);
-                snprintf(nm, sizeof(nm), "model.layers.%d.post_attention_layernorm.weight", i);
-                snprintf(src_nm, sizeof(src_nm), "transformer.blocks.%d.norm_2.weight", i);
-                ck_replicated_from(m, s, nm, src_nm);
-                ck_attention(m, s, r, i, "transformer.blocks.%d.attn", "Wqkv", "out_proj");
-                ck_mlp_plain(m, s, r, i, "transformer.blocks.%d.ffn", "up_proj", "down_proj");
-                snprintf(src_nm, sizeof(src_nm), "transformer.blocks.%d.ffn.act.scales", i);
-                const struct fmt_tensor *t = find(s, "model.layers.%d.mlp.act_scales", i);
-                long n = 0;
-                float *v = src_f32(m, src_nm, &n);
-                if (t && v)
-                    CHECK_MSG((long)t->shape[0] == m->I_r && n == m->I &&
-                                  !memcmp(t->data, v + r * m->I_r, (size_t)m->I_r * 4),
-                              "%s rank %d: act_scales differ from %s's columns", m->name, r, src_nm);
-                if (t)
-                    m->n_checked++;
-                free(v);
-            }
-            CHECK_MSG(m->n_checked == (int)fmt_shard_n_tensors(s), "%s tp %d rank %d: %d tensors "
-                      "checked, file has %u", m->name, m->tp, r, m->n_checked,
-                      fmt_shard_n_tensors(s));
-            continue;
-        }
-        ck_vocab(m, s, r, emb, cvt_source_find(m->src, emb) ? emb : "lm_head.weight");
-        if (tie)
-            CHECK_MSG(fmt_shard_find(s, "lm_head.weight") == NULL, "%s: tied model has lm_head",
-                      m->name);
+        if (cvt_source_find(m->src, "transformer.word_embeddings.weight"))
+            ck_rank_falcon(m, s, r);
+        else if (cvt_source_find(m->src, "transformer.wte.weight"))
+            ck_rank_mpt(m, s, r);
         else
-            ck_vocab(m, s, r, "lm_head.weight", "lm_head.weight");
-        ck_replicated(m, s, "model.norm.weight");
-        for (int i = 0; i < m->L; i++) {
-            snprintf(nm, sizeof(nm), "model.layers.%d.input_layernorm.weight", i);
-            ck_replicated(m, s, nm);
-            snprintf(nm, sizeof(nm), "model.layers.%d.post_attention_layernorm.weight", i);
-            ck_replicated(m, s, nm);
-            snprintf(nm, sizeof(nm), "model.layers.%d.self_attn.q_norm.weight", i);
-            if (cvt_source_find(m->src, nm)) { /* Qwen3: per-head norms [hd], replicated */
-                ck_replicated(m, s, nm);
-                snprintf(nm, sizeof(nm), "model.layers.%d.self_attn.k_norm.weight", i);
-                ck_replicated(m, s, nm);
-            }
-            ck_attention(m, s, r, i, "model.layers.%d.self_attn", "qkv_proj", "o_proj");
-            if (m->E) {
-                /* Mixtral: block_sparse_moe.{gate, experts.e.w1/w3/w2}; Qwen3-MoE:
-                 * mlp.{gate, experts.e.gate_proj/up_proj/down_proj}; both written in Mixtral's
-                 * canonical names */
-                char src_nm[200], src_base[200];
-                snprintf(src_nm, sizeof(src_nm), "model.layers.%d.mlp.gate.weight", i);
-                const bool qm = cvt_source_find(m->src, src_nm) != NULL;
-                snprintf(nm, sizeof(nm), "model.layers.%d.block_sparse_moe.gate.weight", i);
-                ck_replicated_from(m, s, nm, qm ? src_nm : NULL);
-                for (int e = 0; e < m->E; e++) {
-                    snprintf(base, sizeof(base), "model.layers.%d.block_sparse_moe.experts.%d", i,
-                             e);
-                    snprintf(src_base, sizeof(src_base), "model.layers.%d.%s.experts.%d", i,
-                             qm ? "mlp" : "block_sparse_moe", e);
-                    if (qm)
-                        ck_mlp(m, s, r, base, src_base, "gate_proj", "up_proj", "down_proj");
-                    else
-                        ck_mlp(m, s, r, base, src_base, "w1", "w3", "w2");
-                }
-            } else {
-                snprintf(base, sizeof(base), "model.layers.%d.mlp", i);
-                ck_mlp(m, s, r, base, base, "gate_proj", "up_proj", "down_proj");
-            }
-        }
+            ck_rank_llama(m, s, r);
         /* nothing in the rank file that this test did not check */
         CHECK_MSG(m->n_checked == (int)fmt_shard_n_tensors(s), "%s tp %d rank %d: %d tensors "
                   "checked, file has %u", m->name, m->tp, r, m->n_checked,
