@@ -119,6 +119,7 @@ struct cvt_out {
     int n_segs;
     struct cvt_seg segs[CVT_MAX_SEGS];
     uint64_t bytes;         /* data bytes in the rank file (W4: qweight + scales + qzeros) */
+    float offset;           /* VEC_F32: added to every value read (fp32; Gemma's 1 + w norms) */
     int64_t group;          /* W4: this output's local group size G_r; scales/qzeros have
                              * rows / G_r rows (DESIGN 4: G_r = gcd(G, K_r), which divides G and
                              * every slice start, so each local group lies inside one source

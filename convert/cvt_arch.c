@@ -21,7 +21,9 @@
     X(cvt_arch_falcon)       \
     X(cvt_arch_falcon_rw)    \
     X(cvt_arch_mpt)          \
-    X(cvt_arch_mpt_remote)
+    X(cvt_arch_mpt_remote)   \
+    X(cvt_arch_gemma2)       \
+    X(cvt_arch_gemma3)
 
 #define CVT_X_EXTERN(d) extern const struct cvt_arch d;
 CVT_ARCH_REGISTRY(CVT_X_EXTERN)

@@ -138,6 +138,9 @@ struct cvt_arch {
     const char *hf_final_norm; /* tensor of the final norm [H] ("model.norm.weight") */
     const char *hf_final_norm_bias; /* its bias [H] (LayerNorm families), or NULL */
     const char *hf_layer;      /* prefix of layer i's names, taking i ("model.layers.%d") */
+    double norm_offset;        /* added to every stored norm weight (NORM, HEAD_NORM steps, the
+                                * final norm), in fp32: Gemma's RMSNorm multiplies by 1 + w
+                                * (transformers Gemma2RMSNorm: 1.0 + weight.float()); 0 others */
     int n_steps;
     const struct cvt_arch_step *steps; /* one decoder layer */
 };

@@ -546,6 +546,8 @@ static enum cvt_err parse_model(const struct qs_json_ctx *c, const cJSON *o, str
     CVT_TRY(parse_rope(c, o, cfg));
     CVT_TRY_JSON(qs_json_bool(c, o, "tie_word_embeddings", a->tie_word_embeddings,
                               &cfg->tie_word_embeddings));
+    if (qs_json_is_null(o, "tie_word_embeddings")) /* transformers tests its truth: None = untied */
+        cfg->tie_word_embeddings = false;
 
     /* hidden_act: the family's activation only */
     char act[32];

@@ -603,6 +603,9 @@ static enum cvt_err job_float(struct cvt_run_state *R, int rank, const struct cv
             }
             cvt_source_release(R->src, t);
         }
+        if (!e && !f16 && o->offset != 0.0f) /* Gemma's norms: 1 + w, in fp32 */
+            for (int64_t i = 0; i < nr * C; i++)
+                ((float *)buf)[i] += o->offset;
         if (!e)
             e = cvt_run_put_part(R, rank, index, off, buf, (size_t)(nr * C) * es);
         off += (uint64_t)(nr * C) * es;

@@ -648,7 +648,7 @@ static enum cvt_err emit_row(struct builder *b, int r, const char *out_name, con
 /* Replicated float tensor (norm weight, router) on every rank: source `src_name` -> output
  * `out_name`. */
 static enum cvt_err emit_replicated(struct builder *b, const char *src_name, const char *out_name,
-                                    int64_t rows, int64_t cols)
+                                    int64_t rows, int64_t cols, float offset)
 {
     if (b->have_names && !set_take(&b->set, src_name)) {
         qs_log_error(__func__, "tensor %s: missing: the model needs it (shape [%" PRId64
@@ -663,6 +663,7 @@ static enum cvt_err emit_replicated(struct builder *b, const char *src_name, con
         struct cvt_out *o = add_out(b, r, out_name, CVT_OUT_VEC_F32, rows, cols);
         if (!o)
             return CVT_ERR_NOMEM;
+        o->offset = offset;
         add_seg(o, s, 0, 0, rows, cols, 0, 0);
     }
     return CVT_ERR_NONE;
@@ -827,7 +828,8 @@ static enum cvt_err plan_linears(struct builder *b, const struct cvt_arch_step *
 /* A replicated float output [rows, cols] of layer `layer` from HF tensor `hf` under `prefix`:
  * a norm ([1, H]), a HEAD_NORM step ([1, head_dim]: Qwen3's q_norm / k_norm), a router. */
 static enum cvt_err plan_layer_float(struct builder *b, const char *prefix, const char *hf,
-                                     enum fmt_name role, int layer, int64_t rows, int64_t cols)
+                                     enum fmt_name role, int layer, int64_t rows, int64_t cols,
+                                     float offset)
 {
     char src[200], out[160];
     snprintf(src, sizeof(src), "%s.%s", prefix, hf);
@@ -835,7 +837,7 @@ static enum cvt_err plan_layer_float(struct builder *b, const char *prefix, cons
         qs_log_error(__func__, "layer %d: no canonical name for role %d", layer, (int)role);
         return CVT_ERR_CONFIG;
     }
-    return emit_replicated(b, src, out, rows, cols);
+    return emit_replicated(b, src, out, rows, cols, offset);
 }
 
 /* An INTER_VECTOR step: `hf` under the layer, F32 [I], rank r's columns [r I_r, (r + 1) I_r)
@@ -892,7 +894,7 @@ static enum cvt_err plan_router(struct builder *b, const struct cvt_arch_step *s
         }
     }
     snprintf(nm, sizeof(nm), "%s" FMT_SUFFIX_WEIGHT, st->hf);
-    return plan_layer_float(b, prefix, nm, st->role, layer, b->p->d.n_experts, b->p->d.hidden);
+    return plan_layer_float(b, prefix, nm, st->role, layer, b->p->d.n_experts, b->p->d.hidden, 0);
 }
 
 /* One decoder layer: the descriptor's steps in order. */
@@ -908,7 +910,8 @@ static enum cvt_err plan_layer(struct builder *b, int i)
         case CVT_ARCH_OP_NORM:
         case CVT_ARCH_OP_HEAD_NORM:
             e = plan_layer_float(b, prefix, st->hf, st->role, i, 1,
-                                 st->op == CVT_ARCH_OP_NORM ? d->hidden : d->head_dim);
+                                 st->op == CVT_ARCH_OP_NORM ? d->hidden : d->head_dim,
+                                 (float)d->arch->norm_offset);
             break;
         case CVT_ARCH_OP_INTER_VECTOR:
             e = plan_inter_vector(b, prefix, st->hf, st->role, i);
@@ -1000,11 +1003,11 @@ static enum cvt_err plan_model(struct builder *b)
     if ((e = plan_vocab(b)))
         return e;
     fmt_name(out, sizeof(out), FMT_N_FINAL_NORM, -1, -1, NULL);
-    if ((e = emit_replicated(b, d->arch->hf_final_norm, out, 1, d->hidden)))
+    if ((e = emit_replicated(b, d->arch->hf_final_norm, out, 1, d->hidden, (float)d->arch->norm_offset)))
         return e;
     if (d->arch->hf_final_norm_bias) { /* LayerNorm families */
         fmt_name(out, sizeof(out), FMT_N_FINAL_NORM_BIAS, -1, -1, NULL);
-        if ((e = emit_replicated(b, d->arch->hf_final_norm_bias, out, 1, d->hidden)))
+        if ((e = emit_replicated(b, d->arch->hf_final_norm_bias, out, 1, d->hidden, 0.0f)))
             return e;
     }
     for (int i = 0; i < d->n_layers; i++)

@@ -208,6 +208,13 @@ struct cvt_hf_config {
     bool no_topk_renorm;              /* Qwen3-MoE norm_topk_prob false: the kept router weights
                                        * are not renormalised (Mixtral: false) */
     double  alibi_bias_max;           /* MPT: ALiBi instead of rotary (attn_config); 0 = none */
+    /* Gemma 2 / 3 (their read_keys; 0 = the plain value of every other family) */
+    double  embed_scale;              /* embeddings * sqrt(hidden_size) */
+    double  attn_scale;               /* query_pre_attn_scalar^-0.5 */
+    double  attn_softcap;             /* attn_logit_softcapping; 0 = none */
+    double  final_softcap;            /* final_logit_softcapping; 0 = none */
+    int64_t sliding_window_pattern;   /* layer l windowed iff (l + 1) % P != 0; 0 = every layer */
+    double  rope_local_theta;         /* Gemma 3's rope_local_base_freq (windowed layers) */
     unsigned bias_roles;              /* CVT_ROLE_BIT()s of the outputs whose linears carry a
                                        * bias by config (Qwen2 qkv_proj; llama attention_bias:
                                        * qkv_proj and o_proj) */

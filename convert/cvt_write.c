@@ -139,6 +139,17 @@ static char *config_json(const struct cvt_run_state *R, int rank)
         cJSON_AddBoolToObject(j, "norm_topk_prob", !c->no_topk_renorm);
     if (c->alibi_bias_max > 0.0)
         cJSON_AddNumberToObject(j, "alibi_bias_max", c->alibi_bias_max);
+    if (c->embed_scale > 0.0) { /* Gemma 2 / 3 (runtime/rt.h struct rt_config) */
+        cJSON_AddNumberToObject(j, "embed_scale", c->embed_scale);
+        cJSON_AddNumberToObject(j, "attn_scale", c->attn_scale);
+        if (c->attn_softcap > 0.0) /* absent: none */
+            cJSON_AddNumberToObject(j, "attn_softcap", c->attn_softcap);
+        if (c->final_softcap > 0.0)
+            cJSON_AddNumberToObject(j, "final_softcap", c->final_softcap);
+        cJSON_AddNumberToObject(j, "sliding_window_pattern", (double)c->sliding_window_pattern);
+        if (c->rope_local_theta > 0.0)
+            cJSON_AddNumberToObject(j, "rope_local_theta", c->rope_local_theta);
+    }
     q = cJSON_AddObjectToObject(j, "quant");
     cJSON_AddNumberToObject(q, "w_bit", c->quant.w_bit);
     cJSON_AddNumberToObject(q, "group_size", p->d.group_size);

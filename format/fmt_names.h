@@ -47,7 +47,9 @@ extern "C" {
     X(FMT_N_FINAL_NORM_BIAS, "model.norm.bias", false, false, false)                            \
     X(FMT_N_ATTN_NORM_BIAS, FMT_NAME_LAYER "input_layernorm.bias", true, false, false)          \
     X(FMT_N_MLP_NORM_BIAS, FMT_NAME_LAYER "post_attention_layernorm.bias", true, false, false)  \
-    X(FMT_N_ACT_SCALES, FMT_NAME_LAYER "mlp.act_scales", true, false, false)
+    X(FMT_N_ACT_SCALES, FMT_NAME_LAYER "mlp.act_scales", true, false, false)                   \
+    X(FMT_N_ATTN_OUT_NORM, FMT_NAME_LAYER "self_attn.out_norm.weight", true, false, false)      \
+    X(FMT_N_MLP_OUT_NORM, FMT_NAME_LAYER "mlp.out_norm.weight", true, false, false)
 
 enum fmt_name {
 #define FMT_X_ENUM(role, pattern, per_layer, per_expert, linear) role,

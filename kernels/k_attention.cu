@@ -23,7 +23,9 @@
  * from coalesced value rows, 16 rows loaded before they are used. Warps merge (max, sum, acc)
  * through shared memory; with a workspace the keys are split across blocks (Flash-Decoding),
  * so a decode step of 32 heads runs ~500 blocks instead of 32, and the splits merge in the
- * last one to finish. Scores use exp2 with log2(e)/sqrt(hd) folded into q.
+ * last one to finish. Scores use exp2 with log2(e)/sqrt(hd) folded into q; the paged entry
+ * points also take a scale, Gemma 2's soft-cap and MPT's ALiBi slopes (struct ref_att_score;
+ * log2(e) then comes after them, att_shape).
  * Weak spot of v1: no tensor cores and no reuse of K/V across query rows or across the q heads
  * of a GQA group (L1/L2 serve the re-reads), which v2 fixes for prefill.
  * Test: build/gpu_test_ops (area attention).
@@ -58,7 +60,44 @@ struct att_kv {
     int table_stride;             /* entries per table row */
     int bs, bs_shift;             /* block size; log2(bs) when it is a power of two, else -1 */
     int n_kv_heads;
+    /* score options (kernels/ref.h struct ref_att_score): scale 0 = 1/sqrt(hd); softcap > 0:
+     * cap * tanh(s / cap); alibi: device slopes [n_heads] or NULL */
+    float scale, softcap;
+    const float *alibi;
 };
+
+/* The launch's score options into kv (NULL: plain). */
+static void att_kv_score(att_kv &kv, const struct ref_att_score *score)
+{
+    if (!score) return;
+    kv.scale = score->scale;
+    kv.softcap = score->softcap;
+    kv.alibi = score->alibi;
+}
+
+/* Whether the scores need more than q.k * scale (then exp2's log2(e) is applied after). */
+static __device__ __forceinline__ bool att_plain(const att_kv &kv)
+{
+    return kv.softcap <= 0.0f && !kv.alibi;
+}
+
+/* The factor applied to q: scale (1/sqrt(hd) when 0), times log2(e) when the scores are plain
+ * (log2(e) / sqrt(hd) rounded once, as before the options existed). */
+static __device__ __forceinline__ float att_qscale(const att_kv &kv, int hd, bool plain)
+{
+    const float l2e = 1.4426950408889634f;
+    if (kv.scale > 0.0f) return plain ? l2e * kv.scale : kv.scale;
+    return plain ? l2e / sqrtf((float)hd) : 1.0f / sqrtf((float)hd);
+}
+
+/* A score s = q.k * scale (already scaled) of head h, key t, query position p into the log2
+ * domain: soft-capped and ALiBi-biased as kv says, times log2(e). */
+static __device__ __forceinline__ float att_shape(const att_kv &kv, float s, int h, int t, int p)
+{
+    if (kv.softcap > 0.0f) s = tanhf(s / kv.softcap) * kv.softcap;
+    if (kv.alibi) s += __ldg(kv.alibi + h) * (float)(t - p);
+    return s * 1.4426950408889634f;
+}
 
 /* att_kv of the contiguous cache [n_kv_heads][T_cap][hd]: one block of T_cap rows, no table */
 static att_kv att_kv_contiguous(const uint16_t *k_cache, const uint16_t *v_cache, int start_pos,
@@ -159,7 +198,10 @@ attention_kernel(__half *__restrict__ out, size_t out_stride, const __half *__re
     if (s >= s_act) return; /* the whole block: no barrier is skipped */
     const int cbeg = kbeg + s * chunk, cend = min(kend, cbeg + chunk);
     const int kvh = h / (n_heads / kv.n_kv_heads);
-    const float qscale = 1.4426950408889634f / sqrtf((float)HD); /* log2(e) / sqrt(hd) */
+    /* scale (1/sqrt(hd) by default) in q; log2(e) too when the scores are plain, else after
+     * the soft-cap / ALiBi (att_shape) */
+    const bool plain = att_plain(kv);
+    const float qscale = att_qscale(kv, HD, plain);
 
     for (int d = threadIdx.x; d < HD; d += blockDim.x)
         q_s[d] = __half2float(q[(size_t)m * q_stride + (size_t)h * HD + d]) * qscale;
@@ -193,7 +235,7 @@ attention_kernel(__half *__restrict__ out, size_t out_stride, const __half *__re
                     }
                 }
             }
-            s_t = dot;
+            s_t = plain ? dot : att_shape(kv, dot, h, t, p);
         }
         float tmax = s_t;
 #pragma unroll
@@ -521,7 +563,8 @@ attention_fa_kernel(__half *__restrict__ out, size_t out_stride, const __half *_
     for (int kk = 0; kk < KS; ++kk)
         k_ldmatrix_x4(qa[kk], qs + fa_off<HD>(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)));
 
-    const float qscale = 1.4426950408889634f / sqrtf((float)HD); /* log2(e) / sqrt(hd) */
+    const bool plain = att_plain(kv);
+    const float qscale = att_qscale(kv, HD, plain); /* log2(e) after att_shape */
     float o[NO][4], m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int n = 0; n < NO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -560,7 +603,9 @@ attention_fa_kernel(__half *__restrict__ out, size_t out_stride, const __half *_
             for (int e = 0; e < 4; ++e) {
                 const int i = e >> 1, key = t0 + 8 * j + 2 * t + (e & 1);
                 const bool ok = key <= pr[i] && key >= lo[i];
-                sacc[j][e] = ok ? sacc[j][e] * qscale : -INFINITY;
+                sacc[j][e] = !ok ? -INFINITY
+                             : plain ? sacc[j][e] * qscale
+                                     : att_shape(kv, sacc[j][e] * qscale, h, key, pr[i]);
                 tmax[i] = fmaxf(tmax[i], sacc[j][e]);
             }
         float corr[2], base[2];
@@ -780,7 +825,8 @@ int k_attention_paged(uint16_t *out, size_t out_stride, const uint16_t *q, size_
                       const uint16_t *k_pool, const uint16_t *v_pool, int M, const int32_t *pos,
                       const int32_t *tables, int table_stride, const int32_t *row_table,
                       int n_heads, int n_kv_heads, int hd, int block_size, int max_keys,
-                      int sliding_window, void *ws, size_t ws_bytes, struct CUstream_st *stream)
+                      int sliding_window, const struct ref_att_score *score, void *ws,
+                      size_t ws_bytes, struct CUstream_st *stream)
 {
     if (!attention_heads_ok(M, n_heads, n_kv_heads, hd, q_stride, out_stride) ||
         block_size < 1 || table_stride < 1 || max_keys < 1)
@@ -795,6 +841,7 @@ int k_attention_paged(uint16_t *out, size_t out_stride, const uint16_t *q, size_
     kv.table_stride = table_stride;
     kv.row_table = row_table;
     kv.pos = pos;
+    att_kv_score(kv, score);
     return attention_launch(out, out_stride, q, q_stride, kv, M, n_heads, hd, (long)max_keys,
                             sliding_window, ws, ws_bytes, stream);
 }
@@ -803,7 +850,8 @@ int k_attention_paged_prefill(uint16_t *out, size_t out_stride, const uint16_t *
                               size_t q_stride, const uint16_t *k_pool, const uint16_t *v_pool,
                               int M, int start_pos, const int32_t *table, int n_heads,
                               int n_kv_heads, int hd, int block_size, int sliding_window,
-                              void *ws, size_t ws_bytes, struct CUstream_st *stream)
+                              const struct ref_att_score *score, void *ws, size_t ws_bytes,
+                              struct CUstream_st *stream)
 {
     if (!attention_heads_ok(M, n_heads, n_kv_heads, hd, q_stride, out_stride) || start_pos < 0 ||
         block_size < 1 || (long long)start_pos + M > INT_MAX)
@@ -818,6 +866,7 @@ int k_attention_paged_prefill(uint16_t *out, size_t out_stride, const uint16_t *
     kv.tables = table;
     kv.table_stride = (int)((T + block_size - 1) / block_size); /* >= T rows: no clamping */
     kv.start_pos = start_pos;
+    att_kv_score(kv, score);
     return attention_launch(out, out_stride, q, q_stride, kv, M, n_heads, hd, (long)T,
                             sliding_window, ws, ws_bytes, stream);
 }

@@ -28,6 +28,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ref.h" /* struct ref_att_score */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -371,19 +373,32 @@ int k_silu_mul(uint16_t *out, const uint16_t *gate_up, int M, int I, struct CUst
 int k_silu_mul_acc(uint16_t *out, float *gate_up_acc, int M, int I, struct CUstream_st *stream);
 
 /* out[i] = gelu(x[i]), exact erf form (reference ref_gelu; torch.nn.GELU()), for n fp16 values,
- * fp32 math; or from fp32 sums x_acc[n] (x NULL; an ACC route), which it zeroes. The plain MLP
- * activation of Falcon. Errors: K_ERR_SHAPE (n < 1), K_ERR_ARG (out NULL, not exactly one of x
- * and x_acc). */
-int k_gelu(uint16_t *out, const uint16_t *x, float *x_acc, size_t n, struct CUstream_st *stream);
+ * fp32 math; or from fp32 sums x_acc[n] (x NULL; an ACC route), which it zeroes. With div
+ * (device f32 [I], n a multiple of I): out[i] = gelu(x[i]) / div[i % I] (MPT's activation
+ * scales, ref_div_cols). The plain MLP activation of Falcon and MPT. Errors: K_ERR_SHAPE (n < 1,
+ * n not a multiple of I >= 1 with div), K_ERR_ARG (out NULL, not exactly one of x and x_acc). */
+int k_gelu(uint16_t *out, const uint16_t *x, float *x_acc, size_t n, const float *div, int I,
+           struct CUstream_st *stream);
+
+/* out[M, I] = gelu_tanh(gate) * up (Gemma's GeGLU; reference ref_gelu_tanh_mul), gate_up[M, 2I]
+ * = [gate | up] fp16, or fp32 sums gate_up_acc (gate_up NULL; an ACC route), which it zeroes;
+ * fp32 math. Errors: K_ERR_SHAPE (M < 1, I < 1), K_ERR_ARG (out NULL, not exactly one input). */
+int k_gelu_tanh_mul(uint16_t *out, const uint16_t *gate_up, float *gate_up_acc, int M, int I,
+                    struct CUstream_st *stream);
+
+/* x[i] = cap * tanh(x[i] / cap) for n fp32 values in place (reference ref_softcap; Gemma 2's
+ * final logits). Errors: K_ERR_SHAPE (n < 1, cap <= 0), K_ERR_ARG (NULL). */
+int k_softcap(float *x, size_t n, float cap, struct CUstream_st *stream);
 
 /*
  * Vocab-parallel embedding lookup into the fp32 residual stream (reference ref_embed):
  * out[m][:] = table[tokens[m] - row_begin][:] when row_begin <= tokens[m] < row_begin + V_r,
- * else 0. table fp16 [V_r, H]; tokens [M] int32 device; out [M, H] fp32.
+ * else 0, times scale (1; Gemma: sqrt(hidden)). table fp16 [V_r, H]; tokens [M] int32 device;
+ * out [M, H] fp32.
  * Errors: K_ERR_SHAPE (M < 1, H < 1, V_r < 1), K_ERR_ARG (NULL, row_begin < 0).
  */
 int k_embed(float *out, const uint16_t *table, const int32_t *tokens, int M, int64_t row_begin,
-            int V_r, int H, struct CUstream_st *stream);
+            int V_r, int H, float scale, struct CUstream_st *stream);
 
 /*
  * Greedy sampling on the GPU (reference ref_argmax), one block per row: ids[m] = index of the
@@ -587,13 +602,15 @@ int k_kv_store_paged(uint16_t *k_pool, uint16_t *v_pool, const uint16_t *k, cons
  * clamped to 0 and one past the table to its last entry (the caller checks positions; this
  * only keeps reads in bounds). Errors: K_ERR_SHAPE (hd not 64/128/256, n_heads % n_kv_heads,
  * M outside [1, 65535], block_size or table_stride < 1, max_keys < 1), K_ERR_ARG (NULL, ws
- * misaligned), K_ERR_WORKSPACE.
+ * misaligned), K_ERR_WORKSPACE. score: NULL (q.k / sqrt(hd)) or the scale, soft-cap and ALiBi
+ * slopes of kernels/ref.h struct ref_att_score (alibi: device f32 [n_heads]).
  */
 int k_attention_paged(uint16_t *out, size_t out_stride, const uint16_t *q, size_t q_stride,
                       const uint16_t *k_pool, const uint16_t *v_pool, int M, const int32_t *pos,
                       const int32_t *tables, int table_stride, const int32_t *row_table,
                       int n_heads, int n_kv_heads, int hd, int block_size, int max_keys,
-                      int sliding_window, void *ws, size_t ws_bytes, struct CUstream_st *stream);
+                      int sliding_window, const struct ref_att_score *score, void *ws,
+                      size_t ws_bytes, struct CUstream_st *stream);
 
 /*
  * Attention of M consecutive query rows of one sequence at positions start_pos .. start_pos +
@@ -602,13 +619,15 @@ int k_attention_paged(uint16_t *out, size_t out_stride, const uint16_t *q, size_
  * or 128 and the buffers aligned as k_attention needs, else v1 as k_attention_paged (the split
  * count from start_pos + M keys, as k_attention). Same math and bits as k_attention over a
  * contiguous copy of the sequence's cache. Errors: as k_attention (start_pos < 0), K_ERR_SHAPE
- * also for block_size < 1 or start_pos + M > INT_MAX, K_ERR_ARG also for table NULL.
+ * also for block_size < 1 or start_pos + M > INT_MAX, K_ERR_ARG also for table NULL. score:
+ * as k_attention_paged.
  */
 int k_attention_paged_prefill(uint16_t *out, size_t out_stride, const uint16_t *q,
                               size_t q_stride, const uint16_t *k_pool, const uint16_t *v_pool,
                               int M, int start_pos, const int32_t *table, int n_heads,
                               int n_kv_heads, int hd, int block_size, int sliding_window,
-                              void *ws, size_t ws_bytes, struct CUstream_st *stream);
+                              const struct ref_att_score *score, void *ws, size_t ws_bytes,
+                              struct CUstream_st *stream);
 
 /* dst block of both pools = src block (copy-on-write of a shared block): block_elems =
  * n_kv_heads * block_size * hd fp16 per pool; two device-to-device cudaMemcpyAsync on the

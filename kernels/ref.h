@@ -223,6 +223,17 @@ void ref_silu_mul(float *out, const float *gate_up, int M, int I);
  * MPT's MLP activation), fp32 (erf in double). out may alias x. */
 void ref_gelu(float *out, const float *x, size_t n);
 
+/* out[M][I] = gelu_tanh(gate) * up with gate_up[M][2*I] = [gate | up]: GeGLU with the tanh
+ * approximation gelu_tanh(x) = x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))) (Hendrycks &
+ * Gimpel 2016; torch.nn.functional.gelu(approximate='tanh'), transformers
+ * ACT2FN["gelu_pytorch_tanh"]: Gemma 2 / 3's MLP). fp32 out (tanh in double). */
+void ref_gelu_tanh_mul(float *out, const float *gate_up, int M, int I);
+
+/* x[i] = cap * tanh(x[i] / cap) for n values, in place (fp32 division and product, tanh in
+ * double): soft-capping of attention scores and final logits (Gemma 2, transformers
+ * modeling_gemma2.py: logits / cap, tanh, * cap). cap > 0. */
+void ref_softcap(float *x, size_t n, float cap);
+
 /* x[m][i] /= d[i] for M rows of I (fp32): AutoAWQ's ScaledActivation (awq/modules/act.py), the
  * activation output divided by the smoothing scales AWQ could not fold into a weight (MPT's
  * ffn.act.scales, docs/FORMATS.md 7.5). */
@@ -248,10 +259,11 @@ void ref_gather_cols(float *dst, const float *src, const int32_t *perm, int M, i
  * Vocab-parallel embedding lookup: out[m][:] = table[tokens[m] - row_begin][:] (fp16 -> fp32)
  * when row_begin <= tokens[m] < row_begin + V_r, else zeros (that row lives on another rank;
  * the all-reduce sum assembles the full embedding). table: fp16 [V_r][H]; out: [M][H]. The
- * caller has already checked tokens against vocab_size.
+ * caller has already checked tokens against vocab_size. Each value is multiplied by `scale` in
+ * fp32 (1 for most models; Gemma's sqrt(hidden_size), modeling_gemma2.py normalizer).
  */
 void ref_embed(float *out, const uint16_t *table, const int32_t *tokens, int M, int64_t row_begin,
-               int V_r, int H);
+               int V_r, int H, float scale);
 
 /* --- rotary position embedding (kernels/ref_rope.c) ------------------------------------------ */
 
@@ -299,6 +311,21 @@ enum ref_err ref_attention(float *out, size_t out_stride, const float *q, size_t
 /* --- paged KV cache (kernels/ref_attention.c) ------------------------------------------------ */
 
 /*
+ * How a paged attention forms its scores beyond q.k / sqrt(hd) (transformers eager attention of
+ * modeling_gemma2.py / modeling_gemma3.py, modeling_mpt.py), in this order:
+ *   s = q.k * scale                       scale 0: 1 / sqrt(hd) (Gemma: query_pre_attn_scalar^-0.5)
+ *   s = softcap * tanh(s / softcap)       softcap > 0 only (Gemma 2's attn_logit_softcapping)
+ *   s += alibi[h] * (t - p)               alibi non-NULL only (MPT; ref_alibi_slopes), f32 [n_heads]
+ * then the causal / window mask and softmax. The CUDA kernels take the same struct with alibi in
+ * device memory (kernels.h).
+ */
+struct ref_att_score {
+    float scale;
+    float softcap;
+    const float *alibi;
+};
+
+/*
  * The paged KV cache (docs/DESIGN.md section 7, vLLM's PagedAttention: Kwon et al., "Efficient
  * Memory Management for Large Language Model Serving with PagedAttention", SOSP 2023): per layer
  * one pool of n_blocks blocks of block_size (bs) token rows, [n_blocks][n_kv_heads][bs][hd], so
@@ -330,7 +357,7 @@ void ref_kv_store_paged(float *k_pool, float *v_pool, const float *k, const floa
  * [max(0, pos[m] - sliding_window + 1), pos[m]], key t in pool block table[t / bs]. Same math
  * as ref_attention (fp32 scores, max subtracted, sum of softmax * v in key order), so a row gets
  * the same bits here as in ref_attention over a contiguous copy of its sequence's cache.
- * alibi: NULL, or ALiBi slopes [n_heads] (ref_alibi_slopes): score += alibi[h] * (t - pos[m]).
+ * score: NULL (scores q.k / sqrt(hd)), or the options of struct ref_att_score.
  * Errors: REF_ERR_SHAPE (M < 1, heads, n_heads % n_kv_heads, hd, block_size < 1, a position
  * < 0, a table entry < 0 for a key that is read), REF_ERR_NOMEM.
  */
@@ -338,8 +365,8 @@ enum ref_err ref_attention_paged(float *out, size_t out_stride, const float *q, 
                                  const float *k_pool, const float *v_pool, int M,
                                  const int32_t *pos, const int32_t *tables, int table_stride,
                                  const int32_t *row_table, int n_heads, int n_kv_heads, int hd,
-                                 int block_size, int sliding_window, const float *alibi,
-                                 struct ref_pool *pool);
+                                 int block_size, int sliding_window,
+                                 const struct ref_att_score *score, struct ref_pool *pool);
 
 /* ALiBi slopes of heads [h0, h0 + n) of a model with n_heads heads (Press et al., "Train Short,
  * Test Long", 2022; MPT's form, transformers modeling_mpt.py build_mpt_alibi_tensor): with P the

@@ -1,7 +1,8 @@
 /*
  * ref_attention.c - causal GQA attention over a KV cache for prefill and decode, with an
  * optional sliding window (transformers eager attention: softmax(q k^T * hd^-0.5 + mask) v,
- * softmax in fp32) and, in the paged entry point, optional ALiBi biases (MPT), over the contiguous cache (ref_attention) or the paged one
+ * softmax in fp32) and, in the paged entry point, the score options of struct ref_att_score
+ * (Gemma's scale and soft-capping, MPT's ALiBi biases), over the contiguous cache (ref_attention) or the paged one
  * (ref_attention_paged, ref_kv_store_paged: ref.h "paged KV cache"). Reference of
  * k_attention / k_attention_paged; the CPU backend's attention. One task per query head, each
  * over all M query rows; both entry points run the same row loop, so a row gets the same bits
@@ -20,7 +21,7 @@ struct attn_ctx {
     size_t q_stride;
     const float *k_pool, *v_pool;
     int M, n_heads, n_kv_heads, hd, block_size, window;
-    const float *alibi;       /* [n_heads] ALiBi slopes, or NULL */
+    struct ref_att_score score; /* scale (0: 1/sqrt(hd)), softcap, alibi (ref.h) */
     const int32_t *pos;       /* [M]; NULL: start_pos + m */
     int start_pos;
     const int32_t *tables;    /* [.][table_stride] */
@@ -55,7 +56,9 @@ static void attn_task(void *vctx, int h, int n_tasks)
     (void)n_tasks;
     const int hd = c->hd, kvh = h / (c->n_heads / c->n_kv_heads);
     float *sc = c->scratch + (size_t)h * (size_t)c->max_T;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = c->score.scale > 0.0f ? c->score.scale : 1.0f / sqrtf((float)hd);
+    const float cap = c->score.softcap;
+    const float *alibi = c->score.alibi;
 
     for (int m = 0; m < c->M; m++) {
         const int p = row_pos(c, m);
@@ -69,8 +72,10 @@ static void attn_task(void *vctx, int h, int n_tasks)
             for (int d = 0; d < hd; d++)
                 dot += qv[d] * kv[d];
             sc[j] = dot * scale;
-            if (c->alibi) /* ALiBi (MPT): slope * (key position - query position) */
-                sc[j] += c->alibi[h] * (float)(j - p);
+            if (cap > 0.0f) /* Gemma 2: cap * tanh(s / cap) */
+                sc[j] = (float)tanh((double)(sc[j] / cap)) * cap;
+            if (alibi) /* ALiBi (MPT): slope * (key position - query position) */
+                sc[j] += alibi[h] * (float)(j - p);
             mx = sc[j] > mx ? sc[j] : mx;
         }
         float sum = 0.0f;
@@ -133,8 +138,8 @@ enum ref_err ref_attention_paged(float *out, size_t out_stride, const float *q, 
                                  const float *k_pool, const float *v_pool, int M,
                                  const int32_t *pos, const int32_t *tables, int table_stride,
                                  const int32_t *row_table, int n_heads, int n_kv_heads, int hd,
-                                 int block_size, int sliding_window, const float *alibi,
-                                 struct ref_pool *pool)
+                                 int block_size, int sliding_window,
+                                 const struct ref_att_score *score, struct ref_pool *pool)
 {
     if (M < 1 || !heads_ok(n_heads, n_kv_heads, hd) || block_size < 1 || table_stride < 1 ||
         !pos || !tables) {
@@ -146,8 +151,10 @@ enum ref_err ref_attention_paged(float *out, size_t out_stride, const float *q, 
     struct attn_ctx c = {.out = out, .out_stride = out_stride, .q = q, .q_stride = q_stride,
                          .k_pool = k_pool, .v_pool = v_pool, .M = M, .n_heads = n_heads,
                          .n_kv_heads = n_kv_heads, .hd = hd, .block_size = block_size,
-                         .window = sliding_window, .alibi = alibi, .pos = pos, .tables = tables,
+                         .window = sliding_window, .pos = pos, .tables = tables,
                          .table_stride = table_stride, .row_table = row_table, .max_T = 1};
+    if (score)
+        c.score = *score;
     for (int m = 0; m < M; m++) {
         const int p = pos[m];
         const int32_t *tab = row_tab(&c, m);

@@ -8,7 +8,7 @@
 #include "ref.h"
 
 void ref_embed(float *out, const uint16_t *table, const int32_t *tokens, int M, int64_t row_begin,
-               int V_r, int H)
+               int V_r, int H, float scale)
 {
     const float *lut = ref_f16_lut();
     for (int m = 0; m < M; m++) {
@@ -20,6 +20,6 @@ void ref_embed(float *out, const uint16_t *table, const int32_t *tokens, int M, 
         }
         const uint16_t *t = table + (size_t)row * (size_t)H;
         for (int i = 0; i < H; i++)
-            o[i] = lut[t[i]];
+            o[i] = lut[t[i]] * scale;
     }
 }

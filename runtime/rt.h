@@ -18,7 +18,8 @@
  *             reference counts and prefix cache live on rank 0 (rt_blocks.c, in the executor),
  *             which sends each step's tables along with the batch.
  *
- * Math (transformers modeling_llama.py, modeling_qwen2.py, modeling_mixtral.py; the per-layer
+ * Math (transformers modeling_llama.py, modeling_qwen2.py, modeling_mixtral.py, and the other
+ * families' files named in their descriptors; the per-layer
  * choices come from the architecture descriptor, struct rt_arch): h = embed(tokens); per layer
  *   h += o_proj(attn(rope(q), rope(k), v))        with x = norm(h) feeding qkv
  *   h += down(act(gate(x)) * up(x))               with x = norm(h), or the Mixtral MoE
@@ -94,13 +95,14 @@ enum rt_norm {
  * kind act(x) from the up projection's [M][I] (rt_act_gated). */
 enum rt_act {
     RT_ACT_SILU = 1, /* gated: silu(gate) * up, silu(x) = x * sigmoid(x) (LLaMA) */
-    RT_ACT_GELU = 2  /* plain: exact erf GELU (Falcon's dense_h_to_4h -> GELU -> dense_4h_to_h) */
+    RT_ACT_GELU = 2, /* plain: exact erf GELU (Falcon's dense_h_to_4h -> GELU -> dense_4h_to_h) */
+    RT_ACT_GELU_TANH = 3 /* gated: gelu_tanh(gate) * up (Gemma 2 / 3's GeGLU, gelu_pytorch_tanh) */
 };
 
 /* Whether activation kind a is gated (its input is [gate | up], twice the intermediate width). */
 static inline bool rt_act_gated(enum rt_act a)
 {
-    return a == RT_ACT_SILU;
+    return a == RT_ACT_SILU || a == RT_ACT_GELU_TANH;
 }
 
 struct rt_config;
@@ -125,6 +127,11 @@ struct rt_arch {
     bool alibi;              /* ALiBi position biases instead of RoPE (MPT): the config's
                               * alibi_bias_max > 0, inv_freq all zero (the rotation is the
                               * identity), per-layer activation scales when the file has them */
+    bool post_norms;         /* Gemma 2 / 3: the attention and MLP outputs are normalised before
+                              * the residual add (post_attention_norm, post_feedforward_norm);
+                              * the config may give embed_scale, attn_scale, soft-capping, a
+                              * per-layer window pattern and a local rope theta. Norm weights
+                              * come with Gemma's (1 + w) folded in by the converter */
     /* Architecture-specific checks of a parsed config `c` read from `where` (after the generic
      * ones of rt_config_parse); NULL: none. Reports the key, returns RT_ERR_CONFIG or
      * RT_ERR_UNSUPPORTED. */
@@ -169,6 +176,17 @@ struct rt_config {
     bool norm_topk_prob;            /* renormalise the kept router weights (Mixtral: always) */
     float alibi_bias_max;           /* > 0: ALiBi position biases of this maximum (MPT; no
                                        rotary); 0: none */
+    /* Gemma 2 / 3 (arch->post_norms; absent keys give the values of every other family) */
+    float embed_scale;              /* embedding rows * this (1; Gemma: sqrt(hidden_size)) */
+    float attn_scale;               /* q.k multiplier (0: 1 / sqrt(head_dim); Gemma:
+                                       query_pre_attn_scalar^-0.5) */
+    float attn_softcap;             /* > 0: scores = cap * tanh(scores / cap); 0: none */
+    float final_softcap;            /* > 0: logits = cap * tanh(logits / cap); 0: none */
+    int sliding_window_pattern;     /* 0: sliding_window on every layer; P > 0: layer l has
+                                       the window iff (l + 1) % P != 0, the others are global
+                                       (Gemma 2: P 2, Gemma 3: 6) */
+    double rope_local_theta;        /* > 0: the windowed layers rotate with this theta and no
+                                       scaling (Gemma 3's rope_local_base_freq); 0: as global */
     int w_bit;                      /* 4 */
     int group_size;                 /* G */
     bool zero_point;
@@ -183,6 +201,16 @@ struct rt_config {
     int kv_head_replicas;           /* ranks sharing one kv head (1 when tp <= n_kv_heads) */
     int intermediate_per_rank;      /* I_r */
 };
+
+/* Whether layer l of config c attends through the sliding window (a "local" layer):
+ * sliding_window > 0 and, with a sliding_window_pattern P, (l + 1) % P != 0 (Gemma 2 / 3's
+ * interleaving, transformers configuration_gemma2.py / configuration_gemma3.py layer_types). */
+static inline bool rt_layer_local(const struct rt_config *c, int l)
+{
+    if (c->sliding_window <= 0)
+        return false;
+    return c->sliding_window_pattern <= 0 || (l + 1) % c->sliding_window_pattern != 0;
+}
 
 /*
  * Parse and validate a model config JSON (`json`, `len` bytes, need not be NUL-terminated).

@@ -2,7 +2,7 @@
  * rt_arch.c - the registry of architecture descriptors (rt.h struct rt_arch): the config's
  * "architecture" string -> what the forward pass does. One line per descriptor; the
  * descriptors live in one file per family (rt_arch_llama.c, rt_arch_mixtral.c,
- * rt_arch_falcon.c, rt_arch_mpt.c).
+ * rt_arch_falcon.c, rt_arch_mpt.c, rt_arch_gemma.c).
  * Test: ./build/test_model (every fixture's architecture; an unknown name is refused).
  */
 #include <stdio.h>
@@ -15,6 +15,7 @@ extern const struct rt_arch rt_arch_llama, rt_arch_mistral, rt_arch_qwen2, rt_ar
 extern const struct rt_arch rt_arch_mixtral, rt_arch_qwen3_moe;          /* rt_arch_mixtral.c */
 extern const struct rt_arch rt_arch_falcon;                               /* rt_arch_falcon.c */
 extern const struct rt_arch rt_arch_mpt;                                  /* rt_arch_mpt.c */
+extern const struct rt_arch rt_arch_gemma2, rt_arch_gemma3;               /* rt_arch_gemma.c */
 
 static const struct rt_arch *const registry[] = {
     &rt_arch_llama,
@@ -26,6 +27,8 @@ static const struct rt_arch *const registry[] = {
     &rt_arch_qwen3_moe,
     &rt_arch_falcon,
     &rt_arch_mpt,
+    &rt_arch_gemma2,
+    &rt_arch_gemma3,
 };
 
 #define N_ARCH (sizeof(registry) / sizeof(registry[0]))

@@ -6,7 +6,7 @@
  * activation scales when the file has them -> down_proj; residual. Final LayerNorm norm_f;
  * lm_head tied to the embedding. Source of the math: transformers models/mpt/modeling_mpt.py
  * (MptBlock, MptAttention, MptMLP, build_mpt_alibi_tensor) and AutoAWQ awq/modules/act.py
- * (ScaledActivation). Runs on the CPU backend (rt_backend_ops.alibi).
+ * (ScaledActivation). Runs on the CPU and CUDA backends (rt_backend_ops.alibi).
  * Test: ./build/test_model_fixtures (fixture mpt-alibi-act-scales).
  */
 #include "qs_log.h"

@@ -140,6 +140,8 @@ struct rt_attn_rows {
     const struct rt_attn_run *runs; /* host [n_runs], in row order */
     int n_runs;
     const float *alibi;       /* f32 [n_heads] ALiBi slopes of this rank's heads (MPT), or NULL */
+    float scale;              /* q.k multiplier; 0: 1 / sqrt(hd) (Gemma: query_pre_attn_scalar^-0.5) */
+    float softcap;            /* > 0: scores soft-capped (Gemma 2; kernels/ref.h ref_att_score) */
 };
 
 struct rt_backend_ops {
@@ -172,10 +174,12 @@ struct rt_backend_ops {
     enum rt_err (*download)(void *ctx, void *dst_host, const void *src, size_t bytes);
     enum rt_err (*zero)(void *ctx, void *dst, size_t bytes);
 
-    /* f32 out[M][H] = embedding rows tokens[m] - row_begin of table fp16 [V_r][H], zero rows for
-     * ids another rank holds (ref_embed). tokens: i32 [M] backend memory. */
+    /* f32 out[M][H] = embedding rows tokens[m] - row_begin of table fp16 [V_r][H] times scale,
+     * zero rows for ids another rank holds (ref_embed). tokens: i32 [M] backend memory. */
     enum rt_err (*embed)(void *ctx, float *out, const uint16_t *table, const int32_t *tokens,
-                         int M, int64_t row_begin, int V_r, int H);
+                         int M, int64_t row_begin, int V_r, int H, float scale);
+    /* f32 x[n] = cap * tanh(x / cap) in place (ref_softcap; Gemma 2's final logits). */
+    enum rt_err (*softcap)(void *ctx, float *x, size_t n, float cap);
     /* Norm `kind` (ref_rmsnorm for RT_NORM_RMS, ref_layernorm for RT_NORM_LAYER with bias b or
      * NULL; b is NULL for RMS), act out, f32 residual: residual and x (or x_acc): residual += x,
      * out = norm(residual) (x_acc: the f32 sums, zeroed after); residual and neither:
@@ -218,7 +222,8 @@ struct rt_backend_ops {
      * wk: f32 [hd]. NULL in a backend that lacks it: a qk_norm architecture is refused at open. */
     enum rt_err (*head_norm)(void *ctx, void *x, float *x_acc, int M, int n_q, int n_kv, int hd,
                              size_t row_stride, const float *wq, const float *wk, float eps);
-    /* ref_attention_paged (causal, GQA, sliding window <= 0 = none) of the M rows of `a`: act
+    /* ref_attention_paged (causal, GQA, sliding window <= 0 = none; scores as a's alibi, scale
+     * and softcap say, struct ref_att_score) of the M rows of `a`: act
      * out, act q, the pools. While a graph is being recorded every run has one row and the
      * backend must read everything but the host fields at replay. */
     enum rt_err (*attention)(void *ctx, void *out, size_t out_stride, const void *q,
@@ -229,7 +234,8 @@ struct rt_backend_ops {
      * elements each): copy-on-write of a shared block. */
     enum rt_err (*kv_copy_block)(void *ctx, void *k_pool, void *v_pool, int src, int dst,
                                  size_t block_elems);
-    /* MLP activation `kind`: gated (ref_silu_mul for RT_ACT_SILU): act out[M][I] = act(gate) *
+    /* MLP activation `kind`: gated (ref_silu_mul for RT_ACT_SILU, ref_gelu_tanh_mul for
+     * RT_ACT_GELU_TANH): act out[M][I] = act(gate) *
      * up, act gate_up [M][2I] = [gate | up]; plain (ref_gelu for RT_ACT_GELU): out[M][I] =
      * act(gate_up[M][I]). With gate_up_acc (f32, the gate_up linear's deferred sums, the same
      * shape) the input is read from it and it is zeroed. act_scale: NULL, or f32 [I]: out[m][i]

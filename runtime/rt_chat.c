@@ -20,6 +20,13 @@
  *     system message when the first message is not one ("You are a helpful assistant." in Qwen2,
  *     "You are Qwen, created by Alibaba Cloud. ..." in Qwen2.5): when the tokenizer's ChatML
  *     template holds such a literal ('<|im_start|>system\n' TEXT '<|im_end|>'), it is used too.
+ *   Gemma (google/gemma-2-9b-it, google/gemma-3-1b-it):  BOS, then per message
+ *     "<start_of_turn>" (user | model) "\n" trim(content) "<end_of_turn>\n"; generation prompt
+ *     "<start_of_turn>model\n"; roles alternate user/assistant; Gemma 3 puts a leading system
+ *     message's content + "\n\n" before the first turn's content, Gemma 2 refuses it.
+ *   Phi-3 (microsoft/Phi-3.5-mini-instruct):  per message "<|" role "|>\n" content "<|end|>\n"
+ *     (a system message only when its content is not empty); generation prompt
+ *     "<|assistant|>\n", else the EOS text. No BOS.
  * Entry points: rt_chat_detect, rt_chat_family_parse, rt_chat_end_id, rt_chat_format (rt_tok.h).
  * Test: ./build/test_tok (exactly one BOS after encoding, per family).
  */
@@ -42,6 +49,10 @@ enum rt_chat_family rt_chat_detect(const struct rt_tok *tok)
         return RT_CHAT_LLAMA2;
     if (strstr(t, "[INST]"))
         return RT_CHAT_MISTRAL;
+    if (strstr(t, "<start_of_turn>"))
+        return RT_CHAT_GEMMA;
+    if (strstr(t, "<|user|>") && strstr(t, "<|end|>"))
+        return RT_CHAT_PHI3;
     return RT_CHAT_NONE;
 }
 
@@ -57,6 +68,10 @@ enum rt_chat_family rt_chat_family_parse(const char *name)
         return RT_CHAT_CHATML;
     if (strcmp(name, "mistral") == 0)
         return RT_CHAT_MISTRAL;
+    if (strcmp(name, "gemma") == 0)
+        return RT_CHAT_GEMMA;
+    if (strcmp(name, "phi3") == 0)
+        return RT_CHAT_PHI3;
     return RT_CHAT_NONE;
 }
 
@@ -71,6 +86,10 @@ int32_t rt_chat_end_id(const struct rt_tok *tok, enum rt_chat_family family)
         return rt_tok_find(tok, "<|eot_id|>");
     case RT_CHAT_CHATML:
         return rt_tok_find(tok, "<|im_end|>");
+    case RT_CHAT_GEMMA:
+        return rt_tok_find(tok, "<end_of_turn>");
+    case RT_CHAT_PHI3:
+        return rt_tok_find(tok, "<|end|>");
     case RT_CHAT_LLAMA2:
     case RT_CHAT_MISTRAL:
         return tok->n_eos ? tok->eos_ids[0] : -1;
@@ -261,6 +280,80 @@ static enum rt_tok_err format_mistral(const struct rt_tok *tok, const struct rt_
     return b->err;
 }
 
+static enum rt_tok_err format_gemma(const struct rt_tok *tok, const struct rt_chat_msg *msgs,
+                                    size_t n, bool gen, struct sbuf *b)
+{
+    static const char *const names[] = {"<start_of_turn>", "<end_of_turn>", NULL};
+    const char *bos = rt_tok_piece(tok, tok->bos_id);
+    if (!need_tokens(tok, names) || !bos) {
+        qs_log_error(__func__, "Gemma chat needs BOS, <start_of_turn> and <end_of_turn>");
+        return RT_TOK_ERR_CHAT;
+    }
+    const char *sys = NULL;
+    if (n > 0 && strcmp(msgs[0].role, "system") == 0) {
+        const char *t = tok->chat_template;
+        if (t && rt_chat_detect(tok) == RT_CHAT_GEMMA && strstr(t, "System role not supported")) {
+            qs_log_error(__func__, "Gemma chat: this model's template has no system role");
+            return RT_TOK_ERR_CHAT;
+        }
+        sys = msgs[0].content, msgs++, n--;
+    }
+    puts_(b, bos);
+    for (size_t i = 0; i < n; i++) {
+        const bool user = strcmp(msgs[i].role, "user") == 0;
+        if (user != (i % 2 == 0) || (!user && strcmp(msgs[i].role, "assistant") != 0)) {
+            qs_log_error(__func__, "Gemma chat: message %zu has role \"%s\"; roles must alternate "
+                         "user/assistant after an optional system message", i + (sys != NULL),
+                         msgs[i].role);
+            return RT_TOK_ERR_CHAT;
+        }
+        puts_(b, user ? "<start_of_turn>user\n" : "<start_of_turn>model\n");
+        if (i == 0 && sys) {
+            puts_(b, sys);
+            puts_(b, "\n\n");
+        }
+        put_stripped(b, msgs[i].content);
+        puts_(b, "<end_of_turn>\n");
+    }
+    if (gen)
+        puts_(b, "<start_of_turn>model\n");
+    return b->err;
+}
+
+static enum rt_tok_err format_phi3(const struct rt_tok *tok, const struct rt_chat_msg *msgs,
+                                   size_t n, bool gen, struct sbuf *b)
+{
+    static const char *const names[] = {"<|user|>", "<|assistant|>", "<|end|>", NULL};
+    const char *eos = tok->n_eos ? rt_tok_piece(tok, tok->eos_ids[0]) : NULL;
+    const char *t = tok->chat_template;
+    const bool skip_empty_sys = t && strstr(t, "'system' and message['content']");
+    if (!need_tokens(tok, names) || (!gen && !eos)) {
+        qs_log_error(__func__, "Phi-3 chat needs <|user|>, <|assistant|>, <|end|> (and EOS)");
+        return RT_TOK_ERR_CHAT;
+    }
+    /* the first Phi-3-mini templates begin with {{ bos_token }} (and put the assistant header
+     * after each user turn themselves; rendered here as the later templates do) */
+    if (t && rt_chat_detect(tok) == RT_CHAT_PHI3 && strstr(t, "bos_token") && tok->bos_id >= 0)
+        puts_(b, rt_tok_piece(tok, tok->bos_id));
+    for (size_t i = 0; i < n; i++) {
+        const char *r = msgs[i].role;
+        if (strcmp(r, "system") != 0 && strcmp(r, "user") != 0 && strcmp(r, "assistant") != 0) {
+            qs_log_error(__func__, "Phi-3 chat: message %zu has role \"%s\" (system, user or "
+                         "assistant)", i, r);
+            return RT_TOK_ERR_CHAT;
+        }
+        if (strcmp(r, "system") == 0 && skip_empty_sys && !msgs[i].content[0])
+            continue;
+        puts_(b, "<|");
+        puts_(b, r);
+        puts_(b, "|>\n");
+        puts_(b, msgs[i].content);
+        puts_(b, "<|end|>\n");
+    }
+    puts_(b, gen ? "<|assistant|>\n" : eos);
+    return b->err;
+}
+
 enum rt_tok_err rt_chat_format(const struct rt_tok *tok, enum rt_chat_family family,
                                const struct rt_chat_msg *msgs, size_t n,
                                bool add_generation_prompt, char **text, size_t *len)
@@ -300,6 +393,12 @@ enum rt_tok_err rt_chat_format(const struct rt_tok *tok, enum rt_chat_family fam
         break;
     case RT_CHAT_MISTRAL:
         err = format_mistral(tok, msgs, n, &b);
+        break;
+    case RT_CHAT_GEMMA:
+        err = format_gemma(tok, msgs, n, add_generation_prompt, &b);
+        break;
+    case RT_CHAT_PHI3:
+        err = format_phi3(tok, msgs, n, add_generation_prompt, &b);
         break;
     case RT_CHAT_LLAMA3:
         if (!need_tokens(tok, llama3_tokens) || tok->bos_id < 0) {
@@ -344,7 +443,7 @@ enum rt_tok_err rt_chat_format(const struct rt_tok *tok, enum rt_chat_family fam
         err = b.err;
         break;
     default:
-        qs_log_error(__func__, "no chat format: the tokenizer_config.json chat_template is missing or not a Llama-2, Llama-3, Mistral or ChatML template; choose one explicitly");
+        qs_log_error(__func__, "no chat format: the tokenizer_config.json chat_template is missing or not a Llama-2, Llama-3, Mistral, ChatML, Gemma or Phi-3 template; choose one explicitly");
         err = RT_TOK_ERR_CHAT;
         break;
     }

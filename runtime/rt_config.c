@@ -151,6 +151,50 @@ out:
     return err;
 }
 
+/* Gemma 2 / 3's keys (DESIGN 6): embed_scale and attn_scale (required), attn_softcap,
+ * final_softcap, sliding_window_pattern, rope_local_theta (absent = none); allowed only where
+ * the architecture has post norms (arch->post_norms). */
+static enum rt_err parse_gemma(const struct qs_json_ctx *j, const cJSON *root, const char *where,
+                               struct rt_config *c)
+{
+    enum rt_err err = RT_ERR_NONE;
+    static const char *const keys[] = {"embed_scale", "attn_scale", "attn_softcap",
+                                       "final_softcap", "sliding_window_pattern",
+                                       "rope_local_theta"};
+    if (!c->arch->post_norms) {
+        for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+            if (cJSON_GetObjectItemCaseSensitive(root, keys[i]))
+                BAD("%s: config: key %s is not used by architecture %s", where, keys[i],
+                    c->arch->name);
+        c->embed_scale = 1.0f;
+        return RT_ERR_NONE;
+    }
+    double es, as, acap, fcap, lt;
+    TRY(from_json(qs_json_number(j, root, "embed_scale", true, 1.0, 1e-6, 1e6, &es)));
+    TRY(from_json(qs_json_number(j, root, "attn_scale", true, 0.0, 1e-6, 1e3, &as)));
+    TRY(from_json(qs_json_number(j, root, "attn_softcap", false, 0.0, 0.0, 1e6, &acap)));
+    TRY(from_json(qs_json_number(j, root, "final_softcap", false, 0.0, 0.0, 1e6, &fcap)));
+    TRY(from_json(qs_json_number(j, root, "rope_local_theta", false, 0.0, 0.0, 1e12, &lt)));
+    TRY(get_int(j, root, "sliding_window_pattern", false, 0, 1 << 16, 0,
+                &c->sliding_window_pattern));
+    c->embed_scale = (float)es;
+    c->attn_scale = (float)as;
+    c->attn_softcap = (float)acap;
+    c->final_softcap = (float)fcap;
+    c->rope_local_theta = lt;
+    if (c->sliding_window_pattern > 0 && c->sliding_window <= 0)
+        BAD("%s: config: sliding_window_pattern %d without a sliding_window", where,
+            c->sliding_window_pattern);
+    if (c->rope_local_theta > 0.0 && c->rope_local_theta < 1.0)
+        BAD("%s: config: rope_local_theta %g: expected >= 1 (or absent)", where,
+            c->rope_local_theta);
+    if (c->rope_local_theta > 0.0 && c->sliding_window_pattern <= 0)
+        BAD("%s: config: rope_local_theta without a sliding_window_pattern (no local layers)",
+            where);
+out:
+    return err;
+}
+
 enum rt_err rt_config_parse(const char *json, size_t len, const char *where,
                             struct rt_config *out)
 {
@@ -228,6 +272,7 @@ enum rt_err rt_config_parse(const char *json, size_t len, const char *where,
     if ((c.alibi_bias_max > 0.0f) != c.arch->alibi)
         BAD("%s: config: alibi_bias_max %g with architecture %s (ALiBi is %s)", where,
             (double)c.alibi_bias_max, c.arch->name, c.arch->alibi ? "required" : "not used");
+    TRY(parse_gemma(j, root, where, &c));
     TRY(parse_quant(j, root, where, &c));
     TRY(parse_tokens(j, root, where, &c));
     TRY(parse_tp(j, root, where, &c));
@@ -255,7 +300,8 @@ bool rt_config_same(const struct rt_config *a, const char *where_a, const struct
     SAME(rope_scaling.high_freq_factor) SAME(rope_scaling.original_max_position_embeddings)
     SAME(max_position_embeddings) SAME(tie_word_embeddings) SAME(sliding_window)
     SAME(attention_bias) SAME(n_experts) SAME(n_experts_per_tok) SAME(norm_topk_prob) SAME(group_size)
-    SAME(alibi_bias_max)
+    SAME(alibi_bias_max) SAME(embed_scale) SAME(attn_scale) SAME(attn_softcap)
+    SAME(final_softcap) SAME(sliding_window_pattern) SAME(rope_local_theta)
     SAME(zero_point) SAME(world_size) SAME(heads_per_rank) SAME(kv_heads_per_rank)
     SAME(kv_head_replicas) SAME(intermediate_per_rank) SAME(bos_token_id) SAME(n_eos)
 #undef SAME

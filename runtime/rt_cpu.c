@@ -98,10 +98,18 @@ static enum rt_err cpu_zero(void *ctx, void *dst, size_t bytes)
 }
 
 static enum rt_err cpu_embed(void *ctx, float *out, const uint16_t *table,
-                             const int32_t *tokens, int M, int64_t row_begin, int V_r, int H)
+                             const int32_t *tokens, int M, int64_t row_begin, int V_r, int H,
+                             float scale)
 {
     (void)ctx;
-    ref_embed(out, table, tokens, M, row_begin, V_r, H);
+    ref_embed(out, table, tokens, M, row_begin, V_r, H, scale);
+    return RT_ERR_NONE;
+}
+
+static enum rt_err cpu_softcap(void *ctx, float *x, size_t n, float cap)
+{
+    (void)ctx;
+    ref_softcap(x, n, cap);
     return RT_ERR_NONE;
 }
 
@@ -232,9 +240,10 @@ static enum rt_err cpu_attention(void *vctx, void *out, size_t out_stride, const
                                  int hd, int sliding_window)
 {
     struct cpu_ctx *c = vctx;
+    const struct ref_att_score sc = {a->scale, a->softcap, a->alibi};
     return from_ref(ref_attention_paged(out, out_stride, q, q_stride, k_pool, v_pool, M, a->pos,
                                         a->tables, a->table_stride, a->row_table, n_heads,
-                                        n_kv_heads, hd, a->block_size, sliding_window, a->alibi,
+                                        n_kv_heads, hd, a->block_size, sliding_window, &sc,
                                         c->pool));
 }
 
@@ -252,12 +261,14 @@ static enum rt_err cpu_act_mul(void *ctx, enum rt_act kind, void *out, const voi
                                float *gate_up_acc, const float *act_scale, int M, int I)
 {
     (void)ctx;
-    if (kind != RT_ACT_SILU && kind != RT_ACT_GELU)
+    if (kind != RT_ACT_SILU && kind != RT_ACT_GELU && kind != RT_ACT_GELU_TANH)
         return unsupported("activation", (int)kind);
     const float *in = gate_up_acc ? gate_up_acc : gate_up;
     const size_t n_in = (size_t)M * (size_t)I * (rt_act_gated(kind) ? 2 : 1);
     if (kind == RT_ACT_GELU)
         ref_gelu(out, in, (size_t)M * (size_t)I);
+    else if (kind == RT_ACT_GELU_TANH)
+        ref_gelu_tanh_mul(out, in, M, I);
     else
         ref_silu_mul(out, in, M, I);
     if (gate_up_acc)
@@ -339,6 +350,7 @@ static const struct rt_backend_ops cpu_ops = {
     .download = cpu_copy,
     .zero = cpu_zero,
     .embed = cpu_embed,
+    .softcap = cpu_softcap,
     .norm = cpu_norm,
     .linear_w4 = cpu_linear_w4,
     .linear_acc_ok = cpu_linear_acc_ok,

@@ -393,10 +393,17 @@ static enum rt_err cuda_zero(void *ctx, void *dst, size_t bytes)
 // --- ops -----------------------------------------------------------------------------------------
 
 static enum rt_err cuda_embed(void *ctx, float *out, const uint16_t *table, const int32_t *tokens,
-                              int M, int64_t row_begin, int V_r, int H)
+                              int M, int64_t row_begin, int V_r, int H, float scale)
 {
     struct cuda_rank *r = R(ctx);
-    RT_K_TRY(k_embed(out, table, tokens, M, row_begin, V_r, H, r->stream));
+    RT_K_TRY(k_embed(out, table, tokens, M, row_begin, V_r, H, scale, r->stream));
+    return RT_ERR_NONE;
+}
+
+static enum rt_err cuda_softcap(void *ctx, float *x, size_t n, float cap)
+{
+    struct cuda_rank *r = R(ctx);
+    RT_K_TRY(k_softcap(x, n, cap, r->stream));
     return RT_ERR_NONE;
 }
 
@@ -557,6 +564,7 @@ static enum rt_err cuda_attention(void *ctx, void *out, size_t out_stride, const
         if (e) return e;
     }
     void *ws = ws_bytes ? r->att_ws.p : NULL;
+    const struct ref_att_score sc = {a->scale, a->softcap, a->alibi};
     uint16_t *o = static_cast<uint16_t *>(out);
     const uint16_t *qh = static_cast<const uint16_t *>(q);
     const uint16_t *kp = static_cast<const uint16_t *>(k_pool);
@@ -564,7 +572,7 @@ static enum rt_err cuda_attention(void *ctx, void *out, size_t out_stride, const
     if (r->capturing) {
         RT_K_TRY(k_attention_paged(o, out_stride, qh, q_stride, kp, vp, M, a->pos, a->tables,
                                    a->table_stride, a->row_table, n_heads, n_kv_heads, hd,
-                                   a->block_size, a->max_keys, sliding_window, ws,
+                                   a->block_size, a->max_keys, sliding_window, &sc, ws,
                                    r->att_ws.bytes, r->stream));
         return RT_ERR_NONE;
     }
@@ -576,7 +584,8 @@ static enum rt_err cuda_attention(void *ctx, void *out, size_t out_stride, const
                                                vp, run->n, run->p0,
                                                a->tables + (size_t)run->table * a->table_stride,
                                                n_heads, n_kv_heads, hd, a->block_size,
-                                               sliding_window, ws, r->att_ws.bytes, r->stream));
+                                               sliding_window, &sc, ws, r->att_ws.bytes,
+                                               r->stream));
             j++;
             continue;
         }
@@ -590,7 +599,7 @@ static enum rt_err cuda_attention(void *ctx, void *out, size_t out_stride, const
                                    qh + (size_t)row0 * q_stride, q_stride, kp, vp, rows,
                                    a->pos + row0, a->tables, a->table_stride, a->row_table + row0,
                                    n_heads, n_kv_heads, hd, a->block_size, keys, sliding_window,
-                                   ws, r->att_ws.bytes, r->stream));
+                                   &sc, ws, r->att_ws.bytes, r->stream));
         j = k;
     }
     return RT_ERR_NONE;
@@ -616,26 +625,28 @@ static enum rt_err cuda_act_mul(void *ctx, enum rt_act kind, void *out, const vo
                                 float *gate_up_acc, const float *act_scale, int M, int I)
 {
     struct cuda_rank *r = R(ctx);
-    if (act_scale) { /* the model refuses such files on this backend (rt_backend_ops.alibi) */
-        qs_log_error(__func__, "the CUDA backend has no scaled activation (MPT) yet");
+    uint16_t *o = static_cast<uint16_t *>(out);
+    const uint16_t *gu = gate_up_acc ? nullptr : static_cast<const uint16_t *>(gate_up);
+    if (act_scale && kind != RT_ACT_GELU) {
+        qs_log_error(__func__, "the CUDA backend divides only a plain GELU by activation scales");
         return RT_ERR_UNSUPPORTED;
     }
-    if (kind == RT_ACT_GELU) {
-        RT_K_TRY(k_gelu(static_cast<uint16_t *>(out),
-                        gate_up_acc ? nullptr : static_cast<const uint16_t *>(gate_up), gate_up_acc,
-                        (size_t)M * (size_t)I, r->stream));
+    switch (kind) {
+    case RT_ACT_GELU: /* Falcon, MPT (with its ScaledActivation divisors) */
+        RT_K_TRY(k_gelu(o, gu, gate_up_acc, (size_t)M * (size_t)I, act_scale, I, r->stream));
+        return RT_ERR_NONE;
+    case RT_ACT_GELU_TANH: /* Gemma's GeGLU */
+        RT_K_TRY(k_gelu_tanh_mul(o, gu, gate_up_acc, M, I, r->stream));
+        return RT_ERR_NONE;
+    case RT_ACT_SILU:
+        if (gate_up_acc)
+            RT_K_TRY(k_silu_mul_acc(o, gate_up_acc, M, I, r->stream));
+        else
+            RT_K_TRY(k_silu_mul(o, gu, M, I, r->stream));
         return RT_ERR_NONE;
     }
-    if (kind != RT_ACT_SILU) {
-        qs_log_error(__func__, "the CUDA backend has no activation of kind %d", (int)kind);
-        return RT_ERR_UNSUPPORTED;
-    }
-    if (gate_up_acc)
-        RT_K_TRY(k_silu_mul_acc(static_cast<uint16_t *>(out), gate_up_acc, M, I, r->stream));
-    else
-        RT_K_TRY(k_silu_mul(static_cast<uint16_t *>(out), static_cast<const uint16_t *>(gate_up),
-                            M, I, r->stream));
-    return RT_ERR_NONE;
+    qs_log_error(__func__, "the CUDA backend has no activation of kind %d", (int)kind);
+    return RT_ERR_UNSUPPORTED;
 }
 
 /* rows[n] (and weights[n]) of a MoE step into the rows buffer: the int32 rows at 0, the fp32
@@ -873,6 +884,8 @@ static struct rt_backend_ops make_ops(void)
     o.download = cuda_download;
     o.zero = cuda_zero;
     o.embed = cuda_embed;
+    o.softcap = cuda_softcap;
+    o.alibi = true;
     o.norm = cuda_norm;
     o.linear_w4 = cuda_linear_w4;
     o.linear_acc_ok = cuda_linear_acc_ok;

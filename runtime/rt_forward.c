@@ -6,7 +6,8 @@
  * summed over the ranks); per layer the architecture's block (struct rt_arch): norm -> qkv ->
  * RoPE + KV-cache store and attention per run of one sequence's rows -> o_proj -> all-reduce ->
  * norm -> MLP (dense, or the MoE routed on the host) -> all-reduce (parallel residual: the MLP
- * reads the attention's input, both outputs added to h); the final norm; then the
+ * reads the attention's input, both outputs added to h; Gemma: each block's output through its
+ * out norm before the add); the final norm; then the
  * lm_head on the rows whose logits are wanted, gathered on rank 0 (vocab-parallel columns).
  *
  * Deferred split-K is an explicit epilogue chosen here: a linear whose consumer is local and
@@ -189,12 +190,16 @@ static enum rt_err attn_block(struct rt_model *m, struct rt_kv *kv, int l, int M
     if (ly->q_norm) /* Qwen3: q_norm / k_norm per head before RoPE */
         RT_TRY(OPS->head_norm(BCTX, m->qkv, qacc, M, nq, nkv, hd, stride, ly->q_norm, ly->k_norm,
                               c->rms_norm_eps));
-    RT_TRY(OPS->rope_kv_store(BCTX, m->qkv, qacc, M, nq, nkv, hd, stride, m->pos, m->inv_freq,
+    /* Gemma 2 / 3: the window on the local layers only, Gemma 3's local rope theta there */
+    const bool local = rt_layer_local(c, l);
+    const float *inv_freq = local && m->inv_freq_local ? m->inv_freq_local : m->inv_freq;
+    RT_TRY(OPS->rope_kv_store(BCTX, m->qkv, qacc, M, nq, nkv, hd, stride, m->pos, inv_freq,
                               kv->k[l], kv->v[l], m->slots, kv->block_size));
-    const struct rt_attn_rows a = {m->pos,     m->row_tab, m->tabs, m->tab_stride, kv->block_size,
-                                   m->max_keys, m->runs,    n_runs,  m->alibi};
+    const struct rt_attn_rows a = {m->pos,      m->row_tab, m->tabs, m->tab_stride,
+                                   kv->block_size, m->max_keys, m->runs, n_runs,
+                                   m->alibi,    c->attn_scale, c->attn_softcap};
     RT_TRY(OPS->attention(BCTX, m->att, (size_t)nq * hd, m->qkv, stride, kv->k[l], kv->v[l], M,
-                          &a, nq, nkv, hd, c->sliding_window));
+                          &a, nq, nkv, hd, local ? c->sliding_window : 0));
     float *oacc = use_acc(m, &ly->o, M) ? m->acc : NULL;
     *deferred = oacc != NULL;
     return linear(m, &ly->o, m->att, M, m->o, oacc);
@@ -247,6 +252,22 @@ static enum rt_err moe(struct rt_model *m, int l, int M)
     return RT_ERR_NONE;
 }
 
+/* A block's output after its out norm (Gemma's post_attention / post_feedforward norms, applied
+ * to the all-reduced output before the residual add) into m->post: from o, or, when the block's
+ * last linear deferred (`deferred`), from its fp32 sums in acc, moved into the zeroed f32
+ * post_sums first (the norm's residual operand), so a large output is never rounded to fp16. */
+static enum rt_err block_out(struct rt_model *m, const float *out_norm, int M, bool deferred)
+{
+    const struct rt_config *c = &m->cfg;
+    const size_t MH = (size_t)M * (size_t)c->hidden_size;
+    if (!deferred)
+        return OPS->norm(BCTX, c->arch->norm, m->post, NULL, m->o, NULL, out_norm, NULL, M,
+                         c->hidden_size, c->rms_norm_eps);
+    RT_TRY(OPS->zero(BCTX, m->post_sums, MH * sizeof(float)));
+    return OPS->norm(BCTX, c->arch->norm, m->post, m->post_sums, NULL, m->acc, out_norm, NULL, M,
+                     c->hidden_size, c->rms_norm_eps);
+}
+
 /* embed .. final norm of one chunk of M rows (runs in m->runs, token ids and positions already
  * in m->tok / m->pos): x then holds the normalised hidden states of every row. */
 static enum rt_err body(struct rt_model *m, struct rt_kv *kv, int M, int n_runs)
@@ -259,9 +280,10 @@ static enum rt_err body(struct rt_model *m, struct rt_kv *kv, int M, int n_runs)
     const bool par = c->arch->parallel_residual;
 
     RT_TRY(OPS->embed(BCTX, m->h, m->embed, m->tok, M, (int64_t)m->rank * c->vocab_size_per_rank,
-                   c->vocab_size_per_rank, H));
+                      c->vocab_size_per_rank, H, c->embed_scale));
     RT_TRY(OPS->all_reduce(BCTX, m->h, MH, RT_BUF_F32));
-    bool prev_acc = false; /* whether the previous block's output is in acc (else in o) */
+    bool prev_acc = false;      /* whether the previous block's output is in acc */
+    const void *prev = NULL;    /* else where it is (o, or post after an out norm) */
     for (int l = 0; l < c->n_layers; l++) {
         const struct rt_layer *ly = &m->layers[l];
         bool d;
@@ -269,15 +291,20 @@ static enum rt_err body(struct rt_model *m, struct rt_kv *kv, int M, int n_runs)
             RT_TRY(OPS->norm(BCTX, nk, m->x, m->h, NULL, NULL, ly->attn_norm, ly->attn_norm_b, M, H,
                              eps));
         else /* h += previous MLP output, then normalise */
-            RT_TRY(OPS->norm(BCTX, nk, m->x, m->h, prev_acc ? NULL : m->o, prev_acc ? m->acc : NULL,
+            RT_TRY(OPS->norm(BCTX, nk, m->x, m->h, prev_acc ? NULL : prev, prev_acc ? m->acc : NULL,
                           ly->attn_norm, ly->attn_norm_b, M, H, eps));
         RT_TRY(attn_block(m, kv, l, M, n_runs, &d));
         if (!d)
             RT_TRY(OPS->all_reduce(BCTX, m->o, MH, RT_BUF_ACT));
+        if (ly->attn_out_norm) {
+            RT_TRY(block_out(m, ly->attn_out_norm, M, d));
+            d = false;
+        }
+        const void *ao = d ? NULL : ly->attn_out_norm ? m->post : m->o;
         /* parallel (Falcon): h += attention output, the MLP reads the same x as attention
          * (h + attn + mlp, transformers modeling_falcon.py FalconDecoderLayer); else h += o and
          * the MLP reads its own norm of h */
-        RT_TRY(OPS->norm(BCTX, nk, par ? NULL : m->x, m->h, d ? NULL : m->o, d ? m->acc : NULL,
+        RT_TRY(OPS->norm(BCTX, nk, par ? NULL : m->x, m->h, ao, d ? m->acc : NULL,
                          ly->mlp_norm, ly->mlp_norm_b, M, H, eps));
         if (c->arch->moe) {
             RT_TRY(moe(m, l, M));
@@ -287,9 +314,14 @@ static enum rt_err body(struct rt_model *m, struct rt_kv *kv, int M, int n_runs)
         }
         if (!d)
             RT_TRY(OPS->all_reduce(BCTX, m->o, MH, RT_BUF_ACT));
+        if (ly->mlp_out_norm) {
+            RT_TRY(block_out(m, ly->mlp_out_norm, M, d));
+            d = false;
+        }
+        prev = d ? NULL : ly->mlp_out_norm ? m->post : m->o;
         prev_acc = d;
     }
-    return OPS->norm(BCTX, nk, m->x, m->h, prev_acc ? NULL : m->o, prev_acc ? m->acc : NULL,
+    return OPS->norm(BCTX, nk, m->x, m->h, prev_acc ? NULL : prev, prev_acc ? m->acc : NULL,
                      m->final_norm, m->final_norm_b, M, H, eps);
 }
 
@@ -308,7 +340,11 @@ static enum rt_err lm_head_rows(struct rt_model *m, const int32_t *rows, int n)
         RT_TRY(OPS->gather_rows(BCTX, m->xe, m->x, rows, n, H));
         src = m->xe;
     }
-    return OPS->lm_head(BCTX, src, m->lm_head, n, H, c->vocab_size_per_rank, m->logits);
+    RT_TRY(OPS->lm_head(BCTX, src, m->lm_head, n, H, c->vocab_size_per_rank, m->logits));
+    if (c->final_softcap > 0.0f) /* Gemma 2: cap * tanh(logits / cap), per rank's columns */
+        RT_TRY(OPS->softcap(BCTX, m->logits, (size_t)n * (size_t)c->vocab_size_per_rank,
+                            c->final_softcap));
+    return RT_ERR_NONE;
 }
 
 /* The [n][V_r] lm_head rows of every rank on rank 0, in backend memory: [world][n][V_r]

@@ -307,6 +307,14 @@ static enum rt_err bind_layer(struct rt_model *m, int l)
             ly->mlp_norm_b = p;
         }
     }
+    if (c->arch->post_norms) { /* Gemma: the block outputs' norms */
+        RT_TRY(bind_role(m, FMT_N_ATTN_OUT_NORM, l, -1, NULL, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR,
+                         H, -1, false, &p));
+        ly->attn_out_norm = p;
+        RT_TRY(bind_role(m, FMT_N_MLP_OUT_NORM, l, -1, NULL, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR,
+                         H, -1, false, &p));
+        ly->mlp_out_norm = p;
+    }
     if (c->arch->qk_norm) {
         if (!m->be.ops->head_norm) {
             qs_log_error(__func__, "%s: architecture %s needs per-head q/k norms, which this "
@@ -409,7 +417,7 @@ static void plan_defer(struct rt_model *m)
             if ((size_t)L[i]->N > m->acc_cols)
                 m->acc_cols = (size_t)L[i]->N;
         }
-        if (m->world > 1)
+        if (m->world > 1) /* the all-reduce reads them */
             ly->o.acc_ok = ly->down.acc_ok = false;
     }
     if (m->acc_cols == 0)
@@ -432,6 +440,11 @@ static enum rt_err alloc_buffers(struct rt_model *m)
     RT_TRY(balloc(m, B * 2 * Ir * A, &m->gu));
     RT_TRY(balloc(m, B * Ir * A, &m->act));
     RT_TRY(balloc(m, B * H * A, &m->xe));
+    if (c->arch->post_norms) {
+        RT_TRY(balloc(m, B * H * A, &m->post));
+        if (m->defer_m > 0)
+            RT_TRY(balloc(m, (size_t)m->defer_m * H * F, &m->post_sums));
+    }
     if (m->perm_cols)
         RT_TRY(balloc(m, B * m->perm_cols * A, &m->xperm));
     if (c->arch->moe) {
@@ -461,6 +474,12 @@ static enum rt_err alloc_buffers(struct rt_model *m)
     else
         ref_rope_inv_freq(inv, c->head_dim, c->rope_theta, &c->rope_scaling);
     enum rt_err e = OPS->upload(BCTX, m->inv_freq, inv, hd / 2 * sizeof(float));
+    if (!e && c->rope_local_theta > 0.0) { /* Gemma 3's windowed layers: no scaling */
+        ref_rope_inv_freq(inv, c->head_dim, c->rope_local_theta, NULL);
+        e = balloc(m, hd / 2 * F, &m->inv_freq_local);
+        if (!e)
+            e = OPS->upload(BCTX, m->inv_freq_local, inv, hd / 2 * sizeof(float));
+    }
     free(inv);
     if (e || !c->arch->alibi)
         return e;
@@ -615,6 +634,11 @@ static enum rt_err model_open(struct rt_model *m, const char *path)
                      m->cfg.arch->name, OPS->name);
         return RT_ERR_UNSUPPORTED;
     }
+    if (m->cfg.final_softcap > 0.0f && !OPS->softcap) {
+        qs_log_error(__func__, "%s: the %s backend cannot soft-cap logits (final_softcap)",
+                     m->path, OPS->name);
+        return RT_ERR_UNSUPPORTED;
+    }
     RT_TRY(bind_all(m));
     plan_defer(m);
     RT_TRY(alloc_buffers(m));
@@ -691,7 +715,8 @@ void rt_model_free(struct rt_model *m)
         void *bufs[] = {m->h,   m->x,     m->o,      m->qkv,          m->att,
                         m->gu,  m->act,   m->xe,     m->ye,           m->acc,
                         m->router_logits, m->logits, m->logits_all,   m->inv_freq,
-                        m->tok, m->tabs,  m->xperm,  m->alibi};
+                        m->tok, m->tabs,  m->xperm,  m->alibi,        m->inv_freq_local,
+                        m->post, m->post_sums};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
             OPS->free(BCTX, bufs[i]);
         OPS->destroy(BCTX);

@@ -30,6 +30,8 @@ struct rt_layer {
     const float *attn_norm_b;         /* [H] LayerNorm biases (RT_NORM_LAYER) or NULL */
     const float *mlp_norm_b;
     const float *q_norm, *k_norm;     /* [hd] per-head norms (qk_norm architectures) or NULL */
+    const float *attn_out_norm;       /* [H] norm of the attention output (post_norms) or NULL */
+    const float *mlp_out_norm;        /* [H] norm of the MLP output (post_norms) or NULL */
     struct rt_linear qkv;             /* [H] -> [(nq_r + 2 nkv_r) * hd], columns [q | k | v] */
     struct rt_linear o;               /* [nq_r * hd] -> [H], row-parallel */
     struct rt_linear gate_up;         /* dense MLP: [H] -> [2 I_r], columns [gate | up] */
@@ -78,6 +80,9 @@ struct rt_model {
     float *logits;   /* f32 [LB][V_r] this rank's lm_head output */
     float *logits_all; /* rank 0, world > 1: f32 [world][LB][V_r] gathered */
     float *inv_freq; /* f32 [hd/2] (all zero for ALiBi architectures: no rotation) */
+    float *inv_freq_local; /* f32 [hd/2] of the windowed layers (rope_local_theta), or NULL */
+    void *post;      /* act [B][H]: a block's output after its out norm (post_norms), or NULL */
+    float *post_sums;/* f32 [defer_m][H]: a deferred block output's sums for its out norm */
     float *alibi;    /* f32 [nq_r] ALiBi slopes of this rank's heads, or NULL */
     int32_t *tok;    /* i32 [4][B] (one allocation, one upload per chunk): [B] token ids of the chunk */
     int32_t *pos;    /* = tok + B: positions of the chunk */

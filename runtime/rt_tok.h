@@ -224,6 +224,8 @@ enum rt_chat_family {
     RT_CHAT_LLAMA3 = 2, /* <|begin_of_text|><|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|> */
     RT_CHAT_CHATML = 3, /* <|im_start|>{role}\n{content}<|im_end|>\n (Qwen) */
     RT_CHAT_MISTRAL = 4, /* <s>[INST] {user} [/INST]{assistant}</s> (Mistral/Mixtral Instruct) */
+    RT_CHAT_GEMMA = 5,  /* <bos><start_of_turn>{user|model}\n{content}<end_of_turn>\n (Gemma 2 / 3) */
+    RT_CHAT_PHI3 = 6,   /* <|{role}|>\n{content}<|end|>\n (Phi-3 / 3.5) */
 };
 
 struct rt_chat_msg {
@@ -232,27 +234,33 @@ struct rt_chat_msg {
 };
 
 /* The family of the tokenizer_config.json chat_template, recognised by distinctive substrings
- * ("<|start_header_id|>", "<|im_start|>", "[INST]" with "<<SYS>>", "[INST]" alone = Mistral);
- * RT_CHAT_NONE otherwise. */
+ * ("<|start_header_id|>", "<|im_start|>", "[INST]" with "<<SYS>>", "[INST]" alone = Mistral,
+ * "<start_of_turn>" = Gemma, "<|user|>" with "<|end|>" = Phi-3); RT_CHAT_NONE otherwise. */
 enum rt_chat_family rt_chat_detect(const struct rt_tok *tok);
 
-/* Parse a family name: "llama2", "llama3", "chatml" (or "qwen"), "mistral"; RT_CHAT_NONE if
- * unknown. */
+/* Parse a family name: "llama2", "llama3", "chatml" (or "qwen"), "mistral", "gemma", "phi3";
+ * RT_CHAT_NONE if unknown. */
 enum rt_chat_family rt_chat_family_parse(const char *name);
 
 /* The token that ends an assistant turn in `family` (RT_CHAT_NONE: rt_chat_detect), to stop
  * generation on even when generation_config.json does not list it: Llama-3 <|eot_id|>,
- * ChatML <|im_end|>, Llama-2 / Mistral the EOS token; -1 when the tokenizer lacks it. */
+ * ChatML <|im_end|>, Gemma <end_of_turn>, Phi-3 <|end|>, Llama-2 / Mistral the EOS token; -1
+ * when the tokenizer lacks it. */
 int32_t rt_chat_end_id(const struct rt_tok *tok, enum rt_chat_family family);
 
 /* Build the prompt text for msgs [n] in `family` (RT_CHAT_NONE: use rt_chat_detect), as the HF
  * templates of that family do (Llama-2: system folded into the first user turn, contents
  * stripped; Llama-3: contents trimmed; ChatML verbatim), ending with the assistant header when
  * add_generation_prompt (or always, if the tokenizer's template of this family ignores it);
- * Mistral: contents verbatim, no system role. The text contains the BOS text where the template has it; encode it with
+ * Mistral: contents verbatim, no system role; Gemma: BOS, roles user / model alternating,
+ * contents trimmed, a leading system message put before the first user content with "\n\n"
+ * (Gemma 3) or refused where the template refuses it (Gemma 2: "System role not supported");
+ * Phi-3: contents verbatim, EOS after the last turn when no generation prompt, an empty system
+ * message skipped where the template says so (Phi-3.5). The text contains the BOS text where the template has it; encode it with
  * RT_TOK_PARSE_SPECIAL (BOS flags are then harmless: encode never adds a second BOS).
  * *text = malloc'd, NUL-terminated, *len bytes. Errors: RT_TOK_ERR_CHAT (no family, unknown role,
- * roles not alternating user/assistant for Llama-2/Mistral, a system message for Mistral, the
+ * roles not alternating user/assistant for Llama-2/Mistral/Gemma, a system message for Mistral
+ * or Gemma 2, the
  * tokenizer lacks the family's special tokens),
  * RT_TOK_ERR_UTF8 (a content is not UTF-8), RT_TOK_ERR_NOMEM. */
 enum rt_tok_err rt_chat_format(const struct rt_tok *tok, enum rt_chat_family family,

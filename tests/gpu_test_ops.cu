@@ -15,6 +15,7 @@
 #include "gpu_test_ops_paged.cuh" /* test_attention_paged (area attention) */
 #include "rt_sample.h"            /* rt_sampler: the reference of k_sample */
 #include "gpu_test_ops_rows.cuh"  /* test_sample_rows (area sample) */
+#include "gpu_test_ops_act.cuh"   /* test_gelu, test_gelu_tanh_softcap (areas gelu, softcap) */
 
 // --- rmsnorm, silu_mul, rope, embed, argmax -------------------------------------------------------
 
@@ -200,36 +201,6 @@ static void test_layernorm(void)
     qs_log_set_quiet(false);
 }
 
-/* k_gelu (Falcon's MLP) vs ref_gelu from fp16 and from fp32 sums (zeroed after) */
-static void test_gelu(void)
-{
-    for (size_t n : {(size_t)18176, (size_t)7 * 1408, (size_t)5}) {
-        std::vector<uint16_t> xh;
-        std::vector<float> xf, xa(n), out(n);
-        rand_f16(xh, xf, n, -8.0f, 8.0f);
-        for (auto &v : xa) v = rng_uniform(-8.0f, 8.0f);
-        uint16_t *dx = dev_upload(xh), *dout = dev_poisoned<uint16_t>(n);
-        float *dxa = dev_upload(xa);
-        CHECK_EQ_INT(k_gelu(dout, dx, nullptr, n, nullptr), K_ERR_NONE);
-        ref_gelu(out.data(), xf.data(), n);
-        std::vector<float> got = f16_to_f32(dev_download(dout, n));
-        char what[64];
-        snprintf(what, sizeof what, "gelu n=%zu", n);
-        compare(what, got.data(), out.data(), n, 1e-3, 1e-3, 1e-3);
-        CHECK_EQ_INT(k_gelu(dout, nullptr, dxa, n, nullptr), K_ERR_NONE);
-        ref_gelu(out.data(), xa.data(), n);
-        got = f16_to_f32(dev_download(dout, n));
-        snprintf(what, sizeof what, "gelu acc n=%zu", n);
-        compare(what, got.data(), out.data(), n, 1e-3, 1e-3, 1e-3);
-        CHECK_MSG(dev_nonzero(dxa, n) == 0, "%s: sums not zeroed", what);
-        TCUDA(cudaFree(dx)); TCUDA(cudaFree(dout)); TCUDA(cudaFree(dxa));
-    }
-    qs_log_set_quiet(true);
-    CHECK_EQ_INT(k_gelu(nullptr, nullptr, nullptr, 4, nullptr), K_ERR_ARG);
-    CHECK_EQ_INT(k_gelu(nullptr, nullptr, nullptr, 0, nullptr), K_ERR_SHAPE);
-    qs_log_set_quiet(false);
-}
-
 static void test_silu_mul(void)
 {
     for (auto s : {std::pair<int, int>{1, 11008}, {7, 1408}, {33, 3584}, {2, 5}}) {
@@ -385,10 +356,13 @@ static void test_embed(void)
     uint16_t *dt = dev_upload(th);
     int32_t *dtok = dev_upload(tok);
     float *dout = dev_poisoned<float>((size_t)M * H);
-    CHECK_EQ_INT(k_embed(dout, dt, dtok, M, row_begin, V_r, H, nullptr), K_ERR_NONE);
-    ref_embed(out.data(), th.data(), tok.data(), M, row_begin, V_r, H);
-    const std::vector<float> got = dev_download(dout, (size_t)M * H);
-    CHECK_MSG(memcmp(got.data(), out.data(), got.size() * 4) == 0, "embed: not bit-identical");
+    for (float sc : {1.0f, sqrtf(3584.0f)}) { /* Gemma: * sqrt(hidden) */
+        CHECK_EQ_INT(k_embed(dout, dt, dtok, M, row_begin, V_r, H, sc, nullptr), K_ERR_NONE);
+        ref_embed(out.data(), th.data(), tok.data(), M, row_begin, V_r, H, sc);
+        const std::vector<float> got = dev_download(dout, (size_t)M * H);
+        CHECK_MSG(memcmp(got.data(), out.data(), got.size() * 4) == 0,
+                  "embed scale %g: not bit-identical", (double)sc);
+    }
     TCUDA(cudaFree(dt)); TCUDA(cudaFree(dtok)); TCUDA(cudaFree(dout));
 }
 
@@ -1131,6 +1105,7 @@ int main(int argc, char **argv)
         {"silu_mul", [](bool) { test_silu_mul(); }},
         {"layernorm", [](bool) { test_layernorm(); }},
         {"gelu", [](bool) { test_gelu(); }},
+        {"softcap", [](bool) { test_gelu_tanh_softcap(); }},
         {"rope", [](bool) { test_rope(); }},
         {"rope_kv_store", [](bool) { test_rope_kv_store(); }},
         {"embed", [](bool) { test_embed(); }},

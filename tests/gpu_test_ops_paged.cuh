@@ -49,6 +49,35 @@ static size_t pool_diff(const uint16_t *d, const std::vector<float> &want)
     return bad;
 }
 
+/* Score options of a case (kernels/ref.h struct ref_att_score): 0 plain; 1 Gemma 2 (scale
+ * 96^-0.5, soft-cap 1.5); 2 MPT's ALiBi (slopes of nh heads, bias max 8); 3 Gemma 3 (scale
+ * 0.07, no cap). The host struct for the reference, the device one (slopes uploaded) for the
+ * kernels; NULL both for 0. */
+struct att_score_case {
+    ref_att_score host{}, dev{};
+    std::vector<float> slopes;
+    float *dslopes = nullptr;
+    bool on = false;
+    att_score_case(int kind, int nh)
+    {
+        if (kind == 0) return;
+        on = true;
+        if (kind == 1) host = {1.0f / sqrtf(96.0f), 1.5f, nullptr};
+        if (kind == 3) host = {0.07f, 0.0f, nullptr};
+        if (kind == 2) {
+            slopes.resize(nh);
+            ref_alibi_slopes(slopes.data(), nh, 0, nh, 8.0f);
+            dslopes = dev_upload(slopes);
+            host = {0.0f, 0.0f, slopes.data()};
+        }
+        dev = host;
+        dev.alibi = dslopes;
+    }
+    ~att_score_case() { if (dslopes) TCUDA(cudaFree(dslopes)); }
+    const ref_att_score *h() const { return on ? &host : nullptr; }
+    const ref_att_score *d() const { return on ? &dev : nullptr; }
+};
+
 /* k_kv_store_paged then k_attention_paged vs ref_kv_store_paged + ref_attention_paged: query row
  * m at position pos[m] of table rt[m] (rt empty: row_table NULL, table m), tables of cap keys;
  * its k / v row goes to its slot first (a position outside the table is clamped by the kernel,
@@ -56,8 +85,9 @@ static size_t pool_diff(const uint16_t *d, const std::vector<float> &want)
  * a graph sizes it). No workspace, split, split again (bit for bit). */
 static void paged_decode_case(const char *name, const std::vector<int> &pos,
                               const std::vector<int> &rt, int cap, int nh, int nkv, int hd,
-                              int bs, int sw)
+                              int bs, int sw, int score = 0)
 {
+    const att_score_case sc(score, nh);
     const int M = (int)pos.size();
     const int n_tabs = rt.empty() ? M : *std::max_element(rt.begin(), rt.end()) + 1;
     paged_pool p = paged_pool_make(n_tabs, cap, bs, nkv, hd);
@@ -81,7 +111,7 @@ static void paged_decode_case(const char *name, const std::vector<int> &pos,
                        qkvf.data() + (size_t)(nh + nkv) * hd, qstride, M, slots.data(), nkv, hd, bs);
     CHECK_EQ_INT(ref_attention_paged(out.data(), (size_t)nh * hd, qkvf.data(), qstride, p.kf.data(),
                                      p.vf.data(), M, pc.data(), p.tab.data(), p.stride,
-                                     rt.empty() ? nullptr : rt32.data(), nh, nkv, hd, bs, sw, nullptr,
+                                     rt.empty() ? nullptr : rt32.data(), nh, nkv, hd, bs, sw, sc.h(),
                                      g_pool), REF_ERR_NONE);
     const size_t ws_bytes = k_attention_workspace_bytes(M, nh, hd, keys);
     void *dws = nullptr;
@@ -90,14 +120,14 @@ static void paged_decode_case(const char *name, const std::vector<int> &pos,
         TCUDA(cudaMemset(dws, 0, ws_bytes));
     }
     char what[160];
-    snprintf(what, sizeof what, "attention_paged %s M=%d heads=%d kv=%d hd=%d bs=%d sw=%d%s", name,
-             M, nh, nkv, hd, bs, sw, rt.empty() ? "" : " row_table");
+    snprintf(what, sizeof what, "attention_paged %s M=%d heads=%d kv=%d hd=%d bs=%d sw=%d%s score %d",
+             name, M, nh, nkv, hd, bs, sw, rt.empty() ? "" : " row_table", score);
     std::vector<uint16_t> first;
     for (int run = 0; run < 3; ++run) {
         TCUDA(cudaMemset(dout, 0xFF, on * sizeof(uint16_t)));
         CHECK_EQ_INT(k_attention_paged(dout, (size_t)nh * hd, dq, qstride, dk, dv, M, dpos, dtab,
-                                       p.stride, drt, nh, nkv, hd, bs, keys, sw, run ? dws : nullptr,
-                                       run ? ws_bytes : 0, nullptr), K_ERR_NONE);
+                                       p.stride, drt, nh, nkv, hd, bs, keys, sw, sc.d(),
+                                       run ? dws : nullptr, run ? ws_bytes : 0, nullptr), K_ERR_NONE);
         const std::vector<uint16_t> raw = dev_download(dout, on);
         const std::vector<float> got = f16_to_f32(raw);
         if (run < 2) compare(what, got.data(), out.data(), on, 3e-3, 3e-3, 3e-3);
@@ -116,8 +146,10 @@ static void paged_decode_case(const char *name, const std::vector<int> &pos,
  * k_attention_paged_prefill (v2 at M >= 16 and hd 64 / 128, else v1) vs the reference, and bit
  * for bit equal to k_attention over a contiguous copy of the sequence's cache (no workspace and
  * with one). */
-static void paged_prefill_case(int M, int start, int nh, int nkv, int hd, int bs, int sw)
+static void paged_prefill_case(int M, int start, int nh, int nkv, int hd, int bs, int sw,
+                               int score = 0)
 {
+    const att_score_case sc(score, nh);
     const int T = start + M;
     paged_pool p = paged_pool_make(1, T, bs, nkv, hd);
     const size_t qstride = (size_t)(nh + 2 * nkv) * hd, on = (size_t)M * nh * hd;
@@ -135,7 +167,7 @@ static void paged_prefill_case(int M, int start, int nh, int nkv, int hd, int bs
                        qkvf.data() + (size_t)(nh + nkv) * hd, qstride, M, slots.data(), nkv, hd, bs);
     CHECK_EQ_INT(ref_attention_paged(out.data(), (size_t)nh * hd, qkvf.data(), qstride, p.kf.data(),
                                      p.vf.data(), M, pc.data(), p.tab.data(), p.stride, rt0.data(),
-                                     nh, nkv, hd, bs, sw, nullptr, g_pool), REF_ERR_NONE);
+                                     nh, nkv, hd, bs, sw, sc.h(), g_pool), REF_ERR_NONE);
     std::vector<uint16_t> kc((size_t)nkv * T * hd), vc(kc.size()); /* the contiguous copy */
     for (int h = 0; h < nkv; ++h)
         for (int t = 0; t < T; ++t)
@@ -153,19 +185,20 @@ static void paged_prefill_case(int M, int start, int nh, int nkv, int hd, int bs
     }
     char what[160];
     snprintf(what, sizeof what, "attention_paged_prefill M=%d start=%d heads=%d kv=%d hd=%d bs=%d "
-             "sw=%d", M, start, nh, nkv, hd, bs, sw);
+             "sw=%d score %d", M, start, nh, nkv, hd, bs, sw, score);
     for (int run = 0; run < 2; ++run) {
         void *w = run ? dws : nullptr;
         const size_t wb = run ? ws_bytes : 0;
         CHECK_EQ_INT(k_attention_paged_prefill(dout, (size_t)nh * hd, dq, qstride, dk, dv, M, start,
-                                               dtab, nh, nkv, hd, bs, sw, w, wb, nullptr), K_ERR_NONE);
+                                               dtab, nh, nkv, hd, bs, sw, sc.d(), w, wb, nullptr),
+                     K_ERR_NONE);
         CHECK_EQ_INT(k_attention(dout2, (size_t)nh * hd, dq, qstride, dkc, dvc, M, start, nh, nkv,
                                  hd, T, sw, w, wb, nullptr), K_ERR_NONE);
         const std::vector<uint16_t> raw = dev_download(dout, on), raw2 = dev_download(dout2, on);
         const std::vector<float> got = f16_to_f32(raw);
         compare(what, got.data(), out.data(), on, 3e-3, 3e-3, 3e-3);
-        CHECK_MSG(raw == raw2, "%s%s: differs from k_attention over the contiguous copy", what,
-                  run ? " (workspace)" : "");
+        CHECK_MSG(sc.on || raw == raw2, "%s%s: differs from k_attention over the contiguous copy",
+                  what, run ? " (workspace)" : ""); /* (k_attention has no score options) */
     }
     const size_t bad = pool_diff(dk, p.kf) + pool_diff(dv, p.vf);
     CHECK_MSG(bad == 0, "%s: kv_store_paged: %zu pool values differ", what, bad);
@@ -223,14 +256,14 @@ static void test_paged_contiguous_same(void)
         CHECK_EQ_INT(k_attention(dout[0], os, dq[0], qstride, dk[0], dv[0], c.M, c.start, c.nh,
                                  c.nkv, c.hd, c.T_cap, 0, dws, ws_bytes, nullptr), K_ERR_NONE);
         CHECK_EQ_INT(k_attention_paged_prefill(dout[1], os, dq[1], qstride, dk[1], dv[1], c.M,
-                                               c.start, dtab0, c.nh, c.nkv, c.hd, c.T_cap, 0, dws,
-                                               ws_bytes, nullptr), K_ERR_NONE);
+                                               c.start, dtab0, c.nh, c.nkv, c.hd, c.T_cap, 0,
+                                               nullptr, dws, ws_bytes, nullptr), K_ERR_NONE);
         same("attention / _paged_prefill", dout, on);
         CHECK_EQ_INT(k_attention_at(dout[0], os, dq[0], qstride, dk[0], dv[0], c.M, dstart, c.nh,
                                     c.nkv, c.hd, c.T_cap, 0, dws, ws_bytes, nullptr), K_ERR_NONE);
         CHECK_EQ_INT(k_attention_paged(dout[1], os, dq[1], qstride, dk[1], dv[1], c.M, dposv, dtab0,
-                                       1, drt0, c.nh, c.nkv, c.hd, c.T_cap, c.T_cap, 0, dws,
-                                       ws_bytes, nullptr), K_ERR_NONE);
+                                       1, drt0, c.nh, c.nkv, c.hd, c.T_cap, c.T_cap, 0, nullptr,
+                                       dws, ws_bytes, nullptr), K_ERR_NONE);
         same("attention_at / _paged", dout, on);
         CHECK_EQ_INT(k_rope_kv_store(dq[0], nullptr, c.M, c.nh, c.nkv, c.hd, qstride, dposv, dinv,
                                      dk[0], dv[0], c.T_cap, nullptr), K_ERR_NONE);
@@ -374,21 +407,35 @@ static void test_attention_paged(bool quick)
     paged_prefill_case(40, 9, 4, 4, 96, 16, 0);
     paged_prefill_case(3, 600, 4, 2, 96, 16, 64);
     if (!quick) paged_prefill_case(512, 1536, 32, 8, 128, 16, 0);
+    /* score options: Gemma 2's scale and soft-cap, MPT's ALiBi (12 heads: interleaved slopes),
+     * Gemma 3's scale at hd 256; decode (v1, split and not) and prompt chunks (v2 at hd 64 /
+     * 128, v1 at 256) */
+    for (int score : {1, 2, 3}) {
+        const int nh = score == 2 ? 12 : 8, nkv = score == 2 ? 12 : score == 3 ? 1 : 4;
+        const int hd = score == 3 ? 256 : score == 2 ? 64 : 128;
+        paged_decode_case("scored", {0, 9, 40, 700, 1999}, {}, 2000, nh, nkv, hd, 16,
+                          score == 1 ? 37 : 0, score);
+        paged_decode_case("scored chunks", {10, 11, 12, 30, 31, 32}, {1, 1, 1, 0, 0, 0}, 40, nh, nkv,
+                          hd, 16, score == 3 ? 8 : 0, score);
+        paged_prefill_case(70, 20, nh, nkv, hd, 16, score == 1 ? 24 : 0, score);
+        paged_prefill_case(5, 300, nh, nkv, hd, 16, 0, score);
+        paged_prefill_case(130, 77, nh, nkv, hd, 32, score == 3 ? 100 : 0, score);
+    }
     test_rope_kv_store_paged();
     test_kv_copy_block();
     qs_log_set_quiet(true);
     uint16_t *d = dev_poisoned<uint16_t>(1024);
     const int32_t *di = reinterpret_cast<const int32_t *>(d);
     CHECK_EQ_INT(k_attention_paged(d, 128, d, 128, d, d, 1, di, di, 1, nullptr, 1, 1, 80, 16, 16,
-                                   0, nullptr, 0, nullptr), K_ERR_SHAPE); /* hd 80 */
+                                   0, nullptr, nullptr, 0, nullptr), K_ERR_SHAPE); /* hd 80 */
     CHECK_EQ_INT(k_attention_paged(d, 128, d, 128, d, d, 1, di, di, 1, nullptr, 1, 1, 128, 0, 16,
-                                   0, nullptr, 0, nullptr), K_ERR_SHAPE); /* block_size 0 */
+                                   0, nullptr, nullptr, 0, nullptr), K_ERR_SHAPE); /* block_size 0 */
     CHECK_EQ_INT(k_attention_paged(d, 128, d, 128, d, d, 1, nullptr, di, 1, nullptr, 1, 1, 128, 16,
-                                   16, 0, nullptr, 0, nullptr), K_ERR_ARG);
+                                   16, 0, nullptr, nullptr, 0, nullptr), K_ERR_ARG);
     CHECK_EQ_INT(k_attention_paged_prefill(d, 128, d, 128, d, d, 1, 0, nullptr, 1, 1, 128, 16, 0,
-                                           nullptr, 0, nullptr), K_ERR_ARG);
+                                           nullptr, nullptr, 0, nullptr), K_ERR_ARG);
     CHECK_EQ_INT(k_attention_paged_prefill(d, 128, d, 128, d, d, 1, -1, di, 1, 1, 128, 16, 0,
-                                           nullptr, 0, nullptr), K_ERR_SHAPE);
+                                           nullptr, nullptr, 0, nullptr), K_ERR_SHAPE);
     CHECK_EQ_INT(k_kv_store_paged(d, d, d, d, 128, 1, nullptr, 1, 128, 16, nullptr), K_ERR_ARG);
     CHECK_EQ_INT(k_kv_store_paged(d, d, d, d, 128, 1, di, 1, 128, 0, nullptr), K_ERR_SHAPE);
     CHECK_EQ_INT(k_rope_kv_store_paged(d, nullptr, 1, 1, 1, 64, 192, di, (const float *)d, d, d,

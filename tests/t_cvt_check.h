@@ -204,13 +204,16 @@ static inline uint16_t *src_f16(struct model_ck *m, const char *name, long *n)
     return v;
 }
 
-/* Replicated F32 tensor `name` equals source `src` (NULL: the same name) converted to fp32. */
-static inline void ck_replicated_from(struct model_ck *m, const struct fmt_shard *s,
-                                      const char *name, const char *src)
+/* Replicated F32 tensor `name` equals source `src` (NULL: the same name) converted to fp32,
+ * plus `offset` in fp32 (Gemma's norms: 1 + w). */
+static inline void ck_replicated_plus(struct model_ck *m, const struct fmt_shard *s,
+                                      const char *name, const char *src, float offset)
 {
     const struct fmt_tensor *t = find(s, "%s", name);
     long n = 0;
     float *v = src_f32(m, src ? src : name, &n);
+    for (long i = 0; v && offset != 0.0f && i < n; i++)
+        v[i] += offset;
     if (t && v) {
         CHECK(t->dtype == FMT_DTYPE_F32 && t->numel == (uint64_t)n);
         CHECK_MSG(t->numel == (uint64_t)n && !memcmp(t->data, v, (size_t)n * 4), "%s differs",
@@ -218,6 +221,12 @@ static inline void ck_replicated_from(struct model_ck *m, const struct fmt_shard
         m->n_checked++;
     }
     free(v);
+}
+
+static inline void ck_replicated_from(struct model_ck *m, const struct fmt_shard *s,
+                                      const char *name, const char *src)
+{
+    ck_replicated_plus(m, s, name, src, 0.0f);
 }
 
 static inline void ck_replicated(struct model_ck *m, const struct fmt_shard *s, const char *name)
@@ -536,6 +545,38 @@ static inline void ck_rank_mpt(struct model_ck *m, const struct fmt_shard *s, in
     }
 }
 
+/* Gemma 2 / 3's tensors on rank r (modeling_gemma2.py / modeling_gemma3.py names): LLaMA's
+ * linears, tied embedding, every norm stored as 1 + w: input_layernorm, post_attention_layernorm
+ * (-> self_attn.out_norm), pre_feedforward_layernorm (-> post_attention_layernorm, the MLP's
+ * input norm in DESIGN 5), post_feedforward_layernorm (-> mlp.out_norm), Gemma 3's q/k norms. */
+static inline void ck_rank_gemma(struct model_ck *m, const struct fmt_shard *s, int r)
+{
+    static const char *const norms[][2] = {
+        {"model.layers.%d.input_layernorm.weight", "model.layers.%d.input_layernorm.weight"},
+        {"model.layers.%d.self_attn.out_norm.weight", "model.layers.%d.post_attention_layernorm.weight"},
+        {"model.layers.%d.post_attention_layernorm.weight", "model.layers.%d.pre_feedforward_layernorm.weight"},
+        {"model.layers.%d.mlp.out_norm.weight", "model.layers.%d.post_feedforward_layernorm.weight"},
+        {"model.layers.%d.self_attn.q_norm.weight", "model.layers.%d.self_attn.q_norm.weight"},
+        {"model.layers.%d.self_attn.k_norm.weight", "model.layers.%d.self_attn.k_norm.weight"},
+    };
+    char base[160], nm[200], src_nm[200];
+    ck_vocab(m, s, r, "model.embed_tokens.weight", "model.embed_tokens.weight");
+    CHECK_MSG(m->cfg->tie_word_embeddings && fmt_shard_find(s, "lm_head.weight") == NULL,
+              "%s: lm_head", m->name);
+    ck_replicated_plus(m, s, "model.norm.weight", NULL, 1.0f);
+    for (int i = 0; i < m->L; i++) {
+        for (size_t k = 0; k < sizeof norms / sizeof norms[0]; k++) {
+            snprintf(nm, sizeof(nm), norms[k][0], i);
+            snprintf(src_nm, sizeof(src_nm), norms[k][1], i);
+            if (k < 4 || cvt_source_find(m->src, src_nm))
+                ck_replicated_plus(m, s, nm, src_nm, 1.0f);
+        }
+        ck_attention(m, s, r, i, "model.layers.%d.self_attn", "qkv_proj", "o_proj");
+        snprintf(base, sizeof(base), "model.layers.%d.mlp", i);
+        ck_mlp(m, s, r, base, base, "gate_proj", "up_proj", "down_proj");
+    }
+}
+
 /* The LLaMA family's tensors on rank r (LLaMA, Mistral, Qwen2/3, Phi-3, Mixtral, Qwen3-MoE). */
 static inline void ck_rank_llama(struct model_ck *m, const struct fmt_shard *s, int r)
 {
@@ -604,6 +645,8 @@ static inline void ck_model(struct model_ck *m, const char *out_dir)
             ck_rank_falcon(m, s, r);
         else if (cvt_source_find(m->src, "transformer.wte.weight"))
             ck_rank_mpt(m, s, r);
+        else if (cvt_source_find(m->src, "model.layers.0.pre_feedforward_layernorm.weight"))
+            ck_rank_gemma(m, s, r);
         else
             ck_rank_llama(m, s, r);
         /* nothing in the rank file that this test did not check */

@@ -83,10 +83,17 @@ T_FN enum rt_err emu_zero(void *ctx, void *dst, size_t bytes)
 }
 
 T_FN enum rt_err emu_embed(void *ctx, float *out, const uint16_t *table, const int32_t *tokens,
-                           int M, int64_t row_begin, int V_r, int H)
+                           int M, int64_t row_begin, int V_r, int H, float scale)
 {
     (void)ctx;
-    ref_embed(out, table, tokens, M, row_begin, V_r, H);
+    ref_embed(out, table, tokens, M, row_begin, V_r, H, scale);
+    return RT_ERR_NONE;
+}
+
+T_FN enum rt_err emu_softcap(void *ctx, float *x, size_t n, float cap)
+{
+    (void)ctx;
+    ref_softcap(x, n, cap);
     return RT_ERR_NONE;
 }
 
@@ -234,9 +241,10 @@ T_FN enum rt_err emu_attention(void *ctx, void *out, size_t out_stride, const vo
     }
     size_t nkv = (size_t)(max_blk + 1) * n_kv_heads * a->block_size * hd;
     float *qf = h2f(q, nq), *of = h2f(out, no), *kf = h2f(k_pool, nkv), *vf = h2f(v_pool, nkv);
+    const struct ref_att_score sc = {a->scale, a->softcap, a->alibi};
     enum ref_err e = ref_attention_paged(of, out_stride, qf, q_stride, kf, vf, M, a->pos,
                                          a->tables, a->table_stride, a->row_table, n_heads,
-                                         n_kv_heads, hd, a->block_size, sliding_window, a->alibi,
+                                         n_kv_heads, hd, a->block_size, sliding_window, &sc,
                                          NULL);
     f2h(out, of, no);
     free(qf), free(of), free(kf), free(vf);
@@ -258,7 +266,7 @@ T_FN enum rt_err emu_act_mul(void *ctx, enum rt_act kind, void *out, const void 
                              float *gate_up_acc, const float *act_scale, int M, int I)
 {
     (void)ctx;
-    if (kind != RT_ACT_SILU && kind != RT_ACT_GELU)
+    if (kind != RT_ACT_SILU && kind != RT_ACT_GELU && kind != RT_ACT_GELU_TANH)
         return RT_ERR_UNSUPPORTED;
     const size_t n = (size_t)M * (rt_act_gated(kind) ? 2 : 1) * I;
     float *gf = gate_up_acc ? xcalloc(n, 4) : h2f(gate_up, n), *of = xcalloc((size_t)M * I, 4);
@@ -268,6 +276,8 @@ T_FN enum rt_err emu_act_mul(void *ctx, enum rt_act kind, void *out, const void 
     }
     if (kind == RT_ACT_GELU)
         ref_gelu(of, gf, (size_t)M * I);
+    else if (kind == RT_ACT_GELU_TANH)
+        ref_gelu_tanh_mul(of, gf, M, I);
     else
         ref_silu_mul(of, gf, M, I);
     if (act_scale)
@@ -351,6 +361,7 @@ static const struct rt_backend_ops emu_ops = {
     .download = emu_copy,
     .zero = emu_zero,
     .embed = emu_embed,
+    .softcap = emu_softcap,
     .norm = emu_norm,
     .linear_w4 = emu_linear_w4,
     .linear_acc_ok = emu_acc_ok,

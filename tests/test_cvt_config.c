@@ -610,6 +610,88 @@ static void test_mpt_keys(void)
     qs_log_set_quiet(false);
 }
 
+/* Gemma 2 / Gemma 3 text (Gemma2Config, Gemma3TextConfig): the classes' defaults (soft-capping
+ * 50 / 30 for Gemma 2 only, query_pre_attn_scalar 256, window 4096, every sixth Gemma 3 layer
+ * global, rope_local_base_freq 10000), hidden_activation as the spelling of hidden_act,
+ * layer_types read as a pattern, and what is not run refused by name. */
+static void test_gemma_keys(void)
+{
+    struct cvt_hf_config cfg;
+    static const char gm[] = "{\"architectures\": [\"%s\"], \"model_type\": \"%s\", "
+                             "\"hidden_size\": 256, \"intermediate_size\": 512, \"num_hidden_layers\": "
+                             "6, \"num_attention_heads\": 4, \"vocab_size\": 64%s}";
+    char js[2048];
+    snprintf(js, sizeof js, gm, "Gemma2ForCausalLM", "gemma2", "");
+    CHECK_EQ_INT(cfg_parse(js, NULL, NULL, NULL, &cfg), CVT_ERR_NONE);
+    CHECK(cfg.arch && strcmp(cfg.arch->name, "gemma2") == 0 && cfg.arch->norm_offset == 1.0);
+    CHECK_EQ_INT(cfg.head_dim, 256);
+    CHECK_EQ_INT(cfg.num_key_value_heads, 4);
+    CHECK_EQ_INT(cfg.sliding_window, 4096);
+    CHECK_EQ_INT(cfg.sliding_window_pattern, 2);
+    CHECK(cfg.attn_softcap == 50.0 && cfg.final_softcap == 30.0 && cfg.tie_word_embeddings);
+    CHECK(cfg.attn_scale == 1.0 / 16.0 && cfg.embed_scale == 16.0 && cfg.rope_local_theta == 0.0);
+    cvt_config_free(&cfg);
+    snprintf(js, sizeof js, gm, "Gemma3ForCausalLM", "gemma3_text",
+             ", \"hidden_activation\": \"gelu_pytorch_tanh\", \"query_pre_attn_scalar\": 144, "
+             "\"sliding_window\": 512");
+    CHECK_EQ_INT(cfg_parse(js, NULL, NULL, NULL, &cfg), CVT_ERR_NONE);
+    CHECK(cfg.arch && strcmp(cfg.arch->name, "gemma3") == 0);
+    CHECK(cfg.attn_softcap == 0.0 && cfg.final_softcap == 0.0 && cfg.rope_theta == 1e6);
+    CHECK(cfg.attn_scale == 1.0 / 12.0 && cfg.rope_local_theta == 10000.0);
+    CHECK_EQ_INT(cfg.sliding_window_pattern, 6);
+    CHECK_EQ_INT(cfg.sliding_window, 512);
+    cvt_config_free(&cfg);
+    /* layer_types as a pattern; all global: no window */
+    snprintf(js, sizeof js, gm, "Gemma3ForCausalLM", "gemma3_text",
+             ", \"layer_types\": [\"sliding_attention\", \"sliding_attention\", \"full_attention\", "
+             "\"sliding_attention\", \"sliding_attention\", \"full_attention\"]");
+    CHECK_EQ_INT(cfg_parse(js, NULL, NULL, NULL, &cfg), CVT_ERR_NONE);
+    CHECK_EQ_INT(cfg.sliding_window_pattern, 3);
+    cvt_config_free(&cfg);
+    /* tie_word_embeddings null: None, which transformers' tie_weights takes as false */
+    snprintf(js, sizeof js, gm, "Gemma2ForCausalLM", "gemma2", ", \"tie_word_embeddings\": null");
+    CHECK_EQ_INT(cfg_parse(js, NULL, NULL, NULL, &cfg), CVT_ERR_NONE);
+    CHECK(!cfg.tie_word_embeddings);
+    cvt_config_free(&cfg);
+    snprintf(js, sizeof js, gm, "Gemma2ForCausalLM", "gemma2",
+             ", \"layer_types\": [\"full_attention\", \"full_attention\", \"full_attention\", "
+             "\"full_attention\", \"full_attention\", \"full_attention\"], \"final_logit_softcapping\": null");
+    CHECK_EQ_INT(cfg_parse(js, NULL, NULL, NULL, &cfg), CVT_ERR_NONE);
+    CHECK(cfg.sliding_window == 0 && cfg.sliding_window_pattern == 0 && cfg.final_softcap == 0.0);
+    cvt_config_free(&cfg);
+    static const struct {
+        const char *arch, *extra, *word;
+        enum cvt_err want;
+    } bad[] = {
+        {"Gemma3ForCausalLM", ", \"use_bidirectional_attention\": true", "use_bidirectional_attention",
+         CVT_ERR_UNSUPPORTED},
+        {"Gemma2ForCausalLM", ", \"sliding_window\": null", "sliding_window null", CVT_ERR_CONFIG},
+        {"Gemma2ForCausalLM", ", \"hidden_activation\": \"gelu\"", "gelu", CVT_ERR_UNSUPPORTED},
+        {"Gemma2ForCausalLM", ", \"hidden_act\": \"gelu_pytorch_tanh\", \"hidden_activation\": \"gelu\"",
+         "disagree", CVT_ERR_CONFIG},
+        {"Gemma2ForCausalLM", ", \"mlp_bias\": true", "mlp_bias", CVT_ERR_UNSUPPORTED},
+        {"Gemma3ForCausalLM", ", \"layer_types\": [\"sliding_attention\", \"full_attention\", "
+         "\"sliding_attention\", \"sliding_attention\", \"sliding_attention\", \"full_attention\"]",
+         "breaks the pattern", CVT_ERR_UNSUPPORTED},
+        {"Gemma3ForCausalLM", ", \"sliding_window_pattern\": 3, \"layer_types\": [\"sliding_attention\", "
+         "\"full_attention\", \"sliding_attention\", \"full_attention\", \"sliding_attention\", "
+         "\"full_attention\"]", "disagree", CVT_ERR_CONFIG},
+        {"Gemma3ForCausalLM", ", \"layer_types\": [\"full_attention\"]", "layer_types", CVT_ERR_CONFIG},
+        {"Gemma2ForCausalLM", ", \"attn_logit_softcapping\": 0", "attn_logit_softcapping", CVT_ERR_CONFIG},
+    };
+    qs_log_set_quiet(true);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(js, sizeof js, gm, bad[i].arch, strstr(bad[i].arch, "3") ? "gemma3_text" : "gemma2",
+                 bad[i].extra);
+        const enum cvt_err e = cfg_parse(js, NULL, NULL, NULL, &cfg);
+        CHECK_MSG(e == bad[i].want && strstr(qs_log_last(), bad[i].word),
+                  "gemma case %zu: error %d, message '%s'", i, (int)e, qs_log_last());
+        if (e == CVT_ERR_NONE)
+            cvt_config_free(&cfg);
+    }
+    qs_log_set_quiet(false);
+}
+
 /* Everything a config says about the model, as parsed (not the saved text, nor torch_dtype,
  * which transformers 5 spells "dtype"): equal for the same model in two spellings. */
 static void check_same_model(const char *what, const struct cvt_hf_config *a, const struct cvt_hf_config *b)
@@ -980,6 +1062,7 @@ int main(void)
     test_family_keys();
     test_falcon_keys();
     test_mpt_keys();
+    test_gemma_keys();
     test_rope_t5_files();
     test_rope_spellings();
     test_directory();

@@ -486,7 +486,7 @@ static void test_registry(void)
 {
     /* every descriptor is found by each of its three names; the lists name them in order */
     char cls[512], mt[512], want_cls[512] = "", want_mt[512] = "";
-    CHECK_EQ_INT(cvt_arch_count(), 11);
+    CHECK_EQ_INT(cvt_arch_count(), 13);
     for (int i = 0; i < cvt_arch_count(); i++) {
         const struct cvt_arch *a = cvt_arch_at(i);
         /* by name: the first descriptor of that name (Falcon has two spellings of one model,
@@ -518,14 +518,14 @@ static void test_registry(void)
             }
         }
     }
-    CHECK(cvt_arch_at(-1) == NULL && cvt_arch_at(11) == NULL && cvt_arch_find("gemma2") == NULL);
+    CHECK(cvt_arch_at(-1) == NULL && cvt_arch_at(13) == NULL && cvt_arch_find("gemma") == NULL);
     CHECK(cvt_arch_by_hf_class("llama") == NULL && cvt_arch_by_model_type(NULL) == NULL);
     cvt_arch_list(true, cls, sizeof(cls));
     cvt_arch_list(false, mt, sizeof(mt));
     CHECK_EQ_STR(cls, want_cls);
     CHECK_EQ_STR(mt, want_mt);
     CHECK_EQ_STR(mt, "llama, mistral, qwen2, qwen3, phi3, mixtral, qwen3_moe, falcon, RefinedWebModel, "
-                     "mpt");
+                     "mpt, gemma2, gemma3_text");
 
     /* the toy family: HF names of its own in, the canonical outputs of the llama family out */
     struct cvt_dims d = tiny();

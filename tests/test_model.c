@@ -265,8 +265,13 @@ static void test_config(void)
     } muts[] = {
         {"\"qshard_config_version\": 1", "\"qshard_config_version\": 2", RT_ERR_UNSUPPORTED,
          "qshard_config_version"},
-        {"\"architecture\": \"llama\"", "\"architecture\": \"gemma2\"", RT_ERR_UNSUPPORTED,
-         "gemma2"},
+        {"\"architecture\": \"llama\"", "\"architecture\": \"gemma4\"", RT_ERR_UNSUPPORTED,
+         "gemma4"},
+        /* Gemma's keys on a LLaMA file would be silently ignored: refused */
+        {"\"architecture\": \"llama\"", "\"architecture\": \"llama\", \"attn_softcap\": 50",
+         RT_ERR_CONFIG, "attn_softcap is not used"},
+        {"\"architecture\": \"llama\"", "\"architecture\": \"gemma2\"", RT_ERR_CONFIG,
+         "embed_scale"},
         {"\"hidden_size\": 128", "\"hidden_size\": -128", RT_ERR_CONFIG, "hidden_size"},
         {"\"hidden_size\": 128", "\"hidden_size\": 12.5", RT_ERR_CONFIG, "hidden_size"},
         {"\"hidden_size\": 128", "\"hidden_size\": \"128\"", RT_ERR_CONFIG, "hidden_size"},

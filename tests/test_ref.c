@@ -739,28 +739,7 @@ static void test_layernorm(void)
     }
 }
 
-/* ref_gelu against x * Phi(x) with Phi from erfc (a different libm function than erf) and two
- * known values */
-static void test_gelu(void)
-{
-    enum { N = 300 };
-    float x[N], y[N];
-    fill_uniform(x, N, -8, 8);
-    x[0] = 1.0f;
-    x[1] = -1.0f;
-    ref_gelu(y, x, N);
-    int bad = 0;
-    for (int i = 0; i < N; i++) {
-        const double want = x[i] * 0.5 * erfc(-x[i] / sqrt(2.0));
-        if (fabs(y[i] - want) > 1e-7 + 1e-6 * fabs(want))
-            bad++;
-    }
-    CHECK_EQ_INT(bad, 0);
-    CHECK(fabs(y[0] - 0.8413447460685429) < 1e-7);
-    CHECK(fabs(y[1] + 0.15865525393145707) < 1e-7);
-    ref_gelu(x, x, N); /* in place */
-    CHECK(memcmp(x, y, sizeof(y)) == 0);
-}
+#include "t_ref_act.h" /* test_gelu, test_gelu_tanh_softcap, test_alibi */
 
 /* ref_head_rmsnorm against a double-precision norm of each head written here: q heads with wq,
  * k heads with wk, v and the row's padding untouched */
@@ -850,16 +829,19 @@ static void test_silu_softmax_argmax_embed(void)
     float e[5 * H];
     for (int i = 0; i < 5 * H; i++)
         e[i] = NAN;
-    ref_embed(e, table, toks, 5, 14, 14, H);
-    bad = 0;
-    for (int m = 0; m < 5; m++)
-        for (int i = 0; i < H; i++) {
-            int in = toks[m] >= 14 && toks[m] < 28;
-            float want = in ? ref_f16_to_f32(table[(toks[m] - 14) * H + i]) : 0.0f;
-            if (!(e[m * H + i] == want))
-                bad++;
-        }
-    CHECK_EQ_INT(bad, 0);
+    for (int pass = 0; pass < 2; pass++) { /* scale 1, and Gemma's sqrt(hidden) */
+        const float sc = pass ? sqrtf(2304.0f) : 1.0f;
+        ref_embed(e, table, toks, 5, 14, 14, H, sc);
+        bad = 0;
+        for (int m = 0; m < 5; m++)
+            for (int i = 0; i < H; i++) {
+                int in = toks[m] >= 14 && toks[m] < 28;
+                float want = in ? ref_f16_to_f32(table[(toks[m] - 14) * H + i]) * sc : 0.0f;
+                if (!(e[m * H + i] == want))
+                    bad++;
+            }
+        CHECK_EQ_INT(bad, 0);
+    }
 }
 
 /* ref_gather_cols: distinct values m*K + k under a fresh random permutation must come out as
@@ -997,58 +979,6 @@ static void naive_attention(double *out, const float *q, const float *kc, const 
     }
 }
 
-/* ref_alibi_slopes against MPT's slopes written out by hand (8 heads: 2^-1 .. 2^-8; 6 heads:
- * the 8-head slopes at odd positions, then even ones), and ref_attention_paged with ALiBi
- * against a double-precision loop written here: score + slope * (key - query position) */
-static void test_alibi(struct ref_pool *pool)
-{
-    float s8[8], s6[6], s6b[3];
-    ref_alibi_slopes(s8, 8, 0, 8, 8.0f);
-    for (int h = 0; h < 8; h++)
-        CHECK(s8[h] == ldexpf(1.0f, -(h + 1)));
-    ref_alibi_slopes(s6, 6, 0, 6, 8.0f);
-    const float want6[6] = {0.25f, 0.0625f, 1.0f / 64, 1.0f / 256, 0.5f, 0.125f};
-    for (int h = 0; h < 6; h++)
-        CHECK_MSG(s6[h] == want6[h], "alibi 6 heads: head %d slope %g, want %g", h, s6[h], want6[h]);
-    ref_alibi_slopes(s6b, 6, 3, 3, 8.0f); /* a rank's heads 3..5 */
-    CHECK(s6b[0] == want6[3] && s6b[1] == want6[4] && s6b[2] == want6[5]);
-    enum { NH = 6, HD = 8, BS = 4, T = 11 };
-    float q[T * NH * HD], k[16 * NH * BS * HD], v[16 * NH * BS * HD], out[T * NH * HD];
-    fill_uniform(q, T * NH * HD, -1, 1);
-    fill_uniform(k, 16 * NH * BS * HD, -1, 1);
-    fill_uniform(v, 16 * NH * BS * HD, -1, 1);
-    int32_t pos[T], row_table[T], tab[4] = {3, 0, 7, 5};
-    for (int m = 0; m < T; m++) {
-        pos[m] = m + 2; /* rows at positions 2..12 of one sequence */
-        row_table[m] = 0;
-    }
-    CHECK_EQ_INT(ref_attention_paged(out, NH * HD, q, NH * HD, k, v, T, pos, tab, 4, row_table, NH,
-                                     NH, HD, BS, 0, s6, pool), REF_ERR_NONE);
-    int bad = 0;
-    for (int m = 0; m < T; m++)
-        for (int h = 0; h < NH; h++) {
-            double sc[16], mx = -1e300, sum = 0;
-            for (int t = 0; t <= pos[m]; t++) {
-                const float *kr = k + ref_kv_offset((int64_t)tab[t / BS] * BS + t % BS, h, NH, BS, HD);
-                double d = 0;
-                for (int i = 0; i < HD; i++)
-                    d += (double)q[(m * NH + h) * HD + i] * kr[i];
-                sc[t] = d / sqrt((double)HD) + (double)want6[h] * (t - pos[m]);
-                mx = sc[t] > mx ? sc[t] : mx;
-            }
-            for (int t = 0; t <= pos[m]; t++)
-                sum += exp(sc[t] - mx);
-            for (int i = 0; i < HD; i++) {
-                double o = 0;
-                for (int t = 0; t <= pos[m]; t++)
-                    o += exp(sc[t] - mx) / sum *
-                         v[ref_kv_offset((int64_t)tab[t / BS] * BS + t % BS, h, NH, BS, HD) + i];
-                bad += fabs(out[(m * NH + h) * HD + i] - o) > 1e-5;
-            }
-        }
-    CHECK_EQ_INT(bad, 0);
-}
-
 static void test_attention(struct ref_pool *pool)
 {
     enum { NH = 4, NKV = 2, HD = 16, TC = 24, T = 20 };
@@ -1172,6 +1102,7 @@ static void test_ops(void)
     test_rmsnorm();
     test_layernorm();
     test_gelu();
+    test_gelu_tanh_softcap();
     test_head_rmsnorm();
     test_silu_softmax_argmax_embed();
     test_rope();

@@ -128,11 +128,11 @@ const struct cli_opt cli_table[] = {
      .help = "with --json: each generated token's log probability and the N most likely "
              "tokens, 1..20 (raw model distribution; sampled on the host)"},
     {.lng = "chat", .kind = CLI_FLAG, .cmds = CLI_RUN, .off = F(chat),
-     .help = "format the prompt with the model's chat template (Llama-2, Llama-3, Mistral or "
-             "ChatML family, from tokenizer_config.json)"},
+     .help = "format the prompt with the model's chat template (Llama-2, Llama-3, Mistral, "
+             "ChatML, Gemma or Phi-3 family, from tokenizer_config.json)"},
     {.lng = "chat-template", .kind = CLI_CHOICE, .metavar = "F", .cmds = CLI_RUN,
-     .off = F(chat_template), .choices = "llama2|llama3|mistral|chatml|qwen",
-     .help = "force the family: llama2, llama3, mistral, chatml (implies --chat)"},
+     .off = F(chat_template), .choices = "llama2|llama3|mistral|chatml|qwen|gemma|phi3",
+     .help = "force the family: llama2, llama3, mistral, chatml, gemma, phi3 (implies --chat)"},
     {.lng = "system", .kind = CLI_STR, .metavar = "TEXT", .cmds = CLI_RUN, .off = F(system),
      .help = "system message for --chat"},
     {.lng = "stop", .kind = CLI_CUSTOM, .metavar = "STR", .cmds = CLI_RUN, .parse = parse_stop,
@@ -258,9 +258,9 @@ const struct cli_opt cli_table[] = {
      .help = "KV cache per rank in GB (default: 90% of the GPU memory free after the weights; "
              "on cpu --max-num-seqs full contexts)"},
     {.lng = "chat-template", .kind = CLI_CHOICE, .metavar = "F", .cmds = CLI_SERVE,
-     .off = F(chat_template), .choices = "llama2|llama3|mistral|chatml|qwen",
+     .off = F(chat_template), .choices = "llama2|llama3|mistral|chatml|qwen|gemma|phi3",
      .help = "the chat template family of /v1/chat/completions: llama2, llama3, mistral, "
-             "chatml, qwen (default: recognised from tokenizer_config.json)"},
+             "chatml, qwen, gemma, phi3 (default: recognised from tokenizer_config.json)"},
     {.lng = "ctx", .kind = CLI_INT, .metavar = "N", .cmds = CLI_SERVE, .off = F(ctx), .lo = 2,
      .hi = MAX_CTX, .must = "an integer in [2, 16777216]",
      .help = "context length in tokens: a prompt plus its max_tokens must fit (default: "

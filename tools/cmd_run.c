@@ -230,7 +230,7 @@ static int prompt(const struct rt_session *s, const struct cli_args *a, const ch
         if (e == RT_ERR_TOKENIZER && rt_session_tok(s) && p.family == RT_CHAT_NONE &&
             rt_chat_detect(rt_session_tok(s)) == RT_CHAT_NONE)
             fprintf(stderr, "hint: name the family with --chat-template "
-                            "llama2|llama3|mistral|chatml\n");
+                            "llama2|llama3|mistral|chatml|gemma|phi3\n");
         if (e)
             return cli_exit_rt(e);
     } else {

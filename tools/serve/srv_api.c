@@ -431,7 +431,7 @@ static bool chat_prompt(struct parse *p, struct srv_req *r, int32_t *extra_eos)
             srv_error_set(p->err, 400, "invalid_request_error", "messages", NULL,
                           "this model has no chat template the server recognises (its "
                           "tokenizer_config.json); the server must be started with "
-                          "--chat-template llama2|llama3|mistral|chatml|qwen");
+                          "--chat-template llama2|llama3|mistral|chatml|qwen|gemma|phi3");
             p->bad = true;
             ok = false;
         }

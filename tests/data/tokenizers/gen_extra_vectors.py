@@ -279,6 +279,12 @@ LLAMA2_TEMPLATE = ("{% if messages[0]['role'] == 'system' %}{% set loop_messages
 CHATML_TEMPLATE = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 MISTRAL_V01_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token + ' ' }}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}")
 MISTRAL_V02_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}")
+# gemma: google/gemma-2-9b-it's template (the same as gemma-7b-it's, as quoted in llama.cpp's and
+# mistral.rs's template tests); gemma3: google/gemma-3-1b-it's, as quoted in several public
+# projects' code; phi3: microsoft/Phi-3.5-mini-instruct's, as quoted in public template tests.
+GEMMA2_TEMPLATE = ("{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}")
+GEMMA3_TEMPLATE = ("{{ bos_token }}\n{%- if messages[0]['role'] == 'system' -%}\n    {%- if messages[0]['content'] is string -%}\n        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}\n    {%- else -%}\n        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}\n    {%- endif -%}\n    {%- set loop_messages = messages[1:] -%}\n{%- else -%}\n    {%- set first_user_prefix = \"\" -%}\n    {%- set loop_messages = messages -%}\n{%- endif -%}\n{%- for message in loop_messages -%}\n    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n    {%- endif -%}\n    {%- if (message['role'] == 'assistant') -%}\n        {%- set role = \"model\" -%}\n    {%- else -%}\n        {%- set role = message['role'] -%}\n    {%- endif -%}\n    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n    {%- if message['content'] is string -%}\n        {{ message['content'] | trim }}\n    {%- elif message['content'] is iterable -%}\n        {%- for item in message['content'] -%}\n            {%- if item['type'] == 'image' -%}\n                {{ '<start_of_image>' }}\n            {%- elif item['type'] == 'text' -%}\n                {{ item['text'] | trim }}\n            {%- endif -%}\n        {%- endfor -%}\n    {%- else -%}\n        {{ raise_exception(\"Invalid content type\") }}\n    {%- endif -%}\n    {{ '<end_of_turn>\n' }}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n    {{'<start_of_turn>model\n'}}\n{%- endif -%}\n")
+PHI3_TEMPLATE = ("{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}")
 QWEN2_TEMPLATE = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 CONV = [["system", "You are a helpful assistant"], ["user", "Hello"], ["assistant", "Hi there"],
         ["user", "Who are you"], ["assistant", "   I am an assistant   "], ["user", "Another question"]]
@@ -309,14 +315,18 @@ def chat_goldens():
                 ("chatml", CHATML_TEMPLATE, "", ""),
                 ("qwen2", QWEN2_TEMPLATE, "", ""),
                 ("mistral_v01", MISTRAL_V01_TEMPLATE, "<s>", "</s>"),
-                ("mistral_v02", MISTRAL_V02_TEMPLATE, "<s>", "</s>")]
+                ("mistral_v02", MISTRAL_V02_TEMPLATE, "<s>", "</s>"),
+                ("gemma2", GEMMA2_TEMPLATE, "<|begin_of_text|>", "<|end_of_text|>"),
+                ("gemma3", GEMMA3_TEMPLATE, "<|begin_of_text|>", "<|end_of_text|>"),
+                ("phi3", PHI3_TEMPLATE, "<|begin_of_text|>", "<|end_of_text|>")]
     convs = [CONV, CONV[1:], [["user", "  \u00bfQu\u00e9 tal?\n"]],
              [["system", " sys\n"], ["user", "\U0001f999 a\tb "], ["assistant", "\nok"], ["user", "x"]]]
+    convs.append([["system", ""], ["user", "hi"]])  # an empty system message (Phi-3.5 skips it)
     cases = []
     for name, tmpl, bos, eos in families:
         for conv in convs:
-            if name.startswith("mistral") and conv[0][0] == "system":
-                conv = conv[1:]  # no system role in Mistral's templates
+            if name.startswith(("mistral", "gemma2")) and conv[0][0] == "system":
+                conv = conv[1:]  # no system role in Mistral's and Gemma 2's templates
             for gen in (True, False):
                 out = render(tmpl, conv, gen, bos, eos)
                 published_conv = CONV[1:] if name.startswith("mistral") else CONV
@@ -352,8 +362,17 @@ def write_chat_goldens():
         for c in cases:
             if c["family"] == "llama2":
                 c["ids_llama2_meta"] = meta_llama2_ids(c["text"], sp)
-    except ImportError:
-        print("note: no sentencepiece here, ids_llama2_meta left out", file=sys.stderr)
+    except ImportError:  # keep the ids of the file being replaced where the text is the same
+        old = {}
+        if os.path.exists(TOK + "chat-golden.json"):
+            for c in json.load(open(TOK + "chat-golden.json"))["cases"]:
+                if "ids_llama2_meta" in c:
+                    old[(c["family"], c["text"])] = c["ids_llama2_meta"]
+        for c in cases:
+            if (c["family"], c["text"]) in old:
+                c["ids_llama2_meta"] = old[(c["family"], c["text"])]
+        print("note: no sentencepiece here, ids_llama2_meta kept from the previous file: %d"
+              % sum("ids_llama2_meta" in c for c in cases), file=sys.stderr)
     with open(TOK + "chat-golden.json", "w") as f:
         json.dump({"README": "chat prompts rendered by jinja2 %s from real chat templates; "
                              "written by gen_extra_vectors.py --chat" % jinja2.__version__,
