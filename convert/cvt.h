@@ -104,7 +104,8 @@ struct cvt_seg {
     int64_t dst_r0, dst_c0;
 };
 
-#define CVT_MAX_SEGS 3
+#define CVT_MAX_SEGS 3 /* segments the fast W4 path takes (convert/cvt_fast.c); more (Falcon-40B's
+                        * grouped query_key_value: three per kv group) go the generic way */
 
 /* One output tensor of one rank. */
 struct cvt_out {
@@ -116,8 +117,8 @@ struct cvt_out {
                              * a [N, K] F16 linear); VOCAB vocabulary rows (axis 0). Recorded at
                              * any tp; the rank file says NONE at tp 1 */
     int64_t rows, cols;     /* logical [K, N] (W4 and LINEAR_F16), [rows, cols] otherwise */
-    int n_segs;
-    struct cvt_seg segs[CVT_MAX_SEGS];
+    int n_segs, cap_segs;
+    struct cvt_seg *segs;   /* owned [n_segs] (freed by cvt_plan_free) */
     uint64_t bytes;         /* data bytes in the rank file (W4: qweight + scales + qzeros) */
     float offset;           /* VEC_F32: added to every value read (fp32; Gemma's 1 + w norms) */
     int64_t group;          /* W4: this output's local group size G_r; scales/qzeros have

@@ -138,6 +138,11 @@ struct cvt_arch {
     const char *hf_final_norm; /* tensor of the final norm [H] ("model.norm.weight") */
     const char *hf_final_norm_bias; /* its bias [H] (LayerNorm families), or NULL */
     const char *hf_layer;      /* prefix of layer i's names, taking i ("model.layers.%d") */
+    bool qkv_grouped;          /* the qkv_proj output's parts (Q, KV, KV) of one fused source are
+                                * laid out per kv group: [q of the group's nq/nkv heads | k | v]
+                                * for each kv head in turn (Falcon-40B's query_key_value,
+                                * modeling_falcon.py _split_heads with new_decoder_architecture);
+                                * gathered into [q_r | k_r | v_r] */
     double norm_offset;        /* added to every stored norm weight (NORM, HEAD_NORM steps, the
                                 * final norm), in fp32: Gemma's RMSNorm multiplies by 1 + w
                                 * (transformers Gemma2RMSNorm: 1.0 + weight.float()); 0 others */

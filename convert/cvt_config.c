@@ -22,12 +22,14 @@
  * spelling end to end) and fuzzed by tests/fuzz_config.c.
  */
 #include <ctype.h>
+#include <inttypes.h> /* PRId64 */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cjson/cJSON.h>   /* config parsing */
 
+#include "cvt.h"           /* struct cvt_dims, cvt_dims_from_hf */
 #include "cvt_arch.h"      /* cvt_arch_by_hf_class, cvt_arch_by_model_type, struct cvt_arch */
 #include "cvt_src_int.h"
 #include "qs_json.h"       /* qs_json_parse_object, qs_json_int, ... */
@@ -697,4 +699,58 @@ out_err:
     cJSON_Delete(jg);
     cvt_config_free(cfg);
     return err;
+}
+
+/* --- dims from the HF config (the plan's view of it, cvt.h) -------------------------------------------------------------- */
+
+enum cvt_err cvt_dims_from_hf(const struct cvt_hf_config *hf, struct cvt_dims *d)
+{
+    struct {
+        const char *key;
+        int64_t v;
+        int *dst;
+    } dims[] = {{"hidden_size", hf->hidden_size, &d->hidden},
+                {"intermediate_size", hf->intermediate_size, &d->intermediate},
+                {"num_hidden_layers", hf->num_hidden_layers, &d->n_layers},
+                {"num_attention_heads", hf->num_attention_heads, &d->n_heads},
+                {"num_key_value_heads", hf->num_key_value_heads, &d->n_kv_heads},
+                {"head_dim", hf->head_dim, &d->head_dim},
+                {"vocab_size", hf->vocab_size, &d->vocab},
+                {"num_local_experts", hf->num_local_experts, &d->n_experts},
+                {"num_experts_per_tok", hf->num_experts_per_tok, &d->n_experts_per_tok},
+                {"group_size", hf->quant.group_size, &d->group_size}};
+    memset(d, 0, sizeof(*d));
+    d->arch = hf->arch;
+    for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++) {
+        if (dims[i].v < -1 || dims[i].v > (1 << 30)) {
+            qs_log_error(__func__, "config key %s: expected a value in [0, 2^30], got %" PRId64,
+                         dims[i].key, dims[i].v);
+            return CVT_ERR_CONFIG;
+        }
+        *dims[i].dst = (int)dims[i].v;
+    }
+    if (d->group_size == 0 || d->group_size < -1) {
+        qs_log_error(__func__, "quant config group_size: expected a positive multiple of 16 or -1 "
+                               "(per-channel), got %d",
+                     d->group_size);
+        return CVT_ERR_UNSUPPORTED;
+    }
+    d->tie_word_embeddings = hf->tie_word_embeddings;
+    d->bias_roles = hf->bias_roles;
+    if (hf->quant.n_modules_to_not_convert > CVT_MAX_NOT_CONVERT) {
+        qs_log_error(__func__, "modules_to_not_convert: at most %d entries supported, got %d",
+                     CVT_MAX_NOT_CONVERT, hf->quant.n_modules_to_not_convert);
+        return CVT_ERR_UNSUPPORTED;
+    }
+    for (int i = 0; i < hf->quant.n_modules_to_not_convert; i++) {
+        const char *m = hf->quant.modules_to_not_convert[i];
+        if (!m || strlen(m) >= sizeof(d->not_convert[0])) {
+            qs_log_error(__func__, "modules_to_not_convert[%d]: expected a string shorter than %zu "
+                                   "bytes",
+                         i, sizeof(d->not_convert[0]));
+            return CVT_ERR_UNSUPPORTED;
+        }
+        snprintf(d->not_convert[d->n_not_convert++], sizeof(d->not_convert[0]), "%s", m);
+    }
+    return CVT_ERR_NONE;
 }

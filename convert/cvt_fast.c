@@ -355,7 +355,7 @@ static bool resolve(const struct cvt_source *src, const struct cvt_hf_config *cf
                     struct fseg *sg, int8_t *js, int64_t *jw)
 {
     const int64_t K = o->rows, G = o->group;
-    if (cw % 64 || c0 % 64 || K % 16 || G % 16 || K % G)
+    if (cw % 64 || c0 % 64 || K % 16 || G % 16 || K % G || o->n_segs > CVT_MAX_SEGS)
         return false;
     for (int64_t j = 0; j < cw / 8; j++)
         js[j] = -1;

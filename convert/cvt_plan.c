@@ -274,60 +274,6 @@ static void valid_tp_str(const struct cvt_dims *d, char *buf, size_t n_buf)
         snprintf(buf, n_buf, "none");
 }
 
-/* --- dims from the HF config -------------------------------------------------------------- */
-
-enum cvt_err cvt_dims_from_hf(const struct cvt_hf_config *hf, struct cvt_dims *d)
-{
-    struct {
-        const char *key;
-        int64_t v;
-        int *dst;
-    } dims[] = {{"hidden_size", hf->hidden_size, &d->hidden},
-                {"intermediate_size", hf->intermediate_size, &d->intermediate},
-                {"num_hidden_layers", hf->num_hidden_layers, &d->n_layers},
-                {"num_attention_heads", hf->num_attention_heads, &d->n_heads},
-                {"num_key_value_heads", hf->num_key_value_heads, &d->n_kv_heads},
-                {"head_dim", hf->head_dim, &d->head_dim},
-                {"vocab_size", hf->vocab_size, &d->vocab},
-                {"num_local_experts", hf->num_local_experts, &d->n_experts},
-                {"num_experts_per_tok", hf->num_experts_per_tok, &d->n_experts_per_tok},
-                {"group_size", hf->quant.group_size, &d->group_size}};
-    memset(d, 0, sizeof(*d));
-    d->arch = hf->arch;
-    for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++) {
-        if (dims[i].v < -1 || dims[i].v > (1 << 30)) {
-            qs_log_error(__func__, "config key %s: expected a value in [0, 2^30], got %" PRId64,
-                         dims[i].key, dims[i].v);
-            return CVT_ERR_CONFIG;
-        }
-        *dims[i].dst = (int)dims[i].v;
-    }
-    if (d->group_size == 0 || d->group_size < -1) {
-        qs_log_error(__func__, "quant config group_size: expected a positive multiple of 16 or -1 "
-                               "(per-channel), got %d",
-                     d->group_size);
-        return CVT_ERR_UNSUPPORTED;
-    }
-    d->tie_word_embeddings = hf->tie_word_embeddings;
-    d->bias_roles = hf->bias_roles;
-    if (hf->quant.n_modules_to_not_convert > CVT_MAX_NOT_CONVERT) {
-        qs_log_error(__func__, "modules_to_not_convert: at most %d entries supported, got %d",
-                     CVT_MAX_NOT_CONVERT, hf->quant.n_modules_to_not_convert);
-        return CVT_ERR_UNSUPPORTED;
-    }
-    for (int i = 0; i < hf->quant.n_modules_to_not_convert; i++) {
-        const char *m = hf->quant.modules_to_not_convert[i];
-        if (!m || strlen(m) >= sizeof(d->not_convert[0])) {
-            qs_log_error(__func__, "modules_to_not_convert[%d]: expected a string shorter than %zu "
-                                   "bytes",
-                         i, sizeof(d->not_convert[0]));
-            return CVT_ERR_UNSUPPORTED;
-        }
-        snprintf(d->not_convert[d->n_not_convert++], sizeof(d->not_convert[0]), "%s", m);
-    }
-    return CVT_ERR_NONE;
-}
-
 /* --- plan construction -------------------------------------------------------------------- */
 
 /* Source-name lookup: sorted copy of the name list + "consumed" marks to find unknown names. */
@@ -443,19 +389,23 @@ static struct cvt_out *add_out(struct builder *b, int r, const char *name, enum 
     return o;
 }
 
-static void add_seg(struct cvt_out *o, int src, int64_t src_r0, int64_t src_c0, int64_t n_rows,
-                    int64_t n_cols, int64_t dst_r0, int64_t dst_c0)
+/* Append a segment to o (nothing when it is empty: all padding on this rank). CVT_ERR_NOMEM. */
+static enum cvt_err add_seg(struct cvt_out *o, int src, int64_t src_r0, int64_t src_c0,
+                            int64_t n_rows, int64_t n_cols, int64_t dst_r0, int64_t dst_c0)
 {
     if (n_rows <= 0 || n_cols <= 0)
-        return; /* all padding on this rank */
-    struct cvt_seg *s = &o->segs[o->n_segs++];
-    s->src = src;
-    s->src_r0 = src_r0;
-    s->src_c0 = src_c0;
-    s->n_rows = n_rows;
-    s->n_cols = n_cols;
-    s->dst_r0 = dst_r0;
-    s->dst_c0 = dst_c0;
+        return CVT_ERR_NONE;
+    if (o->n_segs == o->cap_segs) {
+        const int cap = o->cap_segs ? 2 * o->cap_segs : CVT_MAX_SEGS;
+        struct cvt_seg *ns = realloc(o->segs, (size_t)cap * sizeof(*ns));
+        if (!ns) {
+            qs_log_error("cvt_plan_build", "out of memory for the segments of %s", o->name);
+            return CVT_ERR_NOMEM;
+        }
+        o->segs = ns, o->cap_segs = cap;
+    }
+    o->segs[o->n_segs++] = (struct cvt_seg){src, src_r0, src_c0, n_rows, n_cols, dst_r0, dst_c0};
+    return CVT_ERR_NONE;
 }
 
 static bool not_convert_listed(const struct cvt_dims *d, const char *module)
@@ -598,14 +548,14 @@ static enum cvt_err emit_column(struct builder *b, int r, const char *out_name, 
         return CVT_ERR_NOMEM;
     o->split = FMT_SPLIT_COLUMN;
     for (int i = 0; i < n_pc; i++)
-        add_seg(o, pc[i].l->src, 0, pc[i].c0, K, pc[i].n, 0, pc[i].dst);
+        CVT_TRY(add_seg(o, pc[i].l->src, 0, pc[i].c0, K, pc[i].n, 0, pc[i].dst));
     if (l0->bias) {
         snprintf(nm, sizeof(nm), "%s" FMT_SUFFIX_BIAS, out_name);
         if (!(o = add_out(b, r, nm, CVT_OUT_VEC_F32, 1, N_out)))
             return CVT_ERR_NOMEM;
         o->split = FMT_SPLIT_COLUMN;
         for (int i = 0; i < n_pc; i++)
-            add_seg(o, pc[i].l->src_bias, 0, pc[i].c0, 1, pc[i].n, 0, pc[i].dst);
+            CVT_TRY(add_seg(o, pc[i].l->src_bias, 0, pc[i].c0, 1, pc[i].n, 0, pc[i].dst));
     }
     return CVT_ERR_NONE;
 }
@@ -635,12 +585,12 @@ static enum cvt_err emit_row(struct builder *b, int r, const char *out_name, con
     if (!o)
         return CVT_ERR_NOMEM;
     o->split = FMT_SPLIT_ROW;
-    add_seg(o, l->src, k0, 0, n_k, l->N, 0, 0);
+    CVT_TRY(add_seg(o, l->src, k0, 0, n_k, l->N, 0, 0));
     if (l->bias && r == 0) {
         snprintf(nm, sizeof(nm), "%s" FMT_SUFFIX_BIAS, out_name);
         if (!(o = add_out(b, r, nm, CVT_OUT_VEC_F32, 1, l->N)))
             return CVT_ERR_NOMEM;
-        add_seg(o, l->src_bias, 0, 0, 1, l->N, 0, 0);
+        CVT_TRY(add_seg(o, l->src_bias, 0, 0, 1, l->N, 0, 0));
     }
     return CVT_ERR_NONE;
 }
@@ -664,7 +614,7 @@ static enum cvt_err emit_replicated(struct builder *b, const char *src_name, con
         if (!o)
             return CVT_ERR_NOMEM;
         o->offset = offset;
-        add_seg(o, s, 0, 0, rows, cols, 0, 0);
+        CVT_TRY(add_seg(o, s, 0, 0, rows, cols, 0, 0));
     }
     return CVT_ERR_NONE;
 }
@@ -683,7 +633,7 @@ static enum cvt_err emit_vocab(struct builder *b, const char *out_name, const ch
             return CVT_ERR_NOMEM;
         o->split = FMT_SPLIT_VOCAB;
         int64_t r0 = (int64_t)r * V_r;
-        add_seg(o, s, r0, 0, min64(V_r, V - r0), H, 0, 0);
+        CVT_TRY(add_seg(o, s, r0, 0, min64(V_r, V - r0), H, 0, 0));
     }
     return CVT_ERR_NONE;
 }
@@ -731,7 +681,7 @@ static enum cvt_err emit_perm(struct builder *b, const struct cvt_arch_linear *l
         if (!o)
             return CVT_ERR_NOMEM;
         for (int i = 0; i < lin->n_parts && i < CVT_MAX_SEGS; i++)
-            add_seg(o, l[i].src, 0, 0, 1, l[i].K, 0, 0);
+            CVT_TRY(add_seg(o, l[i].src, 0, 0, 1, l[i].K, 0, 0));
     }
     return CVT_ERR_NONE;
 }
@@ -742,6 +692,41 @@ static struct tp_geom plan_geom(const struct cvt_plan *p)
     struct tp_geom g = {&p->d, p->tp, p->heads_per_rank, p->kv_heads_per_rank,
                         p->kv_head_replicas, p->inter_per_rank};
     return g;
+}
+
+/* Rank r's [q_r | k_r | v_r] columns of a kv-grouped fused source l (cvt_arch qkv_grouped): source head slot s of group g at columns ((g (rq + 2) + s) hd, ..), q heads
+ * s < rq, then k (s = rq) and v (s = rq + 1); consecutive q heads of one group are one piece. */
+static enum cvt_err emit_grouped(struct builder *b, const struct tp_geom *g, int r,
+                                 const char *out, const struct cvt_arch_linear *lin,
+                                 const struct lin *l)
+{
+    const struct cvt_dims *d = &b->p->d;
+    const int64_t hd = d->head_dim, rq = d->n_heads / d->n_kv_heads;
+    int64_t st, cnt, w, kst, kcnt;
+    axis_slice(g, CVT_AXIS_Q, r, &st, &cnt, &w);
+    axis_slice(g, CVT_AXIS_KV, r, &kst, &kcnt, &w);
+    const int64_t h0 = st / hd, nh = cnt / hd, g0 = kst / hd, ng = kcnt / hd;
+    struct colpiece *pc = malloc((size_t)(nh + 2 * ng) * sizeof(*pc));
+    int n = 0;
+    if (!pc) {
+        qs_log_error(__func__, "out of memory");
+        return CVT_ERR_NOMEM;
+    }
+    for (int64_t h = h0; h < h0 + nh; h++) { /* q heads, merged within a group */
+        const int64_t col = (h / rq * (rq + 2) + h % rq) * hd;
+        if (n > 0 && h % rq != 0 && pc[n - 1].c0 + pc[n - 1].n == l[0].n_off + col)
+            pc[n - 1].n += hd;
+        else
+            pc[n++] = (struct colpiece){&l[0], l[0].n_off + col, hd, (h - h0) * hd};
+    }
+    for (int kv = 0; kv < 2; kv++) /* k of each of the rank's kv heads, then v */
+        for (int64_t x = g0; x < g0 + ng; x++)
+            pc[n++] = (struct colpiece){&l[0], l[0].n_off + (x * (rq + 2) + rq + kv) * hd, hd,
+                                        (nh + kv * ng + (x - g0)) * hd};
+    const enum cvt_err e = emit_column(b, r, out, axis_full(d, lin->parts[0].k),
+                                       (nh + 2 * ng) * hd, pc, n);
+    free(pc);
+    return e;
 }
 
 /* Output `lin` of layer `layer` (expert `expert`, or -1) for every rank, from its parts l[]
@@ -767,6 +752,11 @@ static enum cvt_err emit_linear(struct builder *b, const struct cvt_arch_linear 
         if (lin->split == FMT_SPLIT_ROW) {
             axis_slice(&g, lin->parts[0].k, r, &st, &cnt, &w);
             if ((e = emit_row(b, r, out, &l[0], st, cnt, w)))
+                return e;
+            continue;
+        }
+        if (b->p->d.arch->qkv_grouped && lin->role == FMT_N_QKV) {
+            if ((e = emit_grouped(b, &g, r, out, lin, l)))
                 return e;
             continue;
         }
@@ -874,7 +864,7 @@ static enum cvt_err plan_inter_vector(struct builder *b, const char *prefix, con
         if (!o)
             return CVT_ERR_NOMEM;
         o->split = FMT_SPLIT_COLUMN;
-        add_seg(o, s, 0, (int64_t)r * I_r, 1, I_r, 0, 0);
+        CVT_TRY(add_seg(o, s, 0, (int64_t)r * I_r, 1, I_r, 0, 0));
     }
     return CVT_ERR_NONE;
 }
@@ -1181,8 +1171,11 @@ void cvt_plan_free(struct cvt_plan *p)
     if (!p)
         return;
     if (p->ranks)
-        for (int r = 0; r < p->tp; r++)
+        for (int r = 0; r < p->tp; r++) {
+            for (int j = 0; j < p->ranks[r].n_outs; j++)
+                free(p->ranks[r].outs[j].segs);
             free(p->ranks[r].outs);
+        }
     free(p->ranks);
     free(p->srcs);
     free(p);

@@ -302,10 +302,14 @@ static enum rt_err body(struct rt_model *m, struct rt_kv *kv, int M, int n_runs)
         }
         const void *ao = d ? NULL : ly->attn_out_norm ? m->post : m->o;
         /* parallel (Falcon): h += attention output, the MLP reads the same x as attention
-         * (h + attn + mlp, transformers modeling_falcon.py FalconDecoderLayer); else h += o and
+         * (h + attn + mlp, transformers modeling_falcon.py FalconDecoderLayer), or with an MLP
+         * norm of its own (Falcon-40B's ln_mlp) that norm of h before the add; else h += o and
          * the MLP reads its own norm of h */
+        if (par && ly->mlp_norm)
+            RT_TRY(OPS->norm(BCTX, nk, m->x, m->h, NULL, NULL, ly->mlp_norm, ly->mlp_norm_b, M, H,
+                             eps));
         RT_TRY(OPS->norm(BCTX, nk, par ? NULL : m->x, m->h, ao, d ? m->acc : NULL,
-                         ly->mlp_norm, ly->mlp_norm_b, M, H, eps));
+                         par ? NULL : ly->mlp_norm, par ? NULL : ly->mlp_norm_b, M, H, eps));
         if (c->arch->moe) {
             RT_TRY(moe(m, l, M));
             d = false;

@@ -297,10 +297,12 @@ static enum rt_err bind_layer(struct rt_model *m, int l)
                          FMT_LAYOUT_ROW_MAJOR, H, -1, false, &p));
         ly->attn_norm_b = p;
     }
-    if (!par) { /* parallel residual: the MLP reads the attention's norm */
-        RT_TRY(bind_role(m, FMT_N_MLP_NORM, l, -1, NULL, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR, H, -1,
-                         false, &p));
-        ly->mlp_norm = p;
+    /* parallel residual: the MLP reads the attention's norm, or (Falcon-40B's ln_mlp) a norm of
+     * its own of the same layer input */
+    RT_TRY(bind_role(m, FMT_N_MLP_NORM, l, -1, NULL, FMT_DTYPE_F32, FMT_LAYOUT_ROW_MAJOR, H, -1,
+                     par, &p));
+    ly->mlp_norm = p;
+    if (ly->mlp_norm) {
         if (ln) {
             RT_TRY(bind_role(m, FMT_N_MLP_NORM_BIAS, l, -1, NULL, FMT_DTYPE_F32,
                              FMT_LAYOUT_ROW_MAJOR, H, -1, false, &p));

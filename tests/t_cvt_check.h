@@ -321,6 +321,25 @@ static inline void ck_attention(struct model_ck *m, const struct fmt_shard *s, i
     snprintf(p, sizeof(p), "model.layers.%d.self_attn.qkv_proj", i);
     float *w = deq_rank(m, s, p, m->H, &K, &N);
     static const char *const part[3] = {"q_proj", "k_proj", "v_proj"};
+    if (w && m->cfg->arch->qkv_grouped) { /* Falcon-40B: [q of group g | k_g | v_g] per kv head */
+        const long rq = m->nq / m->nkv, Nt = (m->nq + 2 * m->nkv) * hd;
+        CHECK(K == m->H && N == (m->nq_r + 2 * m->nkv_r) * hd);
+        for (long c = 0; c < m->nq_r + 2 * m->nkv_r; c++) { /* each head of the rank's output */
+            long h = r * m->nq_r + c, x = kv_head + (c - m->nq_r) % (m->nkv_r ? m->nkv_r : 1);
+            long slot = c < m->nq_r ? (h / rq) * (rq + 2) + h % rq
+                                    : x * (rq + 2) + rq + (c >= m->nq_r + m->nkv_r);
+            char sp[200];
+            snprintf(sp, sizeof(sp), "%s.grouped", sa);
+            float *src = deq_src_part(m, sp, fu, m->H, hd, slot * hd, Nt);
+            if (src)
+                CHECK_MSG(block_eq(w, N, 0, c * hd, src, hd, 0, 0, m->H, hd),
+                          "%s rank %d: output head %ld differs from source head slot %ld", p, r, c,
+                          slot);
+            free(src);
+        }
+        free(w);
+        w = NULL;
+    }
     if (w) {
         CHECK(K == m->H && N == (m->nq_r + 2 * m->nkv_r) * hd);
         for (int j = 0; j < 3; j++) {
@@ -504,11 +523,18 @@ static inline void ck_rank_falcon(struct model_ck *m, const struct fmt_shard *s,
               "%s: lm_head", m->name);
     ck_replicated_from(m, s, "model.norm.weight", "transformer.ln_f.weight");
     ck_replicated_from(m, s, "model.norm.bias", "transformer.ln_f.bias");
+    const bool two = cvt_source_find(m->src, "transformer.h.0.ln_attn.weight") != NULL;
     for (int i = 0; i < m->L; i++) {
         ck_layer_float(m, s, i, "model.layers.%d.input_layernorm.weight",
-                       "transformer.h.%d.input_layernorm.weight");
+                       two ? "transformer.h.%d.ln_attn.weight" : "transformer.h.%d.input_layernorm.weight");
         ck_layer_float(m, s, i, "model.layers.%d.input_layernorm.bias",
-                       "transformer.h.%d.input_layernorm.bias");
+                       two ? "transformer.h.%d.ln_attn.bias" : "transformer.h.%d.input_layernorm.bias");
+        if (two) { /* Falcon-40B's ln_mlp: the MLP's own norm */
+            ck_layer_float(m, s, i, "model.layers.%d.post_attention_layernorm.weight",
+                           "transformer.h.%d.ln_mlp.weight");
+            ck_layer_float(m, s, i, "model.layers.%d.post_attention_layernorm.bias",
+                           "transformer.h.%d.ln_mlp.bias");
+        }
         ck_attention(m, s, r, i, "transformer.h.%d.self_attention", "query_key_value", "dense");
         ck_mlp_plain(m, s, r, i, "transformer.h.%d.mlp", "dense_h_to_4h", "dense_4h_to_h");
     }

@@ -512,8 +512,14 @@ static void test_falcon_keys(void)
     cvt_config_free(&cfg);
     static const struct refusal bad[] = {
         {"FalconForCausalLM", ", \"alibi\": true", "alibi true", "ALiBi", CVT_ERR_UNSUPPORTED},
-        {"FalconForCausalLM", ", \"new_decoder_architecture\": true", "new_decoder_architecture true",
-         "Falcon-40B", CVT_ERR_UNSUPPORTED},
+        {"FalconForCausalLM", ", \"new_decoder_architecture\": true, \"num_kv_heads\": 3",
+         "num_kv_heads 3", "not a multiple", CVT_ERR_CONFIG},
+        {"FalconForCausalLM", ", \"new_decoder_architecture\": true, \"num_ln_in_parallel_attn\": 3",
+         "num_ln_in_parallel_attn", "3", CVT_ERR_CONFIG},
+        {"FalconForCausalLM", ", \"new_decoder_architecture\": true, \"parallel_attn\": false",
+         "parallel_attn false", "post_attention_layernorm", CVT_ERR_UNSUPPORTED},
+        {"FalconForCausalLM", ", \"new_decoder_architecture\": null", "new_decoder_architecture is null",
+         "true or false", CVT_ERR_CONFIG},
         {"FalconForCausalLM", ", \"multi_query\": false", "multi_query false", "per head",
          CVT_ERR_UNSUPPORTED},
         {"FalconForCausalLM", ", \"parallel_attn\": false", "parallel_attn false",
@@ -527,6 +533,24 @@ static void test_falcon_keys(void)
         {"FalconForCausalLM", ", \"n_head_kv\": 8", "n_head_kv", "Falcon-40B", CVT_ERR_UNSUPPORTED},
     };
     check_refusals("falcon", bad, sizeof bad / sizeof bad[0]);
+    /* new_decoder_architecture (Falcon-40B): kv heads from num_kv_heads (null or absent: the
+     * heads), the grouped layout, one or two LayerNorms */
+    static const char nda[] = "{\"architectures\": [\"FalconForCausalLM\"], \"hidden_size\": 256, "
+                              "\"num_attention_heads\": 4, \"num_hidden_layers\": 2, \"vocab_size\": 64, "
+                              "\"new_decoder_architecture\": true%s}";
+    static const struct {
+        const char *extra;
+        int nkv, steps;
+    } nds[] = {{", \"num_kv_heads\": 2", 2, 7}, {", \"num_kv_heads\": null", 4, 7},
+               {", \"num_kv_heads\": 1, \"num_ln_in_parallel_attn\": 1", 1, 5}};
+    char nj[512];
+    for (size_t i = 0; i < sizeof nds / sizeof nds[0]; i++) {
+        snprintf(nj, sizeof nj, nda, nds[i].extra);
+        CHECK_EQ_INT(cfg_parse(nj, NULL, NULL, NULL, &cfg), CVT_ERR_NONE);
+        CHECK_MSG(cfg.arch && cfg.arch->qkv_grouped && cfg.num_key_value_heads == nds[i].nkv &&
+                      cfg.arch->n_steps == nds[i].steps, "falcon-40b case %zu", i);
+        cvt_config_free(&cfg);
+    }
     /* two spellings of one key that disagree: refused (the class reads one, ignores the other);
      * that agree, or a null LLaMA spelling: the Falcon one is read */
     static const char two[] = "{\"architectures\": [\"FalconForCausalLM\"], \"hidden_size\": 256, "

@@ -21,9 +21,12 @@
  * disagree; num_kv_heads ignored as transformers ignores it with multi_query, n_head_kv refused,
  * layer_norm_epsilon, ffn_hidden_size = 4 * hidden_size when absent, activation "gelu");
  * defaults rope_theta 10000, max_position_embeddings 2048, layer_norm_epsilon 1e-5, tied
- * embeddings (PretrainedConfig's default). Refused: alibi (falcon-rw: ALiBi instead of rotary),
- * new_decoder_architecture (Falcon-40B/180B: q, k, v interleaved per kv group, two layernorms),
- * multi_query false without it (q, k, v interleaved per head), parallel_attn false.
+ * embeddings (PretrainedConfig's default). new_decoder_architecture (Falcon-40B / 180B,
+ * Falcon2-11B): num_kv_heads kv heads, the fused query_key_value grouped per kv head [q of the
+ * group | k | v] (gathered per rank by the plan: cvt_arch qkv_grouped), ln_attn + ln_mlp with
+ * biases (num_ln_in_parallel_attn 2, the default; 1: one input_layernorm as 7B). Refused: alibi
+ * (falcon-rw: ALiBi instead of rotary), multi_query false without new_decoder_architecture (q, k,
+ * v interleaved per head), parallel_attn false, the remote-code n_head_kv spelling.
  * bias true puts biases on all four linears (kept; the row-parallel ones on rank 0).
  * Tests: ./build/test_cvt (fixture falcon-mqa-parallel at TP 1/2/4), ./build/test_cvt_config.
  */
@@ -49,6 +52,19 @@ static const struct cvt_arch_linear mlp[2] = {
 static const struct cvt_arch_step layer[] = {
     {CVT_ARCH_OP_NORM, FMT_N_ATTN_NORM, "input_layernorm.weight", false, 0, NULL},
     {CVT_ARCH_OP_NORM, FMT_N_ATTN_NORM_BIAS, "input_layernorm.bias", false, 0, NULL},
+    {CVT_ARCH_OP_LINEARS, FMT_N_COUNT, NULL, false, 2, attention},
+    {CVT_ARCH_OP_IGNORE, FMT_N_COUNT, "self_attention.maybe_rotary.inv_freq", false, 0, NULL},
+    {CVT_ARCH_OP_LINEARS, FMT_N_COUNT, NULL, false, 2, mlp},
+};
+
+/* Falcon-40B / 180B (new_decoder_architecture): q, k, v grouped per kv head in the fused source
+ * (cvt_arch qkv_grouped), and with num_ln_in_parallel_attn 2 (the default) two LayerNorms:
+ * ln_attn feeds attention, ln_mlp the MLP, both of the layer input */
+static const struct cvt_arch_step layer40[] = {
+    {CVT_ARCH_OP_NORM, FMT_N_ATTN_NORM, "ln_attn.weight", false, 0, NULL},
+    {CVT_ARCH_OP_NORM, FMT_N_ATTN_NORM_BIAS, "ln_attn.bias", false, 0, NULL},
+    {CVT_ARCH_OP_NORM, FMT_N_MLP_NORM, "ln_mlp.weight", false, 0, NULL},
+    {CVT_ARCH_OP_NORM, FMT_N_MLP_NORM_BIAS, "ln_mlp.bias", false, 0, NULL},
     {CVT_ARCH_OP_LINEARS, FMT_N_COUNT, NULL, false, 2, attention},
     {CVT_ARCH_OP_IGNORE, FMT_N_COUNT, "self_attention.maybe_rotary.inv_freq", false, 0, NULL},
     {CVT_ARCH_OP_LINEARS, FMT_N_COUNT, NULL, false, 2, mlp},
@@ -81,28 +97,62 @@ static enum cvt_err refuse_flag(const struct qs_json_ctx *c, const struct cJSON 
     return CVT_ERR_NONE;
 }
 
+extern const struct cvt_arch cvt_arch_falcon_40b, cvt_arch_falcon_40b_ln1;
+
+/* new_decoder_architecture (Falcon-40B / 180B; Falcon2-11B with one LayerNorm): num_kv_heads
+ * (FalconConfig: num_attention_heads when absent or null) dividing the heads, parallel_attn
+ * (its MLP always runs beside attention), num_ln_in_parallel_attn 1 or 2 (absent or null: 2,
+ * FalconDecoderLayer); the descriptor with the grouped query_key_value into cfg->arch. */
+static enum cvt_err falcon_new_keys(const struct qs_json_ctx *c, const struct cJSON *o,
+                                    struct cvt_hf_config *cfg)
+{
+    const int64_t nq = cfg->num_attention_heads;
+    int64_t nkv = nq, nln = 2;
+    CVT_TRY(refuse_flag(c, o, "parallel_attn", true, false,
+                        "sequential attention and MLP (post_attention_layernorm)"));
+    if (!qs_json_is_null(o, "num_kv_heads"))
+        CVT_TRY_JSON(qs_json_int(c, o, "num_kv_heads", false, nq, 1, 65536, &nkv));
+    if (nq % nkv) {
+        qs_log_error(c->fn, "%s/%s: num_attention_heads %lld is not a multiple of num_kv_heads "
+                            "%lld", c->where, c->file, (long long)nq, (long long)nkv);
+        return CVT_ERR_CONFIG;
+    }
+    if (!qs_json_is_null(o, "num_ln_in_parallel_attn"))
+        CVT_TRY_JSON(qs_json_int(c, o, "num_ln_in_parallel_attn", false, 2, 1, 2, &nln));
+    cfg->num_key_value_heads = nkv;
+    cfg->arch = nln == 2 ? &cvt_arch_falcon_40b : &cvt_arch_falcon_40b_ln1;
+    return CVT_ERR_NONE;
+}
+
 static enum cvt_err falcon_keys(const struct qs_json_ctx *c, const struct cJSON *o,
                                 struct cvt_hf_config *cfg)
 {
-    bool bias = false;
+    bool bias = false, nda = false;
     CVT_TRY(refuse_flag(c, o, "alibi", false, true, "ALiBi position bias (falcon-rw)"));
-    CVT_TRY(refuse_flag(c, o, "new_decoder_architecture", false, true,
-                        "the grouped query_key_value and two layernorms of Falcon-40B/180B"));
+    if (qs_json_is_null(o, "new_decoder_architecture")) {
+        qs_log_error(c->fn, "%s/%s: new_decoder_architecture is null: give true or false",
+                     c->where, c->file);
+        return CVT_ERR_CONFIG;
+    }
+    CVT_TRY_JSON(qs_json_bool(c, o, "new_decoder_architecture", false, &nda));
+    CVT_TRY_JSON(qs_json_bool(c, o, "bias", false, &bias));
+    if (cJSON_GetObjectItemCaseSensitive(o, "n_head_kv")) { /* RW-40B's remote-code spelling */
+        qs_log_error(c->fn, "%s/%s: n_head_kv (the remote-code RefinedWeb config of Falcon-40B) "
+                            "is not supported: use the transformers config (num_kv_heads, "
+                            "new_decoder_architecture)", c->where, c->file);
+        return CVT_ERR_UNSUPPORTED;
+    }
+    cfg->bias_roles = bias ? CVT_ROLE_BIT(FMT_N_QKV) | CVT_ROLE_BIT(FMT_N_O) |
+                                 CVT_ROLE_BIT(FMT_N_GATE_UP) | CVT_ROLE_BIT(FMT_N_DOWN)
+                           : 0;
+    if (nda)
+        return falcon_new_keys(c, o, cfg);
     CVT_TRY(refuse_flag(c, o, "multi_query", true, false,
                         "query_key_value interleaved per head"));
     CVT_TRY(refuse_flag(c, o, "parallel_attn", true, false,
                         "sequential attention and MLP (post_attention_layernorm)"));
-    CVT_TRY_JSON(qs_json_bool(c, o, "bias", false, &bias));
-    if (cJSON_GetObjectItemCaseSensitive(o, "n_head_kv")) { /* RW-40B's spelling (grouped qkv) */
-        qs_log_error(c->fn, "%s/%s: n_head_kv (Falcon-40B's grouped query_key_value) is not "
-                            "supported", c->where, c->file);
-        return CVT_ERR_UNSUPPORTED;
-    }
     /* FalconAttention: one kv head with multi_query unless new_decoder_architecture */
     cfg->num_key_value_heads = 1;
-    cfg->bias_roles = bias ? CVT_ROLE_BIT(FMT_N_QKV) | CVT_ROLE_BIT(FMT_N_O) |
-                                 CVT_ROLE_BIT(FMT_N_GATE_UP) | CVT_ROLE_BIT(FMT_N_DOWN)
-                           : 0;
     return CVT_ERR_NONE;
 }
 
@@ -112,15 +162,28 @@ static enum cvt_err falcon_keys(const struct qs_json_ctx *c, const struct cJSON 
     .ffn_mult = 4, .tie_word_embeddings = true, .key_aliases = aliases, .moe = false,          \
     .read_keys = falcon_keys, .hf_embed = "transformer.word_embeddings", .hf_lm_head = "lm_head", \
     .hf_final_norm = "transformer.ln_f.weight", .hf_final_norm_bias = "transformer.ln_f.bias",  \
-    .hf_layer = "transformer.h.%d", .n_steps = (int)(sizeof(layer) / sizeof(layer[0])),        \
-    .steps = layer
+    .hf_layer = "transformer.h.%d"
+
+#define FALCON_STEPS(l) .n_steps = (int)(sizeof(l) / sizeof(l[0])), .steps = l
 
 const struct cvt_arch cvt_arch_falcon = {
     .name = "falcon", .hf_class = "FalconForCausalLM", .model_type = "falcon", FALCON_COMMON,
+    FALCON_STEPS(layer),
+};
+
+/* Not in the registry: falcon_keys picks them for new_decoder_architecture */
+const struct cvt_arch cvt_arch_falcon_40b = {
+    .name = "falcon", .hf_class = "FalconForCausalLM", .model_type = "falcon", FALCON_COMMON,
+    FALCON_STEPS(layer40), .qkv_grouped = true,
+};
+const struct cvt_arch cvt_arch_falcon_40b_ln1 = {
+    .name = "falcon", .hf_class = "FalconForCausalLM", .model_type = "falcon", FALCON_COMMON,
+    FALCON_STEPS(layer), .qkv_grouped = true,
 };
 
 /* The same checkpoints under the tiiuae remote code's names (transformers maps them to
  * FalconForCausalLM) */
 const struct cvt_arch cvt_arch_falcon_rw = {
     .name = "falcon", .hf_class = "RWForCausalLM", .model_type = "RefinedWebModel", FALCON_COMMON,
+    FALCON_STEPS(layer),
 };
