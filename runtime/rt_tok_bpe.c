@@ -584,6 +584,49 @@ static enum rt_tok_err encode_word(const struct rt_tok *tok, struct bpe_work *w,
     return bpe_run(tok, w, ns, out);
 }
 
+/* BPE of the code points [a, b) of c (bytes of s), appending ids. */
+static enum rt_tok_err encode_span(const struct rt_tok *tok, struct bpe_work *w, char *mapbuf,
+                                   const char *s, const struct cps *c, size_t a, size_t b,
+                                   struct rt_tok_ids *out)
+{
+    const size_t b0 = c->off[a], b1 = c->off[b];
+    enum rt_tok_err err = work_reserve(w, b1 - b0);
+    return err ? err : encode_word(tok, w, mapbuf, (const unsigned char *)s + b0, b1 - b0, out);
+}
+
+/* Falcon's pre-tokenization (RT_TOK_PRETOK_FALCON; tokenizers pre_tokenizers/punctuation.rs
+ * Contiguous, byte_level.rs, digits.rs, split.rs): runs of punctuation apart from the rest,
+ * GPT-2's regex inside each run, then in each word ASCII digit runs apart, each cut into
+ * pieces of three from the left ("12345" -> "123", "45"). */
+static enum rt_tok_err encode_falcon(const struct rt_tok *tok, struct bpe_work *w, char *mapbuf,
+                                     const char *s, const struct cps *c, struct rt_tok_ids *out)
+{
+    enum rt_tok_err err = RT_TOK_ERR_NONE;
+    for (size_t a = 0; a < c->n && !err;) {
+        const bool pu = rt_tok_uni_in(c->cp[a], rt_tok_uni_punct, rt_tok_uni_punct_n);
+        size_t b = a + 1;
+        while (b < c->n && rt_tok_uni_in(c->cp[b], rt_tok_uni_punct, rt_tok_uni_punct_n) == pu)
+            b++;
+        const struct cps run = {c->cp + a, c->off + a, c->cl + a, b - a};
+        for (size_t i = 0; i < run.n && !err;) {
+            size_t k = match_gpt2(&run, i);
+            k = k ? k : 1;
+            for (size_t x = a + i; x < a + i + k && !err;) { /* digits apart, by threes */
+                const bool dg = c->cp[x] >= '0' && c->cp[x] <= '9';
+                size_t y = x + 1;
+                while (y < a + i + k && y - x < (dg ? 3u : (size_t)-1) &&
+                       (c->cp[y] >= '0' && c->cp[y] <= '9') == dg)
+                    y++;
+                err = encode_span(tok, w, mapbuf, s, c, x, y, out);
+                x = y;
+            }
+            i += k;
+        }
+        a = b;
+    }
+    return err;
+}
+
 static enum rt_tok_err encode_bytelevel_chunk(const struct rt_tok *tok, const char *s, size_t n,
                                               struct rt_tok_ids *out)
 {
@@ -613,6 +656,10 @@ static enum rt_tok_err encode_bytelevel_chunk(const struct rt_tok *tok, const ch
         i += (size_t)len;
     }
     c.off[c.n] = (uint32_t)n;
+    if (tok->pretok == RT_TOK_PRETOK_FALCON) {
+        err = encode_falcon(tok, &w, mapbuf, s, &c, out);
+        goto out;
+    }
     for (size_t i = 0; i < c.n;) {
         size_t k;
         switch (tok->pretok) {

@@ -30,6 +30,8 @@ extern const struct rt_tok_range rt_tok_uni_space[];      /* \s = White_Space */
 extern const size_t rt_tok_uni_space_n;
 extern const struct rt_tok_range rt_tok_uni_nfc_unsafe[]; /* may change under NFC */
 extern const size_t rt_tok_uni_nfc_unsafe_n;
+extern const struct rt_tok_range rt_tok_uni_punct[];      /* \p{P} and ASCII punctuation */
+extern const size_t rt_tok_uni_punct_n;
 struct rt_tok_ccc_range {
     uint32_t lo, hi;
     uint8_t ccc; /* canonical combining class, non-zero */
@@ -59,6 +61,9 @@ enum rt_tok_pretok {
     RT_TOK_PRETOK_LLAMA3 = 1, /* ... |\p{N}{1,3}| ... (Llama 3) */
     RT_TOK_PRETOK_QWEN2 = 2,  /* ... |\p{N}| ... (Qwen2) */
     RT_TOK_PRETOK_GPT2 = 3,   /* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
+    RT_TOK_PRETOK_FALCON = 4, /* Falcon's Sequence: Punctuation (runs of punctuation apart), then
+                               * GPT-2's regex inside each run, then ASCII digit runs apart
+                               * (Digits), cut into threes from the left (Split [0-9]{3}) */
 };
 
 /* Token attribute bits (struct rt_tok_entry.attr). */
@@ -159,6 +164,8 @@ struct rt_tok {
 /* What rt_tok_load needs from tokenizer.json besides the tokens. */
 struct rt_tok_json_opts {
     bool bytelevel;             /* a ByteLevel pre-tokenizer: RT_TOK_KIND_BYTELEVEL */
+    int falcon_stage;           /* steps of Falcon's pre-tokenizer Sequence seen, in order
+                                 * (Punctuation, ByteLevel, Digits, Split): 0 none, 4 all */
     int32_t tmpl_bos, tmpl_eos; /* TemplateProcessing: special token before / after $A, or -1
                                  * (checked against n_vocab by the caller) */
     bool have_tmpl;

@@ -110,6 +110,42 @@ bad:
     return RT_TOK_ERR_JSON;
 }
 
+/* One step of Falcon's pre-tokenizer Sequence (tiiuae/falcon-7b's tokenizer.json): Punctuation
+ * (behavior Contiguous), ByteLevel (use_regex, no prefix space), Digits (individual_digits
+ * false), Split (Regex "[0-9][0-9][0-9]", Isolated), in that order and nothing else; the last
+ * makes the tokenizer's pre-tokenization RT_TOK_PRETOK_FALCON (rt_tok_bpe.c). Source:
+ * huggingface/tokenizers pre_tokenizers/punctuation.rs, digits.rs, split.rs. */
+static enum rt_tok_err json_pretok_falcon(struct rt_tok *tok, const cJSON *p, const char *type,
+                                          struct rt_tok_json_opts *o)
+{
+    const char *beh = json_str(p, "behavior");
+    bool b = false;
+    if (strcmp(type, "Punctuation") == 0 && o->falcon_stage == 0 &&
+        tok->pretok == RT_TOK_PRETOK_NONE && !o->bytelevel && beh &&
+        strcmp(beh, "Contiguous") == 0) {
+        o->falcon_stage = 1;
+        return RT_TOK_ERR_NONE;
+    }
+    if (strcmp(type, "Digits") == 0 && o->falcon_stage == 2 &&
+        json_bool(p, "individual_digits", false, &b) && !b) {
+        o->falcon_stage = 3;
+        return RT_TOK_ERR_NONE;
+    }
+    const char *re = json_str(cJSON_GetObjectItemCaseSensitive(p, "pattern"), "Regex");
+    if (strcmp(type, "Split") == 0 && o->falcon_stage == 3 && re &&
+        strcmp(re, "[0-9][0-9][0-9]") == 0 && beh && strcmp(beh, "Isolated") == 0 &&
+        json_bool(p, "invert", false, &b) && !b) {
+        o->falcon_stage = 4;
+        tok->pretok = RT_TOK_PRETOK_FALCON;
+        return RT_TOK_ERR_NONE;
+    }
+    qs_log_error(__func__, "tokenizer.json: pre_tokenizer \"%s\" (with these options, at this "
+                 "place of the Sequence) is not supported: Punctuation and Digits are read only as "
+                 "Falcon's Sequence (Punctuation Contiguous, ByteLevel, Digits, Split [0-9]{3})",
+                 type);
+    return RT_TOK_ERR_UNSUPPORTED;
+}
+
 static enum rt_tok_err json_pretok(struct rt_tok *tok, const cJSON *p, struct rt_tok_json_opts *o)
 {
     if (!p || cJSON_IsNull(p))
@@ -133,6 +169,9 @@ static enum rt_tok_err json_pretok(struct rt_tok *tok, const cJSON *p, struct rt
         }
         return RT_TOK_ERR_NONE;
     }
+    if (strcmp(type, "Punctuation") == 0 || strcmp(type, "Digits") == 0 ||
+        o->falcon_stage == 3) /* Falcon's Sequence (RT_TOK_PRETOK_FALCON), exactly */
+        return json_pretok_falcon(tok, p, type, o);
     if (strcmp(type, "Split") == 0) {
         const char *re = json_str(cJSON_GetObjectItemCaseSensitive(p, "pattern"), "Regex");
         const char *beh = json_str(p, "behavior");
@@ -161,6 +200,11 @@ static enum rt_tok_err json_pretok(struct rt_tok *tok, const cJSON *p, struct rt
             if (tok->pretok != RT_TOK_PRETOK_NONE)
                 goto unsupported;
             tok->pretok = RT_TOK_PRETOK_GPT2;
+        }
+        if (o->falcon_stage == 1) {
+            if (!regex)
+                goto unsupported;
+            o->falcon_stage = 2;
         }
         o->bytelevel = true;
         return RT_TOK_ERR_NONE;
@@ -481,6 +525,13 @@ enum rt_tok_err rt_tok_json_load(const char *text, size_t len, struct rt_tok **o
         (err = json_normalizer(tok, cJSON_GetObjectItemCaseSensitive(root, "normalizer"))) ||
         (err = json_pretok(tok, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), o)))
         goto out;
+    if (o->falcon_stage != 0 && o->falcon_stage != 4) {
+        qs_log_error(__func__, "tokenizer.json: an incomplete Falcon pre-tokenizer Sequence "
+                     "(Punctuation, ByteLevel, Digits, Split [0-9]{3} expected, %d of them seen)",
+                     o->falcon_stage);
+        err = RT_TOK_ERR_UNSUPPORTED;
+        goto out;
+    }
     json_decoder(tok, cJSON_GetObjectItemCaseSensitive(root, "decoder"));
     if ((err = json_postproc(cJSON_GetObjectItemCaseSensitive(root, "post_processor"), o)))
         goto out;

@@ -817,7 +817,8 @@ static void test_malformed_model(void)
     free(m);
 }
 
-#include "t_tok_chat.h" /* test_chat, test_chat_golden */
+#include "t_tok_chat.h"   /* test_chat, test_chat_golden */
+#include "t_tok_falcon.h" /* test_falcon_pretok */
 
 /* A ~300 KB text (extra-long.json.gz): llama3 ids from HF tokenizers (crosses the encoder's
  * 64 KB chunking), llama2 ids from sentencepiece (word-by-word merging over the whole text). */
@@ -970,6 +971,7 @@ int main(void)
                                   "{\"<|im_start|>\": 128011, \"<|im_end|>\": 128012}");
         if (cml)
             test_chat_golden(l2j, l3, l31, cml);
+        test_falcon_pretok();
         rt_tok_free(cml);
         cJSON *ex = read_json(TOKDIR "extra-vectors.json");
         /* sentencepiece does not parse special tokens; HF tokenizers always does */

@@ -8,6 +8,8 @@ Sources (all from the Python standard library's unicodedata module, i.e. the Uni
 Database of the version it reports, written into the output):
   L     general category Lu, Ll, Lt, Lm, Lo     (regex \\p{L})
   N     general category Nd, Nl, No             (regex \\p{N})
+  P     general category P* and ASCII punctuation (HF tokenizers' Punctuation pre-tokenizer:
+        char::is_ascii_punctuation || char::is_punctuation)
   WS    White_Space property (PropList.txt); unicodedata has no White_Space, so the list is
         written out below and checked against str.isspace(), which differs from White_Space
         exactly by U+001C..U+001F (Python treats the information separators as space)
@@ -53,6 +55,9 @@ def main():
     cat = lambda cp: unicodedata.category(chr(cp))
     letters = ranges(lambda cp: cat(cp) in ("Lu", "Ll", "Lt", "Lm", "Lo"))
     numbers = ranges(lambda cp: cat(cp) in ("Nd", "Nl", "No"))
+    # HF tokenizers' is_punc: char::is_ascii_punctuation || general category P*
+    punct = ranges(lambda cp: cat(cp).startswith("P") or (cp < 0x80 and chr(cp) in
+                                                           "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"))
     for cp in range(0x110000):
         py = chr(cp).isspace() and not 0x1C <= cp <= 0x1F
         assert py == in_ranges(cp, WHITE_SPACE), hex(cp)
@@ -104,7 +109,7 @@ def main():
     w(" * Each table is sorted, non-overlapping inclusive ranges [lo, hi] of code points.\n */\n")
     w('#include "rt_tok_int.h" /* struct rt_tok_range, table declarations */\n\n')
     for name, rs in (("letter", letters), ("number", numbers), ("space", WHITE_SPACE),
-                     ("nfc_unsafe", nfc)):
+                     ("nfc_unsafe", nfc), ("punct", punct)):
         w("const struct rt_tok_range rt_tok_uni_%s[] = {\n" % name)
         for i in range(0, len(rs), 4):
             w("    " + " ".join("{0x%04X, 0x%04X}," % r for r in rs[i:i + 4]) + "\n")
