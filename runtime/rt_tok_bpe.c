@@ -584,20 +584,56 @@ static enum rt_tok_err encode_word(const struct rt_tok *tok, struct bpe_work *w,
     return bpe_run(tok, w, ns, out);
 }
 
-/* BPE of the code points [a, b) of c (bytes of s), appending ids. */
-static enum rt_tok_err encode_span(const struct rt_tok *tok, struct bpe_work *w, char *mapbuf,
-                                   const char *s, const struct cps *c, size_t a, size_t b,
-                                   struct rt_tok_ids *out)
+/* Whether Digits (tokenizers pre_tokenizers/digits.rs: char::is_numeric) sees a digit in byte b:
+ * it runs after ByteLevel, on the byte-mapped text, where b's character is b itself for the
+ * printable Latin-1 bytes: ASCII 0-9 and 0xB2 0xB3 0xB9 0xBC-0xBE (² ³ ¹ ¼ ½ ¾) are numeric. */
+static bool falcon_numeric(unsigned char b)
 {
-    const size_t b0 = c->off[a], b1 = c->off[b];
-    enum rt_tok_err err = work_reserve(w, b1 - b0);
-    return err ? err : encode_word(tok, w, mapbuf, (const unsigned char *)s + b0, b1 - b0, out);
+    return (b >= '0' && b <= '9') || b == 0xB2 || b == 0xB3 || b == 0xB9 ||
+           (b >= 0xBC && b <= 0xBE);
+}
+
+static bool ascii_digit(unsigned char b)
+{
+    return b >= '0' && b <= '9';
+}
+
+/* Digits then Split "[0-9][0-9][0-9]" Isolated on the bytes [p, q) of one word: runs of
+ * numeric bytes apart from the rest; in a numeric run each leftmost non-overlapping triple of
+ * ASCII digits is a piece of its own, what lies between them another. */
+static enum rt_tok_err encode_falcon_word(const struct rt_tok *tok, struct bpe_work *w,
+                                          char *mapbuf, const unsigned char *s, size_t p, size_t q,
+                                          struct rt_tok_ids *out)
+{
+    enum rt_tok_err err = RT_TOK_ERR_NONE;
+    for (size_t r0 = p; r0 < q && !err;) {
+        const bool num = falcon_numeric(s[r0]);
+        size_t r1 = r0 + 1;
+        while (r1 < q && falcon_numeric(s[r1]) == num)
+            r1++;
+        size_t last = r0;
+        for (size_t j = r0; num && j + 3 <= r1 && !err;) {
+            if (!(ascii_digit(s[j]) && ascii_digit(s[j + 1]) && ascii_digit(s[j + 2]))) {
+                j++;
+                continue;
+            }
+            if (j > last && !(err = work_reserve(w, j - last)))
+                err = encode_word(tok, w, mapbuf, s + last, j - last, out);
+            if (!err && !(err = work_reserve(w, 3)))
+                err = encode_word(tok, w, mapbuf, s + j, 3, out);
+            last = j = j + 3;
+        }
+        if (!err && r1 > last && !(err = work_reserve(w, r1 - last)))
+            err = encode_word(tok, w, mapbuf, s + last, r1 - last, out);
+        r0 = r1;
+    }
+    return err;
 }
 
 /* Falcon's pre-tokenization (RT_TOK_PRETOK_FALCON; tokenizers pre_tokenizers/punctuation.rs
  * Contiguous, byte_level.rs, digits.rs, split.rs): runs of punctuation apart from the rest,
- * GPT-2's regex inside each run, then in each word ASCII digit runs apart, each cut into
- * pieces of three from the left ("12345" -> "123", "45"). */
+ * GPT-2's regex inside each run, then each word through Digits and the 3-digit Split on its
+ * byte-mapped form (encode_falcon_word). */
 static enum rt_tok_err encode_falcon(const struct rt_tok *tok, struct bpe_work *w, char *mapbuf,
                                      const char *s, const struct cps *c, struct rt_tok_ids *out)
 {
@@ -611,15 +647,8 @@ static enum rt_tok_err encode_falcon(const struct rt_tok *tok, struct bpe_work *
         for (size_t i = 0; i < run.n && !err;) {
             size_t k = match_gpt2(&run, i);
             k = k ? k : 1;
-            for (size_t x = a + i; x < a + i + k && !err;) { /* digits apart, by threes */
-                const bool dg = c->cp[x] >= '0' && c->cp[x] <= '9';
-                size_t y = x + 1;
-                while (y < a + i + k && y - x < (dg ? 3u : (size_t)-1) &&
-                       (c->cp[y] >= '0' && c->cp[y] <= '9') == dg)
-                    y++;
-                err = encode_span(tok, w, mapbuf, s, c, x, y, out);
-                x = y;
-            }
+            err = encode_falcon_word(tok, w, mapbuf, (const unsigned char *)s, c->off[a + i],
+                                     c->off[a + i + k], out);
             i += k;
         }
         a = b;
@@ -863,7 +892,8 @@ static bool nfc_stable(const char *s, size_t n)
     return true;
 }
 
-/* Long text is split into chunks of about CHUNK bytes at a "\n" followed by an ASCII letter:
+/* Long text is split into chunks of about CHUNK bytes at a "\n" that follows a byte other than
+ * whitespace and is followed by an ASCII letter:
  * no match of the three split regexes contains both (a letter run cannot start with "\n"; the
  * other alternatives end at a newline or hold only whitespace, digits or punctuation), and the
  * regexes look only forward, so the chunks tokenize exactly like the whole. This bounds the
@@ -878,7 +908,10 @@ static enum rt_tok_err encode_bytelevel(const struct rt_tok *tok, const char *s,
         size_t cut = n;
         for (size_t i = start + CHUNK; i < n; i++) {
             char c = s[i];
-            if (s[i - 1] == '\n' && ((c | 0x20) >= 'a' && (c | 0x20) <= 'z')) {
+            const unsigned char b2 = (unsigned char)s[i - 2]; /* no whitespace before the "\n":
+                                                                * \s+(?!\S) would end there */
+            if (s[i - 1] == '\n' && ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') && b2 < 0x80 &&
+                !strchr(" \t\r\n\v\f", b2)) {
                 cut = i;
                 break;
             }

@@ -170,7 +170,8 @@ static enum rt_tok_err json_pretok(struct rt_tok *tok, const cJSON *p, struct rt
         return RT_TOK_ERR_NONE;
     }
     if (strcmp(type, "Punctuation") == 0 || strcmp(type, "Digits") == 0 ||
-        o->falcon_stage == 3) /* Falcon's Sequence (RT_TOK_PRETOK_FALCON), exactly */
+        o->falcon_stage >= 3) /* Falcon's Sequence (RT_TOK_PRETOK_FALCON), exactly, and then
+                               * nothing more */
         return json_pretok_falcon(tok, p, type, o);
     if (strcmp(type, "Split") == 0) {
         const char *re = json_str(cJSON_GetObjectItemCaseSensitive(p, "pattern"), "Regex");
@@ -193,6 +194,8 @@ static enum rt_tok_err json_pretok(struct rt_tok *tok, const cJSON *p, struct rt
     }
     if (strcmp(type, "ByteLevel") == 0) {
         bool prefix, regex;
+        if (o->bytelevel) /* a second mapping of the bytes */
+            goto unsupported;
         if (!json_bool(p, "add_prefix_space", false, &prefix) ||
             !json_bool(p, "use_regex", true, &regex) || prefix)
             goto unsupported;

@@ -89,8 +89,8 @@ static enum cvt_err refuse_flag(const struct qs_json_ctx *c, const struct cJSON 
     }
     CVT_TRY_JSON(qs_json_bool(c, o, key, def, &v));
     if (v == bad) {
-        qs_log_error(c->fn, "%s/%s: %s %s: %s is not supported (Falcon-7B's layout only: "
-                            "rotary, multi_query, parallel_attn)", c->where, c->file, key,
+        qs_log_error(c->fn, "%s/%s: %s %s: %s is not supported (Falcon's rotary, "
+                            "multi_query or grouped, parallel_attn layouts only)", c->where, c->file, key,
                      bad ? "true" : "false", what);
         return CVT_ERR_UNSUPPORTED;
     }
