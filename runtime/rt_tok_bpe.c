@@ -584,6 +584,14 @@ static enum rt_tok_err encode_word(const struct rt_tok *tok, struct bpe_work *w,
     return bpe_run(tok, w, ns, out);
 }
 
+/* BPE of the bytes s[0, n) as one pre-tokenized word (scratch reserved first), appending ids. */
+static enum rt_tok_err encode_piece(const struct rt_tok *tok, struct bpe_work *w, char *mapbuf,
+                                    const unsigned char *s, size_t n, struct rt_tok_ids *out)
+{
+    enum rt_tok_err err = work_reserve(w, n);
+    return err ? err : encode_word(tok, w, mapbuf, s, n, out);
+}
+
 /* Whether Digits (tokenizers pre_tokenizers/digits.rs: char::is_numeric) sees a digit in byte b:
  * it runs after ByteLevel, on the byte-mapped text, where b's character is b itself for the
  * printable Latin-1 bytes: ASCII 0-9 and 0xB2 0xB3 0xB9 0xBC-0xBE (² ³ ¹ ¼ ½ ¾) are numeric. */
@@ -617,14 +625,14 @@ static enum rt_tok_err encode_falcon_word(const struct rt_tok *tok, struct bpe_w
                 j++;
                 continue;
             }
-            if (j > last && !(err = work_reserve(w, j - last)))
-                err = encode_word(tok, w, mapbuf, s + last, j - last, out);
-            if (!err && !(err = work_reserve(w, 3)))
-                err = encode_word(tok, w, mapbuf, s + j, 3, out);
+            if (j > last)
+                err = encode_piece(tok, w, mapbuf, s + last, j - last, out);
+            if (!err)
+                err = encode_piece(tok, w, mapbuf, s + j, 3, out);
             last = j = j + 3;
         }
-        if (!err && r1 > last && !(err = work_reserve(w, r1 - last)))
-            err = encode_word(tok, w, mapbuf, s + last, r1 - last, out);
+        if (!err && r1 > last)
+            err = encode_piece(tok, w, mapbuf, s + last, r1 - last, out);
         r0 = r1;
     }
     return err;
@@ -699,10 +707,8 @@ static enum rt_tok_err encode_bytelevel_chunk(const struct rt_tok *tok, const ch
         }
         if (k == 0) /* cannot happen: every class is covered by an alternative */
             k = 1;
-        size_t b0 = c.off[i], b1 = c.off[i + k];
-        err = work_reserve(&w, b1 - b0);
-        if (!err)
-            err = encode_word(tok, &w, mapbuf, (const unsigned char *)s + b0, b1 - b0, out);
+        err = encode_piece(tok, &w, mapbuf, (const unsigned char *)s + c.off[i],
+                           c.off[i + k] - c.off[i], out);
         if (err)
             goto out;
         i += k;

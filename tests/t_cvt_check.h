@@ -513,28 +513,44 @@ static inline void ck_layer_float(struct model_ck *m, const struct fmt_shard *s,
     ck_replicated_from(m, s, nm, src_nm);
 }
 
+/* A LayerNorm's weight and bias of layer i: output prefix `out`, source prefix `src` (each
+ * taking i; ".weight" / ".bias" appended). */
+static inline void ck_layer_norm_wb(struct model_ck *m, const struct fmt_shard *s, int i,
+                                    const char *out, const char *src)
+{
+    static const char *const sfx[2] = {".weight", ".bias"};
+    char o[200], sr[200];
+    for (int k = 0; k < 2; k++) {
+        snprintf(o, sizeof(o), "%s%s", out, sfx[k]);
+        snprintf(sr, sizeof(sr), "%s%s", src, sfx[k]);
+        ck_layer_float(m, s, i, o, sr);
+    }
+}
+
+/* The tied families' vocabulary on rank r: the embedding from source `src`, no lm_head. */
+static inline void ck_tied_vocab(struct model_ck *m, const struct fmt_shard *s, int r,
+                                 const char *src)
+{
+    ck_vocab(m, s, r, "model.embed_tokens.weight", src);
+    CHECK_MSG(m->cfg->tie_word_embeddings && fmt_shard_find(s, "lm_head.weight") == NULL,
+              "%s: lm_head", m->name);
+}
+
 /* Falcon's tensors on rank r (transformers modeling_falcon.py names): its own embedding, final
  * LayerNorm with bias, layers "transformer.h.%d" with one input_layernorm (+ bias), fused
  * query_key_value, dense, a plain MLP. */
 static inline void ck_rank_falcon(struct model_ck *m, const struct fmt_shard *s, int r)
 {
-    ck_vocab(m, s, r, "model.embed_tokens.weight", "transformer.word_embeddings.weight");
-    CHECK_MSG(m->cfg->tie_word_embeddings && fmt_shard_find(s, "lm_head.weight") == NULL,
-              "%s: lm_head", m->name);
+    ck_tied_vocab(m, s, r, "transformer.word_embeddings.weight");
     ck_replicated_from(m, s, "model.norm.weight", "transformer.ln_f.weight");
     ck_replicated_from(m, s, "model.norm.bias", "transformer.ln_f.bias");
     const bool two = cvt_source_find(m->src, "transformer.h.0.ln_attn.weight") != NULL;
     for (int i = 0; i < m->L; i++) {
-        ck_layer_float(m, s, i, "model.layers.%d.input_layernorm.weight",
-                       two ? "transformer.h.%d.ln_attn.weight" : "transformer.h.%d.input_layernorm.weight");
-        ck_layer_float(m, s, i, "model.layers.%d.input_layernorm.bias",
-                       two ? "transformer.h.%d.ln_attn.bias" : "transformer.h.%d.input_layernorm.bias");
-        if (two) { /* Falcon-40B's ln_mlp: the MLP's own norm */
-            ck_layer_float(m, s, i, "model.layers.%d.post_attention_layernorm.weight",
-                           "transformer.h.%d.ln_mlp.weight");
-            ck_layer_float(m, s, i, "model.layers.%d.post_attention_layernorm.bias",
-                           "transformer.h.%d.ln_mlp.bias");
-        }
+        ck_layer_norm_wb(m, s, i, "model.layers.%d.input_layernorm",
+                         two ? "transformer.h.%d.ln_attn" : "transformer.h.%d.input_layernorm");
+        if (two) /* Falcon-40B's ln_mlp: the MLP's own norm */
+            ck_layer_norm_wb(m, s, i, "model.layers.%d.post_attention_layernorm",
+                             "transformer.h.%d.ln_mlp");
         ck_attention(m, s, r, i, "transformer.h.%d.self_attention", "query_key_value", "dense");
         ck_mlp_plain(m, s, r, i, "transformer.h.%d.mlp", "dense_h_to_4h", "dense_4h_to_h");
     }
@@ -545,9 +561,7 @@ static inline void ck_rank_falcon(struct model_ck *m, const struct fmt_shard *s,
  * up's columns; norm_f. */
 static inline void ck_rank_mpt(struct model_ck *m, const struct fmt_shard *s, int r)
 {
-    ck_vocab(m, s, r, "model.embed_tokens.weight", "transformer.wte.weight");
-    CHECK_MSG(m->cfg->tie_word_embeddings && fmt_shard_find(s, "lm_head.weight") == NULL,
-              "%s: lm_head", m->name);
+    ck_tied_vocab(m, s, r, "transformer.wte.weight");
     ck_replicated_from(m, s, "model.norm.weight", "transformer.norm_f.weight");
     for (int i = 0; i < m->L; i++) {
         char src_nm[200];
@@ -586,9 +600,7 @@ static inline void ck_rank_gemma(struct model_ck *m, const struct fmt_shard *s, 
         {"model.layers.%d.self_attn.k_norm.weight", "model.layers.%d.self_attn.k_norm.weight"},
     };
     char base[160], nm[200], src_nm[200];
-    ck_vocab(m, s, r, "model.embed_tokens.weight", "model.embed_tokens.weight");
-    CHECK_MSG(m->cfg->tie_word_embeddings && fmt_shard_find(s, "lm_head.weight") == NULL,
-              "%s: lm_head", m->name);
+    ck_tied_vocab(m, s, r, "model.embed_tokens.weight");
     ck_replicated_plus(m, s, "model.norm.weight", NULL, 1.0f);
     for (int i = 0; i < m->L; i++) {
         for (size_t k = 0; k < sizeof norms / sizeof norms[0]; k++) {

@@ -100,16 +100,14 @@ static enum cvt_err refuse_flag(const struct qs_json_ctx *c, const struct cJSON 
 extern const struct cvt_arch cvt_arch_falcon_40b, cvt_arch_falcon_40b_ln1;
 
 /* new_decoder_architecture (Falcon-40B / 180B; Falcon2-11B with one LayerNorm): num_kv_heads
- * (FalconConfig: num_attention_heads when absent or null) dividing the heads, parallel_attn
- * (its MLP always runs beside attention), num_ln_in_parallel_attn 1 or 2 (absent or null: 2,
+ * (FalconConfig: num_attention_heads when absent or null) dividing the heads,
+ * num_ln_in_parallel_attn 1 or 2 (absent or null: 2,
  * FalconDecoderLayer); the descriptor with the grouped query_key_value into cfg->arch. */
 static enum cvt_err falcon_new_keys(const struct qs_json_ctx *c, const struct cJSON *o,
                                     struct cvt_hf_config *cfg)
 {
     const int64_t nq = cfg->num_attention_heads;
     int64_t nkv = nq, nln = 2;
-    CVT_TRY(refuse_flag(c, o, "parallel_attn", true, false,
-                        "sequential attention and MLP (post_attention_layernorm)"));
     if (!qs_json_is_null(o, "num_kv_heads"))
         CVT_TRY_JSON(qs_json_int(c, o, "num_kv_heads", false, nq, 1, 65536, &nkv));
     if (nq % nkv) {
@@ -145,12 +143,13 @@ static enum cvt_err falcon_keys(const struct qs_json_ctx *c, const struct cJSON 
     cfg->bias_roles = bias ? CVT_ROLE_BIT(FMT_N_QKV) | CVT_ROLE_BIT(FMT_N_O) |
                                  CVT_ROLE_BIT(FMT_N_GATE_UP) | CVT_ROLE_BIT(FMT_N_DOWN)
                            : 0;
+    /* both layouts: the MLP beside attention (new_decoder_architecture always adds them) */
+    CVT_TRY(refuse_flag(c, o, "parallel_attn", true, false,
+                        "sequential attention and MLP (post_attention_layernorm)"));
     if (nda)
         return falcon_new_keys(c, o, cfg);
     CVT_TRY(refuse_flag(c, o, "multi_query", true, false,
                         "query_key_value interleaved per head"));
-    CVT_TRY(refuse_flag(c, o, "parallel_attn", true, false,
-                        "sequential attention and MLP (post_attention_layernorm)"));
     /* FalconAttention: one kv head with multi_query unless new_decoder_architecture */
     cfg->num_key_value_heads = 1;
     return CVT_ERR_NONE;

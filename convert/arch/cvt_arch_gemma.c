@@ -36,25 +36,18 @@
 #include "cvt_src_int.h" /* CVT_TRY_JSON */
 #include "qs_log.h"
 
-static const struct cvt_arch_step gemma2_layer[] = {
+/* One list for both: Gemma 2 takes the first GEMMA2_STEPS steps, Gemma 3 also its q/k norms */
+static const struct cvt_arch_step layer[] = {
     {CVT_ARCH_OP_NORM, FMT_N_ATTN_NORM, "input_layernorm.weight", false, 0, NULL},
     {CVT_ARCH_OP_NORM, FMT_N_ATTN_OUT_NORM, "post_attention_layernorm.weight", false, 0, NULL},
     {CVT_ARCH_OP_NORM, FMT_N_MLP_NORM, "pre_feedforward_layernorm.weight", false, 0, NULL},
     {CVT_ARCH_OP_NORM, FMT_N_MLP_OUT_NORM, "post_feedforward_layernorm.weight", false, 0, NULL},
     {CVT_ARCH_OP_LINEARS, FMT_N_COUNT, NULL, false, 2, cvt_arch_llama_attention},
     {CVT_ARCH_OP_LINEARS, FMT_N_COUNT, NULL, false, 2, cvt_arch_llama_mlp},
-};
-
-static const struct cvt_arch_step gemma3_layer[] = {
-    {CVT_ARCH_OP_NORM, FMT_N_ATTN_NORM, "input_layernorm.weight", false, 0, NULL},
-    {CVT_ARCH_OP_NORM, FMT_N_ATTN_OUT_NORM, "post_attention_layernorm.weight", false, 0, NULL},
-    {CVT_ARCH_OP_NORM, FMT_N_MLP_NORM, "pre_feedforward_layernorm.weight", false, 0, NULL},
-    {CVT_ARCH_OP_NORM, FMT_N_MLP_OUT_NORM, "post_feedforward_layernorm.weight", false, 0, NULL},
     {CVT_ARCH_OP_HEAD_NORM, FMT_N_Q_NORM, "self_attn.q_norm.weight", false, 0, NULL},
     {CVT_ARCH_OP_HEAD_NORM, FMT_N_K_NORM, "self_attn.k_norm.weight", false, 0, NULL},
-    {CVT_ARCH_OP_LINEARS, FMT_N_COUNT, NULL, false, 2, cvt_arch_llama_attention},
-    {CVT_ARCH_OP_LINEARS, FMT_N_COUNT, NULL, false, 2, cvt_arch_llama_mlp},
 };
+enum { GEMMA2_STEPS = 6 };
 
 static const char *const aliases[] = {"hidden_act", "hidden_activation", NULL, NULL};
 
@@ -180,13 +173,13 @@ static enum cvt_err gemma3_keys(const struct qs_json_ctx *c, const cJSON *o,
 const struct cvt_arch cvt_arch_gemma2 = {
     .name = "gemma2", .hf_class = "Gemma2ForCausalLM", .model_type = "gemma2",
     .rope_theta = 10000.0, .max_position_embeddings = 8192, .read_keys = gemma2_keys,
-    .n_steps = (int)(sizeof(gemma2_layer) / sizeof(gemma2_layer[0])), .steps = gemma2_layer,
+    .n_steps = GEMMA2_STEPS, .steps = layer,
     GEMMA_COMMON,
 };
 
 const struct cvt_arch cvt_arch_gemma3 = {
     .name = "gemma3", .hf_class = "Gemma3ForCausalLM", .model_type = "gemma3_text",
     .rope_theta = 1000000.0, .max_position_embeddings = 131072, .read_keys = gemma3_keys,
-    .n_steps = (int)(sizeof(gemma3_layer) / sizeof(gemma3_layer[0])), .steps = gemma3_layer,
+    .n_steps = (int)(sizeof(layer) / sizeof(layer[0])), .steps = layer,
     GEMMA_COMMON,
 };
