@@ -487,6 +487,15 @@ enum rt_err rt_model_forward(struct rt_model *m, struct rt_kv *kv, const struct 
 /* True when this build has CUDA and at least one usable GPU (no error is logged). */
 bool rt_cuda_available(void);
 
+/*
+ * The pinned host->device copy rate of GPU `device`: `bytes` from one cudaHostAlloc buffer in
+ * cudaMemcpyAsync pieces of `chunk` bytes on one stream, one warm-up pass, then the best of
+ * `repeat` passes, in GB/s (1e9 bytes) in *gbps. The ceiling of the weight upload
+ * (`qshard bench load`). Errors: RT_ERR_ARG (a zero size or repeat), RT_ERR_DEVICE (no such
+ * GPU, out of memory, a failed copy), RT_ERR_NO_DEVICE (a build without CUDA).
+ */
+enum rt_err rt_cuda_h2d_rate(int device, size_t bytes, size_t chunk, int repeat, double *gbps);
+
 #ifdef __cplusplus
 }
 #endif

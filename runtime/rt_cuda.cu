@@ -6,11 +6,11 @@
  *     logits, router logits and deferred split-K sums fp32 (rt_backend.h).
  *   - Weights: the rank's tensors are copied once into ONE device allocation (the rank file's
  *     data region, byte for byte, so a tensor's device address is base + its file offset minus
- *     the region start). The copy goes page cache -> pinned staging buffers -> device by
- *     RT_CUDA_UPLOAD_THREADS threads, each with its own stream and two pinned buffers, so
- *     reads from the mapping and PCIe copies overlap; never cudaMemcpy from pageable memory
- *     (7x slower on the H200 machine, docs/BENCHMARKS.md "Load"). -v prints bytes, seconds and
- *     GB/s of each phase.
+ *     the region start), by rt_cuda_upload_region (rt_cuda_load.cu: reader threads, pinned
+ *     staging, docs/BENCHMARKS.md "Load"). -v prints bytes, seconds and GB/s of each phase.
+ *   - cuBLAS (dequant + GEMM of large prompt chunks) is loaded and its handle created on a
+ *     thread started with the backend, so it overlaps the weight upload; cublas_ready joins
+ *     it before anything can use it.
  *   - W4A16 linears: k_w4a16_route_pick + k_w4a16_launch per call (kernels.h: split-K at
  *     M <= 64, wgmma up to K_W4A16_DQ_GEMM_MIN_M - 1 on sm_90a, dequant + cuBLAS above, v4 for
  *     the group sizes split-K cannot take). With the deferred epilogue the model asked for, the
@@ -43,9 +43,8 @@
 #include "qs_log.h"  /* qs_log_error, qs_log_debug */
 #include "qs_util.h" /* qs_now_s */
 #include "rt_backend.h"
+#include "rt_cuda_load.h" /* rt_cuda_upload_region */
 
-#define RT_CUDA_UPLOAD_THREADS 4            /* readers: one page-cache stream each */
-#define RT_CUDA_STAGE_BYTES (16u << 20)     /* pinned staging buffer: >= 16 MiB runs at ~55 GB/s */
 #define RT_CUDA_MIN_CC 80                   /* mma.sync m16n8k16, cp.async, ldmatrix */
 #define RT_CUDA_SMALL_SLOTS 8               /* pinned staging of small uploads (token ids, ...): */
 #define RT_CUDA_SLOT_BYTES (128u << 10)     /* a ring of slots, each reused after its copy ran */
@@ -100,7 +99,10 @@ struct cuda_rank {
     struct k_w4a16_caps caps; /* what the W4A16 router may use on this GPU (probed at creation;
                                  allow_wgmma off with rt_opts.no_wgmma) */
     cudaStream_t stream;
-    cublasHandle_t cublas;
+    cublasHandle_t cublas;  /* created by cublas_worker; use only after cublas_ready */
+    pthread_t cublas_th;
+    bool cublas_pending;    /* cublas_th runs or has not been joined */
+    cublasStatus_t cublas_st;
     unsigned char *weights; /* owned: the rank file's data region */
     size_t weights_bytes;
     uint64_t region_off;    /* file offset of weights[0] */
@@ -211,6 +213,7 @@ static void rank_free(struct cuda_rank *r)
     cudaFreeHost(r->h_small);
     for (int i = 0; i < RT_CUDA_SMALL_SLOTS; ++i)
         if (r->small_done[i]) cudaEventDestroy(r->small_done[i]);
+    if (r->cublas_pending) pthread_join(r->cublas_th, NULL);
     if (r->cublas) cublasDestroy(r->cublas);
     if (r->stream) cudaStreamDestroy(r->stream);
     memset(r, 0, sizeof(*r));
@@ -233,55 +236,31 @@ static struct cuda_rank *R(void *ctx)
     return r;
 }
 
-// --- weights ---------------------------------------------------------------------------------
-
-struct upload_job {
-    const unsigned char *src; /* mapping */
-    unsigned char *dst;       /* device */
-    size_t bytes;
-    int device, slot, n_slots;
-    double copy_s;            /* time in memcpy from the mapping (page cache or disk) */
-    char err[256];
-};
-
-/* Worker `slot` takes chunks slot, slot + n_slots, ...: memcpy from the mapping into one of its
- * two pinned buffers while the other one's cudaMemcpyAsync is in flight. */
-static void *upload_worker(void *arg)
+/* cuBLAS's library load (dlopen, k_cublas_load.cu) and handle, off the main thread. */
+static void *cublas_worker(void *arg)
 {
-    struct upload_job *j = static_cast<struct upload_job *>(arg);
-    cudaStream_t st = NULL;
-    unsigned char *pin[2] = {NULL, NULL};
-    cudaEvent_t done[2] = {NULL, NULL};
-    cudaError_t e = cudaSetDevice(j->device);
-    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
-    for (int b = 0; b < 2 && e == cudaSuccess; ++b) {
-        e = cudaHostAlloc(reinterpret_cast<void **>(&pin[b]), RT_CUDA_STAGE_BYTES, cudaHostAllocDefault);
-        if (e == cudaSuccess) e = cudaEventCreateWithFlags(&done[b], cudaEventDisableTiming);
-    }
-    int k = 0;
-    for (size_t c = (size_t)j->slot; e == cudaSuccess && c * RT_CUDA_STAGE_BYTES < j->bytes;
-         c += (size_t)j->n_slots, k ^= 1) {
-        const size_t off = c * RT_CUDA_STAGE_BYTES;
-        const size_t len = j->bytes - off < RT_CUDA_STAGE_BYTES ? j->bytes - off : RT_CUDA_STAGE_BYTES;
-        e = cudaEventSynchronize(done[k]); /* buffer k's previous copy has finished */
-        if (e != cudaSuccess) break;
-        const double t0 = qs_now_s();
-        memcpy(pin[k], j->src + off, len);
-        j->copy_s += qs_now_s() - t0;
-        e = cudaMemcpyAsync(j->dst + off, pin[k], len, cudaMemcpyHostToDevice, st);
-        if (e == cudaSuccess) e = cudaEventRecord(done[k], st);
-    }
-    if (e == cudaSuccess) e = cudaStreamSynchronize(st);
-    if (e != cudaSuccess)
-        snprintf(j->err, sizeof j->err, "upload worker %d on GPU %d: %s", j->slot, j->device,
-                 cudaGetErrorString(e));
-    for (int b = 0; b < 2; ++b) {
-        if (done[b]) cudaEventDestroy(done[b]);
-        if (pin[b]) cudaFreeHost(pin[b]);
-    }
-    if (st) cudaStreamDestroy(st);
+    struct cuda_rank *r = static_cast<struct cuda_rank *>(arg);
+    r->cublas_st = CUBLAS_STATUS_NOT_INITIALIZED;
+    if (cudaSetDevice(r->device) != cudaSuccess) return NULL;
+    r->cublas_st = cublasCreate(&r->cublas);
+    if (r->cublas_st == CUBLAS_STATUS_SUCCESS) r->cublas_st = cublasSetStream(r->cublas, r->stream);
     return NULL;
 }
+
+/* Wait for cublas_worker (once); RT_ERR_DEVICE, reported, when it failed. */
+static enum rt_err cublas_ready(struct cuda_rank *r)
+{
+    if (r->cublas_pending) {
+        pthread_join(r->cublas_th, NULL);
+        r->cublas_pending = false;
+        if (r->cublas_st != CUBLAS_STATUS_SUCCESS)
+            qs_log_error(__func__, "GPU %d: cannot create the cuBLAS handle (cuBLAS %d)",
+                         r->device, (int)r->cublas_st);
+    }
+    return r->cublas_st == CUBLAS_STATUS_SUCCESS ? RT_ERR_NONE : RT_ERR_DEVICE;
+}
+
+// --- weights ---------------------------------------------------------------------------------
 
 static enum rt_err cuda_load_weights(void *ctx, const struct fmt_shard *s)
 {
@@ -309,36 +288,12 @@ static enum rt_err cuda_load_weights(void *ctx, const struct fmt_shard *s)
     r->weights = static_cast<unsigned char *>(dst);
     r->weights_bytes = bytes;
     r->region_off = lo->offset;
-    const double t1 = qs_now_s();
-
-    struct upload_job jobs[RT_CUDA_UPLOAD_THREADS];
-    pthread_t th[RT_CUDA_UPLOAD_THREADS];
-    bool started[RT_CUDA_UPLOAD_THREADS] = {false};
-    for (int i = 0; i < RT_CUDA_UPLOAD_THREADS; ++i) {
-        jobs[i] = upload_job{src, r->weights, bytes, r->device, i, RT_CUDA_UPLOAD_THREADS, 0.0, {0}};
-        started[i] = pthread_create(&th[i], NULL, upload_worker, &jobs[i]) == 0;
-        if (!started[i]) upload_worker(&jobs[i]); /* no thread: do its share here */
-    }
-    double copy_s = 0;
-    const char *err = NULL;
-    for (int i = 0; i < RT_CUDA_UPLOAD_THREADS; ++i) {
-        if (started[i]) pthread_join(th[i], NULL);
-        copy_s += jobs[i].copy_s;
-        if (jobs[i].err[0] && !err) err = jobs[i].err;
-    }
-    cudaSetDevice(r->device);
-    if (err) {
-        qs_log_error(__func__, "rank %d: %s", rank, err);
-        return RT_ERR_DEVICE;
-    }
-    const double t2 = qs_now_s();
-    qs_log_debug("rank %d on GPU %d: weights %.3f GB: device alloc %.3f s; read + upload %.3f s "
-                 "(%.1f GB/s, %d threads, %u MiB pinned buffers; memcpy from the mapping %.3f "
-                 "thread-s = %.1f GB/s per thread)",
-                 rank, r->device, bytes / 1e9, t1 - t0, t2 - t1, bytes / 1e9 / (t2 - t1),
-                 RT_CUDA_UPLOAD_THREADS, RT_CUDA_STAGE_BYTES >> 20, copy_s,
-                 copy_s > 0 ? bytes / 1e9 / copy_s : 0.0);
-    return RT_ERR_NONE;
+    qs_log_debug("rank %d on GPU %d: device allocation of %.3f GB in %.3f s", rank, r->device,
+                 bytes / 1e9, qs_now_s() - t0);
+    e = rt_cuda_upload_region(rank, r->device, fmt_shard_path(s), src, lo->offset, r->weights,
+                              bytes);
+    if (!e) e = cublas_ready(r);
+    return e;
 }
 
 
@@ -456,6 +411,7 @@ static enum rt_err cuda_linear_w4(void *ctx, const void *x, const uint8_t *qweig
 {
     struct cuda_rank *r = R(ctx);
     struct k_w4a16_route rt;
+    if (cublas_ready(r)) return RT_ERR_DEVICE;
     RT_K_TRY(k_w4a16_route_pick(&rt, M, N, K, G, acc ? K_W4A16_EPI_ACC : K_W4A16_EPI_Y,
                                 K_W4A16_KERNEL_AUTO, &r->caps));
     /* (the wgmma route sizes its workspace for its whole band, so prompt chunks of 65..128 rows
@@ -478,6 +434,7 @@ static enum rt_err cuda_linear_f16(void *ctx, const void *x, const uint16_t *W, 
 {
     struct cuda_rank *r = R(ctx);
     const float alpha = 1.0f, beta = 0.0f;
+    if (cublas_ready(r)) return RT_ERR_DEVICE;
     /* row-major y[M,N] = x[M,K] . W^T with W [N,K]: column-major y^T = op_T(W) . x^T */
     RT_CUBLAS_TRY(cublasGemmEx(r->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, W,
                                CUDA_R_16F, K, x, CUDA_R_16F, K, &beta, y, CUDA_R_16F, N,
@@ -491,6 +448,7 @@ static enum rt_err cuda_lm_head(void *ctx, const void *x, const uint16_t *W, int
 {
     struct cuda_rank *r = R(ctx);
     const float alpha = 1.0f, beta = 0.0f;
+    if (cublas_ready(r)) return RT_ERR_DEVICE;
     RT_CUBLAS_TRY(cublasGemmEx(r->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, W,
                                CUDA_R_16F, K, x, CUDA_R_16F, K, &beta, logits, CUDA_R_32F, N,
                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -962,6 +920,7 @@ enum rt_err rt_cuda_backend_create(const struct rt_opts *opts, struct rt_comm *c
     out->ctx = NULL;
     const int rank = comm ? comm->rank : 0;
     const int device = (opts ? opts->cuda_device : 0) + rank;
+    const double t0 = qs_now_s();
     enum rt_err err = check_gpu(device);
     if (err) return err;
     struct cuda_rank *r = static_cast<struct cuda_rank *>(calloc(1, sizeof(*r)));
@@ -980,15 +939,16 @@ enum rt_err rt_cuda_backend_create(const struct rt_opts *opts, struct rt_comm *c
         e = cudaEventCreateWithFlags(&r->small_done[i], cudaEventDisableTiming);
     if (e == cudaSuccess)
         e = cudaMallocHost(&r->h_small, (size_t)RT_CUDA_SMALL_SLOTS * RT_CUDA_SLOT_BYTES);
-    cublasStatus_t be = CUBLAS_STATUS_SUCCESS;
-    if (e == cudaSuccess) be = cublasCreate(&r->cublas);
-    if (e == cudaSuccess && be == CUBLAS_STATUS_SUCCESS) be = cublasSetStream(r->cublas, r->stream);
-    if (e != cudaSuccess || be != CUBLAS_STATUS_SUCCESS) {
-        qs_log_error(__func__, "GPU %d: cannot create its stream, event, staging buffer or cuBLAS "
-                     "handle (%s, cuBLAS %d)", device, cudaGetErrorString(e), (int)be);
+    if (e != cudaSuccess) {
+        qs_log_error(__func__, "GPU %d: cannot create its stream, event or staging buffer (%s)",
+                     device, cudaGetErrorString(e));
         cuda_destroy(r);
         return RT_ERR_DEVICE;
     }
+    qs_log_debug("GPU %d: CUDA driver, context, stream and staging in %.3f s", device,
+                 qs_now_s() - t0);
+    r->cublas_pending = pthread_create(&r->cublas_th, NULL, cublas_worker, r) == 0;
+    if (!r->cublas_pending) cublas_worker(r); /* no thread: here */
     /* probed now, never inside a capture; --debug-no-wgmma: dequant + cuBLAS above M = 64 */
     if (k_w4a16_caps_query(&r->caps) != K_ERR_NONE) {
         cuda_destroy(r);

@@ -22,3 +22,11 @@ enum rt_err rt_cuda_backend_create(const struct rt_opts *opts, struct rt_comm *c
                  "CUDA toolkit");
     return RT_ERR_NO_DEVICE;
 }
+
+enum rt_err rt_cuda_h2d_rate(int device, size_t bytes, size_t chunk, int repeat, double *gbps)
+{
+    (void)device, (void)bytes, (void)chunk, (void)repeat;
+    *gbps = 0;
+    qs_log_error(__func__, "this qshard was built without the CUDA backend: no GPU to measure");
+    return RT_ERR_NO_DEVICE;
+}

@@ -15,6 +15,7 @@
 
 #include "fmt_names.h" /* fmt_name */
 #include "qs_log.h"    /* qs_log_error, qs_log_info */
+#include "qs_util.h"   /* qs_now_s */
 #include "ref.h"       /* ref_rope_inv_freq, ref_w4_shape_ok */
 #include "rt_model_int.h"
 
@@ -625,11 +626,15 @@ static enum rt_err size_model(struct rt_model *m)
 
 static enum rt_err model_open(struct rt_model *m, const char *path)
 {
+    const double t0 = qs_now_s();
     RT_TRY(open_file(m, path));
+    const double t1 = qs_now_s();
     if (!m->be.ops)
         RT_TRY(create_backend(m));
+    const double t2 = qs_now_s();
     RT_TRY(size_model(m));
     RT_TRY(OPS->load_weights(BCTX, m->shard));
+    const double t3 = qs_now_s();
     if (m->cfg.arch->alibi && !OPS->alibi) {
         qs_log_error(__func__, "%s: architecture %s (ALiBi attention, scaled activation) does not "
                      "run on the %s backend yet: use --device cpu", m->path,
@@ -657,6 +662,9 @@ static enum rt_err model_open(struct rt_model *m, const char *path)
                     c->arch->moe ? ", mixture of experts" : "", m->world, OPS->name,
                     (double)m->weight_bytes / (1 << 20), m->max_batch,
                     m->max_batch == 1 ? "" : "s");
+    qs_log_debug("rank %d: model open %.3f s: file %.3f s, backend %.3f s, weights %.3f s, "
+                 "buffers %.3f s", m->rank, qs_now_s() - t0, t1 - t0, t2 - t1, t3 - t2,
+                 qs_now_s() - t3);
     qs_log_debug("rank %d: deferred split-K up to %d row%s (accumulator of %zu columns)%s",
                  m->rank, m->defer_m, m->defer_m == 1 ? "" : "s", m->acc_cols,
                  m->graphs ? "; decode steps as graphs" : "");

@@ -19,6 +19,8 @@
  *     for a rewritten generation_config eos list;
  *   - `bench model`: one row per test, the tg test's greedy ids equal `run`'s, -d, usage
  *     errors, -o json;
+ *   - `bench load`: its rows (bytes = the rank files' sizes, first token before exit), the
+ *     child's timing lines, --cold, usage and input errors;
  *   - rank files that do not belong (one rank of a TP-2 set, a rank of another model).
  * Run: ./build/test_cli_model (from the repository root); QSHARD_DEVICE=cuda runs the golden
  * comparisons on the GPU, QSHARD_DEVICE_TP2=cuda / QSHARD_DEVICE_TP4=cuda the TP-2 / TP-4 ones.
@@ -388,6 +390,66 @@ static bool check_eos_list(const cJSON *m, const cJSON *prompt)
  * (debug log of its first timed run) are those `run --tokens BOS --temp 0` prints; the warm-up,
  * the timed runs and `run` each start from an empty KV cache. Bad lists, -r and a test longer
  * than --ctx are usage errors. */
+/* bench load: the rows and their relations (first token before exit, the byte count = the rank
+ * files' sizes), the child's own timing, --cold, usage and input errors. */
+static void check_bench_load(const char *model, const char *name)
+{
+    struct proc p = run("bench", "load", model, "-r", "2", "--device", g_device, NULL);
+    CHECK_EXIT(p, 0, "bench load");
+    const char *o = p.out ? p.out : "";
+    double gb = -1, rate = 0, first = 0, best = 0, ex = 0;
+    const char *h = strstr(o, " rank file");
+    const char *r = strstr(o, "| read: rank files, sequential read() | ");
+    const char *f = strstr(o, "exec -> first token, median of 2 (best) | ");
+    const char *x = strstr(o, "exec -> exit, median | ");
+    if (h && (h = strstr(h, ", ")))
+        gb = strtod(h + 2, NULL);
+    if (r)
+        rate = strtod(r + strlen("| read: rank files, sequential read() | "), NULL);
+    if (f && sscanf(f + strlen("exec -> first token, median of 2 (best) | "), "%lf s (%lf s)",
+                    &first, &best) != 2)
+        first = 0;
+    if (x)
+        ex = strtod(x + strlen("exec -> exit, median | "), NULL);
+    /* the bytes: every rank file of the directory */
+    double want = 0;
+    for (int rank = 0; rank < 8; rank++) {
+        char fp[512];
+        struct stat st;
+        snprintf(fp, sizeof(fp), "%s/rank-%d-of-1.qshard", model, rank);
+        if (stat(fp, &st) == 0)
+            want += (double)st.st_size;
+    }
+    CHECK_MSG(want > 0 && fabs(gb - want / 1e9) < 0.0006, "%s: bench load counts %.3f GB, the "
+              "rank files hold %.6f GB (stdout: %.300s)", name, gb, want / 1e9, o);
+    CHECK_MSG(rate > 0 && isfinite(rate), "%s: bench load read rate %g", name, rate);
+    CHECK_MSG(best > 0 && best <= first && first <= ex && ex < 60, "%s: bench load start times "
+              "best %g, median %g, exit %g", name, best, first, ex);
+    CHECK_MSG(strstr(o, "child: qshard run: debug: rank 0: model open") != NULL,
+              "%s: bench load printed no timing line of the child (stdout: %.400s)", name, o);
+    proc_free(&p);
+    p = run("bench", "load", model, "-r", "1", "--cold", "--device", g_device, NULL);
+    CHECK_EXIT(p, 0, "bench load --cold");
+    CHECK_MSG(p.out && strstr(p.out, "cold page cache") && strstr(p.out, "| test | cold |"),
+              "bench load --cold: %.200s", p.out ? p.out : "");
+    proc_free(&p);
+    p = run("bench", "load", NULL);
+    CHECK_EXIT(p, 1, "bench load without MODEL");
+    proc_free(&p);
+    p = run("bench", "load", model, "-r", "0", NULL);
+    CHECK_EXIT(p, 1, "bench load -r 0");
+    proc_free(&p);
+    char missing[512], cfg[512];
+    snprintf(missing, sizeof(missing), "%s/no-such-model", g_tmp);
+    p = run("bench", "load", missing, NULL);
+    CHECK_EXIT(p, 4, "bench load of a missing path");
+    proc_free(&p);
+    snprintf(cfg, sizeof(cfg), "%s/manifest.json", model);
+    p = run("bench", "load", cfg, "--device", "cpu", NULL);
+    CHECK_EXIT(p, 2, "bench load of a file that is no rank file");
+    proc_free(&p);
+}
+
 static void check_bench_model(const char *model, const char *name)
 {
     struct proc p = run("bench", "model", model, "-p", "5,12", "-n", "6", "-r", "2", "--device",
@@ -665,6 +727,7 @@ int main(void)
         if (!done_bench) {
             check_bench_model(dir, name);
             check_bench_json(dir);
+            check_bench_load(dir, name);
             done_bench = true;
         }
         check_perplexity_golden(dir, name, m);

@@ -50,6 +50,7 @@ enum cli_cmd {
     CLI_BENCH_BATCH = 1u << 11,
     CLI_SERVE = 1u << 12,
     CLI_BENCH_SERVE = 1u << 13,
+    CLI_BENCH_LOAD = 1u << 14,
 };
 #define CLI_MODEL_CMDS \
     (CLI_RUN | CLI_LOGITS | CLI_PERPLEXITY | CLI_BENCH_MODEL | CLI_BENCH_BATCH | CLI_SERVE)

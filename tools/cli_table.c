@@ -98,7 +98,7 @@ static bool parse_dp(const struct cli_opt *o, const char *arg, struct cli_args *
 
 // --- the table -----------------------------------------------------------------------------
 
-#define ALL_CMDS 0x3FFFu
+#define ALL_CMDS 0x7FFFu
 #define LISTS "a comma-separated list of up to 16 lengths >= 1 (or 0 for none)"
 
 const struct cli_opt cli_table[] = {
@@ -307,6 +307,12 @@ const struct cli_opt cli_table[] = {
      .off = F(repeat), .lo = 1, .hi = 1000000, .def = "3", .help = "timed runs (best kept)"},
     {.lng = "cold", .kind = CLI_FLAG, .cmds = CLI_BENCH_VERIFY, .off = F(cold),
      .help = "drop the file from the page cache before every timed pass"},
+    {.lng = "repeat", .shrt = 'r', .kind = CLI_INT, .metavar = "N", .cmds = CLI_BENCH_LOAD,
+     .off = F(repeat), .lo = 1, .hi = 100, .def = "3",
+     .help = "process starts timed (median and best reported)"},
+    {.lng = "cold", .kind = CLI_FLAG, .cmds = CLI_BENCH_LOAD, .off = F(cold),
+     .help = "drop the model's rank files from the page cache (posix_fadvise) before each read "
+             "pass and each start, so they come from the disk"},
     /* inspect / verify */
     {.lng = "tensors", .kind = CLI_FLAG, .cmds = CLI_INSPECT, .off = F(tensor_table),
      .help = "every rank file in full: header, sections, tokenizer files, config and the "
@@ -373,7 +379,7 @@ const struct cli_opt cli_table[] = {
      .help = "keep the last ctx-1 prompt tokens of a prompt that does not fit (default: refuse "
              "it, exit 2)"},
     /* every model command */
-    {.lng = "device", .kind = CLI_CHOICE, .metavar = "cpu|cuda", .cmds = CLI_MODEL_CMDS,
+    {.lng = "device", .kind = CLI_CHOICE, .metavar = "cpu|cuda", .cmds = CLI_MODEL_CMDS | CLI_BENCH_LOAD,
      .sec = CLI_SEC_MODEL, .off = F(device), .choices = "cpu|cuda",
      .help = "where to run (default: cuda when the binary has CUDA and a GPU is present, else "
              "cpu)"},

@@ -28,6 +28,7 @@ int cmd_tokenize(int argc, char **argv);    /* tools/cmd_tokenize.c */
 int cmd_bench(int argc, char **argv);       /* tools/cmd_bench.c: synth, open, verify, and the
                                                dispatch to kernel (kernels.h) and model */
 int cmd_bench_model(int argc, char **argv); /* tools/cmd_bench_model.c */
+int cmd_bench_load(int argc, char **argv);  /* tools/cmd_bench_load.c */
 int cmd_inspect(int argc, char **argv);     /* tools/cmd_inspect.c */
 int cmd_verify(int argc, char **argv);      /* tools/cmd_verify.c */
 

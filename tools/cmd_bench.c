@@ -11,6 +11,8 @@
  *   qshard bench kernel ...                                 kernels (bench_kernel_main)
  *   qshard bench model MODEL [-p 512] [-n 128] [-d 0] [-r 5]  prompt / generation tokens/s of a
  *                                                           converted model (cmd_bench_model)
+ *   qshard bench load MODEL [--cold]                        process start -> first token, with
+ *                                                           the read and copy ceilings (cmd_bench_load)
  *
  * --cold drops the file's pages from the page cache (posix_fadvise DONTNEED, this file only)
  * before every timed pass, so both passes read from the disk. tools/bench_cpu.sh (`make bench`)
@@ -64,6 +66,7 @@ static const char k_usage[] =
     "       qshard bench kernel ...   (qshard bench kernel --help)\n"
     "       qshard bench model MODEL [-p 512] [-n 128] [-d 0] ...   (qshard bench model --help)\n"
     "       qshard bench batch MODEL [--concurrency 1,8,64] ...     (qshard bench batch --help)\n"
+    "       qshard bench load MODEL [--cold] [-r 3] [--device cpu|cuda]   (qshard bench load --help)\n"
     "       qshard bench serve [--url http://127.0.0.1:8000] ...    (qshard bench serve --help)\n";
 static const char k_trailer[] =
     "exit codes: 0 ok, 1 usage, 2 bad file, 3 runtime failure (GPU, memory), 4 I/O error\n";
@@ -287,6 +290,8 @@ int cmd_bench(int argc, char **argv)
         return cmd_bench_model(argc - 1, argv + 1);
     if (!strcmp(argv[1], "batch"))
         return cmd_bench_batch(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "load"))
+        return cmd_bench_load(argc - 1, argv + 1);
     if (!strcmp(argv[1], "serve"))
         return cmd_bench_serve(argc - 1, argv + 1);
     for (size_t i = 0; i < sizeof(subs) / sizeof(subs[0]); i++) {
