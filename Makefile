@@ -333,8 +333,11 @@ bench-batch-gpu: $(if $(filter 1,$(PREBUILT)),,$(QSHARD)) ## on the GPU machine:
 bench-actorder-gpu: $(if $(filter 1,$(PREBUILT)),,$(QSHARD)) ## on the GPU machine: act-order's cost (synthetic 7B as AWQ and as GPTQ desc_act: convert, pp512, tg128; the gather kernel)
 	$(Q)QSHARD=$(QSHARD) sh tools/bench_actorder_gpu.sh
 
-bench-arch-gpu: $(if $(filter 1,$(PREBUILT)),,$(QSHARD)) ## on the GPU machine: the newer architectures (synthetic Qwen3-8B beside Llama-3-8B, Phi-3-mini, Falcon-7B, Gemma-2-9B and Gemma-3-1B beside Llama-2-7B: convert, pp512, tg128)
+bench-arch-gpu: $(if $(filter 1,$(PREBUILT)),,$(QSHARD)) ## on the GPU machine: the newer architectures (synthetic Qwen3-8B beside Llama-3-8B, Phi-3-mini, Falcon-7B, MPT-7B, Gemma-2-9B and Gemma-3-1B beside Llama-2-7B: convert, pp512, tg128)
 	$(Q)QSHARD=$(QSHARD) sh tools/bench_arch_gpu.sh
+
+bench-load-gpu: $(if $(filter 1,$(PREBUILT)),,$(QSHARD)) ## on the GPU machine: cold start of a synthetic 7B (bench load warm / cold, the upload variants, torch + safetensors beside it)
+	$(Q)QSHARD=$(QSHARD) sh tools/bench_load_gpu.sh
 
 bench-serve-gpu: $(if $(filter 1,$(PREBUILT)),,$(QSHARD)) ## on the GPU machine: qshard serve on cuda (answers vs run --prompts, start -> /health, bench serve vs bench batch on a synthetic 7B)
 	$(Q)QSHARD=$(QSHARD) sh tools/bench_serve_gpu.sh

@@ -13,6 +13,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -22,7 +23,7 @@
 #include "fmt.h"     /* fmt_manifest_open_rank, fmt_shard_tokenizer_file, ..._generation_config */
 #include "qs_json.h" /* qs_json_eos_ids */
 #include "qs_log.h"  /* qs_log_error, qs_log_debug */
-#include "qs_util.h" /* qs_path_join */
+#include "qs_util.h" /* qs_path_join, qs_now_s */
 
 #define MAX_EOS 64
 
@@ -213,17 +214,27 @@ static enum rt_err read_generation_config(struct rt_session *s, const struct fmt
 
 // --- open / close ------------------------------------------------------------------------------
 
-/* Rank 0 of path (a directory or a rank file) for its tokenizer only. */
+/* Rank 0 of path (a directory or a rank file), opened as the model loaders open it (errors
+ * reported there; a missing path as "PATH: reason", or "cannot open model PATH: reason" for
+ * the tokenizer-only commands). */
+static enum rt_err open_rank0(const char *path, bool tok_only, struct fmt_shard **sh)
+{
+    struct stat st;
+    *sh = NULL;
+    if (stat(path, &st) != 0) {
+        qs_log_error(__func__, "%s%s: %s", tok_only ? "cannot open model " : "", path,
+                     strerror(errno));
+        return RT_ERR_IO;
+    }
+    return err_from_fmt(S_ISDIR(st.st_mode) ? fmt_manifest_open_rank(path, 0, sh)
+                                            : fmt_shard_open(path, sh));
+}
+
+/* Rank 0 of path for its tokenizer only. */
 static enum rt_err open_tokenizer_only(struct rt_session *s, const char *path)
 {
     struct fmt_shard *sh = NULL;
-    struct stat st;
-    if (stat(path, &st) != 0) {
-        qs_log_error(__func__, "cannot open model %s: %s", path, strerror(errno));
-        return RT_ERR_IO;
-    }
-    enum rt_err e = err_from_fmt(S_ISDIR(st.st_mode) ? fmt_manifest_open_rank(path, 0, &sh)
-                                                     : fmt_shard_open(path, &sh));
+    enum rt_err e = open_rank0(path, true, &sh);
     if (!e)
         e = tok_from_shard(sh, &s->tok);
     fmt_shard_close(sh);
@@ -238,7 +249,52 @@ static enum rt_err open_tokenizer_only(struct rt_session *s, const char *path)
     return e;
 }
 
-/* With the model open: config eos, generation_config.json, tokenizer, n_pick. */
+/* The tokenizer of one open rank file, parsed on its own thread while the model loads. */
+struct tok_job {
+    const struct fmt_shard *sh;
+    struct rt_tok *tok; /* NULL: none in the file */
+    enum rt_err err;
+    double secs;
+};
+
+static void *tok_job_run(void *arg)
+{
+    struct tok_job *j = arg;
+    const double t0 = qs_now_s();
+    j->err = tok_from_shard(j->sh, &j->tok);
+    j->secs = qs_now_s() - t0;
+    return NULL;
+}
+
+/* The model, and beside it (a second thread) the tokenizer embedded in rank 0: a Llama 3
+ * tokenizer takes ~0.2-0.45 s to parse, which the weight upload hides. The rank file is opened
+ * (and checked) first, so a file that is no model is reported once. */
+static enum rt_err open_model_and_tok(struct rt_session *s, const char *path)
+{
+    struct fmt_shard *sh = NULL;
+    enum rt_err e = open_rank0(path, false, &sh);
+    if (e) {
+        fmt_shard_close(sh);
+        return e;
+    }
+    struct tok_job j = {.sh = sh};
+    pthread_t th;
+    const bool threaded = pthread_create(&th, NULL, tok_job_run, &j) == 0;
+    if (!threaded)
+        tok_job_run(&j);
+    const double t0 = qs_now_s();
+    e = rt_exec_open(path, &s->opts, &s->model);
+    const double t_model = qs_now_s() - t0;
+    if (threaded)
+        pthread_join(th, NULL);
+    fmt_shard_close(sh);
+    s->tok = j.tok;
+    qs_log_debug("model %s: open %.3f s; tokenizer %.3f s beside it", path, t_model, j.secs);
+    return e ? e : j.err;
+}
+
+/* With the model and its tokenizer open: config eos, generation_config.json, the tokenizer's
+ * eos ids, n_pick. */
 static enum rt_err open_with_model(struct rt_session *s, const char *path)
 {
     const struct rt_config *cfg = rt_exec_config(s->model);
@@ -251,9 +307,8 @@ static enum rt_err open_with_model(struct rt_session *s, const char *path)
     enum rt_err e = read_generation_config(s, sh);
     if (e)
         return e;
-    e = tok_from_shard(sh, &s->tok);
-    if (e || !s->tok)
-        return e;
+    if (!s->tok) /* loaded beside the model (open_model_and_tok) */
+        return RT_ERR_NONE;
     size_t n = 0;
     const int32_t *te = rt_tok_eos_ids(s->tok, &n);
     for (size_t i = 0; i < n; i++)
@@ -285,7 +340,7 @@ enum rt_err rt_session_open(const struct rt_session_opts *o, struct rt_session *
     if (!e && o->tokenizer_only)
         e = open_tokenizer_only(s, o->path);
     if (!e && !o->tokenizer_only) {
-        e = rt_exec_open(o->path, &s->opts, &s->model);
+        e = open_model_and_tok(s, o->path);
         if (!e)
             e = open_with_model(s, o->path);
     }
