@@ -290,8 +290,9 @@ static enum rt_err cuda_load_weights(void *ctx, const struct fmt_shard *s)
     r->region_off = lo->offset;
     qs_log_debug("rank %d on GPU %d: device allocation of %.3f GB in %.3f s", rank, r->device,
                  bytes / 1e9, qs_now_s() - t0);
-    e = rt_cuda_upload_region(rank, r->device, fmt_shard_path(s), src, lo->offset, r->weights,
-                              bytes);
+    /* the mapping starts at file offset 0, so its header is lo's data minus lo's offset */
+    e = rt_cuda_upload_region(rank, r->device, fmt_shard_path(s), src - lo->offset, src,
+                              lo->offset, r->weights, bytes);
     if (!e) e = cublas_ready(r);
     return e;
 }

@@ -140,18 +140,36 @@ static void upload_config(int *threads, enum upload_src *mode)
 }
 
 enum rt_err rt_cuda_upload_region(int rank, int device, const char *path,
-                                  const unsigned char *src, uint64_t file_off,
-                                  unsigned char *dst, size_t bytes)
+                                  const unsigned char *mapped_header, const unsigned char *src,
+                                  uint64_t file_off, unsigned char *dst, size_t bytes)
 {
     static const char *const names[] = {"pread", "mmap", "register", "direct"};
     int n_threads;
     enum upload_src mode;
     upload_config(&n_threads, &mode);
+    const size_t n_chunks = (bytes + STAGE_BYTES - 1) / STAGE_BYTES;
+    if ((size_t)n_threads > n_chunks) n_threads = n_chunks ? (int)n_chunks : 1;
     const double t0 = qs_now_s();
     int fd = -1;
     enum rt_err ret = RT_ERR_NONE;
     const unsigned char *reg = NULL; /* the page-aligned start of a registered range */
     size_t reg_len = 0;
+    if (mode == SRC_PREAD || mode == SRC_DIRECT) {
+        /* the file read must be the one whose table placed the tensors: its header (file
+         * size, model_id, header hash) equal to the mapping's */
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        unsigned char h[256];
+        if (fd < 0 || pread_full(fd, h, sizeof h, 0, false) != 0 || memcmp(h, mapped_header, 256)) {
+            qs_log_error(__func__, "rank %d: %s %s", rank, path,
+                         fd < 0 ? strerror(errno) : "was replaced or changed since it was opened");
+            if (fd >= 0) close(fd);
+            return RT_ERR_IO;
+        }
+        if (mode == SRC_DIRECT) {
+            close(fd);
+            fd = -1;
+        }
+    }
     if (mode == SRC_DIRECT) {
         fd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
         if (fd < 0) {
@@ -161,7 +179,7 @@ enum rt_err rt_cuda_upload_region(int rank, int device, const char *path,
         }
     }
     if (mode == SRC_PREAD) {
-        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) fd = open(path, O_RDONLY | O_CLOEXEC); /* after an O_DIRECT refusal */
         if (fd < 0) {
             qs_log_error(__func__, "rank %d: %s: %s", rank, path, strerror(errno));
             return RT_ERR_IO;

@@ -287,6 +287,16 @@ static enum rt_err open_model_and_tok(struct rt_session *s, const char *path)
     const double t_model = qs_now_s() - t0;
     if (threaded)
         pthread_join(th, NULL);
+    /* the tokenizer must come from the file the model loaded (a path switched in between) */
+    if (!e) {
+        const struct fmt_header *a = fmt_shard_header(sh);
+        const struct fmt_header *b = fmt_shard_header(rt_exec_shard(s->model));
+        if (memcmp(a->model_id, b->model_id, sizeof a->model_id) ||
+            a->header_xxh3 != b->header_xxh3) {
+            qs_log_error(__func__, "model %s was replaced while it was being opened", path);
+            e = RT_ERR_FORMAT;
+        }
+    }
     fmt_shard_close(sh);
     s->tok = j.tok;
     qs_log_debug("model %s: open %.3f s; tokenizer %.3f s beside it", path, t_model, j.secs);

@@ -5,7 +5,8 @@
  *   read   the model's rank files read() start to end in 16 MiB pieces on one thread (the
  *          file's sequential read rate: from the page cache, or with --cold from the disk);
  *   h2d    the GPU's pinned host->device copy rate (rt_cuda_h2d_rate: 1 GiB in 64 MiB
- *          copies, best of 3), with --device cuda;
+ *          copies, best of 3), with --device cuda, measured after the starts so that this
+ *          process holds no CUDA context while they run;
  *   start  -r times: this program is started again as `qshard run MODEL --tokens 1 -n 1
  *          --temp 0 --no-echo --print-ids -v [--device D]` (fork + exec of /proc/self/exe),
  *          timed from before the fork to the first byte of its output (the id, printed and
@@ -26,6 +27,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -153,8 +156,13 @@ static int start_once(const char *model, const char *device, double *t_first, do
 {
     int out[2], err[2];
     log[0] = '\0';
-    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
+    if (pipe2(out, O_CLOEXEC) != 0) {
         qs_log_error(__func__, "pipe: %s", strerror(errno));
+        return QS_EXIT_RUNTIME;
+    }
+    if (pipe2(err, O_CLOEXEC) != 0) {
+        qs_log_error(__func__, "pipe: %s", strerror(errno));
+        close(out[0]), close(out[1]);
         return QS_EXIT_RUNTIME;
     }
     const double t0 = qs_now_s();
@@ -175,30 +183,46 @@ static int start_once(const char *model, const char *device, double *t_first, do
             argv[14] = NULL;
         }
         execv("/proc/self/exe", argv);
+        static const char msg[] = "qshard bench load: cannot exec /proc/self/exe\n";
+        (void)!write(STDERR_FILENO, msg, sizeof msg - 1);
         _exit(127);
     }
     close(out[1]), close(err[1]);
     *t_first = -1;
     size_t n_log = 0;
     char tmp[4096];
-    for (;;) { /* stdout until EOF: the first byte's time */
-        ssize_t got = read(out[0], tmp, sizeof tmp);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got > 0 && *t_first < 0)
-            *t_first = qs_now_s() - t0;
-        if (got <= 0)
+    /* both pipes at once until both reach EOF (the child may write more than a pipe holds
+     * to either before it exits): stdout's first byte is the first token */
+    struct pollfd fds[2] = {{.fd = out[0], .events = POLLIN}, {.fd = err[0], .events = POLLIN}};
+    int open_fds = 2;
+    while (open_fds > 0) {
+        if (poll(fds, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            qs_log_error(__func__, "poll: %s", strerror(errno));
+            kill(pid, SIGKILL); /* it may be blocked writing to a pipe no one reads */
             break;
-    }
-    for (;;) { /* then its stderr (the pipe holds what it wrote meanwhile: 64 KiB) */
-        ssize_t got = read(err[0], tmp, sizeof tmp);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0)
-            break;
-        size_t take = (size_t)got < LOAD_LOG_MAX - 1 - n_log ? (size_t)got : LOAD_LOG_MAX - 1 - n_log;
-        memcpy(log + n_log, tmp, take);
-        n_log += take;
+        }
+        for (int i = 0; i < 2; i++) {
+            if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR)))
+                continue;
+            ssize_t got = read(fds[i].fd, tmp, sizeof tmp);
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got <= 0) {
+                fds[i].fd = -1; /* poll ignores negative descriptors */
+                open_fds--;
+                continue;
+            }
+            if (i == 0 && *t_first < 0)
+                *t_first = qs_now_s() - t0;
+            if (i == 1) {
+                size_t room = LOAD_LOG_MAX - 1 - n_log;
+                size_t take = (size_t)got < room ? (size_t)got : room;
+                memcpy(log + n_log, tmp, take);
+                n_log += take;
+            }
+        }
     }
     log[n_log] = '\0';
     int status = 0;
@@ -223,7 +247,7 @@ static int start_once(const char *model, const char *device, double *t_first, do
 static void child_timing(const char *log, double *upload_gbps)
 {
     static const char *const keys[] = {"CUDA driver", "device allocation", "read + upload",
-                                       "model open", "prefill"};
+                                       "model open", "beside it", "prefill"};
     *upload_gbps = 0;
     for (const char *p = log; *p;) {
         const char *e = strchr(p, '\n');
@@ -270,17 +294,10 @@ int cmd_bench_load(int argc, char **argv)
         return rc;
     if ((rc = read_rate(paths, n, &read_gbps, &bytes)))
         return rc;
-    if (cuda) {
-        enum rt_err e = rt_cuda_h2d_rate(0, (size_t)1 << 30, (size_t)64 << 20, 3, &h2d);
-        if (e)
-            return cli_exit_rt(e);
-    }
     printf("qshard bench load: %s, %d rank file%s, %.3f GB, %s page cache, device %s\n",
            a.pos[0], n, cli_plural(n), bytes / 1e9, mode, cuda ? "cuda" : "cpu");
     printf("| test | %s |\n|---|--:|\n", mode);
     printf("| read: rank files, sequential read() | %.2f GB/s |\n", read_gbps);
-    if (cuda)
-        printf("| h2d: pinned host->device, 1 GiB | %.2f GB/s |\n", h2d);
     fflush(stdout);
     char *log = malloc(LOAD_LOG_MAX);
     double *first = calloc((size_t)a.repeat, sizeof(double));
@@ -303,6 +320,13 @@ int cmd_bench_load(int argc, char **argv)
         printf("| start: exec -> first token, median of %ld (best) | %.3f s (%.3f s) |\n",
                a.repeat, first[a.repeat / 2], best);
         printf("| start: exec -> exit, median | %.3f s |\n", exit_s[a.repeat / 2]);
+        if (cuda) { /* after the starts: this process's CUDA context would sit beside theirs */
+            enum rt_err e = rt_cuda_h2d_rate(0, (size_t)1 << 30, (size_t)64 << 20, 3, &h2d);
+            if (e)
+                rc = cli_exit_rt(e);
+            else
+                printf("| h2d: pinned host->device, 1 GiB | %.2f GB/s |\n", h2d);
+        }
         double up = 0;
         printf("last start's own timing (-v):\n");
         child_timing(log, &up);
@@ -312,7 +336,8 @@ int cmd_bench_load(int argc, char **argv)
         if (up > 0 && a.cold && read_gbps > 0)
             printf("upload %.2f GB/s = %.0f %% of the sequential read rate\n", up,
                    100.0 * up / read_gbps);
-        rc = cli_flush_stdout();
+        const int frc = cli_flush_stdout();
+        rc = rc ? rc : frc;
     }
     free(log);
     free(first);
