@@ -190,6 +190,18 @@ struct cli_summary {
  * the value at ceil(p / 100 * n) - 1 of the sorted sample. Zeros for n = 0. */
 struct cli_summary cli_summarize(double *v, size_t n, double scale);
 
+/* qsort comparator of doubles, ascending. */
+int cli_cmp_double(const void *a, const void *b);
+
+/* Drop path's pages from the page cache (posix_fadvise DONTNEED: no root needed; advisory, so a
+ * failure is warned about and the benchmark goes on). For the --cold benchmarks. */
+void cli_drop_page_cache(const char *path);
+
+/* read() the whole file path start to end through buf[size] (the plain sequential read the
+ * load and verify benchmarks set themselves against). Returns its bytes, or -1 after reporting
+ * why it could not be opened or read. */
+int64_t cli_read_through(const char *path, void *buf, size_t size);
+
 /* o->device with AUTO resolved (CUDA when rt_cuda_available(), else CPU), written back and
  * returned: for defaults that depend on the device (--max-num-seqs). */
 enum rt_device cli_resolve_device(struct rt_opts *o);

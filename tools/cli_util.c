@@ -3,6 +3,7 @@
  * text input (file or stdin), stdout checks, the SIGINT/SIGTERM cancel flag.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -186,10 +187,45 @@ enum rt_device cli_resolve_device(struct rt_opts *o)
     return o->device;
 }
 
-static int cmp_double(const void *a, const void *b)
+int cli_cmp_double(const void *a, const void *b)
 {
     const double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
+}
+
+void cli_drop_page_cache(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) != 0)
+        qs_log_warn("could not drop %s from the page cache", path);
+    if (fd >= 0)
+        close(fd);
+}
+
+int64_t cli_read_through(const char *path, void *buf, size_t size)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        qs_log_error(__func__, "file %s: %s", path, strerror(errno));
+        return -1;
+    }
+    (void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    int64_t total = 0;
+    for (;;) {
+        ssize_t r = read(fd, buf, size);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            qs_log_error(__func__, "file %s: read: %s", path, strerror(errno));
+            close(fd);
+            return -1;
+        }
+        if (r == 0)
+            break;
+        total += r;
+    }
+    close(fd);
+    return total;
 }
 
 /* Index of the p-th percentile of n >= 1 sorted values, nearest rank. */
@@ -204,7 +240,7 @@ struct cli_summary cli_summarize(double *v, size_t n, double scale)
     struct cli_summary s = {0, 0, 0};
     if (!n)
         return s;
-    qsort(v, n, sizeof(double), cmp_double);
+    qsort(v, n, sizeof(double), cli_cmp_double);
     double sum = 0;
     for (size_t i = 0; i < n; i++)
         sum += v[i];

@@ -36,12 +36,6 @@
 #include "qs_log.h"    /* qs_log_error */
 #include "qs_util.h"   /* qs_now_s */
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static int exit_for(enum fmt_err e)
 {
     if (e == FMT_ERR_NONE)
@@ -49,15 +43,6 @@ static int exit_for(enum fmt_err e)
     return (e == FMT_ERR_IO || e == FMT_ERR_NOMEM) ? QS_EXIT_IO : QS_EXIT_BAD_INPUT;
 }
 
-/* Drop `path` from the page cache (advisory: warns and continues). */
-static void drop_cache(const char *path)
-{
-    int fd = open(path, O_RDONLY);
-    if (fd < 0 || posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) != 0)
-        qs_log_warn("bench: could not drop %s from the page cache", path);
-    if (fd >= 0)
-        close(fd);
-}
 
 static const char k_usage[] =
     "usage: qshard bench synth FILE --size-mb N [--tensor-mb M | --tensors N]\n"
@@ -164,7 +149,7 @@ static int bench_open(const char *path, int repeat)
             return exit_for(e);
         }
     }
-    qsort(t, (size_t)repeat, sizeof(double), cmp_double);
+    qsort(t, (size_t)repeat, sizeof(double), cli_cmp_double);
     printf("open: %s: %.3f GiB, %u tensors: open+validate+close min %.1f us, median %.1f us "
            "(%d runs)\n", path, (double)size / (1 << 30), n, t[0] * 1e6, t[repeat / 2] * 1e6,
            repeat);
@@ -175,33 +160,6 @@ static int bench_open(const char *path, int repeat)
 /* --- verify vs read ------------------------------------------------------------------------ */
 
 #define READ_BUF (8u << 20)
-
-/* Plain sequential read() of the whole file into one 8 MiB buffer; returns bytes or -1. */
-static int64_t plain_read(const char *path, uint8_t *buf)
-{
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) {
-        qs_log_error(__func__, "file %s: %s", path, strerror(errno));
-        return -1;
-    }
-    posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-    int64_t total = 0;
-    for (;;) {
-        ssize_t r = read(fd, buf, READ_BUF);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            qs_log_error(__func__, "file %s: read: %s", path, strerror(errno));
-            close(fd);
-            return -1;
-        }
-        if (r == 0)
-            break;
-        total += r;
-    }
-    close(fd);
-    return total;
-}
 
 static int bench_verify(const char *path, int repeat, bool cold)
 {
@@ -225,9 +183,9 @@ static int bench_verify(const char *path, int repeat, bool cold)
     }
     for (int r = 0; r < repeat; r++) {
         if (cold)
-            drop_cache(path);
+            cli_drop_page_cache(path);
         double t0 = qs_now_s();
-        bytes = plain_read(path, buf);
+        bytes = cli_read_through(path, buf, READ_BUF);
         double dt = qs_now_s() - t0;
         if (bytes < 0) {
             rc = QS_EXIT_IO;
@@ -236,7 +194,7 @@ static int bench_verify(const char *path, int repeat, bool cold)
         best_read = dt < best_read ? dt : best_read;
 
         if (cold)
-            drop_cache(path);
+            cli_drop_page_cache(path);
         struct fmt_shard *s;
         t0 = qs_now_s();
         enum fmt_err e = fmt_shard_open(path, &s);

@@ -78,35 +78,30 @@ static int rank_paths(const char *model, char paths[][4096], int *n)
         *n = 1;
         return QS_EXIT_OK;
     }
-    uint32_t world = 1;
-    for (uint32_t r = 0; r < world; r++) {
-        struct fmt_shard *sh = NULL;
-        enum fmt_err e = fmt_manifest_open_rank(model, r, &sh);
-        if (e)
-            return cli_exit_fmt(e);
-        world = fmt_shard_header(sh)->world_size;
-        if (world > LOAD_MAX_RANKS) {
-            fmt_shard_close(sh);
-            qs_log_error(__func__, "%s: %u ranks, at most %d are measured", model, world,
-                         LOAD_MAX_RANKS);
-            return QS_EXIT_BAD_INPUT;
-        }
-        snprintf(paths[r], 4096, "%s", fmt_shard_path(sh));
-        fmt_shard_close(sh);
+    struct fmt_model *fm = NULL; /* every rank, checked to belong together */
+    enum fmt_err e = fmt_model_open(model, &fm);
+    if (e) {
+        fmt_model_close(fm);
+        return cli_exit_fmt(e);
     }
+    const uint32_t world = fmt_model_world_size(fm);
+    if (world > LOAD_MAX_RANKS) {
+        fmt_model_close(fm);
+        qs_log_error(__func__, "%s: %u ranks, at most %d are measured", model, world,
+                     LOAD_MAX_RANKS);
+        return QS_EXIT_BAD_INPUT;
+    }
+    for (uint32_t r = 0; r < world; r++)
+        snprintf(paths[r], 4096, "%s", fmt_shard_path(fmt_model_shard(fm, r)));
+    fmt_model_close(fm);
     *n = (int)world;
     return QS_EXIT_OK;
 }
 
 static void drop_cache(char paths[][4096], int n)
 {
-    for (int i = 0; i < n; i++) {
-        int fd = open(paths[i], O_RDONLY | O_CLOEXEC);
-        if (fd < 0 || posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) != 0)
-            qs_log_warn("bench load: could not drop %s from the page cache", paths[i]);
-        if (fd >= 0)
-            close(fd);
-    }
+    for (int i = 0; i < n; i++)
+        cli_drop_page_cache(paths[i]);
 }
 
 /* read() every file start to end; *gbps over all of them, *bytes their total. */
@@ -121,26 +116,11 @@ static int read_rate(char paths[][4096], int n, double *gbps, double *bytes)
     }
     const double t0 = qs_now_s();
     for (int i = 0; i < n && !rc; i++) {
-        int fd = open(paths[i], O_RDONLY | O_CLOEXEC);
-        if (fd < 0) {
-            qs_log_error(__func__, "%s: %s", paths[i], strerror(errno));
+        const int64_t got = cli_read_through(paths[i], buf, LOAD_READ_CHUNK);
+        if (got < 0)
             rc = QS_EXIT_IO;
-            break;
-        }
-        (void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-        for (;;) {
-            ssize_t got = read(fd, buf, LOAD_READ_CHUNK);
-            if (got < 0 && errno == EINTR)
-                continue;
-            if (got < 0) {
-                qs_log_error(__func__, "%s: %s", paths[i], strerror(errno));
-                rc = QS_EXIT_IO;
-            }
-            if (got <= 0)
-                break;
+        else
             total += (double)got;
-        }
-        close(fd);
     }
     const double dt = qs_now_s() - t0;
     free(buf);
@@ -267,12 +247,6 @@ static void child_timing(const char *log, double *upload_gbps)
     }
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 int cmd_bench_load(int argc, char **argv)
 {
     struct cli_args a;
@@ -315,8 +289,8 @@ int cmd_bench_load(int argc, char **argv)
         double best = first[0];
         for (long r = 1; r < a.repeat; r++)
             best = first[r] < best ? first[r] : best;
-        qsort(first, (size_t)a.repeat, sizeof(double), cmp_double);
-        qsort(exit_s, (size_t)a.repeat, sizeof(double), cmp_double);
+        qsort(first, (size_t)a.repeat, sizeof(double), cli_cmp_double);
+        qsort(exit_s, (size_t)a.repeat, sizeof(double), cli_cmp_double);
         printf("| start: exec -> first token, median of %ld (best) | %.3f s (%.3f s) |\n",
                a.repeat, first[a.repeat / 2], best);
         printf("| start: exec -> exit, median | %.3f s |\n", exit_s[a.repeat / 2]);
